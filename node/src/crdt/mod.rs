@@ -1,0 +1,25 @@
+//! Pure conflict-free replicated data types: the `Crdt` trait and the PN-counter.
+//!
+//! Nothing here does IO or reads a clock. Every implementation obeys the laws
+//! stated on [`Crdt`], and the tests check them with proptest.
+
+mod digest;
+mod pn_counter;
+
+pub use digest::{counter_digest, stable_hash, StateDigest};
+pub use pn_counter::{AddError, PnCounter, ReplicaId, Slot, ValueOutOfRange};
+
+/// A state-based CRDT: replicas merge states, never operations.
+///
+/// For all states `a`, `b`, `c` of one type, `merge` must be
+/// - commutative: `a ⊔ b == b ⊔ a`,
+/// - associative: `(a ⊔ b) ⊔ c == a ⊔ (b ⊔ c)`,
+/// - idempotent: `a ⊔ a == a`,
+/// - inflationary: `a ⊔ b >= a` in the type's partial order (nothing merged is lost),
+///
+/// so a state may be delivered any number of times, in any order, by any path,
+/// and every replica that has seen the same states holds the same value.
+pub trait Crdt {
+    /// Merges `other` into `self`. Returns true when `self` changed.
+    fn merge(&mut self, other: &Self) -> bool;
+}

@@ -1,0 +1,486 @@
+//! The pure replica state machine: local adds, group commits, reads, and the
+//! anti-entropy protocol. No tokio, sled, tonic or prost: the node's runtime
+//! and the simulator drive this very code, passing time in as `now_ms`.
+//!
+//! The core keeps every counter it has touched recently in memory (`live`
+//! state) together with its last committed (`durable`) state. Storage is read
+//! through [`DurableState`] and written only through [`CommitBatch`]es that the
+//! core hands out with [`Replica::poll_commit`]; the runtime writes and flushes
+//! a batch and reports back with [`Replica::handle_commit_done`]. Invariants
+//! kept here (DESIGN.md): the replica raises only its own slot (1); it offers
+//! peers durable state only, never `live` state (2, see `protocol.rs`); it
+//! recovers its identity and state from disk (3); an add's ticket says which
+//! commit makes it durable, so the runtime acknowledges it only then (4);
+//! keyed retries apply once (5); no arithmetic wraps (6).
+
+mod idempotency;
+mod identity;
+mod protocol;
+mod sync;
+mod types;
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::crdt::{AddError, PnCounter, ReplicaId, StateDigest};
+
+pub use idempotency::{idempotency_id, request_fingerprint, IdempotencyTable};
+pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
+pub use protocol::{
+    ChunkRefused, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
+};
+pub use sync::{Member, PeerBook, PeerState, PullPlan, MAX_BACKOFF_MS};
+pub use types::{
+    check_key, parse_key, Change, CommitBatch, Cursor, DurableState, IdempotencyRecord, Identity,
+    Key, KeyError, Recovered, StorageError, StoredCounter, MAX_IDEMPOTENCY_KEY_BYTES,
+    MAX_KEY_BYTES,
+};
+
+/// Settings of the core.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// The cluster's id; pulls from another cluster are refused.
+    pub cluster_id: String,
+    /// Counters kept in memory; clean ones beyond this are evicted.
+    pub cache_capacity: usize,
+    /// How long an idempotency key is remembered.
+    pub idempotency_ttl_ms: u64,
+    /// How many idempotency keys are remembered at most.
+    pub idempotency_capacity: usize,
+    /// The anti-entropy round interval.
+    pub sync_interval_ms: u64,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        ReplicaConfig {
+            cluster_id: "tally".to_string(),
+            cache_capacity: 100_000,
+            idempotency_ttl_ms: 24 * 60 * 60 * 1000,
+            idempotency_capacity: 1_000_000,
+            sync_interval_ms: 200,
+        }
+    }
+}
+
+/// An add as the core takes it; the key is already validated.
+#[derive(Clone, Copy, Debug)]
+pub struct AddRequest<'a> {
+    /// The counter.
+    pub key: &'a str,
+    /// The non-zero delta.
+    pub delta: i64,
+    /// The caller's idempotency key, if any.
+    pub idempotency_key: Option<&'a str>,
+}
+
+/// An add that was applied (or recognised as a retry).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AddAccepted {
+    /// The counter's value right after the add (for a retry: what the first try answered).
+    pub value: i64,
+    /// True when this was a retry of an add already applied.
+    pub duplicate: bool,
+    /// The add is durable once the durable sequence reaches this.
+    pub durable_at_seq: u64,
+}
+
+/// Why an add was refused. Nothing changed.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum AddRefused {
+    /// Zero delta, slot or value overflow.
+    #[error(transparent)]
+    Counter(#[from] AddError),
+    /// The idempotency key was used before for a different key or delta.
+    #[error("idempotency key {0:?} was already used for a different counter or delta; use a new key for a new add")]
+    IdempotencyKeyReused(String),
+    /// The idempotency key was longer than allowed.
+    #[error(
+        "the idempotency key is {0} bytes long; the limit is {MAX_IDEMPOTENCY_KEY_BYTES} bytes"
+    )]
+    IdempotencyKeyTooLong(usize),
+    /// The counter could not be read from disk.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// One region's part of a counter.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RegionPart {
+    /// The region.
+    pub region: String,
+    /// Sum of its replicas' increments (saturating: exact parts are per slot).
+    pub increments: u64,
+    /// Sum of its replicas' decrements (saturating).
+    pub decrements: u64,
+    /// Its net contribution, exact.
+    pub net: i128,
+    /// True for this replica's own region.
+    pub local: bool,
+    /// When this replica last completed a pull from a node of that region.
+    pub last_sync_ms: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    live: PnCounter,
+    /// The last committed state; `None` when the counter was never committed.
+    durable: Option<PnCounter>,
+    /// The commit that wrote `durable` (0 when never committed).
+    durable_seq: u64,
+    /// Changed since it was last put in a batch.
+    dirty: bool,
+    /// In the batch being committed.
+    committing: bool,
+    last_used_ms: u64,
+}
+
+impl Entry {
+    fn from_store(stored: Option<StoredCounter>, now_ms: u64) -> Self {
+        let (durable, durable_seq) = match stored {
+            Some(stored) => (Some(stored.state), stored.seq),
+            None => (None, 0),
+        };
+        Entry {
+            live: durable.clone().unwrap_or_default(),
+            durable,
+            durable_seq,
+            dirty: false,
+            committing: false,
+            last_used_ms: now_ms,
+        }
+    }
+}
+
+/// The replica core. See the module documentation.
+#[derive(Debug)]
+pub struct Replica {
+    identity: Identity,
+    config: ReplicaConfig,
+    counters: HashMap<Key, Entry>,
+    dirty: Vec<Key>,
+    in_flight: Option<CommitBatch>,
+    /// The last commit sequence handed out.
+    last_seq: u64,
+    durable_seq: u64,
+    /// Digest of the durable state.
+    digest: StateDigest,
+    directory: BTreeMap<ReplicaId, String>,
+    directory_pending: Vec<(ReplicaId, String)>,
+    superseded_pending: Vec<Change>,
+    idempotency: IdempotencyTable,
+    idempotency_put: Vec<IdempotencyRecord>,
+    idempotency_delete: Vec<u128>,
+    peers: PeerBook,
+}
+
+impl Replica {
+    /// Starts the core on what was recovered from disk.
+    pub fn open(
+        identity: Identity,
+        config: ReplicaConfig,
+        recovered: Recovered,
+        now_ms: u64,
+    ) -> Self {
+        let mut directory: BTreeMap<ReplicaId, String> = recovered.directory.into_iter().collect();
+        let mut directory_pending = Vec::new();
+        if directory.get(&identity.replica) != Some(&identity.region) {
+            directory.insert(identity.replica, identity.region.clone());
+            directory_pending.push((identity.replica, identity.region.clone()));
+        }
+        let idempotency = IdempotencyTable::recovered(
+            config.idempotency_ttl_ms,
+            config.idempotency_capacity,
+            recovered.idempotency,
+            now_ms,
+        );
+        Replica {
+            identity,
+            counters: HashMap::new(),
+            dirty: Vec::new(),
+            in_flight: None,
+            last_seq: recovered.durable_seq,
+            durable_seq: recovered.durable_seq,
+            digest: recovered.digest,
+            directory,
+            directory_pending,
+            superseded_pending: Vec::new(),
+            idempotency,
+            idempotency_put: Vec::new(),
+            idempotency_delete: Vec::new(),
+            peers: PeerBook::new(recovered.watermarks),
+            config,
+        }
+    }
+
+    /// This replica's identity.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The core's settings.
+    pub fn config(&self) -> &ReplicaConfig {
+        &self.config
+    }
+
+    /// The last durable commit.
+    pub fn durable_seq(&self) -> u64 {
+        self.durable_seq
+    }
+
+    /// The digest of the durable state.
+    pub fn digest(&self) -> StateDigest {
+        self.digest
+    }
+
+    /// Counters held in memory.
+    pub fn cached_counters(&self) -> usize {
+        self.counters.len()
+    }
+
+    /// The peers and their sync state.
+    pub fn peers(&self) -> &PeerBook {
+        &self.peers
+    }
+
+    /// The peers, to feed membership and pull results in.
+    pub fn peers_mut(&mut self) -> &mut PeerBook {
+        &mut self.peers
+    }
+
+    /// The region of a replica, if known.
+    pub fn region_of(&self, replica: ReplicaId) -> Option<&str> {
+        self.directory.get(&replica).map(String::as_str)
+    }
+
+    fn entry(
+        &mut self,
+        store: &impl DurableState,
+        key: &str,
+        now_ms: u64,
+    ) -> Result<&mut Entry, StorageError> {
+        if !self.counters.contains_key(key) {
+            let stored = store.load_counter(key)?;
+            self.counters
+                .insert(Key::from(key), Entry::from_store(stored, now_ms));
+        }
+        let entry = self.counters.get_mut(key).expect("inserted above");
+        entry.last_used_ms = now_ms;
+        Ok(entry)
+    }
+
+    fn mark_dirty(&mut self, key: &str) {
+        let Some(entry) = self.counters.get_mut(key) else {
+            return;
+        };
+        if entry.dirty {
+            return;
+        }
+        entry.dirty = true;
+        let shared = self
+            .counters
+            .get_key_value(key)
+            .expect("present above")
+            .0
+            .clone();
+        self.dirty.push(shared);
+    }
+
+    /// Applies a local add to this replica's own slot.
+    pub fn handle_add(
+        &mut self,
+        now_ms: u64,
+        store: &impl DurableState,
+        request: AddRequest<'_>,
+    ) -> Result<AddAccepted, AddRefused> {
+        let keyed = match request.idempotency_key {
+            Some(key) if key.len() > MAX_IDEMPOTENCY_KEY_BYTES => {
+                return Err(AddRefused::IdempotencyKeyTooLong(key.len()))
+            }
+            Some(key) => {
+                let id = idempotency_id(key);
+                let fingerprint = request_fingerprint(request.key, request.delta);
+                if let Some(record) = self.idempotency.get(id, now_ms) {
+                    if record.fingerprint != fingerprint {
+                        return Err(AddRefused::IdempotencyKeyReused(key.to_string()));
+                    }
+                    return Ok(AddAccepted {
+                        value: record.value,
+                        duplicate: true,
+                        durable_at_seq: record.seq,
+                    });
+                }
+                Some((id, fingerprint))
+            }
+            None => None,
+        };
+        let replica = self.identity.replica;
+        let entry = self.entry(store, request.key, now_ms)?;
+        let value = entry.live.checked_add(replica, request.delta)?;
+        self.mark_dirty(request.key);
+        let durable_at_seq = self.last_seq + 1;
+        if let Some((id, fingerprint)) = keyed {
+            let record = self
+                .idempotency
+                .insert(id, fingerprint, value, durable_at_seq, now_ms);
+            self.idempotency_put.push(record);
+        }
+        Ok(AddAccepted {
+            value,
+            duplicate: false,
+            durable_at_seq,
+        })
+    }
+
+    /// The counter's merged state as this replica holds it (its own slot exact,
+    /// the others as fresh as the last sync).
+    pub fn handle_get(
+        &mut self,
+        now_ms: u64,
+        store: &impl DurableState,
+        key: &str,
+    ) -> Result<PnCounter, StorageError> {
+        Ok(self.entry(store, key, now_ms)?.live.clone())
+    }
+
+    /// The value of a cached counter without touching storage, if cached.
+    pub fn cached_state(&self, key: &str) -> Option<&PnCounter> {
+        self.counters.get(key).map(|entry| &entry.live)
+    }
+
+    /// The per-region breakdown of a counter's state.
+    pub fn breakdown(&self, state: &PnCounter) -> Vec<RegionPart> {
+        let mut parts: BTreeMap<&str, RegionPart> = BTreeMap::new();
+        for (replica, slot) in state.slots() {
+            let region = self.region_of(*replica).unwrap_or("unknown");
+            let part = parts.entry(region).or_insert_with(|| RegionPart {
+                region: region.to_string(),
+                increments: 0,
+                decrements: 0,
+                net: 0,
+                local: region == self.identity.region,
+                last_sync_ms: self.peers.last_region_sync_ms(region),
+            });
+            part.increments = part.increments.saturating_add(slot.p);
+            part.decrements = part.decrements.saturating_add(slot.n);
+            part.net += slot.net();
+        }
+        parts.into_values().collect()
+    }
+
+    /// Hands out the next group commit: every counter changed since the last
+    /// one, stamped with a new sequence. `None` while a commit is in flight or
+    /// when there is nothing to write.
+    pub fn poll_commit(&mut self) -> Option<CommitBatch> {
+        if self.in_flight.is_some() {
+            return None;
+        }
+        let (watermarks, watermarks_dirty) = self.peers.take_watermarks();
+        let nothing = self.dirty.is_empty()
+            && self.idempotency_put.is_empty()
+            && self.idempotency_delete.is_empty()
+            && self.directory_pending.is_empty()
+            && self.superseded_pending.is_empty();
+        if nothing && !watermarks_dirty {
+            return None;
+        }
+        let seq = self.last_seq + 1;
+        self.last_seq = seq;
+        let mut digest = self.digest;
+        let mut counters = Vec::with_capacity(self.dirty.len());
+        for key in self.dirty.drain(..) {
+            let entry = self
+                .counters
+                .get_mut(&key)
+                .expect("a dirty counter stays cached");
+            entry.dirty = false;
+            entry.committing = true;
+            digest.replace(&key, entry.durable.as_ref(), &entry.live);
+            counters.push((key, entry.live.clone()));
+        }
+        let batch = CommitBatch {
+            seq,
+            counters,
+            superseded: std::mem::take(&mut self.superseded_pending),
+            idempotency_put: std::mem::take(&mut self.idempotency_put),
+            idempotency_delete: std::mem::take(&mut self.idempotency_delete),
+            directory_put: std::mem::take(&mut self.directory_pending),
+            watermarks,
+            digest,
+        };
+        self.in_flight = Some(batch.clone());
+        Some(batch)
+    }
+
+    /// The batch handed out by [`Self::poll_commit`] is durable.
+    pub fn handle_commit_done(&mut self, seq: u64) {
+        let Some(batch) = self.in_flight.take_if(|batch| batch.seq == seq) else {
+            return;
+        };
+        for (key, state) in batch.counters {
+            let entry = self
+                .counters
+                .get_mut(&key)
+                .expect("a committing counter stays cached");
+            if entry.durable_seq != 0 {
+                self.superseded_pending.push(Change {
+                    seq: entry.durable_seq,
+                    key: key.clone(),
+                });
+            }
+            entry.durable = Some(state);
+            entry.durable_seq = seq;
+            entry.committing = false;
+        }
+        self.durable_seq = seq;
+        self.digest = batch.digest;
+    }
+
+    /// The batch handed out by [`Self::poll_commit`] failed: everything in it
+    /// goes into the next one.
+    pub fn handle_commit_failed(&mut self, seq: u64) {
+        let Some(batch) = self.in_flight.take_if(|batch| batch.seq == seq) else {
+            return;
+        };
+        for (key, _) in batch.counters {
+            if let Some(entry) = self.counters.get_mut(&key) {
+                entry.committing = false;
+                if !entry.dirty {
+                    entry.dirty = true;
+                    self.dirty.push(key);
+                }
+            }
+        }
+        self.superseded_pending.extend(batch.superseded);
+        self.idempotency_put.extend(batch.idempotency_put);
+        self.idempotency_delete.extend(batch.idempotency_delete);
+        self.directory_pending.extend(batch.directory_put);
+        self.peers.mark_watermarks_dirty();
+    }
+
+    /// Housekeeping: forgets expired idempotency keys and evicts clean
+    /// counters past the cache capacity (least recently used first).
+    pub fn tick(&mut self, now_ms: u64) {
+        let forgotten = self.idempotency.expire(now_ms);
+        self.idempotency_delete.extend(forgotten);
+        let capacity = self.config.cache_capacity.max(1);
+        if self.counters.len() <= capacity {
+            return;
+        }
+        let target = capacity - capacity / 10;
+        let mut clean: Vec<(u64, Key)> = self
+            .counters
+            .iter()
+            .filter(|(_, entry)| !entry.dirty && !entry.committing)
+            .map(|(key, entry)| (entry.last_used_ms, key.clone()))
+            .collect();
+        clean.sort_unstable();
+        let excess = self.counters.len().saturating_sub(target);
+        for (_, key) in clean.into_iter().take(excess) {
+            self.counters.remove(&key);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

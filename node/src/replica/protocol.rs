@@ -1,0 +1,310 @@
+//! The anti-entropy protocol inside the core: serving a pull
+//! ([`Replica::handle_pull`]) and merging what a pull brought back
+//! ([`Replica::handle_pull_chunk`]).
+//!
+//! Invariant 2 of DESIGN.md lives here: a pull is answered with durable state
+//! only. The change log is read up to the durable sequence, a counter that is
+//! cached is served from its `durable` copy (never its `live` one), and a
+//! counter that is not cached cannot be in a commit being written, so what the
+//! store returns for it is durable. Because the log is stamped per commit and
+//! every commit rewrites each counter it holds, the hottest key is shipped in
+//! every round, never starved. A refused message merges nothing.
+
+use crate::crdt::{Crdt, PnCounter, ReplicaId, StateDigest};
+
+use super::types::{Cursor, DurableState, Key, StorageError};
+use super::Replica;
+
+/// The most counters one chunk may carry.
+pub const MAX_CHUNK_COUNTERS: usize = 16_384;
+
+/// A request for changes after a cursor.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PullRequest {
+    /// The caller's cluster.
+    pub cluster_id: String,
+    /// The caller.
+    pub caller: ReplicaId,
+    /// The replica the caller means to pull from, if it knows.
+    pub expected: Option<ReplicaId>,
+    /// Changes strictly after this.
+    pub after: Cursor,
+    /// Size bound of this chunk, in (estimated) bytes.
+    pub max_bytes: usize,
+}
+
+/// Part of the answer to a pull.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct PullChunk {
+    /// The answering replica.
+    pub source: ReplicaId,
+    /// Changed counters with their durable state, in change-log order.
+    pub counters: Vec<(Key, PnCounter)>,
+    /// Regions of the replicas that have slots in `counters`.
+    pub replicas: Vec<(ReplicaId, String)>,
+    /// The cursor after this chunk: the caller's next watermark.
+    pub next: Cursor,
+    /// True when `next` reaches the source's durable sequence.
+    pub complete: bool,
+    /// The source's durable sequence when it answered.
+    pub durable_seq: u64,
+    /// The source's durable digest when it answered.
+    pub digest: StateDigest,
+}
+
+/// The protocol's messages, as the simulator carries them between replicas.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum SyncMessage {
+    /// "Send me your changes after this cursor."
+    Pull(PullRequest),
+    /// A part of the answer.
+    Chunk(PullChunk),
+    /// The pull was refused.
+    Refused(PullRefused),
+}
+
+/// Why a pull was refused.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum PullRefused {
+    /// The caller belongs to another cluster.
+    #[error("pull from cluster {theirs:?} refused: this node belongs to cluster {ours:?}")]
+    WrongCluster {
+        /// Ours.
+        ours: String,
+        /// The caller's.
+        theirs: String,
+    },
+    /// The caller expected another replica (this one was wiped or replaced).
+    #[error("the caller expected replica {expected} but this is replica {actual}")]
+    WrongReplica {
+        /// Whom the caller expected.
+        expected: ReplicaId,
+        /// Who answered.
+        actual: ReplicaId,
+    },
+    /// The change log could not be read.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Why a chunk was refused; nothing of it was merged.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum ChunkRefused {
+    /// The chunk came from another replica than the one pulled from.
+    #[error("chunk from replica {actual} while pulling from {expected}")]
+    WrongSource {
+        /// The replica pulled from.
+        expected: ReplicaId,
+        /// The chunk's source.
+        actual: ReplicaId,
+    },
+    /// Too many counters in one chunk.
+    #[error("chunk of {0} counters refused: the limit is {MAX_CHUNK_COUNTERS}")]
+    Oversized(usize),
+    /// A slot belongs to a replica whose region nobody told us.
+    #[error("counter {key:?} has a slot of replica {replica}, whose region is unknown")]
+    UnknownReplica {
+        /// The counter.
+        key: String,
+        /// The replica.
+        replica: ReplicaId,
+    },
+    /// The chunk says a replica is in another region than we know it to be.
+    #[error("replica {replica} is in region {known:?}, the chunk says {claimed:?}")]
+    RegionConflict {
+        /// The replica.
+        replica: ReplicaId,
+        /// What we know.
+        known: String,
+        /// What the chunk says.
+        claimed: String,
+    },
+    /// The chunk names the same counter twice.
+    #[error("counter {0:?} appears twice in one chunk")]
+    DuplicateKey(String),
+    /// A counter could not be loaded to merge into.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// What a merged chunk changed.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct MergeReport {
+    /// Counters whose state changed, with their new state.
+    pub changed: Vec<(Key, PnCounter)>,
+    /// Counters received.
+    pub received: usize,
+    /// Counters in which a peer held more for our own slot than we did (only
+    /// after a disk was restored from an old copy; the max repairs it).
+    pub own_slot_raised: usize,
+}
+
+/// The estimated wire size of one counter in a chunk.
+fn estimated_bytes(key: &str, state: &PnCounter) -> usize {
+    key.len() + 8 + 26 * state.slots().len()
+}
+
+impl Replica {
+    /// Answers one chunk of a pull with durable state only.
+    pub fn handle_pull(
+        &self,
+        store: &impl DurableState,
+        request: &PullRequest,
+    ) -> Result<PullChunk, PullRefused> {
+        if request.cluster_id != self.config.cluster_id {
+            return Err(PullRefused::WrongCluster {
+                ours: self.config.cluster_id.clone(),
+                theirs: request.cluster_id.clone(),
+            });
+        }
+        if let Some(expected) = request
+            .expected
+            .filter(|expected| *expected != self.identity.replica)
+        {
+            return Err(PullRefused::WrongReplica {
+                expected,
+                actual: self.identity.replica,
+            });
+        }
+        let durable_seq = self.durable_seq;
+        let mut chunk = PullChunk {
+            source: self.identity.replica,
+            durable_seq,
+            digest: self.digest,
+            next: request.after.clone(),
+            ..Default::default()
+        };
+        if request.after.covers_seq(durable_seq) {
+            chunk.complete = true;
+            chunk.next = Cursor::after_seq(durable_seq);
+            return Ok(chunk);
+        }
+        let mut bytes = 0usize;
+        let mut replicas = std::collections::BTreeSet::new();
+        let mut cursor = request.after.clone();
+        'scan: loop {
+            let changes = store.changes_after(&cursor, 256)?;
+            if changes.is_empty() {
+                chunk.complete = true;
+                chunk.next = Cursor::after_seq(durable_seq);
+                break;
+            }
+            for change in changes {
+                if change.seq > durable_seq {
+                    chunk.complete = true;
+                    chunk.next = Cursor::after_seq(durable_seq);
+                    break 'scan;
+                }
+                cursor = Cursor {
+                    seq: change.seq,
+                    key: change.key.to_string(),
+                };
+                if let Some(state) = self.durable_state_at(store, &change.key, change.seq)? {
+                    bytes += estimated_bytes(&change.key, &state);
+                    replicas.extend(state.slots().iter().map(|(id, _)| *id));
+                    chunk.counters.push((change.key, state));
+                }
+                chunk.next = cursor.clone();
+                if bytes >= request.max_bytes || chunk.counters.len() >= MAX_CHUNK_COUNTERS {
+                    break 'scan;
+                }
+            }
+        }
+        chunk.replicas = replicas
+            .into_iter()
+            .filter_map(|id| self.region_of(id).map(|region| (id, region.to_string())))
+            .collect();
+        Ok(chunk)
+    }
+
+    /// The durable state of `key` if the change-log entry at `seq` is its
+    /// newest durable one; `None` for an entry that a later commit superseded
+    /// (that later entry serves the counter).
+    fn durable_state_at(
+        &self,
+        store: &impl DurableState,
+        key: &str,
+        seq: u64,
+    ) -> Result<Option<PnCounter>, StorageError> {
+        if let Some(entry) = self.counters.get(key) {
+            return Ok(entry.durable.clone().filter(|_| entry.durable_seq <= seq));
+        }
+        Ok(store
+            .load_counter(key)?
+            .filter(|stored| stored.seq <= seq)
+            .map(|stored| stored.state))
+    }
+
+    /// Merges one chunk pulled from `peer` and moves its watermark. Checks the
+    /// whole chunk first: a refused chunk merges nothing.
+    pub fn handle_pull_chunk(
+        &mut self,
+        now_ms: u64,
+        store: &impl DurableState,
+        peer: ReplicaId,
+        chunk: PullChunk,
+    ) -> Result<MergeReport, ChunkRefused> {
+        if chunk.source != peer {
+            return Err(ChunkRefused::WrongSource {
+                expected: peer,
+                actual: chunk.source,
+            });
+        }
+        if chunk.counters.len() > MAX_CHUNK_COUNTERS {
+            return Err(ChunkRefused::Oversized(chunk.counters.len()));
+        }
+        let mut learned: Vec<(ReplicaId, String)> = Vec::new();
+        for (replica, region) in &chunk.replicas {
+            match self.directory.get(replica) {
+                Some(known) if known != region => {
+                    return Err(ChunkRefused::RegionConflict {
+                        replica: *replica,
+                        known: known.clone(),
+                        claimed: region.clone(),
+                    })
+                }
+                Some(_) => {}
+                None => learned.push((*replica, region.clone())),
+            }
+        }
+        let mut seen = std::collections::HashSet::with_capacity(chunk.counters.len());
+        for (key, state) in &chunk.counters {
+            if !seen.insert(key.as_ref()) {
+                return Err(ChunkRefused::DuplicateKey(key.to_string()));
+            }
+            for (replica, _) in state.slots() {
+                let known = self.directory.contains_key(replica)
+                    || learned.iter().any(|(id, _)| id == replica);
+                if !known {
+                    return Err(ChunkRefused::UnknownReplica {
+                        key: key.to_string(),
+                        replica: *replica,
+                    });
+                }
+            }
+        }
+        for (replica, region) in learned {
+            self.directory.insert(replica, region.clone());
+            self.directory_pending.push((replica, region));
+        }
+        let own = self.identity.replica;
+        let mut report = MergeReport {
+            received: chunk.counters.len(),
+            ..Default::default()
+        };
+        for (key, incoming) in chunk.counters {
+            let entry = self.entry(store, &key, now_ms)?;
+            let ours = entry.live.slot(own);
+            let theirs = incoming.slot(own);
+            if theirs.p > ours.p || theirs.n > ours.n {
+                report.own_slot_raised += 1;
+            }
+            if entry.live.merge(&incoming) {
+                report.changed.push((key.clone(), entry.live.clone()));
+                self.mark_dirty(&key);
+            }
+        }
+        self.peers.advance_watermark(peer, chunk.next);
+        Ok(report)
+    }
+}

@@ -1,0 +1,270 @@
+//! The pulling side of anti-entropy: who the peers are, how far we have pulled
+//! from each (the watermark), and whom to pull from in the next round.
+//!
+//! Each round pulls from one live peer per region, the node's own region
+//! included when it has other nodes, rotating among a region's nodes. A peer
+//! already being pulled from is skipped (one slow peer never stalls the rest),
+//! and a failing one is retried with a growing back-off. Membership comes in as
+//! events ([`PeerBook::handle_membership`]); nothing here reads a clock.
+
+use std::collections::BTreeMap;
+
+use crate::crdt::ReplicaId;
+
+use super::types::Cursor;
+
+/// Another node as membership sees it.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Member {
+    /// Its replica id.
+    pub replica: ReplicaId,
+    /// Its region.
+    pub region: String,
+    /// Its node name.
+    pub node_name: String,
+    /// Where its gRPC server listens.
+    pub grpc_addr: String,
+    /// Where it gossips.
+    pub gossip_addr: String,
+    /// Whether failure detection thinks it is up.
+    pub alive: bool,
+    /// Its published durable sequence.
+    pub durable_seq: u64,
+    /// Its published digest.
+    pub digest: u64,
+}
+
+/// A pull to start now.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PullPlan {
+    /// The peer to pull from.
+    pub peer: ReplicaId,
+    /// Its gRPC address.
+    pub grpc_addr: String,
+    /// Pull changes after this cursor.
+    pub after: Cursor,
+}
+
+/// What we know of one peer.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct PeerState {
+    /// Membership's view of it.
+    pub member: Member,
+    /// When a pull from it completed last (ms), if ever.
+    pub last_success_ms: Option<u64>,
+    /// When the pull in flight started, if one is.
+    pub in_flight_since_ms: Option<u64>,
+    /// Failed pulls in a row.
+    pub failures: u32,
+    /// Not before this time after a failure.
+    pub retry_at_ms: u64,
+}
+
+/// The peers, their watermarks and the rotation.
+#[derive(Debug, Default)]
+pub struct PeerBook {
+    peers: BTreeMap<ReplicaId, PeerState>,
+    watermarks: BTreeMap<ReplicaId, Cursor>,
+    last_region_sync_ms: BTreeMap<String, u64>,
+    rotation: u64,
+    watermarks_dirty: bool,
+}
+
+/// The longest a failing peer waits before it is tried again.
+pub const MAX_BACKOFF_MS: u64 = 5_000;
+
+impl PeerBook {
+    /// A book with recovered watermarks.
+    pub fn new(watermarks: Vec<(ReplicaId, Cursor)>) -> Self {
+        PeerBook {
+            watermarks: watermarks.into_iter().collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Replaces the membership view (every other node, alive or not).
+    pub fn handle_membership(&mut self, members: Vec<Member>) {
+        let mut next = BTreeMap::new();
+        for member in members {
+            let mut state = self.peers.remove(&member.replica).unwrap_or_default();
+            state.member = member;
+            next.insert(state.member.replica, state);
+        }
+        self.peers = next;
+    }
+
+    /// The pulls to start in this round.
+    pub fn poll_pulls(&mut self, now_ms: u64, own_region: &str) -> Vec<PullPlan> {
+        self.rotation = self.rotation.wrapping_add(1);
+        let mut by_region: BTreeMap<&str, Vec<&PeerState>> = BTreeMap::new();
+        for peer in self.peers.values() {
+            by_region
+                .entry(peer.member.region.as_str())
+                .or_default()
+                .push(peer);
+        }
+        let mut plans = Vec::new();
+        // The own region first: it is the nearest.
+        let mut regions: Vec<&str> = by_region.keys().copied().collect();
+        regions.sort_by_key(|region| *region != own_region);
+        for region in regions {
+            let candidates: Vec<&PeerState> = by_region[region]
+                .iter()
+                .copied()
+                .filter(|peer| peer.member.alive && peer.retry_at_ms <= now_ms)
+                .collect();
+            if candidates.is_empty() {
+                continue;
+            }
+            let start = (self.rotation as usize) % candidates.len();
+            let chosen = (0..candidates.len())
+                .map(|offset| candidates[(start + offset) % candidates.len()])
+                .find(|peer| peer.in_flight_since_ms.is_none());
+            if let Some(peer) = chosen {
+                plans.push(PullPlan {
+                    peer: peer.member.replica,
+                    grpc_addr: peer.member.grpc_addr.clone(),
+                    after: self.watermark(peer.member.replica),
+                });
+            }
+        }
+        for plan in &plans {
+            if let Some(peer) = self.peers.get_mut(&plan.peer) {
+                peer.in_flight_since_ms = Some(now_ms);
+            }
+        }
+        plans
+    }
+
+    /// How far we have pulled from `peer`.
+    pub fn watermark(&self, peer: ReplicaId) -> Cursor {
+        self.watermarks.get(&peer).cloned().unwrap_or_default()
+    }
+
+    /// Moves `peer`'s watermark (after its changes up to `cursor` were merged).
+    pub fn advance_watermark(&mut self, peer: ReplicaId, cursor: Cursor) {
+        if self.watermarks.get(&peer) != Some(&cursor) {
+            self.watermarks.insert(peer, cursor);
+            self.watermarks_dirty = true;
+        }
+    }
+
+    /// A pull from `peer` ended well.
+    pub fn handle_pull_finished(&mut self, now_ms: u64, peer: ReplicaId) {
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.in_flight_since_ms = None;
+            state.failures = 0;
+            state.retry_at_ms = 0;
+            state.last_success_ms = Some(now_ms);
+            self.last_region_sync_ms
+                .insert(state.member.region.clone(), now_ms);
+        }
+    }
+
+    /// A pull from `peer` failed; it is retried after a back-off.
+    pub fn handle_pull_failed(&mut self, now_ms: u64, peer: ReplicaId, interval_ms: u64) {
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.in_flight_since_ms = None;
+            state.failures = state.failures.saturating_add(1);
+            let backoff = interval_ms
+                .saturating_mul(1 << state.failures.min(6))
+                .min(MAX_BACKOFF_MS);
+            state.retry_at_ms = now_ms.saturating_add(backoff);
+        }
+    }
+
+    /// Every peer's state.
+    pub fn peers(&self) -> impl Iterator<Item = &PeerState> {
+        self.peers.values()
+    }
+
+    /// One peer's state.
+    pub fn peer(&self, replica: ReplicaId) -> Option<&PeerState> {
+        self.peers.get(&replica)
+    }
+
+    /// When we last completed a pull from a node of `region`.
+    pub fn last_region_sync_ms(&self, region: &str) -> Option<u64> {
+        self.last_region_sync_ms.get(region).copied()
+    }
+
+    /// All watermarks, and whether they changed since the last call.
+    pub fn take_watermarks(&mut self) -> (Vec<(ReplicaId, Cursor)>, bool) {
+        let dirty = std::mem::take(&mut self.watermarks_dirty);
+        (
+            self.watermarks
+                .iter()
+                .map(|(id, cursor)| (*id, cursor.clone()))
+                .collect(),
+            dirty,
+        )
+    }
+
+    /// Marks the watermarks as needing a commit again (the last one failed).
+    pub fn mark_watermarks_dirty(&mut self) {
+        self.watermarks_dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(id: u64, region: &str) -> Member {
+        Member {
+            replica: ReplicaId(id),
+            region: region.into(),
+            grpc_addr: format!("127.0.0.1:{id}"),
+            alive: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn one_peer_per_region_own_region_first() {
+        let mut book = PeerBook::default();
+        book.handle_membership(vec![
+            member(1, "us"),
+            member(2, "eu"),
+            member(3, "eu"),
+            member(4, "ap"),
+        ]);
+        let plans = book.poll_pulls(0, "eu");
+        assert_eq!(plans.len(), 3);
+        assert!(plans[0].peer == ReplicaId(2) || plans[0].peer == ReplicaId(3));
+        // The next round skips the peers still in flight and takes the other eu node.
+        let next = book.poll_pulls(1, "eu");
+        assert_eq!(next.len(), 1);
+        assert_ne!(next[0].peer, plans[0].peer);
+    }
+
+    #[test]
+    fn dead_and_failing_peers_are_skipped() {
+        let mut book = PeerBook::default();
+        let mut dead = member(1, "us");
+        dead.alive = false;
+        book.handle_membership(vec![dead, member(2, "ap")]);
+        let plans = book.poll_pulls(0, "eu");
+        assert_eq!(
+            plans.iter().map(|p| p.peer).collect::<Vec<_>>(),
+            vec![ReplicaId(2)]
+        );
+        book.handle_pull_failed(0, ReplicaId(2), 200);
+        assert!(book.poll_pulls(100, "eu").is_empty());
+        assert_eq!(book.poll_pulls(400, "eu").len(), 1);
+    }
+
+    #[test]
+    fn watermarks_are_kept_per_peer_and_reported_once_changed() {
+        let mut book = PeerBook::new(vec![(ReplicaId(1), Cursor::after_seq(4))]);
+        book.handle_membership(vec![member(1, "us")]);
+        assert_eq!(book.poll_pulls(0, "eu")[0].after, Cursor::after_seq(4));
+        assert!(!book.take_watermarks().1);
+        book.advance_watermark(ReplicaId(1), Cursor::after_seq(9));
+        let (marks, dirty) = book.take_watermarks();
+        assert!(dirty);
+        assert_eq!(marks, vec![(ReplicaId(1), Cursor::after_seq(9))]);
+        book.handle_pull_finished(7, ReplicaId(1));
+        assert_eq!(book.last_region_sync_ms("us"), Some(7));
+    }
+}

@@ -1,0 +1,461 @@
+//! Tests of the replica core with the in-memory store: group commit, durable
+//! serving, the hot-key trap, idempotency, refusals, crashes and convergence.
+
+use super::*;
+use crate::crdt::Slot;
+use crate::store::{MemoryStore, Store};
+
+struct Node {
+    replica: Replica,
+    store: MemoryStore,
+}
+
+const CLUSTER: &str = "test";
+
+fn config() -> ReplicaConfig {
+    ReplicaConfig {
+        cluster_id: CLUSTER.into(),
+        ..Default::default()
+    }
+}
+
+impl Node {
+    fn new(id: u64, region: &str) -> Node {
+        let identity = Identity {
+            replica: ReplicaId(id),
+            region: region.into(),
+        };
+        let store = MemoryStore::new(identity.clone());
+        Node {
+            replica: Replica::open(identity, config(), Recovered::default(), 0),
+            store,
+        }
+    }
+
+    /// Restarts from what the store holds (after `crash` or a clean stop).
+    fn restart(self) -> Node {
+        let recovered = self.store.recover(0).unwrap();
+        let identity = self.store.identity().clone();
+        Node {
+            replica: Replica::open(identity, config(), recovered, 0),
+            store: self.store,
+        }
+    }
+
+    #[track_caller]
+    fn add(&mut self, key: &str, delta: i64) -> AddAccepted {
+        self.replica
+            .handle_add(
+                1,
+                &self.store,
+                AddRequest {
+                    key,
+                    delta,
+                    idempotency_key: None,
+                },
+            )
+            .unwrap()
+    }
+
+    fn value(&mut self, key: &str) -> i64 {
+        self.replica
+            .handle_get(1, &self.store, key)
+            .unwrap()
+            .value()
+            .unwrap()
+    }
+
+    /// Writes and flushes one group commit; returns its sequence.
+    fn commit(&mut self) -> Option<u64> {
+        let batch = self.replica.poll_commit()?;
+        self.store.write(&batch).unwrap();
+        self.store.flush().unwrap();
+        self.replica.handle_commit_done(batch.seq);
+        Some(batch.seq)
+    }
+
+    /// Pulls everything `source` offers, chunk by chunk, as the runtime does.
+    fn pull_from(&mut self, source: &Node, max_bytes: usize) -> usize {
+        let peer = source.replica.identity().replica;
+        let mut chunks = 0;
+        loop {
+            let request = PullRequest {
+                cluster_id: CLUSTER.into(),
+                caller: self.replica.identity().replica,
+                expected: Some(peer),
+                after: self.replica.peers().watermark(peer),
+                max_bytes,
+            };
+            let chunk = source.replica.handle_pull(&source.store, &request).unwrap();
+            let complete = chunk.complete;
+            self.replica
+                .handle_pull_chunk(2, &self.store, peer, chunk)
+                .unwrap();
+            chunks += 1;
+            if complete {
+                return chunks;
+            }
+        }
+    }
+}
+
+#[test]
+fn an_add_is_durable_after_the_commit_its_ticket_names() {
+    let mut node = Node::new(1, "eu");
+    let first = node.add("likes", 3);
+    assert_eq!(
+        (first.value, first.duplicate, first.durable_at_seq),
+        (3, false, 1)
+    );
+    assert_eq!(node.replica.durable_seq(), 0);
+    assert_eq!(node.commit(), Some(1));
+    assert_eq!(node.replica.durable_seq(), 1);
+    assert_eq!(node.commit(), None, "nothing changed, nothing to commit");
+    assert_eq!(node.add("likes", -1).durable_at_seq, 2);
+    assert_eq!(node.value("likes"), 2);
+}
+
+#[test]
+fn adds_during_a_commit_go_into_the_next_one() {
+    let mut node = Node::new(1, "eu");
+    node.add("likes", 1);
+    let batch = node.replica.poll_commit().unwrap();
+    assert!(
+        node.replica.poll_commit().is_none(),
+        "one commit in flight at a time"
+    );
+    let during = node.add("likes", 1);
+    assert_eq!(during.durable_at_seq, 2);
+    node.store.write(&batch).unwrap();
+    node.store.flush().unwrap();
+    node.replica.handle_commit_done(batch.seq);
+    let next = node.replica.poll_commit().unwrap();
+    assert_eq!(next.seq, 2);
+    assert_eq!(next.counters[0].1.slot(ReplicaId(1)), Slot { p: 2, n: 0 });
+}
+
+#[test]
+fn a_pull_is_served_durable_state_only_never_live_state() {
+    let mut source = Node::new(1, "eu");
+    let mut puller = Node::new(2, "us");
+    source.add("post", 5);
+    puller.pull_from(&source, 1 << 20);
+    assert_eq!(puller.value("post"), 0, "nothing was durable yet");
+    source.commit();
+    source.add("post", 100); // live, not durable
+    let batch = source.replica.poll_commit().unwrap();
+    source.store.write(&batch).unwrap(); // visible in the store, not yet flushed
+    puller.pull_from(&source, 1 << 20);
+    assert_eq!(
+        puller.value("post"),
+        5,
+        "only the committed value is offered"
+    );
+    source.store.flush().unwrap();
+    source.replica.handle_commit_done(batch.seq);
+    puller.pull_from(&source, 1 << 20);
+    assert_eq!(puller.value("post"), 105);
+}
+
+#[test]
+fn a_crash_between_write_and_flush_never_hides_a_durable_change_from_a_peer() {
+    // `a` changes in commit 1 (durable) and again in commit 2, whose write is
+    // visible but never flushed. A pull during commit 2 must still ship `a`@1.
+    let mut source = Node::new(1, "eu");
+    let mut puller = Node::new(2, "us");
+    source.add("a", 1);
+    source.commit();
+    source.add("a", 1);
+    let batch = source.replica.poll_commit().unwrap();
+    source.store.write(&batch).unwrap();
+    puller.pull_from(&source, 1 << 20);
+    assert_eq!(puller.value("a"), 1);
+    source.store.crash();
+    let mut source = source.restart();
+    assert_eq!(source.value("a"), 1);
+    source.add("b", 1);
+    source.commit();
+    puller.pull_from(&source, 1 << 20);
+    assert_eq!(puller.value("a"), 1);
+    assert_eq!(puller.value("b"), 1);
+}
+
+#[test]
+fn the_hottest_key_is_shipped_every_round() {
+    let mut source = Node::new(1, "eu");
+    let mut puller = Node::new(2, "us");
+    let mut acknowledged = 0;
+    for round in 0..20 {
+        // Adds never pause: one is always pending when the pull comes.
+        for _ in 0..50 {
+            source.add("hot", 1);
+            acknowledged += 1;
+            source.commit();
+        }
+        source.add("hot", 1);
+        puller.pull_from(&source, 1 << 20);
+        assert_eq!(
+            puller.value("hot"),
+            acknowledged,
+            "round {round}: the durable value arrives"
+        );
+        acknowledged += 1;
+        source.commit();
+    }
+}
+
+#[test]
+fn a_keyed_retry_is_applied_once_and_answers_as_the_first_did() {
+    let mut node = Node::new(1, "eu");
+    let request = AddRequest {
+        key: "votes",
+        delta: 2,
+        idempotency_key: Some("req-1"),
+    };
+    let first = node.replica.handle_add(1, &node.store, request).unwrap();
+    node.add("votes", 10);
+    let retry = node.replica.handle_add(1, &node.store, request).unwrap();
+    assert_eq!(
+        (retry.value, retry.duplicate, retry.durable_at_seq),
+        (2, true, first.durable_at_seq)
+    );
+    assert_eq!(node.value("votes"), 12);
+    let reused = AddRequest {
+        delta: 3,
+        ..request
+    };
+    assert!(matches!(
+        node.replica.handle_add(1, &node.store, reused),
+        Err(AddRefused::IdempotencyKeyReused(_))
+    ));
+    let long = "k".repeat(MAX_IDEMPOTENCY_KEY_BYTES + 1);
+    let too_long = AddRequest {
+        idempotency_key: Some(&long),
+        ..request
+    };
+    assert!(matches!(
+        node.replica.handle_add(1, &node.store, too_long),
+        Err(AddRefused::IdempotencyKeyTooLong(_))
+    ));
+    // The record survives a restart with the add it describes.
+    node.commit();
+    let mut node = node.restart();
+    let after = node.replica.handle_add(1, &node.store, request).unwrap();
+    assert!(after.duplicate);
+    assert_eq!(node.value("votes"), 12);
+}
+
+#[test]
+fn a_refused_add_changes_nothing() {
+    let mut node = Node::new(1, "eu");
+    node.add("big", i64::MAX);
+    node.commit();
+    let refused = node.replica.handle_add(
+        1,
+        &node.store,
+        AddRequest {
+            key: "big",
+            delta: 1,
+            idempotency_key: Some("x"),
+        },
+    );
+    assert_eq!(refused, Err(AddRefused::Counter(AddError::ValueOutOfRange)));
+    assert!(
+        node.replica.poll_commit().is_none(),
+        "nothing dirty, nothing remembered"
+    );
+    assert_eq!(node.value("big"), i64::MAX);
+}
+
+#[test]
+fn a_crash_before_the_flush_loses_only_unacknowledged_adds() {
+    let mut node = Node::new(1, "eu");
+    node.add("c", 7);
+    node.commit();
+    node.add("c", 5);
+    let batch = node.replica.poll_commit().unwrap();
+    node.store.write(&batch).unwrap();
+    node.store.crash();
+    let mut node = node.restart();
+    assert_eq!(node.value("c"), 7, "the slot restarts from what is on disk");
+    assert_eq!(
+        node.add("c", 1).durable_at_seq,
+        2,
+        "the lost sequence is reused: it was never offered"
+    );
+}
+
+#[test]
+fn refused_chunks_merge_nothing() {
+    let mut node = Node::new(1, "eu");
+    let state = PnCounter::from_slots([(ReplicaId(9), Slot { p: 4, n: 0 })]);
+    let chunk = PullChunk {
+        source: ReplicaId(9),
+        counters: vec![
+            (
+                Key::from("a"),
+                PnCounter::from_slots([(ReplicaId(1), Slot { p: 0, n: 0 })]),
+            ),
+            (Key::from("b"), state.clone()),
+        ],
+        next: Cursor::after_seq(3),
+        complete: true,
+        ..Default::default()
+    };
+    let refused = node
+        .replica
+        .handle_pull_chunk(0, &node.store, ReplicaId(9), chunk.clone());
+    assert!(
+        matches!(refused, Err(ChunkRefused::UnknownReplica { .. })),
+        "{refused:?}"
+    );
+    let wrong = node
+        .replica
+        .handle_pull_chunk(0, &node.store, ReplicaId(8), chunk.clone());
+    assert!(matches!(wrong, Err(ChunkRefused::WrongSource { .. })));
+    let mut conflicting = chunk.clone();
+    conflicting.replicas = vec![(ReplicaId(9), "us".into()), (ReplicaId(1), "ap".into())];
+    assert!(matches!(
+        node.replica
+            .handle_pull_chunk(0, &node.store, ReplicaId(9), conflicting),
+        Err(ChunkRefused::RegionConflict { .. })
+    ));
+    let mut twice = chunk.clone();
+    twice.replicas = vec![(ReplicaId(9), "us".into())];
+    twice.counters.push((Key::from("b"), state.clone()));
+    assert!(matches!(
+        node.replica
+            .handle_pull_chunk(0, &node.store, ReplicaId(9), twice),
+        Err(ChunkRefused::DuplicateKey(_))
+    ));
+    assert_eq!(node.value("b"), 0);
+    assert_eq!(
+        node.replica.peers().watermark(ReplicaId(9)),
+        Cursor::default()
+    );
+    assert!(
+        node.replica.poll_commit().unwrap().counters.is_empty(),
+        "only reads happened"
+    );
+
+    let mut good = chunk;
+    good.replicas = vec![(ReplicaId(9), "us".into())];
+    let report = node
+        .replica
+        .handle_pull_chunk(0, &node.store, ReplicaId(9), good)
+        .unwrap();
+    assert_eq!(report.changed.len(), 1);
+    assert_eq!(node.value("b"), 4);
+    assert_eq!(node.replica.region_of(ReplicaId(9)), Some("us"));
+}
+
+#[test]
+fn pulls_from_another_cluster_or_replica_are_refused() {
+    let node = Node::new(1, "eu");
+    let mut request = PullRequest {
+        cluster_id: "other".into(),
+        caller: ReplicaId(2),
+        expected: None,
+        after: Cursor::default(),
+        max_bytes: 1000,
+    };
+    assert!(matches!(
+        node.replica.handle_pull(&node.store, &request),
+        Err(PullRefused::WrongCluster { .. })
+    ));
+    request.cluster_id = CLUSTER.into();
+    request.expected = Some(ReplicaId(3));
+    assert!(matches!(
+        node.replica.handle_pull(&node.store, &request),
+        Err(PullRefused::WrongReplica { .. })
+    ));
+}
+
+#[test]
+fn three_regions_converge_on_the_sum_with_small_chunks() {
+    let mut nodes = vec![Node::new(1, "eu"), Node::new(2, "us"), Node::new(3, "ap")];
+    let mut expected = 0i64;
+    for i in 0..300i64 {
+        let node = &mut nodes[(i % 3) as usize];
+        let delta = if i % 7 == 0 { -(i + 1) } else { i + 1 };
+        node.add(&format!("k{}", i % 17), delta);
+        expected += delta;
+        if i % 11 == 0 {
+            node.commit();
+        }
+    }
+    for node in nodes.iter_mut() {
+        node.commit();
+    }
+    for _ in 0..2 {
+        for target in 0..3 {
+            for source in 0..3 {
+                if source == target {
+                    continue;
+                }
+                let (source, target) = if source < target {
+                    let (low, high) = nodes.split_at_mut(target);
+                    (&low[source], &mut high[0])
+                } else {
+                    let (low, high) = nodes.split_at_mut(source);
+                    (&high[0], &mut low[target])
+                };
+                target.pull_from(source, 64);
+                target.commit();
+            }
+        }
+    }
+    let digests: Vec<_> = nodes.iter().map(|n| n.replica.digest()).collect();
+    assert!(digests.windows(2).all(|w| w[0] == w[1]), "{digests:?}");
+    for node in nodes.iter_mut() {
+        let total: i64 = (0..17).map(|k| node.value(&format!("k{k}"))).sum();
+        assert_eq!(total, expected);
+        let state = node.replica.handle_get(0, &node.store, "k1").unwrap();
+        let parts = node.replica.breakdown(&state);
+        assert!(
+            parts.iter().all(|part| part.region != "unknown"),
+            "{parts:?}"
+        );
+    }
+}
+
+#[test]
+fn eviction_keeps_dirty_counters_and_reloads_clean_ones() {
+    let mut node = Node::new(1, "eu");
+    node.replica.config.cache_capacity = 10;
+    for i in 0..30 {
+        node.add(&format!("k{i}"), 1);
+    }
+    node.replica.tick(5);
+    assert_eq!(
+        node.replica.cached_counters(),
+        30,
+        "dirty counters are never evicted"
+    );
+    node.commit();
+    node.replica.tick(5);
+    assert!(node.replica.cached_counters() <= 10);
+    assert!((0..30).all(|i| node.value(&format!("k{i}")) == 1));
+}
+
+#[test]
+fn a_failed_commit_is_retried_whole() {
+    let mut node = Node::new(1, "eu");
+    node.replica
+        .handle_add(
+            1,
+            &node.store,
+            AddRequest {
+                key: "a",
+                delta: 1,
+                idempotency_key: Some("i"),
+            },
+        )
+        .unwrap();
+    let batch = node.replica.poll_commit().unwrap();
+    node.replica.handle_commit_failed(batch.seq);
+    let retry = node.replica.poll_commit().unwrap();
+    assert_eq!(retry.seq, batch.seq + 1);
+    assert_eq!(retry.counters, batch.counters);
+    assert_eq!(retry.idempotency_put, batch.idempotency_put);
+}

@@ -1,0 +1,195 @@
+//! Values the replica core exchanges with its runtime: keys, change-log
+//! cursors, stored records, commit batches and the sync protocol's messages.
+//!
+//! Keys are validated once, here, when they enter the core: UTF-8, 1 to 256 bytes.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::crdt::{PnCounter, ReplicaId, StateDigest};
+
+/// The longest counter key, in bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+/// The longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
+
+/// A counter's name, validated. Cheap to clone.
+pub type Key = Arc<str>;
+
+/// Why a key was refused.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum KeyError {
+    /// The key had no bytes.
+    #[error("the counter key is empty; give a key of 1 to {MAX_KEY_BYTES} bytes")]
+    Empty,
+    /// The key was longer than [`MAX_KEY_BYTES`].
+    #[error("the counter key is {0} bytes long; the limit is {MAX_KEY_BYTES} bytes")]
+    TooLong(usize),
+    /// The key's bytes were not UTF-8.
+    #[error("the counter key is not valid UTF-8")]
+    NotUtf8,
+}
+
+/// Checks a key's bytes and returns it as a [`Key`].
+pub fn parse_key(bytes: &[u8]) -> Result<Key, KeyError> {
+    Ok(Arc::from(check_key(bytes)?))
+}
+
+/// Checks a key's bytes without allocating.
+pub fn check_key(bytes: &[u8]) -> Result<&str, KeyError> {
+    if bytes.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if bytes.len() > MAX_KEY_BYTES {
+        return Err(KeyError::TooLong(bytes.len()));
+    }
+    std::str::from_utf8(bytes).map_err(|_| KeyError::NotUtf8)
+}
+
+/// A position in a replica's change log. Changes are ordered by `(seq, key)`;
+/// a cursor with an empty key stands after every change of `seq` and before.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug, Default, Hash)]
+pub struct Cursor {
+    /// The commit sequence.
+    pub seq: u64,
+    /// The last key of `seq` already covered, or empty for all of `seq`.
+    pub key: String,
+}
+
+impl Cursor {
+    /// The cursor after every change up to and including `seq`.
+    pub fn after_seq(seq: u64) -> Self {
+        Cursor {
+            seq,
+            key: String::new(),
+        }
+    }
+
+    /// True when the cursor covers every change of `seq` and before.
+    pub fn covers_seq(&self, seq: u64) -> bool {
+        self.seq > seq || (self.seq == seq && self.key.is_empty())
+    }
+
+    /// The sequence through which every change is covered.
+    pub fn complete_seq(&self) -> u64 {
+        if self.key.is_empty() {
+            self.seq
+        } else {
+            self.seq.saturating_sub(1)
+        }
+    }
+}
+
+impl fmt::Display for Cursor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.key.is_empty() {
+            write!(f, "{}", self.seq)
+        } else {
+            write!(f, "{}/{:?}", self.seq, self.key)
+        }
+    }
+}
+
+/// One entry of the change log: counter `key` changed in commit `seq`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Change {
+    /// The commit that wrote it.
+    pub seq: u64,
+    /// The counter.
+    pub key: Key,
+}
+
+/// A counter as stored: its state and the commit that last wrote it.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct StoredCounter {
+    /// The commit that last wrote this counter.
+    pub seq: u64,
+    /// The counter's durable state.
+    pub state: PnCounter,
+}
+
+/// A replica incarnation: its id and the region it belongs to, both fixed for life.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Identity {
+    /// Random, created with the data directory.
+    pub replica: ReplicaId,
+    /// The region the replica serves.
+    pub region: String,
+}
+
+/// A remembered idempotent add.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct IdempotencyRecord {
+    /// 128-bit hash of the idempotency key.
+    pub id: u128,
+    /// Hash of the request (counter key and delta), to spot a key reused for another request.
+    pub fingerprint: u64,
+    /// The value the first request answered.
+    pub value: i64,
+    /// The commit that made the first request durable.
+    pub seq: u64,
+    /// When the record may be forgotten, in milliseconds since the Unix epoch.
+    pub expires_at_ms: u64,
+}
+
+/// Everything one group commit writes, in one atomic batch, then makes durable.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct CommitBatch {
+    /// The commit's sequence: every counter in it is stamped with it.
+    pub seq: u64,
+    /// Counters to write, with their full state.
+    pub counters: Vec<(Key, PnCounter)>,
+    /// Change-log entries superseded by an earlier, already durable commit.
+    pub superseded: Vec<Change>,
+    /// Idempotency records to write.
+    pub idempotency_put: Vec<IdempotencyRecord>,
+    /// Idempotency records to forget (expired or evicted).
+    pub idempotency_delete: Vec<u128>,
+    /// Replica-to-region facts learned since the last commit.
+    pub directory_put: Vec<(ReplicaId, String)>,
+    /// Pull watermarks per peer replica, all of them.
+    pub watermarks: Vec<(ReplicaId, Cursor)>,
+    /// Digest of the whole durable state once this batch is durable.
+    pub digest: StateDigest,
+}
+
+impl CommitBatch {
+    /// True when the batch writes nothing a peer or a restart would see.
+    pub fn is_empty(&self) -> bool {
+        self.counters.is_empty()
+            && self.superseded.is_empty()
+            && self.idempotency_put.is_empty()
+            && self.idempotency_delete.is_empty()
+            && self.directory_put.is_empty()
+    }
+}
+
+/// What a replica recovers from its disk at start.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct Recovered {
+    /// The last durable commit.
+    pub durable_seq: u64,
+    /// The digest of the durable state.
+    pub digest: StateDigest,
+    /// Pull watermarks per peer.
+    pub watermarks: Vec<(ReplicaId, Cursor)>,
+    /// Regions of known replicas.
+    pub directory: Vec<(ReplicaId, String)>,
+    /// Unexpired idempotency records.
+    pub idempotency: Vec<IdempotencyRecord>,
+}
+
+/// A storage failure as the core sees it: a message for the log.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("storage error: {0}")]
+pub struct StorageError(pub String);
+
+/// The read side of durable storage that the core needs. The store writes only
+/// what [`CommitBatch`]es say, so what it returns for a counter that is not in
+/// a batch being committed is durable.
+pub trait DurableState {
+    /// The stored record of one counter.
+    fn load_counter(&self, key: &str) -> Result<Option<StoredCounter>, StorageError>;
+    /// Change-log entries strictly after `after`, in order, at most `limit`.
+    fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError>;
+}

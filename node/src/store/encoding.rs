@@ -1,0 +1,392 @@
+//! Byte encodings of everything Tally stores. Every value starts with a
+//! version byte, so a later format can read (or migrate) an older one; a value
+//! whose version is unknown or whose bytes are short is reported as corrupt,
+//! never read as zero and never a panic.
+//!
+//! All records live in one ordered key space, told apart by a one-byte prefix,
+//! so that a commit is one atomic batch:
+//!
+//! | prefix | key                      | value                                   |
+//! |--------|--------------------------|-----------------------------------------|
+//! | `c`    | counter key (UTF-8)      | v1, seq, slots (replica, p, n)          |
+//! | `l`    | seq (BE u64) + counter key | empty: the change log                 |
+//! | `i`    | idempotency id (BE u128) | v1, fingerprint, value, seq, expiry     |
+//! | `d`    | replica (BE u64)         | v1, region                              |
+//! | `w`    | replica (BE u64)         | v1, cursor seq, cursor key              |
+//! | `m`    | meta name                | v1, payload                             |
+
+use crate::crdt::{PnCounter, ReplicaId, Slot};
+use crate::replica::{Cursor, IdempotencyRecord, Identity, StorageError, StoredCounter};
+
+/// The format version written by this build.
+pub const VERSION: u8 = 1;
+
+/// Key prefixes.
+pub const COUNTER: u8 = b'c';
+/// Change-log prefix.
+pub const CHANGE: u8 = b'l';
+/// Idempotency prefix.
+pub const IDEMPOTENCY: u8 = b'i';
+/// Directory prefix.
+pub const DIRECTORY: u8 = b'd';
+/// Watermark prefix.
+pub const WATERMARK: u8 = b'w';
+/// Meta prefix.
+pub const META: u8 = b'm';
+
+/// Meta names.
+pub const META_IDENTITY: &[u8] = b"mid";
+/// Durable sequence.
+pub const META_DURABLE_SEQ: &[u8] = b"mseq";
+/// Digest.
+pub const META_DIGEST: &[u8] = b"mdigest";
+
+/// The store key of a counter.
+pub fn counter_key(key: &str) -> Vec<u8> {
+    prefixed(COUNTER, key.as_bytes())
+}
+
+/// The store key of a change-log entry.
+pub fn change_key(seq: u64, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(9 + key.len());
+    out.push(CHANGE);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+/// The first change-log store key that may lie strictly after `after`, or
+/// `None` when nothing can (the cursor covers the last sequence). The caller
+/// skips an entry equal to `after` itself.
+pub fn change_scan_start(after: &Cursor) -> Option<Vec<u8>> {
+    if after.key.is_empty() {
+        after.seq.checked_add(1).map(|seq| change_key(seq, ""))
+    } else {
+        Some(change_key(after.seq, &after.key))
+    }
+}
+
+/// Splits a change-log store key into its sequence and counter key.
+pub fn decode_change_key(bytes: &[u8]) -> Result<(u64, &str), StorageError> {
+    if bytes.len() < 10 || bytes[0] != CHANGE {
+        return Err(corrupt("change-log key", "too short"));
+    }
+    let seq = u64::from_be_bytes(bytes[1..9].try_into().expect("8 bytes"));
+    let key =
+        std::str::from_utf8(&bytes[9..]).map_err(|_| corrupt("change-log key", "not UTF-8"))?;
+    Ok((seq, key))
+}
+
+/// The store key of an idempotency record.
+pub fn idempotency_key(id: u128) -> Vec<u8> {
+    prefixed(IDEMPOTENCY, &id.to_be_bytes())
+}
+
+/// The store key of a directory or watermark entry.
+pub fn replica_key(prefix: u8, replica: ReplicaId) -> Vec<u8> {
+    prefixed(prefix, &replica.0.to_be_bytes())
+}
+
+/// Reads the replica id out of a directory or watermark store key.
+pub fn decode_replica_key(bytes: &[u8]) -> Result<ReplicaId, StorageError> {
+    let raw: [u8; 8] = bytes
+        .get(1..9)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("replica key", "too short"))?;
+    Ok(ReplicaId(u64::from_be_bytes(raw)))
+}
+
+fn prefixed(prefix: u8, rest: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + rest.len());
+    out.push(prefix);
+    out.extend_from_slice(rest);
+    out
+}
+
+fn corrupt(what: &str, why: &str) -> StorageError {
+    StorageError(format!("corrupt {what}: {why}"))
+}
+
+/// Encodes a counter record.
+pub fn encode_counter(seq: u64, state: &PnCounter) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + state.slots().len() * 20);
+    out.push(VERSION);
+    put_varint(&mut out, seq);
+    put_varint(&mut out, state.slots().len() as u64);
+    for (replica, slot) in state.slots() {
+        out.extend_from_slice(&replica.0.to_le_bytes());
+        put_varint(&mut out, slot.p);
+        put_varint(&mut out, slot.n);
+    }
+    out
+}
+
+/// Decodes a counter record.
+pub fn decode_counter(bytes: &[u8]) -> Result<StoredCounter, StorageError> {
+    let mut reader = Reader::versioned(bytes, "counter record")?;
+    let seq = reader.varint()?;
+    let count = reader.varint()?;
+    if count > bytes.len() as u64 {
+        return Err(corrupt(
+            "counter record",
+            "slot count larger than the record",
+        ));
+    }
+    let mut slots = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let replica = ReplicaId(reader.u64()?);
+        slots.push((
+            replica,
+            Slot {
+                p: reader.varint()?,
+                n: reader.varint()?,
+            },
+        ));
+    }
+    reader.finish()?;
+    Ok(StoredCounter {
+        seq,
+        state: PnCounter::from_slots(slots),
+    })
+}
+
+/// Encodes an idempotency record (its id is the store key).
+pub fn encode_idempotency(record: &IdempotencyRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(34);
+    out.push(VERSION);
+    out.extend_from_slice(&record.fingerprint.to_le_bytes());
+    out.extend_from_slice(&record.value.to_le_bytes());
+    out.extend_from_slice(&record.seq.to_le_bytes());
+    out.extend_from_slice(&record.expires_at_ms.to_le_bytes());
+    out
+}
+
+/// Decodes an idempotency record stored under `key`.
+pub fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<IdempotencyRecord, StorageError> {
+    let raw: [u8; 16] = key
+        .get(1..17)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("idempotency key", "too short"))?;
+    let mut reader = Reader::versioned(bytes, "idempotency record")?;
+    let record = IdempotencyRecord {
+        id: u128::from_be_bytes(raw),
+        fingerprint: reader.u64()?,
+        value: reader.u64()? as i64,
+        seq: reader.u64()?,
+        expires_at_ms: reader.u64()?,
+    };
+    reader.finish()?;
+    Ok(record)
+}
+
+/// Encodes a UTF-8 string value (a region).
+pub fn encode_text(text: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + text.len());
+    out.push(VERSION);
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+/// Decodes a UTF-8 string value.
+pub fn decode_text(bytes: &[u8], what: &str) -> Result<String, StorageError> {
+    let reader = Reader::versioned(bytes, what)?;
+    String::from_utf8(reader.rest().to_vec()).map_err(|_| corrupt(what, "not UTF-8"))
+}
+
+/// Encodes a u64 meta value.
+pub fn encode_u64(value: u64) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    out.extend_from_slice(&value.to_le_bytes());
+    out
+}
+
+/// Decodes a u64 meta value.
+pub fn decode_u64(bytes: &[u8], what: &str) -> Result<u64, StorageError> {
+    let mut reader = Reader::versioned(bytes, what)?;
+    let value = reader.u64()?;
+    reader.finish()?;
+    Ok(value)
+}
+
+/// Encodes a replica identity.
+pub fn encode_identity(identity: &Identity) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    out.extend_from_slice(&identity.replica.0.to_le_bytes());
+    out.extend_from_slice(identity.region.as_bytes());
+    out
+}
+
+/// Decodes a replica identity.
+pub fn decode_identity(bytes: &[u8]) -> Result<Identity, StorageError> {
+    let mut reader = Reader::versioned(bytes, "replica identity")?;
+    let replica = ReplicaId(reader.u64()?);
+    let region = String::from_utf8(reader.rest().to_vec())
+        .map_err(|_| corrupt("replica identity", "region not UTF-8"))?;
+    Ok(Identity { replica, region })
+}
+
+/// Encodes a watermark cursor.
+pub fn encode_cursor(cursor: &Cursor) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    put_varint(&mut out, cursor.seq);
+    out.extend_from_slice(cursor.key.as_bytes());
+    out
+}
+
+/// Decodes a watermark cursor.
+pub fn decode_cursor(bytes: &[u8]) -> Result<Cursor, StorageError> {
+    let mut reader = Reader::versioned(bytes, "watermark")?;
+    let seq = reader.varint()?;
+    let key = String::from_utf8(reader.rest().to_vec())
+        .map_err(|_| corrupt("watermark", "key not UTF-8"))?;
+    Ok(Cursor { seq, key })
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    what: &'a str,
+}
+
+impl<'a> Reader<'a> {
+    fn versioned(bytes: &'a [u8], what: &'a str) -> Result<Self, StorageError> {
+        match bytes.first() {
+            Some(&VERSION) => Ok(Reader {
+                bytes: &bytes[1..],
+                what,
+            }),
+            Some(other) => Err(corrupt(
+                what,
+                &format!("unknown format version {other}; this build reads version {VERSION}"),
+            )),
+            None => Err(corrupt(what, "empty")),
+        }
+    }
+
+    fn u64(&mut self) -> Result<u64, StorageError> {
+        let (head, rest) = self
+            .bytes
+            .split_first_chunk::<8>()
+            .ok_or_else(|| corrupt(self.what, "truncated"))?;
+        self.bytes = rest;
+        Ok(u64::from_le_bytes(*head))
+    }
+
+    fn varint(&mut self) -> Result<u64, StorageError> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = self
+                .bytes
+                .split_first()
+                .ok_or_else(|| corrupt(self.what, "truncated varint"))?;
+            self.bytes = rest;
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(value);
+            }
+        }
+        Err(corrupt(self.what, "varint too long"))
+    }
+
+    fn rest(self) -> &'a [u8] {
+        self.bytes
+    }
+
+    fn finish(self) -> Result<(), StorageError> {
+        if self.bytes.is_empty() {
+            Ok(())
+        } else {
+            Err(corrupt(self.what, "trailing bytes"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_round_trip_at_the_extremes() {
+        let state = PnCounter::from_slots([
+            (ReplicaId(u64::MAX), Slot { p: u64::MAX, n: 0 }),
+            (ReplicaId(1), Slot { p: 0, n: u64::MAX }),
+        ]);
+        let bytes = encode_counter(u64::MAX, &state);
+        assert_eq!(bytes[0], VERSION);
+        assert_eq!(
+            decode_counter(&bytes).unwrap(),
+            StoredCounter {
+                seq: u64::MAX,
+                state
+            }
+        );
+    }
+
+    #[test]
+    fn damaged_records_are_errors_not_panics() {
+        let state = PnCounter::from_slots([(ReplicaId(3), Slot { p: 300, n: 2 })]);
+        let bytes = encode_counter(7, &state);
+        for cut in 0..bytes.len() {
+            assert!(decode_counter(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut future = bytes.clone();
+        future[0] = 9;
+        assert!(decode_counter(&future)
+            .unwrap_err()
+            .0
+            .contains("unknown format version 9"));
+        let mut longer = bytes;
+        longer.push(0);
+        assert!(decode_counter(&longer).is_err());
+    }
+
+    #[test]
+    fn change_keys_sort_by_sequence_then_key() {
+        let mut keys = vec![change_key(256, "a"), change_key(2, "b"), change_key(2, "a")];
+        keys.sort();
+        assert_eq!(decode_change_key(&keys[0]).unwrap(), (2, "a"));
+        assert_eq!(decode_change_key(&keys[1]).unwrap(), (2, "b"));
+        assert_eq!(decode_change_key(&keys[2]).unwrap(), (256, "a"));
+    }
+
+    #[test]
+    fn other_records_round_trip() {
+        let record = IdempotencyRecord {
+            id: u128::MAX - 5,
+            fingerprint: 9,
+            value: -4,
+            seq: 3,
+            expires_at_ms: 77,
+        };
+        assert_eq!(
+            decode_idempotency(&idempotency_key(record.id), &encode_idempotency(&record)).unwrap(),
+            record
+        );
+        let identity = Identity {
+            replica: ReplicaId(5),
+            region: "eu-west".into(),
+        };
+        assert_eq!(
+            decode_identity(&encode_identity(&identity)).unwrap(),
+            identity
+        );
+        let cursor = Cursor {
+            seq: 12,
+            key: "post:1".into(),
+        };
+        assert_eq!(decode_cursor(&encode_cursor(&cursor)).unwrap(), cursor);
+        assert_eq!(decode_u64(&encode_u64(42), "x").unwrap(), 42);
+        assert_eq!(decode_text(&encode_text("ap"), "x").unwrap(), "ap");
+        assert_eq!(
+            decode_replica_key(&replica_key(DIRECTORY, ReplicaId(8))).unwrap(),
+            ReplicaId(8)
+        );
+    }
+}

@@ -1,0 +1,137 @@
+//! An in-memory [`Store`] with a durable part and a pending part: writes land
+//! in the pending part (visible to reads, like sled before a flush), a flush
+//! moves them to the durable part, and [`MemoryStore::crash`] drops whatever
+//! was not flushed. Tests of the core and the simulator use it.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::replica::{
+    Change, CommitBatch, Cursor, DurableState, Identity, Recovered, StorageError, StoredCounter,
+};
+
+use super::encoding::{self, change_scan_start, decode_change_key, CHANGE};
+use super::{batch_ops, recover_from, Op, Store};
+
+type Space = BTreeMap<Vec<u8>, Vec<u8>>;
+
+#[derive(Debug, Default)]
+struct Layers {
+    visible: Space,
+    durable: Space,
+    pending: Vec<Vec<Op>>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct MemoryStore {
+    identity: Identity,
+    layers: Mutex<Layers>,
+}
+
+fn apply(space: &mut Space, ops: &[Op]) {
+    for op in ops {
+        match op {
+            Op::Put(key, value) => {
+                space.insert(key.clone(), value.clone());
+            }
+            Op::Delete(key) => {
+                space.remove(key);
+            }
+        }
+    }
+}
+
+impl MemoryStore {
+    /// An empty store for `identity`.
+    pub fn new(identity: Identity) -> Self {
+        MemoryStore {
+            identity,
+            layers: Mutex::new(Layers::default()),
+        }
+    }
+
+    /// Loses everything written since the last flush, as a crash would.
+    pub fn crash(&self) {
+        let mut layers = self.layers.lock().expect("memory store lock");
+        layers.pending.clear();
+        layers.visible = layers.durable.clone();
+    }
+
+    /// Writes not yet flushed.
+    pub fn pending_batches(&self) -> usize {
+        self.layers.lock().expect("memory store lock").pending.len()
+    }
+}
+
+impl DurableState for MemoryStore {
+    fn load_counter(&self, key: &str) -> Result<Option<StoredCounter>, StorageError> {
+        let layers = self.layers.lock().expect("memory store lock");
+        layers
+            .visible
+            .get(&encoding::counter_key(key))
+            .map(|bytes| encoding::decode_counter(bytes))
+            .transpose()
+    }
+
+    fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
+        let layers = self.layers.lock().expect("memory store lock");
+        let Some(start) = change_scan_start(after) else {
+            return Ok(Vec::new());
+        };
+        let mut changes = Vec::new();
+        for (key, _) in layers.visible.range(start..) {
+            if key.first() != Some(&CHANGE) || changes.len() >= limit {
+                break;
+            }
+            let (seq, counter) = decode_change_key(key)?;
+            if (seq, counter) == (after.seq, after.key.as_str()) {
+                continue;
+            }
+            changes.push(Change {
+                seq,
+                key: counter.into(),
+            });
+        }
+        Ok(changes)
+    }
+}
+
+impl Store for MemoryStore {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    fn recover(&self, now_ms: u64) -> Result<Recovered, StorageError> {
+        let layers = self.layers.lock().expect("memory store lock");
+        let space = &layers.visible;
+        recover_from::<std::convert::Infallible>(
+            |key| Ok(space.get(key).cloned()),
+            |prefix| {
+                Box::new(
+                    space
+                        .range(vec![prefix]..vec![prefix + 1])
+                        .map(|(k, v)| Ok((k.clone(), v.clone()))),
+                )
+            },
+            now_ms,
+        )
+    }
+
+    fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
+        let ops = batch_ops(batch);
+        let mut layers = self.layers.lock().expect("memory store lock");
+        apply(&mut layers.visible, &ops);
+        layers.pending.push(ops);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<(), StorageError> {
+        let mut layers = self.layers.lock().expect("memory store lock");
+        let pending = std::mem::take(&mut layers.pending);
+        for ops in &pending {
+            apply(&mut layers.durable, ops);
+        }
+        Ok(())
+    }
+}

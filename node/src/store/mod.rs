@@ -1,0 +1,135 @@
+//! Durable storage behind the narrow [`Store`] trait, with a sled
+//! implementation ([`SledStore`]) and an in-memory one ([`MemoryStore`]) that
+//! keeps a durable and a pending part, so tests and the simulator can crash it.
+//!
+//! Both keep the same ordered key space (see [`encoding`]) and write a
+//! [`CommitBatch`] as one atomic batch of puts and deletes ([`batch_ops`]), so
+//! one test suite runs against both. Writes become durable only at
+//! [`Store::flush`]; the group committer ([`crate::commit`]) calls it once per
+//! batch.
+
+pub mod encoding;
+mod memory;
+mod sled_store;
+
+use crate::replica::{CommitBatch, DurableState, Identity, Recovered, StorageError};
+
+pub use memory::MemoryStore;
+pub use sled_store::{OnCorrupt, OpenError, SledStore};
+
+/// Durable storage of one replica.
+pub trait Store: DurableState + Send + Sync + 'static {
+    /// The replica identity stored with the data.
+    fn identity(&self) -> &Identity;
+    /// Reads back what the replica needs at start.
+    fn recover(&self, now_ms: u64) -> Result<Recovered, StorageError>;
+    /// Writes a batch atomically. It may be visible to reads before it is durable.
+    fn write(&self, batch: &CommitBatch) -> Result<(), StorageError>;
+    /// Makes everything written so far durable.
+    fn flush(&self) -> Result<(), StorageError>;
+    /// Bytes the store takes on disk, when known.
+    fn size_on_disk(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// One write of a batch.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Op {
+    /// Store `value` under `key`.
+    Put(Vec<u8>, Vec<u8>),
+    /// Remove `key`.
+    Delete(Vec<u8>),
+}
+
+/// The puts and deletes that write `batch`, in order.
+pub fn batch_ops(batch: &CommitBatch) -> Vec<Op> {
+    use encoding::*;
+    let mut ops = Vec::with_capacity(batch.counters.len() * 2 + batch.superseded.len() + 8);
+    for change in &batch.superseded {
+        ops.push(Op::Delete(change_key(change.seq, &change.key)));
+    }
+    for (key, state) in &batch.counters {
+        ops.push(Op::Put(counter_key(key), encode_counter(batch.seq, state)));
+        ops.push(Op::Put(change_key(batch.seq, key), Vec::new()));
+    }
+    for record in &batch.idempotency_put {
+        ops.push(Op::Put(
+            idempotency_key(record.id),
+            encode_idempotency(record),
+        ));
+    }
+    for id in &batch.idempotency_delete {
+        ops.push(Op::Delete(idempotency_key(*id)));
+    }
+    for (replica, region) in &batch.directory_put {
+        ops.push(Op::Put(
+            replica_key(DIRECTORY, *replica),
+            encode_text(region),
+        ));
+    }
+    for (replica, cursor) in &batch.watermarks {
+        ops.push(Op::Put(
+            replica_key(WATERMARK, *replica),
+            encode_cursor(cursor),
+        ));
+    }
+    ops.push(Op::Put(META_DURABLE_SEQ.to_vec(), encode_u64(batch.seq)));
+    ops.push(Op::Put(META_DIGEST.to_vec(), encode_u64(batch.digest.0)));
+    ops
+}
+
+/// Rebuilds [`Recovered`] from the key space, read by prefix.
+pub fn recover_from<'a, E>(
+    meta: impl Fn(&[u8]) -> Result<Option<Vec<u8>>, E>,
+    scan: impl Fn(u8) -> Box<dyn Iterator<Item = Result<(Vec<u8>, Vec<u8>), E>> + 'a>,
+    now_ms: u64,
+) -> Result<Recovered, StorageError>
+where
+    E: std::fmt::Display,
+{
+    use encoding::*;
+    let io = |error: E| StorageError(error.to_string());
+    let durable_seq = meta(META_DURABLE_SEQ)
+        .map_err(io)?
+        .map(|v| decode_u64(&v, "durable sequence"))
+        .transpose()?;
+    let digest = meta(META_DIGEST)
+        .map_err(io)?
+        .map(|v| decode_u64(&v, "digest"))
+        .transpose()?;
+    let mut recovered = Recovered {
+        durable_seq: durable_seq.unwrap_or(0),
+        digest: crate::crdt::StateDigest(digest.unwrap_or(0)),
+        ..Default::default()
+    };
+    for item in scan(DIRECTORY) {
+        let (key, value) = item.map_err(io)?;
+        recovered.directory.push((
+            decode_replica_key(&key)?,
+            decode_text(&value, "directory entry")?,
+        ));
+    }
+    for item in scan(WATERMARK) {
+        let (key, value) = item.map_err(io)?;
+        recovered
+            .watermarks
+            .push((decode_replica_key(&key)?, decode_cursor(&value)?));
+    }
+    for item in scan(IDEMPOTENCY) {
+        let (key, value) = item.map_err(io)?;
+        let record = decode_idempotency(&key, &value)?;
+        if record.expires_at_ms > now_ms {
+            recovered.idempotency.push(record);
+        }
+    }
+    Ok(recovered)
+}
+
+/// Reads the stored identity, if any.
+pub fn stored_identity(bytes: Option<&[u8]>) -> Result<Option<Identity>, StorageError> {
+    bytes.map(encoding::decode_identity).transpose()
+}
+
+#[cfg(test)]
+mod suite;

@@ -1,0 +1,278 @@
+//! The sled [`Store`]: one sled tree in `<data-dir>/db`, a marker file that
+//! says the directory is Tally's, and the replica identity stored inside.
+//!
+//! Invariant 3 of DESIGN.md: a fresh (or wiped) directory gets a new replica
+//! id, written and flushed before anything else; an existing one keeps its id.
+//! sled flushes only when asked (`flush_every_ms(None)`), so a batch is durable
+//! exactly when [`Store::flush`] returns. A store that cannot be opened never
+//! panics the node: it is refused with a message that says what to do, or, with
+//! [`OnCorrupt::MoveAside`], moved aside so that the node starts as a new
+//! replica and rebuilds from its peers.
+
+use std::path::{Path, PathBuf};
+
+use crate::replica::{
+    establish, Change, CommitBatch, Cursor, DurableState, Identity, IdentityError, Recovered,
+    StorageError, StoredCounter,
+};
+
+use super::encoding::{self, change_scan_start, decode_change_key, CHANGE, META_IDENTITY};
+use super::{batch_ops, recover_from, stored_identity, Op, Store};
+
+/// The marker file that makes a directory a Tally data directory.
+pub const MARKER_FILE: &str = "TALLY_DATA_DIR";
+const MARKER_TEXT: &str = "tally data directory, format 1\n";
+
+/// What to do with a store that cannot be opened.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnCorrupt {
+    /// Refuse to start, with a message (the default).
+    #[default]
+    Refuse,
+    /// Move the damaged directory aside and start as a new replica.
+    MoveAside,
+}
+
+/// Why the store could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The directory holds files but is not a Tally data directory.
+    #[error("{0} is not empty and is not a Tally data directory (no {MARKER_FILE} file); give --data-dir an empty or new directory")]
+    NotTally(PathBuf),
+    /// Another process has the store open.
+    #[error("the data directory {0} is in use by another process (is another tally-node running on it?)")]
+    Locked(PathBuf),
+    /// The store is damaged.
+    #[error("the store in {path} cannot be opened: {reason}. Restart with --on-corrupt move-aside to move it aside and rebuild this node from its peers as a new replica")]
+    Corrupt {
+        /// The data directory.
+        path: PathBuf,
+        /// What sled or the decoder said.
+        reason: String,
+    },
+    /// The identity does not fit the configuration.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// Any other IO failure.
+    #[error("cannot use data directory {path}: {source}")]
+    Io {
+        /// The data directory.
+        path: PathBuf,
+        /// The failure.
+        source: std::io::Error,
+    },
+}
+
+/// See the module documentation.
+pub struct SledStore {
+    db: sled::Db,
+    identity: Identity,
+    path: PathBuf,
+    /// Where a damaged store was moved, when it was.
+    pub moved_aside: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for SledStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SledStore")
+            .field("path", &self.path)
+            .field("identity", &self.identity)
+            .finish()
+    }
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
+    move |source| OpenError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn storage(error: sled::Error) -> StorageError {
+    StorageError(error.to_string())
+}
+
+impl SledStore {
+    /// Opens (or creates) the data directory for `region`. `fresh_id` is the
+    /// replica id to use if the directory has none yet (random, from the caller).
+    pub fn open(
+        dir: &Path,
+        region: &str,
+        fresh_id: u64,
+        on_corrupt: OnCorrupt,
+    ) -> Result<SledStore, OpenError> {
+        match Self::open_once(dir, region, fresh_id) {
+            Err(OpenError::Corrupt { path, reason }) if on_corrupt == OnCorrupt::MoveAside => {
+                let aside = aside_path(dir);
+                std::fs::rename(dir, &aside).map_err(io_error(dir))?;
+                tracing::warn!(from = %path.display(), to = %aside.display(), %reason, "moved a damaged store aside; starting as a new replica");
+                let mut store = Self::open_once(dir, region, fresh_id)?;
+                store.moved_aside = Some(aside);
+                Ok(store)
+            }
+            other => other,
+        }
+    }
+
+    fn open_once(dir: &Path, region: &str, fresh_id: u64) -> Result<SledStore, OpenError> {
+        prepare_dir(dir)?;
+        let db_path = dir.join("db");
+        let config = sled::Config::new()
+            .path(&db_path)
+            .flush_every_ms(None)
+            .mode(sled::Mode::LowSpace);
+        // sled 0.34 may panic on some damaged files; a damaged store must stop
+        // the node with a message, never a panic.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| config.open()));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(error)) => return Err(classify(dir, error)),
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "sled panicked while opening".into());
+                return Err(OpenError::Corrupt {
+                    path: dir.to_path_buf(),
+                    reason,
+                });
+            }
+        };
+        let corrupt = |reason: String| OpenError::Corrupt {
+            path: dir.to_path_buf(),
+            reason,
+        };
+        let stored = db.get(META_IDENTITY).map_err(|e| corrupt(e.to_string()))?;
+        let stored = stored_identity(stored.as_deref()).map_err(|e| corrupt(e.0))?;
+        let is_new = stored.is_none();
+        let identity = establish(stored, region, fresh_id)?;
+        if is_new {
+            db.insert(META_IDENTITY, encoding::encode_identity(&identity))
+                .map_err(|e| corrupt(e.to_string()))?;
+            db.flush().map_err(|e| corrupt(e.to_string()))?;
+        }
+        Ok(SledStore {
+            db,
+            identity,
+            path: dir.to_path_buf(),
+            moved_aside: None,
+        })
+    }
+}
+
+fn aside_path(dir: &Path) -> PathBuf {
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "data".into());
+    dir.with_file_name(format!("{name}.damaged-{stamp}"))
+}
+
+fn prepare_dir(dir: &Path) -> Result<(), OpenError> {
+    std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+    let marker = dir.join(MARKER_FILE);
+    if marker.exists() {
+        return Ok(());
+    }
+    let has_files = std::fs::read_dir(dir)
+        .map_err(io_error(dir))?
+        .next()
+        .is_some();
+    if has_files {
+        return Err(OpenError::NotTally(dir.to_path_buf()));
+    }
+    std::fs::write(&marker, MARKER_TEXT).map_err(io_error(dir))
+}
+
+fn classify(dir: &Path, error: sled::Error) -> OpenError {
+    let text = error.to_string();
+    match error {
+        sled::Error::Io(io)
+            if io.kind() == std::io::ErrorKind::WouldBlock || text.contains("lock") =>
+        {
+            OpenError::Locked(dir.to_path_buf())
+        }
+        _ if text.contains("lock") => OpenError::Locked(dir.to_path_buf()),
+        _ => OpenError::Corrupt {
+            path: dir.to_path_buf(),
+            reason: text,
+        },
+    }
+}
+
+impl DurableState for SledStore {
+    fn load_counter(&self, key: &str) -> Result<Option<StoredCounter>, StorageError> {
+        self.db
+            .get(encoding::counter_key(key))
+            .map_err(storage)?
+            .map(|bytes| encoding::decode_counter(&bytes))
+            .transpose()
+    }
+
+    fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
+        let Some(start) = change_scan_start(after) else {
+            return Ok(Vec::new());
+        };
+        let mut changes = Vec::new();
+        for item in self.db.range(start..) {
+            let (key, _) = item.map_err(storage)?;
+            if key.first() != Some(&CHANGE) || changes.len() >= limit {
+                break;
+            }
+            let (seq, counter) = decode_change_key(&key)?;
+            if (seq, counter) == (after.seq, after.key.as_str()) {
+                continue;
+            }
+            changes.push(Change {
+                seq,
+                key: counter.into(),
+            });
+        }
+        Ok(changes)
+    }
+}
+
+impl Store for SledStore {
+    fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    fn recover(&self, now_ms: u64) -> Result<Recovered, StorageError> {
+        recover_from(
+            |key| self.db.get(key).map(|value| value.map(|v| v.to_vec())),
+            |prefix| {
+                Box::new(
+                    self.db
+                        .range(vec![prefix]..vec![prefix + 1])
+                        .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec()))),
+                )
+            },
+            now_ms,
+        )
+    }
+
+    fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
+        let mut sled_batch = sled::Batch::default();
+        for op in batch_ops(batch) {
+            match op {
+                Op::Put(key, value) => sled_batch.insert(key, value),
+                Op::Delete(key) => sled_batch.remove(key),
+            }
+        }
+        self.db.apply_batch(sled_batch).map_err(storage)
+    }
+
+    fn flush(&self) -> Result<(), StorageError> {
+        self.db.flush().map(|_| ()).map_err(storage)
+    }
+
+    fn size_on_disk(&self) -> Option<u64> {
+        self.db.size_on_disk().ok()
+    }
+}

@@ -1,0 +1,231 @@
+//! One test suite, run against every [`Store`]: batches read back, the change
+//! log's order and cursor semantics, superseded entries, recovery, versioned
+//! encodings, and (for sled) identity and directory checks across reopen.
+
+use std::sync::Arc;
+
+use crate::crdt::{PnCounter, ReplicaId, Slot, StateDigest};
+use crate::replica::{Change, CommitBatch, Cursor, DurableState, IdempotencyRecord, Identity, Key};
+
+use super::{MemoryStore, OnCorrupt, OpenError, SledStore, Store};
+
+fn state(replica: u64, p: u64, n: u64) -> PnCounter {
+    PnCounter::from_slots([(ReplicaId(replica), Slot { p, n })])
+}
+
+fn key(name: &str) -> Key {
+    Arc::from(name)
+}
+
+fn batch(seq: u64, counters: &[(&str, PnCounter)]) -> CommitBatch {
+    CommitBatch {
+        seq,
+        counters: counters.iter().map(|(k, s)| (key(k), s.clone())).collect(),
+        digest: StateDigest(seq * 11),
+        ..Default::default()
+    }
+}
+
+fn keys_after(store: &impl Store, after: Cursor, limit: usize) -> Vec<(u64, String)> {
+    store
+        .changes_after(&after, limit)
+        .unwrap()
+        .into_iter()
+        .map(|c| (c.seq, c.key.to_string()))
+        .collect()
+}
+
+fn run_suite(store: &impl Store) {
+    assert_eq!(store.load_counter("a").unwrap(), None);
+    store
+        .write(&batch(1, &[("b", state(1, 2, 0)), ("a", state(1, 1, 0))]))
+        .unwrap();
+    store.write(&batch(2, &[("c", state(1, 0, 4))])).unwrap();
+    store.flush().unwrap();
+
+    let a = store.load_counter("a").unwrap().unwrap();
+    assert_eq!((a.seq, a.state), (1, state(1, 1, 0)));
+
+    // The change log is ordered by (seq, key); a cursor is exclusive.
+    assert_eq!(
+        keys_after(store, Cursor::default(), 10),
+        vec![(1, "a".into()), (1, "b".into()), (2, "c".into())]
+    );
+    assert_eq!(
+        keys_after(
+            store,
+            Cursor {
+                seq: 1,
+                key: "a".into()
+            },
+            10
+        ),
+        vec![(1, "b".into()), (2, "c".into())]
+    );
+    assert_eq!(
+        keys_after(store, Cursor::after_seq(1), 10),
+        vec![(2, "c".into())]
+    );
+    assert_eq!(
+        keys_after(store, Cursor::default(), 1),
+        vec![(1, "a".into())]
+    );
+    assert!(keys_after(store, Cursor::after_seq(u64::MAX), 10).is_empty());
+
+    // A later commit supersedes an entry; the superseded one is deleted later.
+    let mut third = batch(3, &[("a", state(1, 9, 0))]);
+    third.superseded = vec![Change {
+        seq: 1,
+        key: key("b"),
+    }];
+    third.idempotency_put = vec![IdempotencyRecord {
+        id: 7,
+        fingerprint: 1,
+        value: 9,
+        seq: 3,
+        expires_at_ms: 1_000,
+    }];
+    third.directory_put = vec![(ReplicaId(1), "eu".into())];
+    third.watermarks = vec![(
+        ReplicaId(2),
+        Cursor {
+            seq: 5,
+            key: "x".into(),
+        },
+    )];
+    store.write(&third).unwrap();
+    store.flush().unwrap();
+    assert_eq!(
+        keys_after(store, Cursor::default(), 10),
+        vec![(1, "a".into()), (2, "c".into()), (3, "a".into())]
+    );
+    assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 3);
+
+    let recovered = store.recover(500).unwrap();
+    assert_eq!(recovered.durable_seq, 3);
+    assert_eq!(recovered.digest, StateDigest(33));
+    assert_eq!(recovered.directory, vec![(ReplicaId(1), "eu".to_string())]);
+    assert_eq!(
+        recovered.watermarks,
+        vec![(
+            ReplicaId(2),
+            Cursor {
+                seq: 5,
+                key: "x".into()
+            }
+        )]
+    );
+    assert_eq!(recovered.idempotency.len(), 1);
+    // Expired idempotency records are not recovered.
+    assert!(store.recover(1_000).unwrap().idempotency.is_empty());
+
+    let mut fourth = batch(4, &[]);
+    fourth.idempotency_delete = vec![7];
+    store.write(&fourth).unwrap();
+    store.flush().unwrap();
+    assert!(store.recover(0).unwrap().idempotency.is_empty());
+}
+
+fn identity() -> Identity {
+    Identity {
+        replica: ReplicaId(5),
+        region: "eu".into(),
+    }
+}
+
+#[test]
+fn memory_store_passes_the_suite() {
+    run_suite(&MemoryStore::new(identity()));
+}
+
+#[test]
+fn sled_store_passes_the_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SledStore::open(&dir.path().join("data"), "eu", 5, OnCorrupt::Refuse).unwrap();
+    run_suite(&store);
+}
+
+#[test]
+fn memory_store_crash_loses_only_what_was_not_flushed() {
+    let store = MemoryStore::new(identity());
+    store.write(&batch(1, &[("a", state(5, 1, 0))])).unwrap();
+    store.flush().unwrap();
+    store.write(&batch(2, &[("a", state(5, 2, 0))])).unwrap();
+    assert_eq!(
+        store.load_counter("a").unwrap().unwrap().seq,
+        2,
+        "written is visible before the flush"
+    );
+    store.crash();
+    assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
+    assert_eq!(store.recover(0).unwrap().durable_seq, 1);
+}
+
+#[test]
+fn sled_keeps_its_identity_and_data_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    {
+        let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+        assert_eq!(store.identity().replica, ReplicaId(42));
+        store.write(&batch(1, &[("a", state(42, 3, 0))])).unwrap();
+        store.flush().unwrap();
+    }
+    let store = SledStore::open(&path, "eu", 99, OnCorrupt::Refuse).unwrap();
+    assert_eq!(
+        store.identity().replica,
+        ReplicaId(42),
+        "an existing directory keeps its id"
+    );
+    assert_eq!(
+        store.load_counter("a").unwrap().unwrap().state,
+        state(42, 3, 0)
+    );
+    drop(store);
+
+    std::fs::remove_dir_all(&path).unwrap();
+    let wiped = SledStore::open(&path, "eu", 99, OnCorrupt::Refuse).unwrap();
+    assert_eq!(
+        wiped.identity().replica,
+        ReplicaId(99),
+        "a wiped directory gets a new id"
+    );
+    assert_eq!(wiped.load_counter("a").unwrap(), None);
+}
+
+#[test]
+fn sled_refuses_foreign_locked_and_other_region_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let foreign = dir.path().join("foreign");
+    std::fs::create_dir_all(&foreign).unwrap();
+    std::fs::write(foreign.join("notes.txt"), "mine").unwrap();
+    assert!(matches!(
+        SledStore::open(&foreign, "eu", 1, OnCorrupt::Refuse),
+        Err(OpenError::NotTally(_))
+    ));
+
+    let path = dir.path().join("data");
+    let open = SledStore::open(&path, "eu", 1, OnCorrupt::Refuse).unwrap();
+    drop(open);
+    let err = SledStore::open(&path, "us", 1, OnCorrupt::Refuse).unwrap_err();
+    assert!(err.to_string().contains("--region eu"), "{err}");
+}
+
+#[test]
+fn damaged_sled_store_is_refused_or_moved_aside_never_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    drop(SledStore::open(&path, "eu", 1, OnCorrupt::Refuse).unwrap());
+    // Overwrite sled's config file with garbage.
+    std::fs::write(path.join("db").join("conf"), b"\xff\xfe garbage").unwrap();
+    let err = SledStore::open(&path, "eu", 2, OnCorrupt::Refuse).unwrap_err();
+    assert!(matches!(err, OpenError::Corrupt { .. }), "{err}");
+    assert!(err.to_string().contains("--on-corrupt move-aside"), "{err}");
+    let store = SledStore::open(&path, "eu", 2, OnCorrupt::MoveAside).unwrap();
+    assert_eq!(
+        store.identity().replica,
+        ReplicaId(2),
+        "a store moved aside starts as a new replica"
+    );
+    assert!(store.moved_aside.as_ref().unwrap().exists());
+}

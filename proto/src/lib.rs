@@ -1,0 +1,12 @@
+//! Tally's wire protocol, generated from `proto/tally/v1/*.proto`.
+//!
+//! `Counters` is the public API, `Replication` the node-to-node anti-entropy
+//! API and `Admin` the operator API. Conversions to the node's core types live
+//! in the node (`tally_node::api`), never here.
+
+#![allow(missing_docs)]
+
+/// Package `tally.v1`.
+pub mod v1 {
+    tonic::include_proto!("tally.v1");
+}
