@@ -6,6 +6,32 @@
 //! - the rest is the runtime: group commit, the gRPC services, membership and
 //!   the anti-entropy loop, the HTTP endpoints.
 
+pub mod api;
+pub mod config;
 pub mod crdt;
+pub mod dev;
+pub mod engine;
+pub mod gossip;
+pub mod http;
+pub mod metrics;
 pub mod replica;
+pub mod server;
 pub mod store;
+
+/// Waits for Ctrl-C or SIGTERM.
+pub async fn wait_for_shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -26,7 +26,7 @@ use crate::crdt::{AddError, PnCounter, ReplicaId, StateDigest};
 pub use idempotency::{idempotency_id, request_fingerprint, IdempotencyTable};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
 pub use protocol::{
-    ChunkRefused, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
+    ChunkRefused, MergeReport, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
 };
 pub use sync::{Member, PeerBook, PeerState, PullPlan, MAX_BACKOFF_MS};
 pub use types::{
@@ -254,7 +254,7 @@ impl Replica {
 
     fn entry(
         &mut self,
-        store: &impl DurableState,
+        store: &(impl DurableState + ?Sized),
         key: &str,
         now_ms: u64,
     ) -> Result<&mut Entry, StorageError> {
@@ -289,7 +289,7 @@ impl Replica {
     pub fn handle_add(
         &mut self,
         now_ms: u64,
-        store: &impl DurableState,
+        store: &(impl DurableState + ?Sized),
         request: AddRequest<'_>,
     ) -> Result<AddAccepted, AddRefused> {
         let keyed = match request.idempotency_key {
@@ -336,7 +336,7 @@ impl Replica {
     pub fn handle_get(
         &mut self,
         now_ms: u64,
-        store: &impl DurableState,
+        store: &(impl DurableState + ?Sized),
         key: &str,
     ) -> Result<PnCounter, StorageError> {
         Ok(self.entry(store, key, now_ms)?.live.clone())

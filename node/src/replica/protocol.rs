@@ -148,7 +148,7 @@ impl Replica {
     /// Answers one chunk of a pull with durable state only.
     pub fn handle_pull(
         &self,
-        store: &impl DurableState,
+        store: &(impl DurableState + ?Sized),
         request: &PullRequest,
     ) -> Result<PullChunk, PullRefused> {
         if request.cluster_id != self.config.cluster_id {
@@ -222,7 +222,7 @@ impl Replica {
     /// (that later entry serves the counter).
     fn durable_state_at(
         &self,
-        store: &impl DurableState,
+        store: &(impl DurableState + ?Sized),
         key: &str,
         seq: u64,
     ) -> Result<Option<PnCounter>, StorageError> {
@@ -240,7 +240,7 @@ impl Replica {
     pub fn handle_pull_chunk(
         &mut self,
         now_ms: u64,
-        store: &impl DurableState,
+        store: &(impl DurableState + ?Sized),
         peer: ReplicaId,
         chunk: PullChunk,
     ) -> Result<MergeReport, ChunkRefused> {

@@ -373,7 +373,7 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
 
 #[test]
 fn three_regions_converge_on_the_sum_with_small_chunks() {
-    let mut nodes = vec![Node::new(1, "eu"), Node::new(2, "us"), Node::new(3, "ap")];
+    let mut nodes = [Node::new(1, "eu"), Node::new(2, "us"), Node::new(3, "ap")];
     let mut expected = 0i64;
     for i in 0..300i64 {
         let node = &mut nodes[(i % 3) as usize];

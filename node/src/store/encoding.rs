@@ -349,7 +349,7 @@ mod tests {
 
     #[test]
     fn change_keys_sort_by_sequence_then_key() {
-        let mut keys = vec![change_key(256, "a"), change_key(2, "b"), change_key(2, "a")];
+        let mut keys = [change_key(256, "a"), change_key(2, "b"), change_key(2, "a")];
         keys.sort();
         assert_eq!(decode_change_key(&keys[0]).unwrap(), (2, "a"));
         assert_eq!(decode_change_key(&keys[1]).unwrap(), (2, "b"));

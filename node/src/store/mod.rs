@@ -5,7 +5,7 @@
 //! Both keep the same ordered key space (see [`encoding`]) and write a
 //! [`CommitBatch`] as one atomic batch of puts and deletes ([`batch_ops`]), so
 //! one test suite runs against both. Writes become durable only at
-//! [`Store::flush`]; the group committer ([`crate::commit`]) calls it once per
+//! [`Store::flush`]; the group committer ([`crate::engine`]) calls it once per
 //! batch.
 
 pub mod encoding;

@@ -1,0 +1,97 @@
+//! The `Admin` gRPC service: the cluster as this node sees it, for
+//! `tally status` and the status page.
+
+use std::sync::Arc;
+
+use tally_proto::v1 as pb;
+use tally_proto::v1::admin_server::Admin;
+use tonic::{Request, Response, Status};
+
+use crate::engine::{now_ms, Engine};
+
+/// What this node tells about itself.
+#[derive(Clone, Debug)]
+pub struct NodeInfo {
+    /// The cluster id.
+    pub cluster_id: String,
+    /// The node's name.
+    pub node_name: String,
+    /// The gRPC address peers and clients use.
+    pub grpc_addr: String,
+    /// The gossip address.
+    pub gossip_addr: String,
+}
+
+/// See the module documentation.
+pub struct AdminService {
+    engine: Arc<Engine>,
+    info: NodeInfo,
+}
+
+impl AdminService {
+    /// The service over `engine`.
+    pub fn new(engine: Arc<Engine>, info: NodeInfo) -> Self {
+        AdminService { engine, info }
+    }
+}
+
+/// The status as this node sees it.
+pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
+    let now = now_ms();
+    let core = engine.core();
+    let identity = core.identity().clone();
+    let own = pb::Member {
+        region: identity.region,
+        node_name: info.node_name.clone(),
+        replica: identity.replica.0,
+        grpc_addr: info.grpc_addr.clone(),
+        alive: true,
+        digest: core.digest().0,
+        durable_seq: core.durable_seq(),
+        since_last_sync_ms: None,
+        seq_lag: 0,
+        gossip_addr: info.gossip_addr.clone(),
+    };
+    let members: Vec<pb::Member> = core
+        .peers()
+        .peers()
+        .map(|peer| {
+            let watermark = core.peers().watermark(peer.member.replica);
+            pb::Member {
+                region: peer.member.region.clone(),
+                node_name: peer.member.node_name.clone(),
+                replica: peer.member.replica.0,
+                grpc_addr: peer.member.grpc_addr.clone(),
+                alive: peer.member.alive,
+                digest: peer.member.digest,
+                durable_seq: peer.member.durable_seq,
+                since_last_sync_ms: peer.last_success_ms.map(|at| now.saturating_sub(at)),
+                seq_lag: peer
+                    .member
+                    .durable_seq
+                    .saturating_sub(watermark.complete_seq()),
+                gossip_addr: peer.member.gossip_addr.clone(),
+            }
+        })
+        .collect();
+    let converged = members
+        .iter()
+        .filter(|m| m.alive)
+        .all(|m| m.digest == own.digest);
+    pb::StatusResponse {
+        self_: Some(own),
+        members,
+        converged,
+        cluster_id: info.cluster_id.clone(),
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn status(
+        &self,
+        _request: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        Ok(Response::new(status(&self.engine, &self.info)))
+    }
+}

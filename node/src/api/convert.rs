@@ -1,0 +1,240 @@
+//! The edge between prost and the core: conversions of the replication
+//! messages, and the mapping of core errors to gRPC statuses. The only place
+//! where the two kinds of types meet.
+
+use tally_proto::v1 as pb;
+use tonic::{Code, Status};
+
+use crate::crdt::{PnCounter, ReplicaId, Slot, StateDigest};
+use crate::engine::EngineError;
+use crate::replica::{
+    parse_key, AddRefused, Cursor, PullChunk, PullRefused, PullRequest, MAX_CHUNK_COUNTERS,
+};
+
+/// The gRPC status of an engine error: a code a client can act on and the
+/// error's own message.
+pub fn status_of(error: &EngineError) -> Status {
+    let code = code_of(error);
+    Status::new(code, error.to_string())
+}
+
+/// The gRPC code of an engine error.
+pub fn code_of(error: &EngineError) -> Code {
+    use crate::crdt::AddError;
+    match error {
+        EngineError::Key(_) => Code::InvalidArgument,
+        EngineError::Add(AddRefused::Counter(AddError::ZeroDelta)) => Code::InvalidArgument,
+        EngineError::Add(AddRefused::Counter(_)) => Code::OutOfRange,
+        EngineError::Add(AddRefused::IdempotencyKeyTooLong(_)) => Code::InvalidArgument,
+        EngineError::Add(AddRefused::IdempotencyKeyReused(_)) => Code::FailedPrecondition,
+        EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => Code::Unavailable,
+        EngineError::OutOfRange(_) => Code::OutOfRange,
+        EngineError::ShuttingDown => Code::Unavailable,
+    }
+}
+
+/// The per-item error of a batch.
+pub fn item_error(error: &EngineError) -> pb::Error {
+    pb::Error {
+        code: code_of(error) as i32,
+        message: error.to_string(),
+    }
+}
+
+/// The status of a refused pull.
+pub fn pull_status(refused: &PullRefused) -> Status {
+    let code = match refused {
+        PullRefused::WrongCluster { .. } => Code::PermissionDenied,
+        PullRefused::WrongReplica { .. } => Code::FailedPrecondition,
+        PullRefused::Storage(_) => Code::Unavailable,
+    };
+    Status::new(code, refused.to_string())
+}
+
+/// A cursor from the wire (absent means "from the start").
+pub fn cursor_from(cursor: Option<pb::Cursor>) -> Result<Cursor, String> {
+    let Some(cursor) = cursor else {
+        return Ok(Cursor::default());
+    };
+    let key = String::from_utf8(cursor.key.to_vec())
+        .map_err(|_| "cursor key is not UTF-8".to_string())?;
+    Ok(Cursor {
+        seq: cursor.seq,
+        key,
+    })
+}
+
+/// A cursor for the wire.
+pub fn cursor_to(cursor: &Cursor) -> pb::Cursor {
+    pb::Cursor {
+        seq: cursor.seq,
+        key: cursor.key.clone().into_bytes().into(),
+    }
+}
+
+/// A pull request from the wire, with the server's cap on its size.
+pub fn pull_request_from(
+    request: pb::PullRequest,
+    max_bytes_cap: usize,
+) -> Result<PullRequest, Status> {
+    let after = cursor_from(request.after).map_err(Status::invalid_argument)?;
+    let asked = if request.max_bytes == 0 {
+        max_bytes_cap
+    } else {
+        request.max_bytes as usize
+    };
+    Ok(PullRequest {
+        cluster_id: request.cluster_id,
+        caller: ReplicaId(request.caller_replica),
+        expected: (request.expected_replica != 0).then_some(ReplicaId(request.expected_replica)),
+        after,
+        max_bytes: asked.min(max_bytes_cap),
+    })
+}
+
+/// A pull request for the wire.
+pub fn pull_request_to(request: &PullRequest) -> pb::PullRequest {
+    pb::PullRequest {
+        cluster_id: request.cluster_id.clone(),
+        caller_replica: request.caller.0,
+        expected_replica: request.expected.map_or(0, |id| id.0),
+        after: Some(cursor_to(&request.after)),
+        max_bytes: request.max_bytes.min(u32::MAX as usize) as u32,
+    }
+}
+
+/// A chunk for the wire.
+pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
+    pb::PullChunk {
+        source_replica: chunk.source.0,
+        counters: chunk
+            .counters
+            .iter()
+            .map(|(key, state)| pb::CounterState {
+                key: key.as_bytes().to_vec().into(),
+                slots: state
+                    .slots()
+                    .iter()
+                    .map(|(replica, slot)| pb::Slot {
+                        replica: replica.0,
+                        p: slot.p,
+                        n: slot.n,
+                    })
+                    .collect(),
+            })
+            .collect(),
+        replicas: chunk
+            .replicas
+            .iter()
+            .map(|(replica, region)| pb::ReplicaInfo {
+                replica: replica.0,
+                region: region.clone(),
+            })
+            .collect(),
+        next: Some(cursor_to(&chunk.next)),
+        complete: chunk.complete,
+        durable_seq: chunk.durable_seq,
+        digest: chunk.digest.0,
+    }
+}
+
+/// A chunk from the wire. A malformed chunk is refused whole, with a reason
+/// for the log and a short label for the metric.
+pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, String)> {
+    if chunk.counters.len() > MAX_CHUNK_COUNTERS {
+        return Err((
+            "oversized",
+            format!(
+                "{} counters in one chunk; the limit is {MAX_CHUNK_COUNTERS}",
+                chunk.counters.len()
+            ),
+        ));
+    }
+    let mut counters = Vec::with_capacity(chunk.counters.len());
+    for counter in chunk.counters {
+        let key =
+            parse_key(&counter.key).map_err(|e| ("malformed", format!("bad counter key: {e}")))?;
+        let mut seen = std::collections::BTreeSet::new();
+        let mut slots = Vec::with_capacity(counter.slots.len());
+        for slot in counter.slots {
+            if slot.replica == 0 || !seen.insert(slot.replica) {
+                return Err((
+                    "malformed",
+                    format!("counter {key:?} has a zero or repeated replica id"),
+                ));
+            }
+            slots.push((
+                ReplicaId(slot.replica),
+                Slot {
+                    p: slot.p,
+                    n: slot.n,
+                },
+            ));
+        }
+        counters.push((key, PnCounter::from_slots(slots)));
+    }
+    let next = cursor_from(chunk.next).map_err(|e| ("malformed", e))?;
+    Ok(PullChunk {
+        source: ReplicaId(chunk.source_replica),
+        counters,
+        replicas: chunk
+            .replicas
+            .into_iter()
+            .map(|r| (ReplicaId(r.replica), r.region))
+            .collect(),
+        next,
+        complete: chunk.complete,
+        durable_seq: chunk.durable_seq,
+        digest: StateDigest(chunk.digest),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replica::Key;
+
+    #[test]
+    fn chunks_round_trip() {
+        let chunk = PullChunk {
+            source: ReplicaId(3),
+            counters: vec![(
+                Key::from("a"),
+                PnCounter::from_slots([(ReplicaId(3), Slot { p: 4, n: 1 })]),
+            )],
+            replicas: vec![(ReplicaId(3), "eu".into())],
+            next: Cursor {
+                seq: 9,
+                key: "a".into(),
+            },
+            complete: false,
+            durable_seq: 12,
+            digest: StateDigest(77),
+        };
+        assert_eq!(chunk_from(chunk_to(&chunk)).unwrap(), chunk);
+    }
+
+    #[test]
+    fn malformed_chunks_are_refused() {
+        let mut wire = chunk_to(&PullChunk::default());
+        wire.counters.push(pb::CounterState {
+            key: vec![0xff].into(),
+            slots: vec![],
+        });
+        assert_eq!(chunk_from(wire.clone()).unwrap_err().0, "malformed");
+        wire.counters[0].key = b"ok".to_vec().into();
+        wire.counters[0].slots = vec![
+            pb::Slot {
+                replica: 1,
+                p: 1,
+                n: 0,
+            },
+            pb::Slot {
+                replica: 1,
+                p: 2,
+                n: 0,
+            },
+        ];
+        assert_eq!(chunk_from(wire).unwrap_err().0, "malformed");
+    }
+}

@@ -1,0 +1,186 @@
+//! The public `Counters` gRPC service: a thin shell over the [`Engine`].
+//! Every request is validated by the engine and the core; a bad one gets an
+//! `INVALID_ARGUMENT` or `OUT_OF_RANGE` status with a message and changes nothing.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use tally_proto::v1 as pb;
+use tally_proto::v1::counters_server::Counters;
+use tonic::{Request, Response, Status};
+
+use crate::engine::{now_ms, CounterRead, Engine};
+
+use super::convert::{item_error, status_of};
+
+/// The shortest gap between two updates of one `Watch` stream.
+pub const WATCH_MIN_INTERVAL: Duration = Duration::from_millis(100);
+/// The most items one batch call may carry.
+pub const MAX_BATCH_ITEMS: usize = 10_000;
+
+/// See the module documentation.
+pub struct CountersService {
+    engine: Arc<Engine>,
+}
+
+impl CountersService {
+    /// The service over `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        CountersService { engine }
+    }
+}
+
+fn idempotency_key(key: &str) -> Option<&str> {
+    (!key.is_empty()).then_some(key)
+}
+
+fn get_response(key: prost::bytes::Bytes, read: CounterRead) -> pb::GetResponse {
+    let now = now_ms();
+    pb::GetResponse {
+        key,
+        value: read.value,
+        regions: read
+            .regions
+            .into_iter()
+            .map(|part| pb::RegionValue {
+                value: i64::try_from(part.net).unwrap_or(if part.net < 0 {
+                    i64::MIN
+                } else {
+                    i64::MAX
+                }),
+                increments: part.increments,
+                decrements: part.decrements,
+                local: part.local,
+                since_last_sync_ms: if part.local {
+                    None
+                } else {
+                    part.last_sync_ms.map(|at| now.saturating_sub(at))
+                },
+                region: part.region,
+            })
+            .collect(),
+    }
+}
+
+fn check_batch_size(items: usize) -> Result<(), Status> {
+    if items > MAX_BATCH_ITEMS {
+        return Err(Status::invalid_argument(format!(
+            "a batch of {items} items is too large; send at most {MAX_BATCH_ITEMS} per call"
+        )));
+    }
+    Ok(())
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Counters for CountersService {
+    async fn add(
+        &self,
+        request: Request<pb::AddRequest>,
+    ) -> Result<Response<pb::AddResponse>, Status> {
+        let add = request.into_inner();
+        let accepted = self
+            .engine
+            .add(&add.key, add.delta, idempotency_key(&add.idempotency_key))
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::AddResponse {
+            value: accepted.value,
+            duplicate: accepted.duplicate,
+        }))
+    }
+
+    async fn add_batch(
+        &self,
+        request: Request<pb::AddBatchRequest>,
+    ) -> Result<Response<pb::AddBatchResponse>, Status> {
+        let adds = request.into_inner().adds;
+        check_batch_size(adds.len())?;
+        let results = self
+            .engine
+            .add_batch(adds.iter().map(|add| {
+                (
+                    add.key.as_ref(),
+                    add.delta,
+                    idempotency_key(&add.idempotency_key),
+                )
+            }))
+            .await;
+        let results = results
+            .into_iter()
+            .map(|result| pb::AddResult {
+                outcome: Some(match result {
+                    Ok(accepted) => pb::add_result::Outcome::Ok(pb::AddResponse {
+                        value: accepted.value,
+                        duplicate: accepted.duplicate,
+                    }),
+                    Err(error) => pb::add_result::Outcome::Error(item_error(&error)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::AddBatchResponse { results }))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pb::GetRequest>,
+    ) -> Result<Response<pb::GetResponse>, Status> {
+        let get = request.into_inner();
+        let read = self
+            .engine
+            .get(&get.key, get.breakdown)
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(get_response(get.key, read)))
+    }
+
+    async fn get_batch(
+        &self,
+        request: Request<pb::GetBatchRequest>,
+    ) -> Result<Response<pb::GetBatchResponse>, Status> {
+        let gets = request.into_inner().gets;
+        check_batch_size(gets.len())?;
+        let results = gets
+            .into_iter()
+            .map(|get| pb::GetResult {
+                outcome: Some(match self.engine.get(&get.key, get.breakdown) {
+                    Ok(read) => pb::get_result::Outcome::Ok(get_response(get.key, read)),
+                    Err(error) => pb::get_result::Outcome::Error(item_error(&error)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::GetBatchResponse { results }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<pb::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let key = request.into_inner().key;
+        let receiver = self.engine.watch(&key).map_err(|e| status_of(&e))?;
+        let stream = futures::stream::unfold(
+            (receiver, key, true),
+            |(mut receiver, key, first)| async move {
+                if !first {
+                    // Coalesce: at most one update per interval, always the newest value.
+                    tokio::time::sleep(WATCH_MIN_INTERVAL).await;
+                    receiver.changed().await.ok()?;
+                }
+                let value = *receiver.borrow_and_update();
+                let item = match value {
+                    Ok(value) => Ok(pb::WatchEvent {
+                        key: key.clone(),
+                        value,
+                    }),
+                    Err(out_of_range) => Err(Status::out_of_range(out_of_range.to_string())),
+                };
+                Some((item, (receiver, key, false)))
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+}

@@ -1,0 +1,11 @@
+//! The tonic services: `Counters` (public), `Replication` (between nodes) and
+//! `Admin` (operators). The prost <-> core conversions live in [`convert`] only.
+
+pub mod admin;
+pub mod convert;
+pub mod counters;
+pub mod replication;
+
+pub use admin::{AdminService, NodeInfo};
+pub use counters::CountersService;
+pub use replication::ReplicationService;

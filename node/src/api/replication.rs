@@ -1,0 +1,108 @@
+//! The internal `Replication` gRPC service: answers a peer's pull with the
+//! core's durable state, chunk by chunk. The core's lock is taken per chunk
+//! only, so a large full sync never holds up adds for long.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use prost::Message;
+use tally_proto::v1 as pb;
+use tally_proto::v1::replication_server::Replication;
+use tonic::{Request, Response, Status};
+
+use crate::engine::Engine;
+use crate::metrics::PeerLabels;
+
+use super::convert::{chunk_to, pull_request_from, pull_status};
+
+/// The most bytes one pull is answered with; the caller pulls again for more.
+pub const MAX_PULL_BYTES: usize = 4 << 20;
+/// The target size of one streamed chunk.
+pub const CHUNK_BYTES: usize = 64 << 10;
+
+/// See the module documentation.
+pub struct ReplicationService {
+    engine: Arc<Engine>,
+}
+
+impl ReplicationService {
+    /// The service over `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        ReplicationService { engine }
+    }
+}
+
+type PullStream = Pin<Box<dyn Stream<Item = Result<pb::PullChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Replication for ReplicationService {
+    type PullStream = PullStream;
+
+    async fn pull(
+        &self,
+        request: Request<pb::PullRequest>,
+    ) -> Result<Response<Self::PullStream>, Status> {
+        let mut pull = pull_request_from(request.into_inner(), MAX_PULL_BYTES)?;
+        let engine = self.engine.clone();
+        let labels = PeerLabels {
+            peer: pull.caller.to_string(),
+            region: engine
+                .core()
+                .region_of(pull.caller)
+                .unwrap_or("unknown")
+                .to_string(),
+        };
+        let remaining = pull.max_bytes;
+        pull.max_bytes = remaining.min(CHUNK_BYTES);
+        // The first chunk is computed now, so a refusal is the call's status.
+        let first = engine.serve_pull(&pull).map_err(|refused| {
+            engine.metrics().refused(refusal_reason(&refused));
+            tracing::warn!(caller = %pull.caller, %refused, "pull refused");
+            pull_status(&refused)
+        })?;
+        let stream = futures::stream::unfold(Some((first, pull, remaining)), move |state| {
+            let engine = engine.clone();
+            let labels = labels.clone();
+            async move {
+                let (chunk, mut pull, mut remaining) = state?;
+                let wire = chunk_to(&chunk);
+                let bytes = wire.encoded_len();
+                engine
+                    .metrics()
+                    .sync_sent_bytes
+                    .get_or_create(&labels)
+                    .inc_by(bytes as u64);
+                engine
+                    .metrics()
+                    .sync_sent_counters
+                    .get_or_create(&labels)
+                    .inc_by(chunk.counters.len() as u64);
+                remaining = remaining.saturating_sub(bytes.max(1));
+                let next = if chunk.complete || remaining == 0 {
+                    None
+                } else {
+                    pull.after = chunk.next.clone();
+                    pull.max_bytes = remaining.min(CHUNK_BYTES);
+                    match engine.serve_pull(&pull) {
+                        Ok(next) => Some((next, pull, remaining)),
+                        Err(refused) => {
+                            tracing::warn!(caller = %pull.caller, %refused, "pull stopped");
+                            None
+                        }
+                    }
+                };
+                Some((Ok(wire), next))
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+fn refusal_reason(refused: &crate::replica::PullRefused) -> &'static str {
+    match refused {
+        crate::replica::PullRefused::WrongCluster { .. } => "wrong_cluster",
+        crate::replica::PullRefused::WrongReplica { .. } => "wrong_replica",
+        crate::replica::PullRefused::Storage(_) => "storage",
+    }
+}

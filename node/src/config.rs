@@ -1,0 +1,365 @@
+//! The node's settings: command-line flags, `TALLY_*` environment variables
+//! and a TOML file (`--config`), in that order of precedence, then defaults.
+//!
+//! Every setting is checked at start; a bad one stops the node with a message
+//! that names it. An unknown key in the file is an error too.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+use crate::engine::Durability;
+use crate::store::OnCorrupt;
+
+/// Flags of `tally-node` (and of `tally-node run`).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct RunArgs {
+    /// A TOML file with any of the settings below (snake_case names, e.g. `data_dir`).
+    #[arg(long, env = "TALLY_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Where the node keeps its data; created if missing. A new or wiped directory is a new replica.
+    #[arg(long, env = "TALLY_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// The region this node serves (fixed for the life of its data directory). [default: local]
+    #[arg(long, env = "TALLY_REGION")]
+    pub region: Option<String>,
+    /// This node's name, unique in the cluster. [default: node-1]
+    #[arg(long, env = "TALLY_NODE_NAME")]
+    pub node_name: Option<String>,
+    /// Address of the gRPC API (clients and peers). [default: 127.0.0.1:7100]
+    #[arg(long, env = "TALLY_GRPC_ADDR")]
+    pub grpc_addr: Option<String>,
+    /// Address peers use to reach the gRPC API, when not --grpc-addr (e.g. behind NAT or 0.0.0.0).
+    #[arg(long, env = "TALLY_ADVERTISE_GRPC_ADDR")]
+    pub advertise_grpc_addr: Option<String>,
+    /// Address of /healthz, /readyz and /metrics. [default: 127.0.0.1:7102]
+    #[arg(long, env = "TALLY_HTTP_ADDR")]
+    pub http_addr: Option<String>,
+    /// UDP address for membership gossip. [default: 127.0.0.1:7101]
+    #[arg(long, env = "TALLY_GOSSIP_ADDR")]
+    pub gossip_addr: Option<String>,
+    /// Address peers use to reach the gossip port, when not --gossip-addr.
+    #[arg(long, env = "TALLY_ADVERTISE_GOSSIP_ADDR")]
+    pub advertise_gossip_addr: Option<String>,
+    /// Gossip addresses (host:port, comma-separated) of nodes to join.
+    #[arg(long, env = "TALLY_SEEDS", value_delimiter = ',')]
+    pub seeds: Option<Vec<String>>,
+    /// The cluster's id; nodes of another cluster are refused. [default: tally]
+    #[arg(long, env = "TALLY_CLUSTER_ID")]
+    pub cluster_id: Option<String>,
+    /// When an add is acknowledged: `sync` after it is flushed to disk (the default);
+    /// `async` as soon as it is applied in memory, so a crash can lose the adds of the
+    /// last commit interval (about a millisecond under load).
+    #[arg(long, env = "TALLY_DURABILITY", value_enum)]
+    pub durability: Option<Durability>,
+    /// Anti-entropy round interval, e.g. 200ms. [default: 200ms]
+    #[arg(long, env = "TALLY_SYNC_INTERVAL")]
+    pub sync_interval: Option<String>,
+    /// Gossip interval, e.g. 100ms. [default: 100ms]
+    #[arg(long, env = "TALLY_GOSSIP_INTERVAL")]
+    pub gossip_interval: Option<String>,
+    /// Counters kept in memory; colder ones stay on disk only. [default: 100000]
+    #[arg(long, env = "TALLY_CACHE_CAPACITY")]
+    pub cache_capacity: Option<usize>,
+    /// How long an idempotency key is remembered, e.g. 24h. [default: 24h]
+    #[arg(long, env = "TALLY_IDEMPOTENCY_TTL")]
+    pub idempotency_ttl: Option<String>,
+    /// How many idempotency keys are remembered at most (oldest forgotten first). [default: 1000000]
+    #[arg(long, env = "TALLY_IDEMPOTENCY_CAPACITY")]
+    pub idempotency_capacity: Option<usize>,
+    /// What to do when the store cannot be opened: `refuse` to start, or `move-aside`
+    /// the directory and start as a new replica that rebuilds from its peers. [default: refuse]
+    #[arg(long, env = "TALLY_ON_CORRUPT", value_enum)]
+    pub on_corrupt: Option<OnCorrupt>,
+    /// Log format: `text` or `json`. [default: text]
+    #[arg(long, env = "TALLY_LOG_FORMAT")]
+    pub log_format: Option<String>,
+}
+
+/// The same settings, as a TOML file holds them.
+#[derive(Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct FileSettings {
+    data_dir: Option<PathBuf>,
+    region: Option<String>,
+    node_name: Option<String>,
+    grpc_addr: Option<String>,
+    advertise_grpc_addr: Option<String>,
+    http_addr: Option<String>,
+    gossip_addr: Option<String>,
+    advertise_gossip_addr: Option<String>,
+    seeds: Option<Vec<String>>,
+    cluster_id: Option<String>,
+    durability: Option<Durability>,
+    sync_interval: Option<String>,
+    gossip_interval: Option<String>,
+    cache_capacity: Option<usize>,
+    idempotency_ttl: Option<String>,
+    idempotency_capacity: Option<usize>,
+    on_corrupt: Option<OnCorrupt>,
+    log_format: Option<String>,
+}
+
+/// Checked settings of one node.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// See [`RunArgs`].
+    pub data_dir: PathBuf,
+    /// See [`RunArgs`].
+    pub region: String,
+    /// See [`RunArgs`].
+    pub node_name: String,
+    /// See [`RunArgs`].
+    pub grpc_addr: SocketAddr,
+    /// See [`RunArgs`].
+    pub advertise_grpc_addr: String,
+    /// See [`RunArgs`].
+    pub http_addr: SocketAddr,
+    /// See [`RunArgs`].
+    pub gossip_addr: SocketAddr,
+    /// See [`RunArgs`].
+    pub advertise_gossip_addr: SocketAddr,
+    /// See [`RunArgs`].
+    pub seeds: Vec<String>,
+    /// See [`RunArgs`].
+    pub cluster_id: String,
+    /// See [`RunArgs`].
+    pub durability: Durability,
+    /// See [`RunArgs`].
+    pub sync_interval: Duration,
+    /// See [`RunArgs`].
+    pub gossip_interval: Duration,
+    /// See [`RunArgs`].
+    pub cache_capacity: usize,
+    /// See [`RunArgs`].
+    pub idempotency_ttl: Duration,
+    /// See [`RunArgs`].
+    pub idempotency_capacity: usize,
+    /// See [`RunArgs`].
+    pub on_corrupt: OnCorrupt,
+    /// True for JSON logs.
+    pub json_logs: bool,
+}
+
+impl Settings {
+    /// Defaults for a node in `data_dir` (what `tally-node` uses with no flags).
+    pub fn defaults(data_dir: PathBuf) -> Settings {
+        Settings {
+            data_dir,
+            region: "local".into(),
+            node_name: "node-1".into(),
+            grpc_addr: "127.0.0.1:7100".parse().expect("valid"),
+            advertise_grpc_addr: "127.0.0.1:7100".into(),
+            http_addr: "127.0.0.1:7102".parse().expect("valid"),
+            gossip_addr: "127.0.0.1:7101".parse().expect("valid"),
+            advertise_gossip_addr: "127.0.0.1:7101".parse().expect("valid"),
+            seeds: Vec::new(),
+            cluster_id: "tally".into(),
+            durability: Durability::Sync,
+            sync_interval: Duration::from_millis(200),
+            gossip_interval: Duration::from_millis(100),
+            cache_capacity: 100_000,
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+            idempotency_capacity: 1_000_000,
+            on_corrupt: OnCorrupt::Refuse,
+            json_logs: false,
+        }
+    }
+
+    /// Resolves flags, environment and file into checked settings.
+    pub fn resolve(args: RunArgs) -> anyhow::Result<Settings> {
+        let file = match &args.config {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read the config file {}", path.display()))?;
+                toml::from_str::<FileSettings>(&text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "config file {}: {}",
+                        path.display(),
+                        e.to_string().trim_end()
+                    )
+                })?
+            }
+            None => FileSettings::default(),
+        };
+        let data_dir = args
+            .data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| PathBuf::from("tally-data"));
+        let mut settings = Settings::defaults(data_dir);
+        macro_rules! take {
+            ($name:ident) => {
+                args.$name.or(file.$name)
+            };
+        }
+        if let Some(region) = take!(region) {
+            settings.region = region;
+        }
+        if let Some(name) = take!(node_name) {
+            settings.node_name = name;
+        }
+        crate::replica::check_name("--region", &settings.region)?;
+        crate::replica::check_name("--node-name", &settings.node_name)?;
+        if let Some(addr) = take!(grpc_addr) {
+            settings.grpc_addr = parse_addr("--grpc-addr", &addr)?;
+        }
+        settings.advertise_grpc_addr =
+            take!(advertise_grpc_addr).unwrap_or_else(|| settings.grpc_addr.to_string());
+        if let Some(addr) = take!(http_addr) {
+            settings.http_addr = parse_addr("--http-addr", &addr)?;
+        }
+        if let Some(addr) = take!(gossip_addr) {
+            settings.gossip_addr = parse_addr("--gossip-addr", &addr)?;
+        }
+        settings.advertise_gossip_addr = match take!(advertise_gossip_addr) {
+            Some(addr) => parse_addr("--advertise-gossip-addr", &addr)?,
+            None => settings.gossip_addr,
+        };
+        if let Some(seeds) = take!(seeds) {
+            settings.seeds = seeds
+                .into_iter()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect();
+        }
+        if let Some(cluster_id) = take!(cluster_id) {
+            if cluster_id.is_empty() {
+                bail!("--cluster-id must not be empty");
+            }
+            settings.cluster_id = cluster_id;
+        }
+        if let Some(durability) = take!(durability) {
+            settings.durability = durability;
+        }
+        if let Some(text) = take!(sync_interval) {
+            settings.sync_interval = parse_duration("--sync-interval", &text)?;
+        }
+        if let Some(text) = take!(gossip_interval) {
+            settings.gossip_interval = parse_duration("--gossip-interval", &text)?;
+        }
+        if let Some(capacity) = take!(cache_capacity) {
+            settings.cache_capacity = capacity.max(1);
+        }
+        if let Some(text) = take!(idempotency_ttl) {
+            settings.idempotency_ttl = parse_duration("--idempotency-ttl", &text)?;
+        }
+        if let Some(capacity) = take!(idempotency_capacity) {
+            settings.idempotency_capacity = capacity.max(1);
+        }
+        if let Some(on_corrupt) = take!(on_corrupt) {
+            settings.on_corrupt = on_corrupt;
+        }
+        settings.json_logs = match take!(log_format).as_deref() {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(other) => bail!("--log-format {other:?} is not valid: use text or json"),
+        };
+        if settings.sync_interval.is_zero() || settings.gossip_interval.is_zero() {
+            bail!("--sync-interval and --gossip-interval must be above zero");
+        }
+        Ok(settings)
+    }
+}
+
+fn parse_addr(setting: &str, text: &str) -> anyhow::Result<SocketAddr> {
+    text.parse().map_err(|_| {
+        anyhow::anyhow!("{setting} {text:?} is not an address: use IP:PORT, e.g. 127.0.0.1:7100")
+    })
+}
+
+/// Parses `250ms`, `10s`, `5m`, `24h` (or a bare number of milliseconds).
+pub fn parse_duration(setting: &str, text: &str) -> anyhow::Result<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().map_err(|_| {
+        anyhow::anyhow!("{setting} {text:?} is not a duration: use e.g. 250ms, 10s, 5m or 24h")
+    })?;
+    let millis = match unit {
+        "" | "ms" => number,
+        "s" => number * 1000,
+        "m" => number * 60_000,
+        "h" => number * 3_600_000,
+        _ => bail!("{setting} {text:?} has an unknown unit: use ms, s, m or h"),
+    };
+    Ok(Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse() {
+        assert_eq!(
+            parse_duration("x", "250ms").unwrap(),
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            parse_duration("x", "24h").unwrap(),
+            Duration::from_secs(86_400)
+        );
+        assert!(parse_duration("--sync-interval", "fast")
+            .unwrap_err()
+            .to_string()
+            .contains("--sync-interval"));
+    }
+
+    #[test]
+    fn file_settings_apply_under_flags_and_unknown_keys_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tally.toml");
+        std::fs::write(
+            &path,
+            "region = \"eu\"\nnode_name = \"a\"\ndurability = \"async\"\n",
+        )
+        .unwrap();
+        let args = RunArgs {
+            config: Some(path.clone()),
+            node_name: Some("b".into()),
+            ..Default::default()
+        };
+        let settings = Settings::resolve(args).unwrap();
+        assert_eq!(
+            (settings.region.as_str(), settings.node_name.as_str()),
+            ("eu", "b")
+        );
+        assert_eq!(settings.durability, Durability::Async);
+
+        std::fs::write(&path, "regoin = \"eu\"\n").unwrap();
+        let err = Settings::resolve(RunArgs {
+            config: Some(path.clone()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("regoin"), "{err:#}");
+        std::fs::write(&path, "durability = \"sometimes\"\n").unwrap();
+        let err = Settings::resolve(RunArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("durability"), "{err:#}");
+    }
+
+    #[test]
+    fn bad_values_name_their_setting() {
+        let err = Settings::resolve(RunArgs {
+            grpc_addr: Some("nowhere".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--grpc-addr"));
+        let err = Settings::resolve(RunArgs {
+            region: Some("a b".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--region"));
+    }
+}

@@ -1,0 +1,347 @@
+//! The engine: the replica core behind a mutex, its store, the group
+//! committer, durability waits and `Watch` fan-out. The gRPC services and the
+//! anti-entropy loop call the engine; the engine calls the core.
+//!
+//! Invariant 4 of DESIGN.md is kept here: in `sync` durability an add is
+//! answered only once the durable sequence reaches the add's ticket. The lock
+//! around the core is held for in-memory work only (plus a store read for a
+//! counter that is not cached); writes and flushes run outside it, in the
+//! committer, so a hot key costs one short critical section per add.
+
+mod committer;
+mod watchers;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::watch;
+
+use crate::crdt::ValueOutOfRange;
+use crate::metrics::Metrics;
+use crate::replica::{
+    check_key, AddAccepted, AddRefused, AddRequest, ChunkRefused, KeyError, MergeReport, PullChunk,
+    PullRefused, PullRequest, RegionPart, Replica, ReplicaConfig, StorageError,
+};
+use crate::store::Store;
+
+pub use committer::CommitterHandle;
+use watchers::Watchers;
+
+/// When an add is acknowledged.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// After the group commit holding it is flushed to disk (the default).
+    #[default]
+    Sync,
+    /// As soon as it is applied in memory; a crash may lose the adds of the
+    /// last commit interval (about a millisecond under load).
+    Async,
+}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A bad key.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// A refused add.
+    #[error(transparent)]
+    Add(#[from] AddRefused),
+    /// A merged value outside `i64`.
+    #[error(transparent)]
+    OutOfRange(#[from] ValueOutOfRange),
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The node is stopping.
+    #[error("the node is shutting down; retry on another node or after it restarts")]
+    ShuttingDown,
+}
+
+/// A counter read.
+#[derive(Clone, Debug)]
+pub struct CounterRead {
+    /// The value.
+    pub value: i64,
+    /// The per-region breakdown, when asked for.
+    pub regions: Vec<RegionPart>,
+}
+
+/// Milliseconds since the Unix epoch: the only clock the engine hands the core.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// See the module documentation.
+pub struct Engine {
+    core: Mutex<Replica>,
+    store: Arc<dyn Store>,
+    durability: Durability,
+    durable_tx: watch::Sender<u64>,
+    commit_wakeup: tokio::sync::Notify,
+    watchers: Watchers,
+    metrics: Arc<Metrics>,
+}
+
+impl Engine {
+    /// Recovers the core from `store` and returns the engine (start its
+    /// committer with [`Engine::spawn_committer`]).
+    pub fn open(
+        store: Arc<dyn Store>,
+        config: ReplicaConfig,
+        durability: Durability,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Engine>, StorageError> {
+        let recovered = store.recover(now_ms())?;
+        let core = Replica::open(store.identity().clone(), config, recovered, now_ms());
+        let (durable_tx, _) = watch::channel(core.durable_seq());
+        metrics.durable_seq.set(core.durable_seq() as i64);
+        Ok(Arc::new(Engine {
+            core: Mutex::new(core),
+            store,
+            durability,
+            durable_tx,
+            commit_wakeup: tokio::sync::Notify::new(),
+            watchers: Watchers::default(),
+            metrics,
+        }))
+    }
+
+    /// The core, locked. Keep the guard for in-memory work only.
+    pub fn core(&self) -> MutexGuard<'_, Replica> {
+        self.core
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The durability mode.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// A receiver of the durable sequence.
+    pub fn durable_seq(&self) -> watch::Receiver<u64> {
+        self.durable_tx.subscribe()
+    }
+
+    /// Adds to one counter and answers once the add is as durable as the mode asks.
+    pub async fn add(
+        &self,
+        key: &[u8],
+        delta: i64,
+        idempotency_key: Option<&str>,
+    ) -> Result<AddAccepted, EngineError> {
+        let started = std::time::Instant::now();
+        let result = self.apply_add(key, delta, idempotency_key);
+        let accepted = match result {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                self.count_add_error(&error);
+                return Err(error);
+            }
+        };
+        self.commit_wakeup.notify_one();
+        self.wait_durable(accepted.durable_at_seq).await?;
+        self.metrics
+            .add_duration
+            .observe(started.elapsed().as_secs_f64());
+        Ok(accepted)
+    }
+
+    /// Adds to many counters under one lock; each add gets its own result.
+    pub async fn add_batch<'a>(
+        &self,
+        adds: impl IntoIterator<Item = (&'a [u8], i64, Option<&'a str>)>,
+    ) -> Vec<Result<AddAccepted, EngineError>> {
+        let started = std::time::Instant::now();
+        let results: Vec<Result<AddAccepted, EngineError>> = {
+            let now = now_ms();
+            let mut core = self.core();
+            adds.into_iter()
+                .map(|(key, delta, idempotency_key)| {
+                    self.apply_add_locked(&mut core, now, key, delta, idempotency_key)
+                })
+                .collect()
+        };
+        let ticket = results
+            .iter()
+            .flatten()
+            .map(|accepted| accepted.durable_at_seq)
+            .max();
+        for result in &results {
+            if let Err(error) = result {
+                self.count_add_error(error);
+            }
+        }
+        if let Some(ticket) = ticket {
+            self.commit_wakeup.notify_one();
+            if self.wait_durable(ticket).await.is_err() {
+                return results
+                    .into_iter()
+                    .map(|r| r.and(Err(EngineError::ShuttingDown)))
+                    .collect();
+            }
+            self.metrics
+                .add_duration
+                .observe(started.elapsed().as_secs_f64());
+        }
+        results
+    }
+
+    fn apply_add(
+        &self,
+        key: &[u8],
+        delta: i64,
+        idempotency_key: Option<&str>,
+    ) -> Result<AddAccepted, EngineError> {
+        let now = now_ms();
+        let mut core = self.core();
+        self.apply_add_locked(&mut core, now, key, delta, idempotency_key)
+    }
+
+    fn apply_add_locked(
+        &self,
+        core: &mut Replica,
+        now: u64,
+        key: &[u8],
+        delta: i64,
+        idempotency_key: Option<&str>,
+    ) -> Result<AddAccepted, EngineError> {
+        let key = check_key(key)?;
+        let accepted = core.handle_add(
+            now,
+            &*self.store,
+            AddRequest {
+                key,
+                delta,
+                idempotency_key,
+            },
+        )?;
+        if accepted.duplicate {
+            self.metrics.duplicate_adds.inc();
+        } else {
+            self.metrics.adds.inc();
+            self.watchers.notify(key, accepted.value);
+        }
+        Ok(accepted)
+    }
+
+    fn count_add_error(&self, error: &EngineError) {
+        let reason = match error {
+            EngineError::Key(_) => "bad_key",
+            EngineError::Add(AddRefused::Counter(_)) => "counter",
+            EngineError::Add(
+                AddRefused::IdempotencyKeyReused(_) | AddRefused::IdempotencyKeyTooLong(_),
+            ) => "idempotency_key",
+            EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => "storage",
+            EngineError::OutOfRange(_) => "out_of_range",
+            EngineError::ShuttingDown => "shutting_down",
+        };
+        self.metrics
+            .add_errors
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    async fn wait_durable(&self, ticket: u64) -> Result<(), EngineError> {
+        if self.durability == Durability::Async {
+            return Ok(());
+        }
+        let mut durable = self.durable_tx.subscribe();
+        durable
+            .wait_for(|seq| *seq >= ticket)
+            .await
+            .map(|_| ())
+            .map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// Reads one counter.
+    pub fn get(&self, key: &[u8], breakdown: bool) -> Result<CounterRead, EngineError> {
+        let key = check_key(key)?;
+        self.metrics.gets.inc();
+        let mut core = self.core();
+        let state = core.handle_get(now_ms(), &*self.store, key)?;
+        let regions = if breakdown {
+            core.breakdown(&state)
+        } else {
+            Vec::new()
+        };
+        drop(core);
+        Ok(CounterRead {
+            value: state.value()?,
+            regions,
+        })
+    }
+
+    /// Subscribes to a counter's value; the receiver holds the current value.
+    pub fn watch(
+        &self,
+        key: &[u8],
+    ) -> Result<watch::Receiver<Result<i64, ValueOutOfRange>>, EngineError> {
+        let key = check_key(key)?;
+        let mut core = self.core();
+        let state = core.handle_get(now_ms(), &*self.store, key)?;
+        Ok(self.watchers.subscribe(key, state.value()))
+    }
+
+    /// Serves one chunk of a peer's pull.
+    pub fn serve_pull(&self, request: &PullRequest) -> Result<PullChunk, PullRefused> {
+        self.core().handle_pull(&*self.store, request)
+    }
+
+    /// Merges one chunk pulled from `peer` and wakes watchers of what changed.
+    pub fn merge_chunk(
+        &self,
+        peer: crate::crdt::ReplicaId,
+        chunk: PullChunk,
+    ) -> Result<MergeReport, ChunkRefused> {
+        let report = self
+            .core()
+            .handle_pull_chunk(now_ms(), &*self.store, peer, chunk)?;
+        self.metrics
+            .merge_changes
+            .inc_by(report.changed.len() as u64);
+        for (key, state) in &report.changed {
+            self.watchers.notify_state(key, state);
+        }
+        if !report.changed.is_empty() {
+            self.commit_wakeup.notify_one();
+        }
+        if report.own_slot_raised > 0 {
+            tracing::warn!(peer = %peer, counters = report.own_slot_raised, "a peer held more for this replica's own slot than it did: was the data directory restored from an old copy?");
+        }
+        Ok(report)
+    }
+
+    /// Starts the group committer.
+    pub fn spawn_committer(
+        self: &Arc<Self>,
+        on_commit: impl Fn(u64, u64) + Send + Sync + 'static,
+    ) -> CommitterHandle {
+        committer::spawn(self.clone(), Box::new(on_commit))
+    }
+
+    fn publish_durable(&self, seq: u64) {
+        self.durable_tx.send_replace(seq);
+        self.metrics.durable_seq.set(seq as i64);
+    }
+}
+
+/// How long the committer sleeps when nothing wakes it (housekeeping interval).
+pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);

@@ -1,0 +1,274 @@
+//! The anti-entropy loop: every sync interval, ask the core whom to pull from
+//! ([`crate::replica::PeerBook::poll_pulls`]), run those pulls concurrently
+//! over gRPC, and feed each chunk to the core. The loop only moves messages;
+//! what to pull, what to merge and what to refuse is the core's decision.
+//!
+//! Each pull is bounded in time (`pull_timeout`) and in bytes (`max_bytes`);
+//! a peer with a pull still in flight is skipped, so one slow or dead peer
+//! never stalls the others.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use prost::Message;
+use tally_proto::v1::replication_client::ReplicationClient;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::api::convert::{chunk_from, pull_request_to};
+use crate::crdt::ReplicaId;
+use crate::engine::{now_ms, Engine};
+use crate::metrics::PeerLabels;
+use crate::replica::{PullPlan, PullRequest};
+
+/// Settings of the loop.
+#[derive(Clone, Debug)]
+pub struct AntiEntropyConfig {
+    /// The cluster id sent with every pull.
+    pub cluster_id: String,
+    /// Time between rounds.
+    pub interval: Duration,
+    /// The longest one pull may take.
+    pub pull_timeout: Duration,
+    /// The most bytes one pull asks for.
+    pub max_bytes: usize,
+}
+
+impl AntiEntropyConfig {
+    /// Settings for a sync interval: a pull may take ten intervals (at least two seconds).
+    pub fn for_interval(cluster_id: String, interval: Duration) -> Self {
+        AntiEntropyConfig {
+            cluster_id,
+            interval,
+            pull_timeout: (interval * 10).max(Duration::from_secs(2)),
+            max_bytes: crate::api::replication::MAX_PULL_BYTES,
+        }
+    }
+}
+
+/// Stops the loop.
+pub struct AntiEntropyHandle {
+    stop_tx: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl AntiEntropyHandle {
+    /// Stops starting rounds; pulls in flight are dropped (merges are idempotent).
+    pub async fn shutdown(mut self) {
+        if let Some(stop_tx) = self.stop_tx.take() {
+            let _ = stop_tx.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+/// Starts the loop.
+pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> AntiEntropyHandle {
+    let (stop_tx, mut stop_rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let channels = Arc::new(Mutex::new(HashMap::<String, Channel>::new()));
+        let mut interval = tokio::time::interval(config.interval);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut pulls = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                _ = interval.tick() => {}
+                _ = &mut stop_rx => break,
+            }
+            while pulls.try_join_next().is_some() {}
+            let (plans, own) = {
+                let mut core = engine.core();
+                let region = core.identity().region.clone();
+                let own = core.identity().replica;
+                (core.peers_mut().poll_pulls(now_ms(), &region), own)
+            };
+            update_lag_metrics(&engine);
+            for plan in plans {
+                let Some(channel) = channel_for(&channels, &plan.grpc_addr, &config) else {
+                    engine.core().peers_mut().handle_pull_failed(
+                        now_ms(),
+                        plan.peer,
+                        config.interval.as_millis() as u64,
+                    );
+                    continue;
+                };
+                pulls.spawn(pull_once(
+                    engine.clone(),
+                    channel,
+                    plan,
+                    own,
+                    config.clone(),
+                ));
+            }
+        }
+        pulls.shutdown().await;
+    });
+    AntiEntropyHandle {
+        stop_tx: Some(stop_tx),
+        task,
+    }
+}
+
+fn channel_for(
+    channels: &Mutex<HashMap<String, Channel>>,
+    addr: &str,
+    config: &AntiEntropyConfig,
+) -> Option<Channel> {
+    let mut channels = channels.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(channel) = channels.get(addr) {
+        return Some(channel.clone());
+    }
+    let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
+        Ok(endpoint) => endpoint,
+        Err(error) => {
+            tracing::warn!(%addr, %error, "a peer published an unusable gRPC address");
+            return None;
+        }
+    };
+    let channel = endpoint
+        .connect_timeout(config.pull_timeout.min(Duration::from_secs(1)))
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .connect_lazy();
+    channels.insert(addr.to_string(), channel.clone());
+    Some(channel)
+}
+
+fn labels(engine: &Engine, peer: ReplicaId) -> PeerLabels {
+    PeerLabels {
+        peer: peer.to_string(),
+        region: engine
+            .core()
+            .region_of(peer)
+            .unwrap_or("unknown")
+            .to_string(),
+    }
+}
+
+async fn pull_once(
+    engine: Arc<Engine>,
+    channel: Channel,
+    plan: PullPlan,
+    own: ReplicaId,
+    config: AntiEntropyConfig,
+) {
+    let request = PullRequest {
+        cluster_id: config.cluster_id.clone(),
+        caller: own,
+        expected: Some(plan.peer),
+        after: plan.after.clone(),
+        max_bytes: config.max_bytes,
+    };
+    let outcome = tokio::time::timeout(
+        config.pull_timeout,
+        run_pull(&engine, channel, &plan, &request),
+    )
+    .await;
+    let labels = labels(&engine, plan.peer);
+    let interval_ms = config.interval.as_millis() as u64;
+    match outcome {
+        Ok(Ok(())) => {
+            engine
+                .core()
+                .peers_mut()
+                .handle_pull_finished(now_ms(), plan.peer);
+            engine.metrics().sync_rounds.get_or_create(&labels).inc();
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(peer = %plan.peer, addr = %plan.grpc_addr, %error, "pull failed");
+            engine
+                .core()
+                .peers_mut()
+                .handle_pull_failed(now_ms(), plan.peer, interval_ms);
+            engine.metrics().sync_errors.get_or_create(&labels).inc();
+        }
+        Err(_) => {
+            tracing::debug!(peer = %plan.peer, addr = %plan.grpc_addr, "pull timed out");
+            engine
+                .core()
+                .peers_mut()
+                .handle_pull_failed(now_ms(), plan.peer, interval_ms);
+            engine.metrics().sync_errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+async fn run_pull(
+    engine: &Engine,
+    channel: Channel,
+    plan: &PullPlan,
+    request: &PullRequest,
+) -> Result<(), String> {
+    let mut client = ReplicationClient::new(channel).max_decoding_message_size(16 << 20);
+    let mut stream = client
+        .pull(pull_request_to(request))
+        .await
+        .map_err(|s| s.to_string())?
+        .into_inner();
+    let labels = labels(engine, plan.peer);
+    while let Some(wire) = stream.message().await.map_err(|s| s.to_string())? {
+        engine
+            .metrics()
+            .sync_received_bytes
+            .get_or_create(&labels)
+            .inc_by(wire.encoded_len() as u64);
+        let chunk = chunk_from(wire).map_err(|(reason, message)| {
+            engine.metrics().refused(reason);
+            tracing::warn!(peer = %plan.peer, %message, "refused a chunk from a peer; nothing of it was merged");
+            message
+        })?;
+        engine
+            .metrics()
+            .sync_received_counters
+            .get_or_create(&labels)
+            .inc_by(chunk.counters.len() as u64);
+        engine.merge_chunk(plan.peer, chunk).map_err(|refused| {
+            engine.metrics().refused(chunk_refusal_reason(&refused));
+            tracing::warn!(peer = %plan.peer, %refused, "refused a chunk from a peer; nothing of it was merged");
+            refused.to_string()
+        })?;
+    }
+    Ok(())
+}
+
+fn chunk_refusal_reason(refused: &crate::replica::ChunkRefused) -> &'static str {
+    use crate::replica::ChunkRefused::*;
+    match refused {
+        WrongSource { .. } => "wrong_source",
+        Oversized(_) => "oversized",
+        UnknownReplica { .. } => "unknown_replica",
+        RegionConflict { .. } => "region_conflict",
+        DuplicateKey(_) => "malformed",
+        Storage(_) => "storage",
+    }
+}
+
+fn update_lag_metrics(engine: &Engine) {
+    let now = now_ms();
+    let core = engine.core();
+    for peer in core.peers().peers() {
+        let labels = PeerLabels {
+            peer: peer.member.replica.to_string(),
+            region: peer.member.region.clone(),
+        };
+        let watermark = core.peers().watermark(peer.member.replica);
+        let lag = peer
+            .member
+            .durable_seq
+            .saturating_sub(watermark.complete_seq());
+        engine
+            .metrics()
+            .sync_lag_seq
+            .get_or_create(&labels)
+            .set(lag as i64);
+        if let Some(at) = peer.last_success_ms {
+            engine
+                .metrics()
+                .sync_age_ms
+                .get_or_create(&labels)
+                .set(now.saturating_sub(at) as i64);
+        }
+    }
+}

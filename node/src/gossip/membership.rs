@@ -1,0 +1,514 @@
+//! Membership: which other nodes are in the cluster, how to reach them, and
+//! whether they are up, as chitchat (scuttlebutt gossip over UDP with a
+//! phi-accrual failure detector) sees it.
+//!
+//! Chitchat carries small metadata only: each node publishes its region, node
+//! name, replica id, gRPC address, durable sequence and state digest as
+//! key-values. Counter state travels over gRPC (the anti-entropy loop), never
+//! here.
+//!
+//! Invariants of [`MembershipHandle::members`]:
+//! - it never lists this node, nor any incarnation of it (same node name or
+//!   same replica id);
+//! - it lists at most one member per node name and per replica id: a
+//!   restarted node (chitchat generation id = its start time in ms) supersedes
+//!   its older incarnations, which are dropped at once, so a node restarted
+//!   with a wiped disk shows up under its new replica id only;
+//! - a node whose key-values are missing or unparsable is skipped;
+//! - a node of another cluster is never listed: that refusal is chitchat's own
+//!   check (a SYN with another cluster id is answered `BadCluster` and nothing
+//!   of it is recorded), not re-done here.
+//!
+//! Liveness: a node that leaves through [`MembershipHandle::shutdown`] gossips
+//! a `leaving` key first and is listed as not alive as soon as that arrives. A
+//! node that stops without leaving is marked not alive by the failure
+//! detector, after about 8 times its observed heartbeat interval (about 1 s at
+//! a 100 ms gossip interval), and is forgotten [`DEAD_NODE_GRACE_PERIOD`]
+//! later.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use chitchat::transport::{Transport, UdpTransport};
+use chitchat::{
+    spawn_chitchat, Chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig,
+    ProtocolVersion,
+};
+use tokio::sync::{watch, Mutex};
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+use tracing::{debug, error, info};
+
+use crate::crdt::ReplicaId;
+use crate::replica::Member;
+
+const KEY_REGION: &str = "region";
+const KEY_NODE_NAME: &str = "node_name";
+const KEY_REPLICA: &str = "replica";
+const KEY_GRPC_ADDR: &str = "grpc_addr";
+const KEY_DURABLE_SEQ: &str = "durable_seq";
+const KEY_DIGEST: &str = "digest";
+/// Set (to `true`) by a node that is shutting down.
+const KEY_LEAVING: &str = "leaving";
+
+/// Phi above which a node is dead. Chitchat's phi is linear: the silence
+/// divided by the mean heartbeat interval.
+const PHI_THRESHOLD: f64 = 8.0;
+/// Longer heartbeat intervals are not sampled (a pause, not a rate).
+const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
+/// How long a dead node stays listed (as not alive) before chitchat forgets it.
+pub const DEAD_NODE_GRACE_PERIOD: Duration = Duration::from_secs(60 * 60);
+/// How long tombstoned keys are kept (this module deletes none).
+const TOMBSTONE_GRACE_PERIOD: Duration = Duration::from_secs(60 * 60);
+/// The longest [`MembershipHandle::shutdown`] waits for its leave to spread.
+const MAX_LEAVE_ANNOUNCEMENT: Duration = Duration::from_secs(1);
+
+/// How to join the cluster and what to tell it.
+#[derive(Clone, Debug)]
+pub struct MembershipConfig {
+    /// Nodes of another cluster id are refused.
+    pub cluster_id: String,
+    /// This node's name, unique in the cluster (chitchat's node id).
+    pub node_name: String,
+    /// This node's region.
+    pub region: String,
+    /// This node's replica id.
+    pub replica: ReplicaId,
+    /// Where to bind UDP.
+    pub gossip_listen: SocketAddr,
+    /// What others use to reach us (usually `gossip_listen`).
+    pub gossip_advertise: SocketAddr,
+    /// Where our gRPC server can be reached, e.g. `127.0.0.1:7100`.
+    pub grpc_advertise: String,
+    /// Seed nodes, `host:port` (names are resolved again every minute).
+    pub seeds: Vec<String>,
+    /// The gossip round period (100 ms in practice).
+    pub gossip_interval: Duration,
+}
+
+/// What [`MembershipHandle::publish`] last received.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+struct Published {
+    durable_seq: u64,
+    digest: u64,
+}
+
+/// A running membership: the chitchat server and a task that applies
+/// [`publish`](Self::publish) and refreshes the member list once per gossip
+/// round. Dropping it stops both within a round, without leaving.
+pub struct MembershipHandle {
+    chitchat_handle: ChitchatHandle,
+    publish_tx: watch::Sender<Published>,
+    members_rx: watch::Receiver<Vec<Member>>,
+    refresh_task: JoinHandle<()>,
+    gossip_interval: Duration,
+}
+
+impl MembershipHandle {
+    /// Binds UDP and starts gossiping.
+    pub async fn spawn(config: MembershipConfig) -> anyhow::Result<MembershipHandle> {
+        Self::spawn_with_transport(config, &UdpTransport).await
+    }
+
+    /// Same, over a given chitchat transport (for tests with
+    /// `chitchat::transport::ChannelTransport`).
+    pub async fn spawn_with_transport(
+        config: MembershipConfig,
+        transport: &dyn Transport,
+    ) -> anyhow::Result<MembershipHandle> {
+        if config.gossip_interval.is_zero() {
+            bail!("the gossip interval must be positive");
+        }
+        // The start time orders a node's incarnations: a restart supersedes.
+        let generation_id = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .context("the system clock is before 1970")?
+            .as_millis() as u64;
+        let chitchat_id = ChitchatId::new(
+            config.node_name.clone(),
+            generation_id,
+            config.gossip_advertise,
+        );
+        let initial_interval = config.gossip_interval * 2;
+        let chitchat_config = ChitchatConfig {
+            chitchat_id: chitchat_id.clone(),
+            cluster_id: config.cluster_id.clone(),
+            gossip_interval: config.gossip_interval,
+            listen_addr: config.gossip_listen,
+            seed_nodes: config.seeds.clone(),
+            failure_detector_config: FailureDetectorConfig {
+                phi_threshold: PHI_THRESHOLD,
+                initial_interval,
+                max_interval: MAX_HEARTBEAT_INTERVAL.max(initial_interval),
+                dead_node_grace_period: DEAD_NODE_GRACE_PERIOD,
+                ..FailureDetectorConfig::default()
+            },
+            marked_for_deletion_grace_period: TOMBSTONE_GRACE_PERIOD,
+            catchup_callback: None,
+            extra_liveness_predicate: None,
+            // V1 only compresses the digest, which is small for our cluster
+            // sizes; V0 is understood by every chitchat version.
+            protocol_version: ProtocolVersion::V0,
+        };
+        let initial_key_values = vec![
+            (KEY_REGION.to_string(), config.region.clone()),
+            (KEY_NODE_NAME.to_string(), config.node_name.clone()),
+            (KEY_REPLICA.to_string(), hex(config.replica.0)),
+            (KEY_GRPC_ADDR.to_string(), config.grpc_advertise.clone()),
+            (KEY_DURABLE_SEQ.to_string(), "0".to_string()),
+            (KEY_DIGEST.to_string(), hex(0)),
+        ];
+        let chitchat_handle = spawn_chitchat(chitchat_config, initial_key_values, transport)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot start gossip on {}/UDP: is the port free?",
+                    config.gossip_listen
+                )
+            })?;
+        info!(
+            node = %config.node_name,
+            replica = %config.replica,
+            listen = %config.gossip_listen,
+            seeds = ?config.seeds,
+            "gossip started"
+        );
+
+        let (publish_tx, publish_rx) = watch::channel(Published::default());
+        let (members_tx, members_rx) = watch::channel(Vec::new());
+        let refresher = Refresher {
+            self_id: chitchat_id,
+            self_replica: config.replica,
+            publish_rx,
+            members_tx,
+            skipped: HashSet::new(),
+        };
+        let termination = chitchat_handle.termination_watcher();
+        let refresh_task = tokio::spawn(refresher.run(
+            chitchat_handle.chitchat(),
+            config.gossip_interval,
+            termination,
+        ));
+        Ok(MembershipHandle {
+            chitchat_handle,
+            publish_tx,
+            members_rx,
+            refresh_task,
+            gossip_interval: config.gossip_interval,
+        })
+    }
+
+    /// Publishes this node's durable sequence and digest. Cheap and never
+    /// blocks: only the latest values are kept, and they reach chitchat at the
+    /// next gossip round.
+    pub fn publish(&self, durable_seq: u64, digest: u64) {
+        let next = Published {
+            durable_seq,
+            digest,
+        };
+        self.publish_tx.send_if_modified(|current| {
+            let changed = *current != next;
+            *current = next;
+            changed
+        });
+    }
+
+    /// Every other node of the cluster chitchat knows, alive or not, sorted by
+    /// replica id; at most one gossip round old.
+    pub fn members(&self) -> Vec<Member> {
+        self.members_rx.borrow().clone()
+    }
+
+    /// A watch channel updated whenever the member list (liveness or
+    /// published values) changes.
+    pub fn subscribe(&self) -> watch::Receiver<Vec<Member>> {
+        self.members_rx.clone()
+    }
+
+    /// Leaves the cluster (tells the live nodes that are not leaving
+    /// themselves, waiting at most [`MAX_LEAVE_ANNOUNCEMENT`] for it to spread)
+    /// and stops the gossip task.
+    pub async fn shutdown(self) -> anyhow::Result<()> {
+        let MembershipHandle {
+            chitchat_handle,
+            refresh_task,
+            gossip_interval,
+            ..
+        } = self;
+        let live_peers: Vec<SocketAddr> = chitchat_handle
+            .with_chitchat(|chitchat| {
+                chitchat.self_node_state().set(KEY_LEAVING, "true");
+                let self_id = chitchat.self_chitchat_id();
+                chitchat
+                    .live_nodes()
+                    .filter(|id| *id != self_id)
+                    .filter(|id| {
+                        chitchat
+                            .node_state(id)
+                            .is_some_and(|state| state.get(KEY_LEAVING).is_none())
+                    })
+                    .map(|id| id.gossip_advertise_addr)
+                    .collect()
+            })
+            .await;
+        if !live_peers.is_empty() {
+            // A SYN now: the peer's SYN-ACK brings our ACK, which carries the flag.
+            for peer in &live_peers {
+                let _ = chitchat_handle.gossip(*peer);
+            }
+            tokio::time::sleep((gossip_interval * 5).min(MAX_LEAVE_ANNOUNCEMENT)).await;
+        }
+        refresh_task.abort();
+        let _ = refresh_task.await;
+        let self_id = chitchat_handle.chitchat_id().clone();
+        chitchat_handle
+            .shutdown()
+            .await
+            .context("the gossip task failed")?;
+        info!(node = ?self_id, "left the cluster");
+        Ok(())
+    }
+}
+
+/// The background task: applies publications, refreshes the member list.
+struct Refresher {
+    self_id: ChitchatId,
+    self_replica: ReplicaId,
+    publish_rx: watch::Receiver<Published>,
+    members_tx: watch::Sender<Vec<Member>>,
+    /// Nodes already reported as skipped (to log each once).
+    skipped: HashSet<ChitchatId>,
+}
+
+impl Refresher {
+    async fn run(
+        mut self,
+        chitchat: Arc<Mutex<Chitchat>>,
+        period: Duration,
+        termination: impl std::future::Future<Output = anyhow::Result<()>>,
+    ) {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        tokio::pin!(termination);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                result = &mut termination => {
+                    // Only reached if the server stopped on its own.
+                    error!(?result, "the gossip server stopped; every member is now unknown");
+                    self.members_tx.send_modify(|members| {
+                        members.iter_mut().for_each(|member| member.alive = false)
+                    });
+                    return;
+                }
+            }
+            let publication = match self.publish_rx.has_changed() {
+                Err(_) => return, // the handle was dropped
+                Ok(true) => Some(*self.publish_rx.borrow_and_update()),
+                Ok(false) => None,
+            };
+            let members = {
+                let mut chitchat = chitchat.lock().await;
+                if let Some(published) = publication {
+                    let state = chitchat.self_node_state();
+                    state.set(KEY_DURABLE_SEQ, published.durable_seq);
+                    state.set(KEY_DIGEST, hex(published.digest));
+                }
+                self.collect_members(&chitchat)
+            };
+            self.members_tx.send_if_modified(|current| {
+                let changed = *current != members;
+                if changed {
+                    *current = members;
+                }
+                changed
+            });
+        }
+    }
+
+    fn collect_members(&mut self, chitchat: &Chitchat) -> Vec<Member> {
+        let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
+        let mut candidates = Vec::new();
+        for (chitchat_id, state) in chitchat.node_states() {
+            if *chitchat_id == self.self_id {
+                continue;
+            }
+            match parse_member(chitchat_id, live.contains(chitchat_id), |key| {
+                state.get(key)
+            }) {
+                Ok(member) => {
+                    self.skipped.remove(chitchat_id);
+                    candidates.push((chitchat_id.clone(), member));
+                }
+                Err(reason) => {
+                    if self.skipped.insert(chitchat_id.clone()) {
+                        debug!(node = ?chitchat_id, %reason, "skipping a gossip node");
+                    }
+                }
+            }
+        }
+        self.skipped
+            .retain(|id| chitchat.node_states().contains_key(id));
+        resolve_members(&self.self_id, self.self_replica, candidates)
+    }
+}
+
+/// Reads a member from a chitchat node's key-values.
+fn parse_member<'a>(
+    chitchat_id: &ChitchatId,
+    alive: bool,
+    get: impl Fn(&str) -> Option<&'a str>,
+) -> Result<Member, String> {
+    let field = |key: &str| get(key).ok_or_else(|| format!("no `{key}`"));
+    let hex_field = |key: &str| {
+        let text = field(key)?;
+        parse_hex(text).ok_or_else(|| format!("`{key}` is not 16 hex digits: {text:?}"))
+    };
+    let durable_seq = field(KEY_DURABLE_SEQ)?;
+    Ok(Member {
+        replica: ReplicaId(hex_field(KEY_REPLICA)?),
+        region: field(KEY_REGION)?.to_string(),
+        node_name: field(KEY_NODE_NAME)?.to_string(),
+        grpc_addr: field(KEY_GRPC_ADDR)?.to_string(),
+        gossip_addr: chitchat_id.gossip_advertise_addr.to_string(),
+        alive: alive && get(KEY_LEAVING).is_none(),
+        durable_seq: durable_seq
+            .parse()
+            .map_err(|_| format!("`{KEY_DURABLE_SEQ}` is not a number: {durable_seq:?}"))?,
+        digest: hex_field(KEY_DIGEST)?,
+    })
+}
+
+/// Keeps the newest incarnation of each other node: drops this node's own
+/// incarnations, then, per node name and then per replica id, all but the
+/// highest generation. Sorted by replica id.
+fn resolve_members(
+    self_id: &ChitchatId,
+    self_replica: ReplicaId,
+    candidates: Vec<(ChitchatId, Member)>,
+) -> Vec<Member> {
+    let mut by_name: BTreeMap<&str, (u64, Member)> = BTreeMap::new();
+    for (chitchat_id, member) in &candidates {
+        if chitchat_id.node_id == self_id.node_id || member.replica == self_replica {
+            continue;
+        }
+        let generation = chitchat_id.generation_id;
+        match by_name.get(&*chitchat_id.node_id) {
+            Some((newest, _)) if *newest >= generation => {}
+            _ => {
+                by_name.insert(&chitchat_id.node_id, (generation, member.clone()));
+            }
+        }
+    }
+    let mut by_replica: BTreeMap<ReplicaId, (u64, Member)> = BTreeMap::new();
+    for (generation, member) in by_name.into_values() {
+        match by_replica.get(&member.replica) {
+            Some((newest, _)) if *newest >= generation => {}
+            _ => {
+                by_replica.insert(member.replica, (generation, member));
+            }
+        }
+    }
+    by_replica.into_values().map(|(_, member)| member).collect()
+}
+
+fn hex(value: u64) -> String {
+    format!("{value:016x}")
+}
+
+fn parse_hex(text: &str) -> Option<u64> {
+    if text.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(text, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn id(name: &str, generation: u64) -> ChitchatId {
+        ChitchatId::new(name, generation, ([127, 0, 0, 1], 7000).into())
+    }
+
+    fn values(replica: u64) -> HashMap<&'static str, String> {
+        HashMap::from([
+            (KEY_REGION, "eu".to_string()),
+            (KEY_NODE_NAME, "eu-1".to_string()),
+            (KEY_REPLICA, hex(replica)),
+            (KEY_GRPC_ADDR, "127.0.0.1:7100".to_string()),
+            (KEY_DURABLE_SEQ, "7".to_string()),
+            (KEY_DIGEST, hex(0xabc)),
+        ])
+    }
+
+    #[track_caller]
+    fn parse(values: &HashMap<&'static str, String>, alive: bool) -> Result<Member, String> {
+        parse_member(&id("eu-1", 1), alive, |key| {
+            values.get(key).map(String::as_str)
+        })
+    }
+
+    fn member(name: &str, replica: u64) -> Member {
+        Member {
+            replica: ReplicaId(replica),
+            node_name: name.to_string(),
+            ..Member::default()
+        }
+    }
+
+    #[test]
+    fn parses_published_values() {
+        let member = parse(&values(0x12), true).unwrap();
+        assert_eq!(member.replica, ReplicaId(0x12));
+        assert_eq!(member.region, "eu");
+        assert_eq!(member.grpc_addr, "127.0.0.1:7100");
+        assert_eq!(member.gossip_addr, "127.0.0.1:7000");
+        assert_eq!((member.durable_seq, member.digest), (7, 0xabc));
+        assert!(member.alive);
+    }
+
+    #[test]
+    fn a_leaving_node_is_not_alive() {
+        let mut leaving = values(1);
+        leaving.insert(KEY_LEAVING, "true".to_string());
+        assert!(!parse(&leaving, true).unwrap().alive);
+    }
+
+    #[test]
+    fn missing_or_malformed_values_are_refused() {
+        let mut missing = values(1);
+        missing.remove(KEY_GRPC_ADDR);
+        assert!(parse(&missing, true).is_err());
+        let mut short = values(1);
+        short.insert(KEY_REPLICA, "12".to_string());
+        assert!(parse(&short, true).is_err());
+        let mut not_a_number = values(1);
+        not_a_number.insert(KEY_DURABLE_SEQ, "-1".to_string());
+        assert!(parse(&not_a_number, true).is_err());
+    }
+
+    #[test]
+    fn the_newest_incarnation_supersedes_older_ones() {
+        let resolved = resolve_members(
+            &id("me", 5),
+            ReplicaId(100),
+            vec![
+                (id("me", 1), member("me", 99)),        // an old incarnation of us
+                (id("other", 9), member("other", 100)), // claims our replica id
+                (id("b", 1), member("b", 1)),           // b before a disk wipe
+                (id("b", 2), member("b", 2)),           // b after it
+                (id("c", 3), member("c", 3)),           // c restarted, same disk,
+                (id("c-renamed", 4), member("c-renamed", 3)), // under a new name
+            ],
+        );
+        let names: Vec<&str> = resolved.iter().map(|m| m.node_name.as_str()).collect();
+        assert_eq!(names, ["b", "c-renamed"]);
+        assert_eq!(resolved[0].replica, ReplicaId(2));
+    }
+}

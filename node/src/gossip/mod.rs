@@ -1,0 +1,4 @@
+//! Membership (chitchat) and the anti-entropy loop over gRPC.
+
+pub mod anti_entropy;
+pub mod membership;

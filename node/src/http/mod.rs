@@ -1,0 +1,50 @@
+//! The HTTP endpoints: `/healthz` (the process answers), `/readyz` (the node
+//! serves: its store is open and it is not shutting down) and `/metrics`
+//! (Prometheus text).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+use crate::engine::Engine;
+
+/// What the HTTP handlers read.
+#[derive(Clone)]
+pub struct HttpState {
+    /// The engine, for metrics.
+    pub engine: Arc<Engine>,
+    /// True while the node serves.
+    pub ready: Arc<AtomicBool>,
+}
+
+/// The router.
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
+    if state.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.engine.metrics().encode(),
+    )
+}

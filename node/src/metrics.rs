@@ -1,0 +1,252 @@
+//! The node's Prometheus metrics, in one registry served at `/metrics`.
+//!
+//! Names follow Prometheus conventions: `tally_` prefix, `_total` on counters,
+//! base units (`_seconds`, `_bytes`) in the name.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// A label naming a peer replica (hex id) and its region.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PeerLabels {
+    /// The peer's replica id, 16 hex digits.
+    pub peer: String,
+    /// The peer's region.
+    pub region: String,
+}
+
+/// A label naming an outcome or a reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// The reason, a short snake_case word.
+    pub reason: String,
+}
+
+/// Every metric the node exports.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// Adds applied (duplicates excluded).
+    pub adds: Counter,
+    /// Adds recognised as retries of an applied add.
+    pub duplicate_adds: Counter,
+    /// Adds refused, by reason.
+    pub add_errors: Family<ReasonLabels, Counter>,
+    /// Time from receiving an add to answering it.
+    pub add_duration: Histogram,
+    /// Reads served.
+    pub gets: Counter,
+    /// Group commits completed.
+    pub commits: Counter,
+    /// Group commits that failed (and were retried).
+    pub commit_errors: Counter,
+    /// Counters written per group commit.
+    pub commit_batch_counters: Histogram,
+    /// Time to write and flush one group commit.
+    pub commit_duration: Histogram,
+    /// The last durable commit sequence.
+    pub durable_seq: Gauge,
+    /// Counters held in memory.
+    pub cached_counters: Gauge,
+    /// Bytes the store takes on disk.
+    pub disk_bytes: Gauge,
+    /// Pull rounds completed, per peer.
+    pub sync_rounds: Family<PeerLabels, Counter>,
+    /// Pulls that failed, per peer.
+    pub sync_errors: Family<PeerLabels, Counter>,
+    /// Bytes received by pulls, per peer.
+    pub sync_received_bytes: Family<PeerLabels, Counter>,
+    /// Counters received by pulls, per peer.
+    pub sync_received_counters: Family<PeerLabels, Counter>,
+    /// Bytes sent to pullers, per puller.
+    pub sync_sent_bytes: Family<PeerLabels, Counter>,
+    /// Counters sent to pullers, per puller.
+    pub sync_sent_counters: Family<PeerLabels, Counter>,
+    /// How many sequence numbers our watermark trails a peer's published durable sequence.
+    pub sync_lag_seq: Family<PeerLabels, Gauge>,
+    /// Milliseconds since the last completed pull from a peer.
+    pub sync_age_ms: Family<PeerLabels, Gauge>,
+    /// Counters changed by merges.
+    pub merge_changes: Counter,
+    /// Messages refused (wrong cluster, malformed, unknown replica ...), by reason.
+    pub refused_messages: Family<ReasonLabels, Counter>,
+    /// Live members as membership sees them.
+    pub live_members: Gauge,
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("tally");
+        let latency = || Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        let metrics = Metrics {
+            adds: Counter::default(),
+            duplicate_adds: Counter::default(),
+            add_errors: Family::default(),
+            add_duration: latency(),
+            gets: Counter::default(),
+            commits: Counter::default(),
+            commit_errors: Counter::default(),
+            commit_batch_counters: Histogram::new(exponential_buckets(1.0, 2.0, 16)),
+            commit_duration: latency(),
+            durable_seq: Gauge::default(),
+            cached_counters: Gauge::default(),
+            disk_bytes: Gauge::default(),
+            sync_rounds: Family::default(),
+            sync_errors: Family::default(),
+            sync_received_bytes: Family::default(),
+            sync_received_counters: Family::default(),
+            sync_sent_bytes: Family::default(),
+            sync_sent_counters: Family::default(),
+            sync_lag_seq: Family::default(),
+            sync_age_ms: Family::default(),
+            merge_changes: Counter::default(),
+            refused_messages: Family::default(),
+            live_members: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("adds", "Adds applied", metrics.adds.clone());
+        registry.register(
+            "duplicate_adds",
+            "Retried adds answered from the idempotency table",
+            metrics.duplicate_adds.clone(),
+        );
+        registry.register(
+            "add_errors",
+            "Adds refused, by reason",
+            metrics.add_errors.clone(),
+        );
+        registry.register_with_unit(
+            "add_duration",
+            "Time to answer an add",
+            prometheus_client::registry::Unit::Seconds,
+            metrics.add_duration.clone(),
+        );
+        registry.register("gets", "Reads served", metrics.gets.clone());
+        registry.register(
+            "commits",
+            "Group commits completed",
+            metrics.commits.clone(),
+        );
+        registry.register(
+            "commit_errors",
+            "Group commits that failed",
+            metrics.commit_errors.clone(),
+        );
+        registry.register(
+            "commit_batch_counters",
+            "Counters per group commit",
+            metrics.commit_batch_counters.clone(),
+        );
+        registry.register_with_unit(
+            "commit_duration",
+            "Time to write and flush a group commit",
+            prometheus_client::registry::Unit::Seconds,
+            metrics.commit_duration.clone(),
+        );
+        registry.register(
+            "durable_seq",
+            "Last durable commit sequence",
+            metrics.durable_seq.clone(),
+        );
+        registry.register(
+            "cached_counters",
+            "Counters held in memory",
+            metrics.cached_counters.clone(),
+        );
+        registry.register_with_unit(
+            "disk",
+            "Size of the store on disk",
+            prometheus_client::registry::Unit::Bytes,
+            metrics.disk_bytes.clone(),
+        );
+        registry.register(
+            "sync_rounds",
+            "Pulls completed, per peer",
+            metrics.sync_rounds.clone(),
+        );
+        registry.register(
+            "sync_errors",
+            "Pulls failed, per peer",
+            metrics.sync_errors.clone(),
+        );
+        registry.register_with_unit(
+            "sync_received",
+            "Bytes received by pulls, per peer",
+            prometheus_client::registry::Unit::Bytes,
+            metrics.sync_received_bytes.clone(),
+        );
+        registry.register(
+            "sync_received_counters",
+            "Counters received by pulls, per peer",
+            metrics.sync_received_counters.clone(),
+        );
+        registry.register_with_unit(
+            "sync_sent",
+            "Bytes sent to pullers, per puller",
+            prometheus_client::registry::Unit::Bytes,
+            metrics.sync_sent_bytes.clone(),
+        );
+        registry.register(
+            "sync_sent_counters",
+            "Counters sent to pullers, per puller",
+            metrics.sync_sent_counters.clone(),
+        );
+        registry.register(
+            "sync_lag_seq",
+            "Sequence numbers our watermark trails a peer's durable sequence",
+            metrics.sync_lag_seq.clone(),
+        );
+        registry.register(
+            "sync_age_milliseconds",
+            "Milliseconds since the last completed pull from a peer",
+            metrics.sync_age_ms.clone(),
+        );
+        registry.register(
+            "merge_changes",
+            "Counters changed by merges",
+            metrics.merge_changes.clone(),
+        );
+        registry.register(
+            "refused_messages",
+            "Replication messages refused, by reason",
+            metrics.refused_messages.clone(),
+        );
+        registry.register(
+            "live_members",
+            "Other members that membership sees alive",
+            metrics.live_members.clone(),
+        );
+        Metrics {
+            registry,
+            ..metrics
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    /// Counts a refused message.
+    pub fn refused(&self, reason: &str) {
+        self.refused_messages
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

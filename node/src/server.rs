@@ -1,0 +1,262 @@
+//! Starting and stopping a whole node: store, engine and committer, gRPC and
+//! HTTP servers, membership and the anti-entropy loop.
+//!
+//! Shutdown runs in the order that loses nothing: stop being ready, stop
+//! serving, stop pulling, commit and flush what is pending, leave the cluster.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::api::{AdminService, CountersService, NodeInfo, ReplicationService};
+use crate::config::Settings;
+use crate::engine::{CommitterHandle, Engine};
+use crate::gossip::anti_entropy::{spawn_anti_entropy, AntiEntropyConfig, AntiEntropyHandle};
+use crate::gossip::membership::{MembershipConfig, MembershipHandle};
+use crate::metrics::Metrics;
+use crate::replica::ReplicaConfig;
+use crate::store::{SledStore, Store};
+
+/// The largest gRPC message a node accepts or sends.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// A running node.
+pub struct NodeHandle {
+    /// The engine, for in-process tests and the dev cluster.
+    pub engine: Arc<Engine>,
+    /// Where the gRPC API listens.
+    pub grpc_addr: SocketAddr,
+    /// Where the HTTP endpoints listen.
+    pub http_addr: SocketAddr,
+    /// This node's settings.
+    pub settings: Settings,
+    ready: Arc<AtomicBool>,
+    grpc_stop: Option<oneshot::Sender<()>>,
+    http_stop: Option<oneshot::Sender<()>>,
+    grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
+    http_task: JoinHandle<std::io::Result<()>>,
+    membership: Arc<MembershipHandle>,
+    membership_task: JoinHandle<()>,
+    anti_entropy: AntiEntropyHandle,
+    committer: CommitterHandle,
+}
+
+/// Opens the store and starts every part of the node.
+pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
+    let data_dir = settings.data_dir.clone();
+    let region = settings.region.clone();
+    let on_corrupt = settings.on_corrupt;
+    let store = tokio::task::spawn_blocking(move || {
+        SledStore::open(&data_dir, &region, rand::random(), on_corrupt)
+    })
+    .await
+    .context("the store opener died")??;
+    if let Some(aside) = &store.moved_aside {
+        tracing::warn!(to = %aside.display(), "the damaged store was moved aside; this node is a new replica and rebuilds from its peers");
+    }
+    let identity = store.identity().clone();
+    let store: Arc<dyn Store> = Arc::new(store);
+    let metrics = Arc::new(Metrics::new());
+    let replica_config = ReplicaConfig {
+        cluster_id: settings.cluster_id.clone(),
+        cache_capacity: settings.cache_capacity,
+        idempotency_ttl_ms: settings.idempotency_ttl.as_millis() as u64,
+        idempotency_capacity: settings.idempotency_capacity,
+        sync_interval_ms: settings.sync_interval.as_millis() as u64,
+    };
+    let engine =
+        Engine::open(store, replica_config, settings.durability, metrics).with_context(|| {
+            format!(
+                "cannot recover the store in {}",
+                settings.data_dir.display()
+            )
+        })?;
+
+    let grpc_listener = tokio::net::TcpListener::bind(settings.grpc_addr)
+        .await
+        .with_context(|| format!("cannot listen on --grpc-addr {}", settings.grpc_addr))?;
+    let http_listener = tokio::net::TcpListener::bind(settings.http_addr)
+        .await
+        .with_context(|| format!("cannot listen on --http-addr {}", settings.http_addr))?;
+    let grpc_addr = grpc_listener.local_addr()?;
+    let http_addr = http_listener.local_addr()?;
+    let advertise_grpc = if settings.advertise_grpc_addr == settings.grpc_addr.to_string() {
+        grpc_addr.to_string()
+    } else {
+        settings.advertise_grpc_addr.clone()
+    };
+
+    let membership = MembershipHandle::spawn(MembershipConfig {
+        cluster_id: settings.cluster_id.clone(),
+        node_name: settings.node_name.clone(),
+        region: identity.region.clone(),
+        replica: identity.replica,
+        gossip_listen: settings.gossip_addr,
+        gossip_advertise: settings.advertise_gossip_addr,
+        grpc_advertise: advertise_grpc.clone(),
+        seeds: settings.seeds.clone(),
+        gossip_interval: settings.gossip_interval,
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "cannot start gossip on --gossip-addr {}",
+            settings.gossip_addr
+        )
+    })?;
+    let membership = Arc::new(membership);
+    let membership_task = spawn_membership_feed(engine.clone(), membership.clone());
+    let committer = engine.spawn_committer(|_, _| {});
+    let anti_entropy = spawn_anti_entropy(
+        engine.clone(),
+        AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval),
+    );
+
+    let info = NodeInfo {
+        cluster_id: settings.cluster_id.clone(),
+        node_name: settings.node_name.clone(),
+        grpc_addr: advertise_grpc,
+        gossip_addr: settings.advertise_gossip_addr.to_string(),
+    };
+    let (grpc_stop, grpc_stop_rx) = oneshot::channel::<()>();
+    let counters =
+        tally_proto::v1::counters_server::CountersServer::new(CountersService::new(engine.clone()))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let replication = tally_proto::v1::replication_server::ReplicationServer::new(
+        ReplicationService::new(engine.clone()),
+    )
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let admin =
+        tally_proto::v1::admin_server::AdminServer::new(AdminService::new(engine.clone(), info));
+    let grpc_task = tokio::spawn(
+        tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .max_concurrent_streams(Some(1024))
+            .add_service(counters)
+            .add_service(replication)
+            .add_service(admin)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async {
+                let _ = grpc_stop_rx.await;
+            }),
+    );
+
+    let ready = Arc::new(AtomicBool::new(true));
+    let (http_stop, http_stop_rx) = oneshot::channel::<()>();
+    let router = crate::http::router(crate::http::HttpState {
+        engine: engine.clone(),
+        ready: ready.clone(),
+    });
+    let http_task = tokio::spawn(async move {
+        axum::serve(http_listener, router)
+            .with_graceful_shutdown(async {
+                let _ = http_stop_rx.await;
+            })
+            .await
+    });
+
+    tracing::info!(
+        replica = %identity.replica,
+        region = %identity.region,
+        node = %settings.node_name,
+        grpc = %grpc_addr,
+        http = %http_addr,
+        gossip = %settings.gossip_addr,
+        durability = ?settings.durability,
+        data_dir = %settings.data_dir.display(),
+        "tally-node started"
+    );
+    Ok(NodeHandle {
+        engine,
+        grpc_addr,
+        http_addr,
+        settings,
+        ready,
+        grpc_stop: Some(grpc_stop),
+        http_stop: Some(http_stop),
+        grpc_task,
+        http_task,
+        membership,
+        membership_task,
+        anti_entropy,
+        committer,
+    })
+}
+
+/// Feeds membership changes to the core's peer book, and this node's durable
+/// sequence and digest to membership after each commit.
+fn spawn_membership_feed(engine: Arc<Engine>, membership: Arc<MembershipHandle>) -> JoinHandle<()> {
+    let mut members_rx = membership.subscribe();
+    let mut durable_rx = engine.durable_seq();
+    tokio::spawn(async move {
+        let mut members_changed = true;
+        loop {
+            if members_changed {
+                let members = members_rx.borrow_and_update().clone();
+                let own = engine.core().identity().replica;
+                let others: Vec<_> = members.into_iter().filter(|m| m.replica != own).collect();
+                engine
+                    .metrics()
+                    .live_members
+                    .set(others.iter().filter(|m| m.alive).count() as i64);
+                engine.core().peers_mut().handle_membership(others);
+            }
+            durable_rx.borrow_and_update();
+            let (seq, digest) = {
+                let core = engine.core();
+                (core.durable_seq(), core.digest().0)
+            };
+            membership.publish(seq, digest);
+            members_changed = tokio::select! {
+                changed = members_rx.changed() => match changed {
+                    Ok(()) => true,
+                    Err(_) => return,
+                },
+                changed = durable_rx.changed() => match changed {
+                    Ok(()) => false,
+                    Err(_) => return,
+                },
+            };
+        }
+    })
+}
+
+impl NodeHandle {
+    /// Stops the node without losing anything acknowledged or pending.
+    pub async fn shutdown(mut self) {
+        self.ready.store(false, Ordering::Release);
+        if let Some(stop) = self.grpc_stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(stop) = self.http_stop.take() {
+            let _ = stop.send(());
+        }
+        // Streams such as Watch would hold the server open; give them a moment.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.grpc_task).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.http_task).await;
+        self.anti_entropy.shutdown().await;
+        self.committer.shutdown().await;
+        self.membership_task.abort();
+        let _ = self.membership_task.await;
+        match Arc::try_unwrap(self.membership) {
+            Ok(membership) => {
+                if let Err(error) = membership.shutdown().await {
+                    tracing::warn!(%error, "leaving the cluster failed");
+                }
+            }
+            Err(_) => {
+                tracing::warn!("membership still in use at shutdown; not announcing the leave")
+            }
+        }
+        tracing::info!(
+            durable_seq = *self.engine.durable_seq().borrow(),
+            "tally-node stopped"
+        );
+    }
+}
