@@ -116,7 +116,7 @@ impl SledStore {
     }
 
     fn open_once(dir: &Path, region: &str, fresh_id: u64) -> Result<SledStore, OpenError> {
-        prepare_dir(dir)?;
+        let initialised = prepare_dir(dir)?;
         let db_path = dir.join("db");
         let config = sled::Config::new()
             .path(&db_path)
@@ -146,12 +146,22 @@ impl SledStore {
         };
         let stored = db.get(META_IDENTITY).map_err(|e| corrupt(e.to_string()))?;
         let stored = stored_identity(stored.as_deref()).map_err(|e| corrupt(e.0))?;
+        if stored.is_none() && initialised {
+            // The marker is written only after the identity is durable, so a
+            // marked directory without one has lost data: never start it as a
+            // new, empty replica behind the operator's back.
+            return Err(corrupt(
+                "the store has lost its replica identity (its data is damaged or was removed)"
+                    .into(),
+            ));
+        }
         let is_new = stored.is_none();
         let identity = establish(stored, region, fresh_id)?;
         if is_new {
             db.insert(META_IDENTITY, encoding::encode_identity(&identity))
                 .map_err(|e| corrupt(e.to_string()))?;
             db.flush().map_err(|e| corrupt(e.to_string()))?;
+            write_marker(dir)?;
         }
         Ok(SledStore {
             db,
@@ -174,20 +184,34 @@ fn aside_path(dir: &Path) -> PathBuf {
     dir.with_file_name(format!("{name}.damaged-{stamp}"))
 }
 
-fn prepare_dir(dir: &Path) -> Result<(), OpenError> {
+/// Checks that `dir` is a Tally data directory or may become one. Returns
+/// true when it already is one (its marker is present).
+fn prepare_dir(dir: &Path) -> Result<bool, OpenError> {
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+    if dir.join(MARKER_FILE).exists() {
+        return Ok(true);
+    }
+    // Empty, or holding only the `db` of a first start that stopped before its
+    // identity was durable: a fresh directory.
+    for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
+        let entry = entry.map_err(io_error(dir))?;
+        if entry.file_name() != "db" {
+            return Err(OpenError::NotTally(dir.to_path_buf()));
+        }
+    }
+    Ok(false)
+}
+
+/// Marks `dir` as a Tally data directory, durably.
+fn write_marker(dir: &Path) -> Result<(), OpenError> {
     let marker = dir.join(MARKER_FILE);
-    if marker.exists() {
-        return Ok(());
+    let file = std::fs::File::create(&marker).map_err(io_error(dir))?;
+    std::io::Write::write_all(&mut &file, MARKER_TEXT.as_bytes()).map_err(io_error(dir))?;
+    file.sync_all().map_err(io_error(dir))?;
+    if let Ok(parent) = std::fs::File::open(dir) {
+        let _ = parent.sync_all();
     }
-    let has_files = std::fs::read_dir(dir)
-        .map_err(io_error(dir))?
-        .next()
-        .is_some();
-    if has_files {
-        return Err(OpenError::NotTally(dir.to_path_buf()));
-    }
-    std::fs::write(&marker, MARKER_TEXT).map_err(io_error(dir))
+    Ok(())
 }
 
 fn classify(dir: &Path, error: sled::Error) -> OpenError {

@@ -1,0 +1,442 @@
+//! A harness for tests with real `tally-node` processes on loopback: free
+//! ports, start/stop/kill -9/SIGSTOP, clusters of several regions, and
+//! bounded waits. Every process is killed when its handle drops.
+
+#![allow(dead_code)]
+
+pub mod load;
+
+use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The node binary under test.
+pub fn node_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tally-node"))
+}
+
+/// The `tally` CLI binary, built next to the node binary (by `cargo test
+/// --workspace`, or on demand here).
+pub fn cli_binary() -> PathBuf {
+    let path = node_binary().with_file_name("tally");
+    if !path.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "tally-client", "--bin", "tally"])
+            .status()
+            .expect("running cargo to build the tally CLI");
+        assert!(status.success(), "building the tally CLI failed");
+    }
+    path
+}
+
+/// `count` distinct ports free for both TCP and UDP on 127.0.0.1.
+pub fn free_ports(count: usize) -> Vec<u16> {
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    while ports.len() < count {
+        let tcp = TcpListener::bind("127.0.0.1:0").expect("binding a probe port");
+        let port = tcp.local_addr().unwrap().port();
+        if let Ok(udp) = UdpSocket::bind(("127.0.0.1", port)) {
+            ports.push(port);
+            held.push((tcp, udp));
+        }
+    }
+    ports
+}
+
+/// How one node is started.
+#[derive(Clone, Debug)]
+pub struct NodeSpec {
+    pub region: String,
+    pub node_name: String,
+    pub data_dir: PathBuf,
+    pub grpc: SocketAddr,
+    pub gossip: SocketAddr,
+    pub http: SocketAddr,
+    pub seeds: Vec<SocketAddr>,
+    pub durability: &'static str,
+    pub cluster_id: String,
+    pub sync_interval: &'static str,
+    pub extra: Vec<String>,
+}
+
+impl NodeSpec {
+    /// A node on fresh ports with its data under `root`.
+    pub fn new(root: &Path, region: &str, node_name: &str) -> NodeSpec {
+        let ports = free_ports(3);
+        let addr = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+        NodeSpec {
+            region: region.into(),
+            node_name: node_name.into(),
+            data_dir: root.join(node_name),
+            grpc: addr(ports[0]),
+            gossip: addr(ports[1]),
+            http: addr(ports[2]),
+            seeds: Vec::new(),
+            durability: "sync",
+            cluster_id: "test-cluster".into(),
+            sync_interval: "100ms",
+            extra: Vec::new(),
+        }
+    }
+
+    fn args(&self) -> Vec<String> {
+        let mut args = vec![
+            "--data-dir".into(),
+            self.data_dir.display().to_string(),
+            "--region".into(),
+            self.region.clone(),
+            "--node-name".into(),
+            self.node_name.clone(),
+            "--grpc-addr".into(),
+            self.grpc.to_string(),
+            "--gossip-addr".into(),
+            self.gossip.to_string(),
+            "--http-addr".into(),
+            self.http.to_string(),
+            "--durability".into(),
+            self.durability.into(),
+            "--cluster-id".into(),
+            self.cluster_id.clone(),
+            "--sync-interval".into(),
+            self.sync_interval.into(),
+            "--gossip-interval".into(),
+            "100ms".into(),
+        ];
+        if !self.seeds.is_empty() {
+            args.push("--seeds".into());
+            args.push(
+                self.seeds
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+}
+
+/// A running (or stopped) node process.
+pub struct NodeProcess {
+    pub spec: NodeSpec,
+    child: Option<Child>,
+    log: PathBuf,
+    starts: usize,
+}
+
+impl NodeProcess {
+    /// Starts the node and waits until `/readyz` answers (at most 30 s).
+    pub fn start(spec: NodeSpec) -> NodeProcess {
+        let mut node = NodeProcess {
+            log: spec.data_dir.with_extension("log"),
+            spec,
+            child: None,
+            starts: 0,
+        };
+        node.launch();
+        node
+    }
+
+    /// Starts the process and returns without waiting (for tests of start-up errors).
+    pub fn spawn_raw(spec: &NodeSpec) -> std::process::Output {
+        Command::new(node_binary())
+            .args(spec.args())
+            .stdin(Stdio::null())
+            .output()
+            .expect("running tally-node")
+    }
+
+    fn launch(&mut self) {
+        std::fs::create_dir_all(self.spec.data_dir.parent().unwrap()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(node_binary())
+            .args(self.spec.args())
+            .env("RUST_LOG", "info,chitchat=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting tally-node");
+        self.child = Some(child);
+        self.starts += 1;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "tally-node exited at start with {status}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            if http_get(self.spec.http, "/readyz")
+                .map(|(code, _)| code == 200)
+                .unwrap_or(false)
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tally-node not ready after 30 s; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The node's log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The gRPC endpoint, `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.spec.grpc)
+    }
+
+    /// The process id of the running node.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("node is running").id()
+    }
+
+    fn signal(&self, signal: &str) {
+        send_signal(self.pid(), signal);
+    }
+
+    /// `kill -9`: no flush, no goodbye.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit (at most 20 s); returns the exit code.
+    pub fn stop(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("tally-node did not stop within 20 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGSTOP: the process freezes, its sockets stay open.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    /// Starts the process again with the same settings (and data directory).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop or kill the node first");
+        self.launch();
+    }
+
+    /// Deletes the node's data directory (the node must be stopped).
+    pub fn wipe(&mut self) {
+        assert!(self.child.is_none(), "stop or kill the node first");
+        std::fs::remove_dir_all(&self.spec.data_dir).unwrap();
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Sends a signal (`-STOP`, `-CONT`, `-KILL`) to a process, as `kill` does.
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+/// A minimal HTTP/1.1 GET on loopback: (status code, body).
+pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Ok((code, body))
+}
+
+/// Runs the `tally` CLI; returns (exit code, stdout, stderr).
+pub fn cli(endpoint: &str, args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(cli_binary())
+        .arg("--endpoint")
+        .arg(endpoint)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running tally");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// Polls `check` every 50 ms until it returns `Some`, or panics after `limit`
+/// with `what`. Returns the value and how long it took.
+pub fn wait_until<T>(
+    limit: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Option<T>,
+) -> (T, Duration) {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check() {
+            return (value, started.elapsed());
+        }
+        assert!(
+            started.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A cluster: `layout` lists (region, nodes in it). Every node seeds from the first.
+pub struct Cluster {
+    pub root: tempfile::TempDir,
+    pub nodes: Vec<NodeProcess>,
+}
+
+impl Cluster {
+    pub fn start(layout: &[(&str, usize)], durability: &'static str) -> Cluster {
+        let root = tempfile::tempdir().unwrap();
+        let mut specs = Vec::new();
+        for (region, count) in layout {
+            for index in 0..*count {
+                let mut spec =
+                    NodeSpec::new(root.path(), region, &format!("{region}-{}", index + 1));
+                spec.durability = durability;
+                specs.push(spec);
+            }
+        }
+        let seed = specs[0].gossip;
+        for spec in specs.iter_mut().skip(1) {
+            spec.seeds = vec![seed];
+        }
+        let nodes = specs.into_iter().map(NodeProcess::start).collect();
+        Cluster { root, nodes }
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.endpoint()).collect()
+    }
+}
+
+// Helpers for single_node.rs and crash_loop.rs.
+
+impl NodeProcess {
+    /// Like [`NodeProcess::restart`], but a process that exits before it is
+    /// ready is not a panic: the result is `Err` with what the node logged
+    /// during this start (its stderr included). Gives up (panics) if the node
+    /// neither exits nor becomes ready within 30 s.
+    pub fn try_restart(&mut self) -> Result<(), String> {
+        assert!(self.child.is_none(), "stop or kill the node first");
+        let offset = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0) as usize;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let child = Command::new(node_binary())
+            .args(self.spec.args())
+            .env("RUST_LOG", "info,chitchat=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("starting tally-node");
+        self.child = Some(child);
+        self.starts += 1;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if self.child.as_mut().unwrap().try_wait().unwrap().is_some() {
+                self.child = None;
+                let text = self.log_text();
+                return Err(text.get(offset..).unwrap_or(&text).to_string());
+            }
+            if http_get(self.spec.http, "/readyz")
+                .map(|(code, _)| code == 200)
+                .unwrap_or(false)
+            {
+                return Ok(());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "tally-node not ready after 30 s; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Runs the node once with `spec`'s arguments, the value of each flag in
+/// `replace` swapped for the given one (e.g. `("--grpc-addr", "nowhere")`),
+/// and returns its output (for tests of start-up errors).
+pub fn spawn_raw_replacing(spec: &NodeSpec, replace: &[(&str, &str)]) -> std::process::Output {
+    let mut args = spec.args();
+    for (flag, value) in replace {
+        let at = args
+            .iter()
+            .position(|arg| arg == flag)
+            .unwrap_or_else(|| panic!("no {flag} in the arguments"));
+        args[at + 1] = (*value).to_string();
+    }
+    Command::new(node_binary())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running tally-node")
+}
