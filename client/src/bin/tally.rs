@@ -1,0 +1,35 @@
+//! `tally`: the command-line client of a Tally cluster.
+//!
+//! Parses the command line, runs the command on a tokio runtime, and turns any
+//! failure into exactly one line on stderr, `error: <message>`, and exit
+//! status 1 (clap exits with 2 on bad usage). The commands and their output
+//! formats are described in `src/cli/mod.rs`.
+
+// The CLI's modules live in `src/cli/` rather than `src/bin/`, where cargo
+// would take each file for a binary of its own.
+#[path = "../cli/mod.rs"]
+mod cli;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`tally watch KEY | head -1`): not a failure.
+        Err(error) if cli::output::is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {}", cli::output::one_line(&error));
+            ExitCode::FAILURE
+        }
+    }
+}

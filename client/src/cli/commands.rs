@@ -1,0 +1,316 @@
+//! The commands that make one call: `add`, `get`, `watch` and `status`. Each
+//! connects, calls the library, and prints in the formats documented in the
+//! parent module.
+
+use std::collections::BTreeSet;
+
+use anyhow::Context;
+use futures::StreamExt;
+use serde::Serialize;
+use tally_client::{Client, ClusterStatus, Counter};
+
+use super::duration::format_age;
+use super::output::{print_json, print_line, render_table, Align};
+use super::{AddArgs, GetArgs, WatchArgs};
+
+/// A counter's key and value, the JSON line of `get` and `watch`.
+#[derive(Debug, Serialize)]
+struct KeyValue<'a> {
+    key: &'a str,
+    value: i64,
+}
+
+/// `tally add KEY [DELTA]`.
+pub async fn add(endpoint: &str, args: &AddArgs, json: bool) -> anyhow::Result<()> {
+    let client = Client::connect(endpoint).await?;
+    let outcome = match &args.idempotency_key {
+        Some(idempotency_key) => {
+            client
+                .add_with_key(&args.key, args.delta, idempotency_key)
+                .await?
+        }
+        None => client.add(&args.key, args.delta).await?,
+    };
+    if json {
+        #[derive(Serialize)]
+        struct Added<'a> {
+            key: &'a str,
+            value: i64,
+            duplicate: bool,
+        }
+        return print_json(&Added {
+            key: &args.key,
+            value: outcome.value,
+            duplicate: outcome.duplicate,
+        });
+    }
+    if outcome.duplicate {
+        print_line(format_args!(
+            "{} (duplicate: already applied)",
+            outcome.value
+        ))?;
+    } else {
+        print_line(outcome.value)?;
+    }
+    Ok(())
+}
+
+/// `tally get KEY [--breakdown]`.
+pub async fn get(endpoint: &str, args: &GetArgs, json: bool) -> anyhow::Result<()> {
+    let client = Client::connect(endpoint).await?;
+    if !args.breakdown {
+        let value = client.get(&args.key).await?;
+        if json {
+            return print_json(&KeyValue {
+                key: &args.key,
+                value,
+            });
+        }
+        print_line(value)?;
+        return Ok(());
+    }
+    let counter = client.get_with_breakdown(&args.key).await?;
+    if json {
+        return print_json(&counter);
+    }
+    print_line(counter.value)?;
+    print_line(breakdown_table(&counter).trim_end())?;
+    Ok(())
+}
+
+fn breakdown_table(counter: &Counter) -> String {
+    let rows: Vec<Vec<String>> = counter
+        .regions
+        .iter()
+        .map(|region| {
+            let last_sync = match (region.local, region.since_last_sync) {
+                (true, _) => "local".to_owned(),
+                (false, Some(age)) => format_age(age),
+                (false, None) => "never".to_owned(),
+            };
+            vec![
+                region.region.clone(),
+                region.value.to_string(),
+                region.increments.to_string(),
+                region.decrements.to_string(),
+                last_sync,
+            ]
+        })
+        .collect();
+    render_table(
+        &[
+            ("REGION", Align::Left),
+            ("VALUE", Align::Right),
+            ("+", Align::Right),
+            ("-", Align::Right),
+            ("LAST SYNC", Align::Left),
+        ],
+        &rows,
+    )
+}
+
+/// `tally watch KEY`: prints until the stream ends or Ctrl-C.
+pub async fn watch(endpoint: &str, args: &WatchArgs, json: bool) -> anyhow::Result<()> {
+    let client = Client::connect(endpoint).await?;
+    let mut values = client.watch(&args.key).await?;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        tokio::select! {
+            interrupted = &mut ctrl_c => {
+                interrupted.context("cannot listen for Ctrl-C")?;
+                return Ok(());
+            }
+            next = values.next() => match next {
+                None => return Ok(()),
+                Some(Err(error)) => return Err(error).context("the watch stream failed"),
+                Some(Ok(value)) if json => print_json(&KeyValue { key: &args.key, value })?,
+                Some(Ok(value)) => print_line(value)?,
+            },
+        }
+    }
+}
+
+/// `tally status`.
+pub async fn status(endpoint: &str, json: bool) -> anyhow::Result<()> {
+    let client = Client::connect(endpoint).await?;
+    let status = client.status().await?;
+    if json {
+        return print_json(&status);
+    }
+    print_line(format_args!("cluster: {}", status.cluster_id))?;
+    print_line(members_table(&status).trim_end())?;
+    print_line(convergence_line(&status))?;
+    Ok(())
+}
+
+fn members_table(status: &ClusterStatus) -> String {
+    let rows: Vec<Vec<String>> = status
+        .all_members()
+        .enumerate()
+        .map(|(index, member)| {
+            let last_sync = match (index, member.since_last_sync) {
+                (0, _) => "self".to_owned(),
+                (_, Some(age)) => format_age(age),
+                (_, None) => "never".to_owned(),
+            };
+            vec![
+                member.region.clone(),
+                member.node_name.clone(),
+                member.replica_hex(),
+                member.grpc_addr.clone(),
+                if member.alive { "yes" } else { "no" }.to_owned(),
+                last_sync,
+                member.seq_lag.to_string(),
+                member.digest_hex(),
+            ]
+        })
+        .collect();
+    render_table(
+        &[
+            ("REGION", Align::Left),
+            ("NODE", Align::Left),
+            ("REPLICA", Align::Left),
+            ("GRPC ADDRESS", Align::Left),
+            ("ALIVE", Align::Left),
+            ("LAST SYNC", Align::Left),
+            ("SEQ LAG", Align::Right),
+            ("DIGEST", Align::Left),
+        ],
+        &rows,
+    )
+}
+
+/// `converged: yes|no (...)`: the server's verdict, and the digests behind it.
+fn convergence_line(status: &ClusterStatus) -> String {
+    let live: Vec<_> = status.all_members().filter(|member| member.alive).collect();
+    let digests: BTreeSet<String> = live.iter().map(|member| member.digest_hex()).collect();
+    let verdict = if status.converged { "yes" } else { "no" };
+    match digests.len() {
+        0 => format!("converged: {verdict} (no live members)"),
+        1 => format!(
+            "converged: {verdict} (all {} live members hold digest {})",
+            live.len(),
+            digests.first().map_or("", String::as_str)
+        ),
+        different => {
+            format!("converged: {verdict} (live members hold {different} different digests)")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tally_client::{Member, RegionValue};
+
+    use super::*;
+
+    fn member(name: &str, alive: bool, digest: u64) -> Member {
+        Member {
+            region: "eu-west".to_owned(),
+            node_name: name.to_owned(),
+            replica: 0xab,
+            grpc_addr: "10.0.0.1:7100".to_owned(),
+            gossip_addr: "10.0.0.1:7200".to_owned(),
+            alive,
+            digest,
+            durable_seq: 9,
+            since_last_sync: Some(Duration::from_millis(1_250)),
+            seq_lag: 2,
+        }
+    }
+
+    fn status(converged: bool, members: Vec<Member>) -> ClusterStatus {
+        ClusterStatus {
+            cluster_id: "test".to_owned(),
+            node: member("n1", true, 7),
+            members,
+            converged,
+        }
+    }
+
+    #[test]
+    fn convergence_line_counts_only_live_members() {
+        let converged = status(true, vec![member("n2", true, 7), member("n3", false, 8)]);
+        assert_eq!(
+            convergence_line(&converged),
+            "converged: yes (all 2 live members hold digest 0000000000000007)"
+        );
+        let diverged = status(false, vec![member("n2", true, 8)]);
+        assert_eq!(
+            convergence_line(&diverged),
+            "converged: no (live members hold 2 different digests)"
+        );
+    }
+
+    #[test]
+    fn members_table_puts_the_answering_node_first_as_self() {
+        let table = members_table(&status(true, vec![member("n2", false, 7)]));
+        let lines: Vec<&str> = table.lines().collect();
+        let header: Vec<&str> = lines[0]
+            .split("  ")
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        assert_eq!(
+            header,
+            [
+                "REGION",
+                "NODE",
+                "REPLICA",
+                "GRPC ADDRESS",
+                "ALIVE",
+                "LAST SYNC",
+                "SEQ LAG",
+                "DIGEST"
+            ]
+        );
+        let first: Vec<&str> = lines[1].split_whitespace().collect();
+        assert_eq!(
+            first,
+            [
+                "eu-west",
+                "n1",
+                "00000000000000ab",
+                "10.0.0.1:7100",
+                "yes",
+                "self",
+                "2",
+                "0000000000000007"
+            ]
+        );
+        let second: Vec<&str> = lines[2].split_whitespace().collect();
+        assert_eq!(second[4..6], ["no", "1.2s"]);
+    }
+
+    #[test]
+    fn breakdown_table_shows_local_never_and_ages() {
+        let region = |name: &str, local, since_last_sync| RegionValue {
+            region: name.to_owned(),
+            value: 3,
+            increments: 5,
+            decrements: 2,
+            local,
+            since_last_sync,
+        };
+        let counter = Counter {
+            key: "k".to_owned(),
+            value: 9,
+            regions: vec![
+                region("eu", true, None),
+                region("us", false, Some(Duration::from_millis(300))),
+                region("ap", false, None),
+            ],
+        };
+        let table = breakdown_table(&counter);
+        let cells: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(cells[1], ["eu", "3", "5", "2", "local"]);
+        assert_eq!(cells[2], ["us", "3", "5", "2", "300ms"]);
+        assert_eq!(cells[3], ["ap", "3", "5", "2", "never"]);
+    }
+}

@@ -1,0 +1,214 @@
+//! The `tally` command line: its arguments, and the commands that run them.
+//!
+//! Global options: `--endpoint URL` (env `TALLY_ENDPOINT`, default
+//! `http://127.0.0.1:7100`; `host:port` works too) and `--json`.
+//!
+//! # Output formats (stable: scripts and tests parse them)
+//!
+//! Text tables separate columns with two or more spaces, and no cell holds a
+//! space. Durations in cells are `850ms`, `1.2s`, `3m05s`, `2h07m`.
+//! JSON output is one object per line, and only that goes to stdout.
+//!
+//! - `tally add KEY [DELTA] [--idempotency-key K]` (DELTA defaults to 1 and
+//!   may be negative: `tally add KEY -1`):
+//!   - text: the new value, alone on one line (`41`), or followed by
+//!     ` (duplicate: already applied)` when the idempotency key had been seen;
+//!   - JSON: `{"key":"KEY","value":41,"duplicate":false}`.
+//! - `tally get KEY [--breakdown]`:
+//!   - text: the value alone on one line. With `--breakdown`, then a table
+//!     with the header `REGION  VALUE  +  -  LAST SYNC` and one row per region;
+//!     LAST SYNC is `local`, `never` or a duration;
+//!   - JSON: `{"key":"KEY","value":41}`; with `--breakdown` also
+//!     `"regions":[{"region":..,"value":..,"increments":..,"decrements":..,
+//!     "local":..,"since_last_sync_ms":..|null}]`.
+//! - `tally watch KEY`: one line per value, the current one first, until the
+//!   stream ends or Ctrl-C (both exit 0):
+//!   - text: the value alone (`41`);
+//!   - JSON: `{"key":"KEY","value":41}`.
+//! - `tally status`:
+//!   - text: `cluster: ID`, then a table with the header
+//!     `REGION  NODE  REPLICA  GRPC ADDRESS  ALIVE  LAST SYNC  SEQ LAG  DIGEST`
+//!     and one row per member, the answering node first (its LAST SYNC is
+//!     `self`; ALIVE is `yes`/`no`; REPLICA and DIGEST are 16 hex digits),
+//!     then `converged: yes (all N live members hold digest HEX)` or
+//!     `converged: no (live members hold N different digests)`;
+//!   - JSON: `{"cluster_id":..,"node":MEMBER,"members":[MEMBER..],
+//!     "converged":..}`, MEMBER being `{"region","node_name","replica"(hex),
+//!     "grpc_addr","gossip_addr","alive","digest"(hex),"durable_seq",
+//!     "since_last_sync_ms"(or null),"seq_lag"}`.
+//! - `tally bench [--op add|get|mixed] [--concurrency 64] [--connections 4]
+//!   [--keys 1] [--duration 10s] [--warmup 1s]`:
+//!   - text, three lines:
+//!     `bench: op=add concurrency=64 connections=4 keys=1 duration=10.00s`,
+//!     `ops: 123456  errors: 0  ops/s: 12345.6`,
+//!     `latency ms: p50 1.234  p99 5.678  p999 9.876  max 12.345`,
+//!     and a fourth, `first error: ...`, when there were errors;
+//!   - JSON: `{"op","concurrency","connections","keys","duration_s",
+//!     "warmup_s","ops","errors","ops_per_sec","p50_ms","p99_ms","p999_ms",
+//!     "max_ms","mean_ms","first_error"(or null)}`.
+//!
+//! On failure nothing is printed to stdout, one line `error: MESSAGE` goes to
+//! stderr and the exit status is 1 (2 for bad usage, with clap's message).
+//! The one exception is `bench`, which prints its report first and then fails
+//! only if every request failed.
+
+mod bench;
+mod commands;
+mod duration;
+pub mod output;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use bench::BenchArgs;
+
+/// The command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tally",
+    version,
+    about = "Add to Tally counters, read and watch them, check the cluster, load-test a node"
+)]
+pub struct Cli {
+    /// The node to talk to: http://host:port, or host:port.
+    #[arg(
+        long,
+        global = true,
+        env = "TALLY_ENDPOINT",
+        default_value = "http://127.0.0.1:7100"
+    )]
+    pub endpoint: String,
+
+    /// Print JSON: one object (one per line for `watch`).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Add to a counter (1 unless told) and print its new value.
+    Add(AddArgs),
+    /// Print a counter's value, optionally with its per-region breakdown.
+    Get(GetArgs),
+    /// Print a counter's value each time it changes, until Ctrl-C.
+    Watch(WatchArgs),
+    /// Print the cluster's members and whether they have converged.
+    Status,
+    /// Load-test a node with a closed loop of adds and/or gets.
+    Bench(BenchArgs),
+}
+
+/// `tally add`.
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The counter's key (1 to 256 bytes of UTF-8).
+    pub key: String,
+
+    /// The amount to add, non-zero; negative to subtract (`tally add KEY -1`).
+    #[arg(default_value_t = 1, allow_negative_numbers = true)]
+    pub delta: i64,
+
+    /// Send this idempotency key instead of a fresh one: repeating the command
+    /// with the same key, counter and delta is applied once.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+}
+
+/// `tally get`.
+#[derive(Debug, Args)]
+pub struct GetArgs {
+    /// The counter's key.
+    pub key: String,
+
+    /// Also print each region's part and how fresh it is.
+    #[arg(long)]
+    pub breakdown: bool,
+}
+
+/// `tally watch`.
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    /// The counter's key.
+    pub key: String,
+}
+
+/// Runs the command the command line names.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let Cli {
+        endpoint,
+        json,
+        command,
+    } = cli;
+    match command {
+        Command::Add(args) => commands::add(&endpoint, &args, json).await,
+        Command::Get(args) => commands::get(&endpoint, &args, json).await,
+        Command::Watch(args) => commands::watch(&endpoint, &args, json).await,
+        Command::Status => commands::status(&endpoint, json).await,
+        Command::Bench(args) => bench::run(&endpoint, &args, json).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[track_caller]
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(std::iter::once("tally").chain(args.iter().copied()))
+            .unwrap_or_else(|error| panic!("{args:?} did not parse: {error}"))
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn add_takes_a_negative_delta_and_defaults_to_one() {
+        let Command::Add(args) = parse(&["add", "post:1", "-1"]).command else {
+            panic!("not add");
+        };
+        assert_eq!((args.key.as_str(), args.delta), ("post:1", -1));
+        let Command::Add(args) = parse(&["add", "post:1"]).command else {
+            panic!("not add");
+        };
+        assert_eq!(args.delta, 1);
+        let Command::Add(args) = parse(&["add", "post:1", "-5", "--idempotency-key", "k1"]).command
+        else {
+            panic!("not add");
+        };
+        assert_eq!(
+            (args.delta, args.idempotency_key.as_deref()),
+            (-5, Some("k1"))
+        );
+    }
+
+    #[test]
+    fn global_options_go_before_or_after_the_command() {
+        let cli = parse(&["get", "k", "--json", "--endpoint", "10.0.0.1:7100"]);
+        assert!(cli.json);
+        assert_eq!(cli.endpoint, "10.0.0.1:7100");
+        let cli = parse(&["--json", "status"]);
+        assert!(cli.json && matches!(cli.command, Command::Status));
+    }
+
+    #[test]
+    fn bad_usage_is_refused() {
+        for args in [
+            &["add"][..],
+            &["add", "k", "one"],
+            &["bench", "--duration", "10"],
+        ] {
+            let argv = std::iter::once("tally").chain(args.iter().copied());
+            assert!(
+                Cli::try_parse_from(argv).is_err(),
+                "{args:?} should be refused"
+            );
+        }
+    }
+}

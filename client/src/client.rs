@@ -1,0 +1,425 @@
+//! [`Client`]: the calls a service makes to its region's Tally node.
+//!
+//! Each method validates its arguments, builds its request once, and sends it
+//! through the retry policy of [`crate::retry`], so every retry of an add
+//! carries the idempotency key its first attempt carried. Batch calls answer
+//! per item, in request order; an item that fails validation is not sent and
+//! gets its error in its place.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use prost::bytes::Bytes;
+use tally_proto::v1::{
+    add_result, admin_client::AdminClient, counters_client::CountersClient, get_result,
+    AddBatchRequest, AddRequest, AddResult, GetBatchRequest, GetRequest, GetResult, StatusRequest,
+    WatchRequest,
+};
+use tonic::transport::Channel;
+use tonic::{Response, Status};
+
+use crate::retry::RetryPolicy;
+use crate::types::{counter_from_proto, status_from_proto};
+use crate::validate::{validate_delta, validate_idempotency_key, validate_key};
+use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
+
+/// A connection to one Tally node.
+///
+/// Cloning is cheap (the clones share one HTTP/2 connection), and a `Client`
+/// can be used from many tasks at once. One connection carries many calls in
+/// parallel, but it has a throughput ceiling; a very busy service opens a few
+/// clients and spreads its calls over them.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use futures::StreamExt;
+/// use tally_client::{Client, ClientConfig};
+///
+/// # async fn demo() -> Result<(), tally_client::Error> {
+/// let client = Client::connect("http://127.0.0.1:7100").await?;
+///
+/// // Like a post. A retried add is applied once: it keeps its idempotency key.
+/// let outcome = client.add("post:42:likes", 1).await?;
+/// println!("now {}", outcome.value);
+///
+/// // Read it back, with how fresh each region's part is.
+/// let counter = client.get_with_breakdown("post:42:likes").await?;
+/// for region in &counter.regions {
+///     println!("{}: {} (synced {:?} ago)", region.region, region.value, region.since_last_sync);
+/// }
+///
+/// // Follow it live.
+/// let mut values = client.watch("post:42:likes").await?;
+/// while let Some(value) = values.next().await {
+///     println!("{}", tally_client::format_count(value?));
+/// }
+///
+/// // A more patient client.
+/// let _patient = ClientConfig::new()
+///     .with_deadline(Duration::from_secs(30))
+///     .with_max_retries(10)
+///     .connect("127.0.0.1:7100")
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Client {
+    counters: CountersClient<Channel>,
+    admin: AdminClient<Channel>,
+    policy: RetryPolicy,
+    endpoint: Arc<str>,
+}
+
+impl Client {
+    /// Connects to the node at `endpoint` with the default [`ClientConfig`].
+    ///
+    /// `endpoint` is `http://host:port` or just `host:port`. Fails with
+    /// [`Error::InvalidEndpoint`] if it cannot be parsed and with
+    /// [`Error::Connect`] if no connection opens within the connect timeout.
+    pub async fn connect(endpoint: impl Into<String>) -> Result<Client, Error> {
+        ClientConfig::default().connect(endpoint).await
+    }
+
+    pub(crate) fn from_channel(
+        channel: Channel,
+        config: &ClientConfig,
+        endpoint: String,
+    ) -> Client {
+        Client {
+            counters: CountersClient::new(channel.clone()),
+            admin: AdminClient::new(channel),
+            policy: config.retry_policy(),
+            endpoint: endpoint.into(),
+        }
+    }
+
+    /// The endpoint this client talks to, normalised (`http://host:port`).
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// Adds `delta` (non-zero; negative to subtract) to the counter `key`,
+    /// and returns the counter's new value on the node.
+    ///
+    /// The add gets a fresh idempotency key (a UUID v7) that all its retries
+    /// reuse, so it is applied at most once however often it is sent.
+    pub async fn add(&self, key: &str, delta: i64) -> Result<AddOutcome, Error> {
+        self.send_add(key, delta, new_idempotency_key()).await
+    }
+
+    /// Like [`Client::add`], with an idempotency key the caller chose (1 to
+    /// 128 bytes). Sending the same key, counter and delta again (after a
+    /// timeout, or from another process) is applied once; the repeat comes
+    /// back with [`AddOutcome::duplicate`] set.
+    pub async fn add_with_key(
+        &self,
+        key: &str,
+        delta: i64,
+        idempotency_key: &str,
+    ) -> Result<AddOutcome, Error> {
+        validate_idempotency_key(idempotency_key)?;
+        self.send_add(key, delta, idempotency_key.to_owned()).await
+    }
+
+    async fn send_add(
+        &self,
+        key: &str,
+        delta: i64,
+        idempotency_key: String,
+    ) -> Result<AddOutcome, Error> {
+        validate_key(key)?;
+        validate_delta(delta)?;
+        let request = AddRequest {
+            key: key_bytes(key),
+            delta,
+            idempotency_key,
+        };
+        let response = self
+            .policy
+            .run("add", |timeout| {
+                let mut counters = self.counters.clone();
+                let request = with_timeout(request.clone(), timeout);
+                async move { counters.add(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        Ok(response.into())
+    }
+
+    /// Adds to many counters in one request. Each `(key, delta)` gets its own
+    /// idempotency key and its own result, in the order given.
+    ///
+    /// The outer `Err` is a failure of the whole request (after retries); an
+    /// inner `Err` is one item's, such as [`Error::OutOfRange`]. Items are not
+    /// retried one by one.
+    pub async fn add_batch<K: AsRef<str>>(
+        &self,
+        adds: impl IntoIterator<Item = (K, i64)>,
+    ) -> Result<Vec<Result<AddOutcome, Error>>, Error> {
+        let items: Vec<Result<AddRequest, Error>> = adds
+            .into_iter()
+            .map(|(key, delta)| {
+                let key = key.as_ref();
+                validate_key(key)?;
+                validate_delta(delta)?;
+                Ok(AddRequest {
+                    key: key_bytes(key),
+                    delta,
+                    idempotency_key: new_idempotency_key(),
+                })
+            })
+            .collect();
+        let request = AddBatchRequest {
+            adds: items
+                .iter()
+                .filter_map(|item| item.as_ref().ok().cloned())
+                .collect(),
+        };
+        if request.adds.is_empty() {
+            return merge_batch(items, Vec::new(), add_result_outcome);
+        }
+        let response = self
+            .policy
+            .run("add_batch", |timeout| {
+                let mut counters = self.counters.clone();
+                let request = with_timeout(request.clone(), timeout);
+                async move { counters.add_batch(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        merge_batch(items, response.results, add_result_outcome)
+    }
+
+    /// Reads the counter `key` on the node: its own region's part is exact,
+    /// the other regions' parts are as fresh as the last sync. A counter never
+    /// written reads 0.
+    pub async fn get(&self, key: &str) -> Result<i64, Error> {
+        Ok(self.read(key, false).await?.value)
+    }
+
+    /// Reads the counter `key` with its per-region breakdown and how stale
+    /// each region's part may be.
+    pub async fn get_with_breakdown(&self, key: &str) -> Result<Counter, Error> {
+        self.read(key, true).await
+    }
+
+    async fn read(&self, key: &str, breakdown: bool) -> Result<Counter, Error> {
+        validate_key(key)?;
+        let request = GetRequest {
+            key: key_bytes(key),
+            breakdown,
+        };
+        let response = self
+            .policy
+            .run("get", |timeout| {
+                let mut counters = self.counters.clone();
+                let request = with_timeout(request.clone(), timeout);
+                async move { counters.get(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        Ok(counter_from_proto(key, response))
+    }
+
+    /// Reads many counters in one request; each gets its own result, in the
+    /// order given. The outer `Err` is a failure of the whole request.
+    pub async fn get_batch<K: AsRef<str>>(
+        &self,
+        keys: impl IntoIterator<Item = K>,
+    ) -> Result<Vec<Result<i64, Error>>, Error> {
+        let items: Vec<Result<GetRequest, Error>> = keys
+            .into_iter()
+            .map(|key| {
+                let key = key.as_ref();
+                validate_key(key)?;
+                Ok(GetRequest {
+                    key: key_bytes(key),
+                    breakdown: false,
+                })
+            })
+            .collect();
+        let request = GetBatchRequest {
+            gets: items
+                .iter()
+                .filter_map(|item| item.as_ref().ok().cloned())
+                .collect(),
+        };
+        if request.gets.is_empty() {
+            return merge_batch(items, Vec::new(), get_result_value);
+        }
+        let response = self
+            .policy
+            .run("get_batch", |timeout| {
+                let mut counters = self.counters.clone();
+                let request = with_timeout(request.clone(), timeout);
+                async move { counters.get_batch(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        merge_batch(items, response.results, get_result_value)
+    }
+
+    /// Follows the counter `key`: the stream yields its current value first,
+    /// then each new value as it changes (coalesced by the server to a few
+    /// updates a second).
+    ///
+    /// Opening the stream is retried like any call and bounded by the
+    /// deadline; the stream itself has no deadline. It ends when the server
+    /// ends it, or with one `Err` if the connection fails; watching again is
+    /// safe, since a new stream starts with the current value.
+    pub async fn watch(
+        &self,
+        key: &str,
+    ) -> Result<impl Stream<Item = Result<i64, Error>> + Send + Unpin + 'static, Error> {
+        validate_key(key)?;
+        let request = WatchRequest {
+            key: key_bytes(key),
+        };
+        let events = self
+            .policy
+            .run("watch", |timeout| {
+                let mut counters = self.counters.clone();
+                // No gRPC timeout on the request: it would end the stream.
+                let request = tonic::Request::new(request.clone());
+                async move {
+                    match tokio::time::timeout(timeout, counters.watch(request)).await {
+                        Ok(opened) => opened.map(Response::into_inner),
+                        Err(_elapsed) => Err(Status::deadline_exceeded(
+                            "the watch stream did not open in time",
+                        )),
+                    }
+                }
+            })
+            .await?;
+        Ok(events.map(|event| match event {
+            Ok(event) => Ok(event.value),
+            Err(status) => Err(Error::from_stream_status(&status)),
+        }))
+    }
+
+    /// Asks the node for the cluster's membership, each member's digest and
+    /// sync lag, and whether the cluster has converged.
+    pub async fn status(&self) -> Result<ClusterStatus, Error> {
+        let response = self
+            .policy
+            .run("status", |timeout| {
+                let mut admin = self.admin.clone();
+                let request = with_timeout(StatusRequest {}, timeout);
+                async move { admin.status(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        status_from_proto(response)
+    }
+}
+
+/// A fresh idempotency key: a UUID v7, time-ordered so that a server can
+/// expire old keys cheaply.
+fn new_idempotency_key() -> String {
+    uuid::Uuid::now_v7().to_string()
+}
+
+fn key_bytes(key: &str) -> Bytes {
+    Bytes::copy_from_slice(key.as_bytes())
+}
+
+/// Wraps a message in a request whose gRPC timeout is what remains of the
+/// call's deadline; tonic sends it to the server and enforces it here too.
+fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(timeout);
+    request
+}
+
+/// Puts a batch's answers back in the places of the items that were sent;
+/// items that failed validation keep their error.
+fn merge_batch<R, A, T>(
+    items: Vec<Result<R, Error>>,
+    answers: Vec<A>,
+    convert: impl Fn(A) -> Result<T, Error>,
+) -> Result<Vec<Result<T, Error>>, Error> {
+    let sent = items.iter().filter(|item| item.is_ok()).count();
+    if answers.len() != sent {
+        return Err(Error::Protocol(format!(
+            "sent {sent} batch items but got {} results",
+            answers.len()
+        )));
+    }
+    let mut answers = answers.into_iter();
+    Ok(items
+        .into_iter()
+        .map(|item| {
+            item.and_then(|_| match answers.next() {
+                Some(answer) => convert(answer),
+                None => Err(Error::Protocol("batch result missing".to_owned())),
+            })
+        })
+        .collect())
+}
+
+fn add_result_outcome(result: AddResult) -> Result<AddOutcome, Error> {
+    match result.outcome {
+        Some(add_result::Outcome::Ok(response)) => Ok(response.into()),
+        Some(add_result::Outcome::Error(error)) => Err(Error::from_item(error)),
+        None => Err(Error::Protocol(
+            "a batch result has neither a value nor an error".to_owned(),
+        )),
+    }
+}
+
+fn get_result_value(result: GetResult) -> Result<i64, Error> {
+    match result.outcome {
+        Some(get_result::Outcome::Ok(response)) => Ok(response.value),
+        Some(get_result::Outcome::Error(error)) => Err(Error::from_item(error)),
+        None => Err(Error::Protocol(
+            "a batch result has neither a value nor an error".to_owned(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tally_proto::v1::AddResponse;
+
+    #[test]
+    fn idempotency_keys_are_fresh_uuid_v7() {
+        let first = new_idempotency_key();
+        let second = new_idempotency_key();
+        assert_ne!(first, second);
+        let parsed = uuid::Uuid::parse_str(&first).unwrap();
+        assert_eq!(parsed.get_version_num(), 7);
+        assert!(first.len() <= crate::MAX_IDEMPOTENCY_KEY_BYTES);
+    }
+
+    #[test]
+    fn batch_answers_go_back_to_the_items_that_were_sent() {
+        let items = vec![
+            Ok(()),
+            Err(Error::InvalidArgument("empty key".to_owned())),
+            Ok(()),
+        ];
+        let answers = vec![
+            AddResult {
+                outcome: Some(add_result::Outcome::Ok(AddResponse {
+                    value: 5,
+                    duplicate: false,
+                })),
+            },
+            AddResult {
+                outcome: Some(add_result::Outcome::Error(tally_proto::v1::Error {
+                    code: tonic::Code::OutOfRange as i32,
+                    message: "overflow".to_owned(),
+                })),
+            },
+        ];
+        let merged = merge_batch(items, answers, add_result_outcome).unwrap();
+        assert_eq!(merged[0].as_ref().unwrap().value, 5);
+        assert!(matches!(merged[1], Err(Error::InvalidArgument(_))));
+        assert!(matches!(merged[2], Err(Error::OutOfRange(_))));
+    }
+
+    #[test]
+    fn batch_with_the_wrong_number_of_answers_is_a_protocol_error() {
+        let items: Vec<Result<(), Error>> = vec![Ok(()), Ok(())];
+        let merged = merge_batch(items, vec![AddResult { outcome: None }], add_result_outcome);
+        assert!(matches!(merged, Err(Error::Protocol(_))));
+    }
+}

@@ -1,0 +1,306 @@
+//! How a [`Client`] connects and how patiently it calls: deadlines, retries,
+//! backoff, and the normalisation of endpoint strings.
+//!
+//! A [`ClientConfig`] is a plain value built with `with_*` methods; it turns
+//! into a client with [`ClientConfig::connect`] or
+//! [`ClientConfig::connect_lazy`].
+
+use std::time::Duration;
+
+use tonic::transport::{Endpoint, Uri};
+
+use crate::retry::{Backoff, RetryPolicy};
+use crate::{Client, Error};
+
+/// Settings of a [`Client`]: the per-call deadline, the connect timeout, and
+/// the retry policy.
+///
+/// ```
+/// use std::time::Duration;
+/// let config = tally_client::ClientConfig::new()
+///     .with_deadline(Duration::from_secs(1))
+///     .with_max_retries(5);
+/// assert_eq!(config.max_retries(), 5);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    deadline: Duration,
+    connect_timeout: Duration,
+    max_retries: u32,
+    backoff_base: Duration,
+    backoff_max: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            deadline: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(3),
+            max_retries: 3,
+            backoff_base: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// The defaults: a 5 s deadline per call, a 3 s connect timeout, 3
+    /// retries, and a backoff starting at 20 ms, doubling, capped at 1 s.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the time one call may take, its retries and the waits between
+    /// them included. Each attempt is sent with the time that remains as its
+    /// gRPC timeout, so the server stops working on it too. A watch's deadline
+    /// bounds only the opening of the stream.
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// Sets how long opening a TCP connection to the node may take.
+    pub fn with_connect_timeout(mut self, connect_timeout: Duration) -> Self {
+        self.connect_timeout = connect_timeout;
+        self
+    }
+
+    /// Sets how many times a call that failed transiently is sent again
+    /// (0 turns retries off).
+    pub fn with_max_retries(mut self, max_retries: u32) -> Self {
+        self.max_retries = max_retries;
+        self
+    }
+
+    /// Sets the backoff's first step; the step doubles with each retry.
+    pub fn with_backoff_base(mut self, backoff_base: Duration) -> Self {
+        self.backoff_base = backoff_base;
+        self
+    }
+
+    /// Sets the cap on the backoff's step.
+    pub fn with_backoff_max(mut self, backoff_max: Duration) -> Self {
+        self.backoff_max = backoff_max;
+        self
+    }
+
+    /// The time one call may take, retries included.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// How long opening a connection may take.
+    pub fn connect_timeout(&self) -> Duration {
+        self.connect_timeout
+    }
+
+    /// How many times a transiently failed call is sent again.
+    pub fn max_retries(&self) -> u32 {
+        self.max_retries
+    }
+
+    /// The backoff's first step.
+    pub fn backoff_base(&self) -> Duration {
+        self.backoff_base
+    }
+
+    /// The cap on the backoff's step.
+    pub fn backoff_max(&self) -> Duration {
+        self.backoff_max
+    }
+
+    /// Connects to `endpoint` (`http://host:port`, or `host:port`) and fails
+    /// at once with [`Error::Connect`] if no connection can be opened within
+    /// the connect timeout. The client reconnects by itself later if the
+    /// connection drops.
+    pub async fn connect(&self, endpoint: impl Into<String>) -> Result<Client, Error> {
+        let uri = normalize_endpoint(&endpoint.into())?;
+        let channel = self
+            .tonic_endpoint(&uri)?
+            .connect()
+            .await
+            .map_err(|error| Error::Connect {
+                endpoint: uri.clone(),
+                message: error_chain(&error),
+            })?;
+        Ok(Client::from_channel(channel, self, uri))
+    }
+
+    /// Makes a client for `endpoint` without connecting: the connection is
+    /// opened by the first call (and a node that is down then shows up as
+    /// [`Error::Unavailable`] after the retries). Fails only on an invalid
+    /// endpoint. Useful when the client starts before the node.
+    pub fn connect_lazy(&self, endpoint: impl Into<String>) -> Result<Client, Error> {
+        let uri = normalize_endpoint(&endpoint.into())?;
+        let channel = self.tonic_endpoint(&uri)?.connect_lazy();
+        Ok(Client::from_channel(channel, self, uri))
+    }
+
+    /// The retry policy of every call but a watch's stream.
+    pub(crate) fn retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            max_retries: self.max_retries,
+            backoff: Backoff {
+                base: self.backoff_base,
+                max: self.backoff_max,
+            },
+            deadline: self.deadline,
+        }
+    }
+
+    fn tonic_endpoint(&self, uri: &str) -> Result<Endpoint, Error> {
+        let endpoint =
+            Endpoint::from_shared(uri.to_owned()).map_err(|error| Error::InvalidEndpoint {
+                endpoint: uri.to_owned(),
+                reason: error_chain(&error),
+            })?;
+        // No `Endpoint::timeout`: the deadline travels with each request as
+        // its gRPC timeout, which tonic also enforces on this side, and a
+        // channel-wide timeout would cut watch streams. The keep-alive pings
+        // notice a dead connection under a quiet watch.
+        Ok(endpoint
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(10)))
+    }
+}
+
+/// Turns what a person types into the URI tonic wants: `host:port` gets an
+/// `http://` scheme; `http://host:port` (trailing `/` allowed) is kept.
+/// `https://` is refused because this build has no TLS, and so is a path,
+/// which gRPC would ignore.
+pub(crate) fn normalize_endpoint(endpoint: &str) -> Result<String, Error> {
+    let invalid = |reason: String| Error::InvalidEndpoint {
+        endpoint: endpoint.to_owned(),
+        reason,
+    };
+    let trimmed = endpoint.trim();
+    if trimmed.is_empty() {
+        return Err(invalid(
+            "it is empty; give host:port, e.g. http://127.0.0.1:7100".to_owned(),
+        ));
+    }
+    let authority = match trimmed.split_once("://") {
+        None => trimmed,
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
+        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
+            return Err(invalid(
+                "https is not supported by this client; use http://host:port".to_owned(),
+            ))
+        }
+        Some((scheme, _)) => {
+            return Err(invalid(format!(
+                "unsupported scheme {scheme:?}; use http://host:port"
+            )))
+        }
+    };
+    let authority = authority.trim_end_matches('/');
+    if authority.is_empty() {
+        return Err(invalid("it names no host; use host:port".to_owned()));
+    }
+    let uri = format!("http://{authority}");
+    let parsed: Uri = uri
+        .parse()
+        .map_err(|error| invalid(format!("not a valid address ({error}); use host:port")))?;
+    match parsed.host() {
+        Some(host) if !host.is_empty() => {}
+        _ => return Err(invalid("it names no host; use host:port".to_owned())),
+    }
+    // http::Uri accepts any text after the host's colon; a port must be a number.
+    let after_host = authority
+        .rsplit_once(']')
+        .map_or(authority, |(_, tail)| tail);
+    if after_host.contains(':') && parsed.port_u16().is_none() {
+        return Err(invalid(
+            "the port is not a number from 0 to 65535; use host:port".to_owned(),
+        ));
+    }
+    if !matches!(parsed.path(), "" | "/") || parsed.query().is_some() {
+        return Err(invalid(
+            "a path or query is not allowed; use http://host:port".to_owned(),
+        ));
+    }
+    Ok(uri)
+}
+
+/// An error and its sources on one line ("transport error: tcp connect
+/// error: Connection refused (os error 111)").
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        crate::error::append_unique(&mut message, &inner.to_string());
+        source = inner.source();
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[track_caller]
+    fn assert_normalized(input: &str, expected: &str) {
+        assert_eq!(
+            normalize_endpoint(input).unwrap(),
+            expected,
+            "input {input:?}"
+        );
+    }
+
+    #[track_caller]
+    fn assert_rejected(input: &str, needle: &str) {
+        match normalize_endpoint(input) {
+            Err(Error::InvalidEndpoint { endpoint, reason }) => {
+                assert_eq!(endpoint, input);
+                assert!(
+                    reason.contains(needle),
+                    "reason {reason:?} lacks {needle:?}"
+                );
+            }
+            other => panic!("expected InvalidEndpoint for {input:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn host_and_port_without_scheme_get_http() {
+        assert_normalized("127.0.0.1:7100", "http://127.0.0.1:7100");
+        assert_normalized("localhost:7100", "http://localhost:7100");
+        assert_normalized("[::1]:7100", "http://[::1]:7100");
+        assert_normalized(
+            "  tally.eu-west.internal:7100 ",
+            "http://tally.eu-west.internal:7100",
+        );
+    }
+
+    #[test]
+    fn http_endpoints_are_kept() {
+        assert_normalized("http://127.0.0.1:7100", "http://127.0.0.1:7100");
+        assert_normalized("http://127.0.0.1:7100/", "http://127.0.0.1:7100");
+        assert_normalized("HTTP://node-1:7100", "http://node-1:7100");
+    }
+
+    #[test]
+    fn unusable_endpoints_are_rejected_with_a_reason() {
+        assert_rejected("", "empty");
+        assert_rejected("   ", "empty");
+        assert_rejected("https://node:7100", "https is not supported");
+        assert_rejected("ftp://node:7100", "unsupported scheme");
+        assert_rejected("http://", "host");
+        assert_rejected("http://node:7100/tally", "path");
+        assert_rejected("node:notaport", "port is not a number");
+        assert_rejected("node:70000", "port is not a number");
+        assert_rejected("no de:7100", "not a valid address");
+    }
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let config = ClientConfig::default();
+        assert_eq!(config.deadline(), Duration::from_secs(5));
+        assert_eq!(config.max_retries(), 3);
+        assert_eq!(config.backoff_base(), Duration::from_millis(20));
+        let policy = config.retry_policy();
+        assert_eq!(policy.backoff.max, Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,49 @@
+//! The Rust client library for Tally, the geo-replicated counter service.
+//!
+//! A [`Client`] talks gRPC to one Tally region node (normally the one in the
+//! caller's own region). It adds to counters, reads them (optionally with their
+//! per-region breakdown), watches them change, and asks a node for the
+//! cluster's membership.
+//!
+//! What the client guarantees:
+//!
+//! - Every add carries an idempotency key (a UUID v7, or one the caller gives)
+//!   that is generated once per logical add and reused by all of its retries,
+//!   so a retried add is applied at most once (DESIGN.md, invariant 5).
+//! - Only transient failures are retried (see [`Error::is_transient`]), with
+//!   exponential backoff and jitter, and never past the call's deadline
+//!   ([`ClientConfig`]).
+//! - Keys and deltas are checked before anything is sent; a bad one fails with
+//!   [`Error::InvalidArgument`] and a message that says what to fix.
+//!
+//! [`format_count`] renders a count the way a page shows it ("40.2K").
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), tally_client::Error> {
+//! let client = tally_client::Client::connect("127.0.0.1:7100").await?;
+//! let outcome = client.add("post:42:likes", 1).await?;
+//! println!("{} likes", tally_client::format_count(outcome.value));
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+
+mod client;
+mod config;
+mod error;
+mod format;
+mod retry;
+mod types;
+mod validate;
+
+pub use client::Client;
+pub use config::ClientConfig;
+pub use error::Error;
+pub use format::format_count;
+pub use types::{AddOutcome, ClusterStatus, Counter, Member, RegionValue};
+pub use validate::{validate_key, MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES};
+
+/// The gRPC status code carried by [`Error::code`], re-exported from tonic so
+/// that callers need not depend on tonic themselves.
+pub use tonic::Code;

@@ -1,0 +1,299 @@
+//! The plain values the client hands back, and their conversion from the
+//! generated protobuf types (done here, once, so no prost type appears in the
+//! public API).
+//!
+//! Every value is `Serialize`/`Deserialize` for the CLI's `--json` output.
+//! In JSON, 64-bit ids and digests are 16-digit lowercase hex strings (a JSON
+//! number loses precision past 2^53) and durations are whole milliseconds in a
+//! field whose name ends in `_ms` (`null` when absent).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tally_proto::v1 as proto;
+
+use crate::Error;
+
+/// The answer to an add.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddOutcome {
+    /// The counter's value on the answering node right after the add.
+    pub value: i64,
+    /// True when the server had already applied an add with this idempotency
+    /// key: nothing was added now, and `value` is the one the first add got.
+    pub duplicate: bool,
+}
+
+/// A counter read with its per-region breakdown.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counter {
+    /// The counter's key.
+    pub key: String,
+    /// The counter's value: the sum of the regions' values.
+    pub value: i64,
+    /// One entry per region that ever wrote the counter.
+    pub regions: Vec<RegionValue>,
+}
+
+/// One region's part of a counter, as the answering node knows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionValue {
+    /// The region's name.
+    pub region: String,
+    /// The region's contribution: its increments minus its decrements.
+    pub value: i64,
+    /// The sum of the region's increments.
+    pub increments: u64,
+    /// The sum of the region's decrements (a positive number).
+    pub decrements: u64,
+    /// True for the answering node's own region, whose part is exact.
+    pub local: bool,
+    /// Time since the answering node last synced with a node of this region:
+    /// how stale this part may be. `None` for the local region and for a
+    /// region never synced with. JSON: `since_last_sync_ms`.
+    #[serde(rename = "since_last_sync_ms", with = "optional_millis")]
+    pub since_last_sync: Option<Duration>,
+}
+
+/// The cluster as one node sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The cluster's name; nodes of other clusters are refused.
+    pub cluster_id: String,
+    /// The node that answered.
+    pub node: Member,
+    /// Every other member the answering node knows of, alive or not.
+    pub members: Vec<Member>,
+    /// True when every live member publishes the same digest of its state:
+    /// the cluster has converged.
+    pub converged: bool,
+}
+
+impl ClusterStatus {
+    /// The answering node first, then the other members.
+    pub fn all_members(&self) -> impl Iterator<Item = &Member> {
+        std::iter::once(&self.node).chain(&self.members)
+    }
+}
+
+/// One node of the cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    /// The region the node belongs to.
+    pub region: String,
+    /// The node's name.
+    pub node_name: String,
+    /// The node's replica id (new whenever its data directory is new).
+    /// JSON: 16 hex digits.
+    #[serde(with = "hex_u64")]
+    pub replica: u64,
+    /// Where the node serves gRPC.
+    pub grpc_addr: String,
+    /// Where the node gossips membership.
+    pub gossip_addr: String,
+    /// Whether the failure detector holds the node alive.
+    pub alive: bool,
+    /// The node's published digest of its durable state. JSON: 16 hex digits.
+    #[serde(with = "hex_u64")]
+    pub digest: u64,
+    /// The node's published durable sequence number.
+    pub durable_seq: u64,
+    /// Time since the answering node last completed a pull from this member;
+    /// `None` if never (and for the answering node itself). JSON:
+    /// `since_last_sync_ms`.
+    #[serde(rename = "since_last_sync_ms", with = "optional_millis")]
+    pub since_last_sync: Option<Duration>,
+    /// How many sequence numbers the answering node's watermark for this
+    /// member trails the member's durable sequence.
+    pub seq_lag: u64,
+}
+
+impl Member {
+    /// The replica id as 16 lowercase hex digits, as logs and the CLI show it.
+    pub fn replica_hex(&self) -> String {
+        format!("{:016x}", self.replica)
+    }
+
+    /// The digest as 16 lowercase hex digits.
+    pub fn digest_hex(&self) -> String {
+        format!("{:016x}", self.digest)
+    }
+}
+
+impl From<proto::AddResponse> for AddOutcome {
+    fn from(response: proto::AddResponse) -> Self {
+        AddOutcome {
+            value: response.value,
+            duplicate: response.duplicate,
+        }
+    }
+}
+
+/// Builds a [`Counter`] from the answer to a read of `key` (the key asked
+/// for is used rather than the echoed bytes, which are the same).
+pub(crate) fn counter_from_proto(key: &str, response: proto::GetResponse) -> Counter {
+    Counter {
+        key: key.to_owned(),
+        value: response.value,
+        regions: response
+            .regions
+            .into_iter()
+            .map(region_from_proto)
+            .collect(),
+    }
+}
+
+fn region_from_proto(region: proto::RegionValue) -> RegionValue {
+    RegionValue {
+        region: region.region,
+        value: region.value,
+        increments: region.increments,
+        decrements: region.decrements,
+        local: region.local,
+        since_last_sync: region.since_last_sync_ms.map(Duration::from_millis),
+    }
+}
+
+pub(crate) fn status_from_proto(response: proto::StatusResponse) -> Result<ClusterStatus, Error> {
+    let node = response.self_.ok_or_else(|| {
+        Error::Protocol("the status answer does not describe the answering node".to_owned())
+    })?;
+    Ok(ClusterStatus {
+        cluster_id: response.cluster_id,
+        node: member_from_proto(node),
+        members: response
+            .members
+            .into_iter()
+            .map(member_from_proto)
+            .collect(),
+        converged: response.converged,
+    })
+}
+
+fn member_from_proto(member: proto::Member) -> Member {
+    Member {
+        region: member.region,
+        node_name: member.node_name,
+        replica: member.replica,
+        grpc_addr: member.grpc_addr,
+        gossip_addr: member.gossip_addr,
+        alive: member.alive,
+        digest: member.digest,
+        durable_seq: member.durable_seq,
+        since_last_sync: member.since_last_sync_ms.map(Duration::from_millis),
+        seq_lag: member.seq_lag,
+    }
+}
+
+/// `Option<Duration>` as whole milliseconds, or `null`.
+mod optional_millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(duration) => {
+                let millis = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+                serializer.serialize_some(&millis)
+            }
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(deserializer)?.map(Duration::from_millis))
+    }
+}
+
+/// `u64` as 16 lowercase hex digits.
+mod hex_u64 {
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format!("{value:016x}"))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        u64::from_str_radix(&text, 16)
+            .map_err(|error| D::Error::custom(format!("{text:?} is not a hex u64: {error}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proto_member(name: &str, replica: u64) -> proto::Member {
+        proto::Member {
+            region: "eu-west".to_owned(),
+            node_name: name.to_owned(),
+            replica,
+            grpc_addr: "10.0.0.1:7100".to_owned(),
+            alive: true,
+            digest: 0xdead_beef,
+            durable_seq: 42,
+            since_last_sync_ms: Some(1500),
+            seq_lag: 3,
+            gossip_addr: "10.0.0.1:7200".to_owned(),
+        }
+    }
+
+    #[test]
+    fn status_maps_every_field_and_puts_the_answering_node_first() {
+        let status = status_from_proto(proto::StatusResponse {
+            self_: Some(proto_member("n1", 1)),
+            members: vec![proto_member("n2", u64::MAX)],
+            converged: true,
+            cluster_id: "prod".to_owned(),
+        })
+        .unwrap();
+        let names: Vec<_> = status.all_members().map(|m| m.node_name.as_str()).collect();
+        assert_eq!(names, ["n1", "n2"]);
+        assert_eq!(
+            status.members[0].since_last_sync,
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(status.members[0].replica_hex(), "ffffffffffffffff");
+        assert_eq!(status.node.digest_hex(), "00000000deadbeef");
+        assert!(status.converged);
+    }
+
+    #[test]
+    fn status_without_the_answering_node_is_a_protocol_error() {
+        let result = status_from_proto(proto::StatusResponse::default());
+        assert!(matches!(result, Err(Error::Protocol(_))));
+    }
+
+    #[test]
+    fn json_uses_hex_ids_and_millisecond_durations_and_round_trips() {
+        let member = member_from_proto(proto_member("n1", u64::MAX));
+        let json = serde_json::to_value(&member).unwrap();
+        assert_eq!(json["replica"], "ffffffffffffffff");
+        assert_eq!(json["digest"], "00000000deadbeef");
+        assert_eq!(json["since_last_sync_ms"], 1500);
+        let back: Member = serde_json::from_value(json).unwrap();
+        assert_eq!(back, member);
+    }
+
+    #[test]
+    fn region_without_a_sync_serializes_null() {
+        let region = region_from_proto(proto::RegionValue {
+            region: "us-east".to_owned(),
+            value: -5,
+            increments: 10,
+            decrements: 15,
+            local: true,
+            since_last_sync_ms: None,
+        });
+        let json = serde_json::to_value(&region).unwrap();
+        assert_eq!(json["since_last_sync_ms"], serde_json::Value::Null);
+        assert_eq!(json["value"], -5);
+    }
+}

@@ -1,0 +1,301 @@
+//! A fake Tally node for tests: the generated `Counters` and `Admin` services
+//! over an in-memory map, served by tonic on 127.0.0.1 with a free port.
+//!
+//! It applies adds like the real node (an idempotency key seen before returns
+//! the first answer with `duplicate` set), records every idempotency key it
+//! receives, and can be told to fail the next N adds with a given code or to
+//! answer slowly, so tests can watch the client's retries from the server's
+//! side.
+
+// Each test file uses a different part of this module.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tally_proto::v1::admin_server::{Admin, AdminServer};
+use tally_proto::v1::counters_server::{Counters, CountersServer};
+use tally_proto::v1::{
+    add_result, get_result, AddBatchRequest, AddBatchResponse, AddRequest, AddResponse, AddResult,
+    GetBatchRequest, GetBatchResponse, GetRequest, GetResponse, GetResult, Member, StatusRequest,
+    StatusResponse, WatchEvent, WatchRequest,
+};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic::{Code, Request, Response, Status};
+
+/// What the fake has been told and what it has seen.
+#[derive(Debug, Default)]
+pub struct FakeState {
+    /// Counter values by key.
+    pub values: HashMap<String, i64>,
+    /// The answer given to each idempotency key applied so far.
+    pub applied: HashMap<String, AddResponse>,
+    /// Every idempotency key received by `Add` and `AddBatch`, in order
+    /// (one entry per item per request, failed requests included).
+    pub seen_keys: Vec<String>,
+    /// How many `Add`/`AddBatch` requests arrived.
+    pub add_requests: u32,
+    /// Fail this many more `Add`/`AddBatch` requests with `fail_code`.
+    pub fail_next_adds: u32,
+    /// The code of injected failures.
+    pub fail_code: Option<Code>,
+    /// Wait this long before answering an add.
+    pub add_delay: Duration,
+}
+
+/// The services' shared state.
+#[derive(Debug, Default)]
+pub struct FakeNode {
+    state: Mutex<FakeState>,
+}
+
+impl FakeNode {
+    /// Locks the state, to set up failures or read what was seen.
+    pub fn state(&self) -> MutexGuard<'_, FakeState> {
+        self.state.lock().unwrap()
+    }
+
+    /// Makes the next `count` add requests fail with `code`.
+    pub fn fail_next_adds(&self, count: u32, code: Code) {
+        let mut state = self.state();
+        state.fail_next_adds = count;
+        state.fail_code = Some(code);
+    }
+
+    /// The idempotency keys received so far.
+    pub fn seen_keys(&self) -> Vec<String> {
+        self.state().seen_keys.clone()
+    }
+
+    /// How many add requests arrived.
+    pub fn add_requests(&self) -> u32 {
+        self.state().add_requests
+    }
+
+    /// Records a request's keys, and fails it if told to.
+    async fn admit_add(&self, keys: impl IntoIterator<Item = String>) -> Result<(), Status> {
+        let delay = {
+            let mut state = self.state();
+            state.add_requests += 1;
+            state.seen_keys.extend(keys);
+            if state.fail_next_adds > 0 {
+                state.fail_next_adds -= 1;
+                let code = state.fail_code.unwrap_or(Code::Unavailable);
+                return Err(Status::new(code, "injected failure"));
+            }
+            state.add_delay
+        };
+        tokio::time::sleep(delay).await;
+        Ok(())
+    }
+
+    fn apply(&self, request: &AddRequest) -> Result<AddResponse, Status> {
+        let key = key_text(&request.key)?;
+        if request.delta == 0 {
+            return Err(Status::invalid_argument("delta is 0"));
+        }
+        let mut state = self.state();
+        if let Some(first) = state.applied.get(&request.idempotency_key) {
+            return Ok(AddResponse {
+                duplicate: true,
+                ..*first
+            });
+        }
+        let value = state.values.entry(key).or_default();
+        *value = value
+            .checked_add(request.delta)
+            .ok_or_else(|| Status::out_of_range("the counter would leave the i64 range"))?;
+        let response = AddResponse {
+            value: *value,
+            duplicate: false,
+        };
+        if !request.idempotency_key.is_empty() {
+            state
+                .applied
+                .insert(request.idempotency_key.clone(), response);
+        }
+        Ok(response)
+    }
+
+    fn read(&self, key: &[u8]) -> Result<GetResponse, Status> {
+        let text = key_text(key)?;
+        let value = self.state().values.get(&text).copied().unwrap_or(0);
+        Ok(GetResponse {
+            key: key.to_vec().into(),
+            value,
+            regions: Vec::new(),
+        })
+    }
+}
+
+fn key_text(key: &[u8]) -> Result<String, Status> {
+    String::from_utf8(key.to_vec())
+        .map_err(|_| Status::invalid_argument("the key is not UTF-8"))
+        .and_then(|key| {
+            if key.is_empty() {
+                Err(Status::invalid_argument("the key is empty"))
+            } else {
+                Ok(key)
+            }
+        })
+}
+
+fn item_error(status: Status) -> tally_proto::v1::Error {
+    tally_proto::v1::Error {
+        code: status.code() as i32,
+        message: status.message().to_owned(),
+    }
+}
+
+#[tonic::async_trait]
+impl Counters for FakeNode {
+    async fn add(&self, request: Request<AddRequest>) -> Result<Response<AddResponse>, Status> {
+        let request = request.into_inner();
+        self.admit_add([request.idempotency_key.clone()]).await?;
+        self.apply(&request).map(Response::new)
+    }
+
+    async fn add_batch(
+        &self,
+        request: Request<AddBatchRequest>,
+    ) -> Result<Response<AddBatchResponse>, Status> {
+        let request = request.into_inner();
+        self.admit_add(request.adds.iter().map(|add| add.idempotency_key.clone()))
+            .await?;
+        let results = request
+            .adds
+            .iter()
+            .map(|add| AddResult {
+                outcome: Some(match self.apply(add) {
+                    Ok(response) => add_result::Outcome::Ok(response),
+                    Err(status) => add_result::Outcome::Error(item_error(status)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(AddBatchResponse { results }))
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        self.read(&request.into_inner().key).map(Response::new)
+    }
+
+    async fn get_batch(
+        &self,
+        request: Request<GetBatchRequest>,
+    ) -> Result<Response<GetBatchResponse>, Status> {
+        let results = request
+            .into_inner()
+            .gets
+            .iter()
+            .map(|get| GetResult {
+                outcome: Some(match self.read(&get.key) {
+                    Ok(response) => get_result::Outcome::Ok(response),
+                    Err(status) => get_result::Outcome::Error(item_error(status)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(GetBatchResponse { results }))
+    }
+
+    type WatchStream = tokio_stream::Iter<std::vec::IntoIter<Result<WatchEvent, Status>>>;
+
+    /// Sends the current value, then the value plus one and plus two, then
+    /// ends the stream.
+    async fn watch(
+        &self,
+        request: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let current = self.read(&request.into_inner().key)?;
+        let events: Vec<_> = (0..3)
+            .map(|step| {
+                Ok(WatchEvent {
+                    key: current.key.clone(),
+                    value: current.value + step,
+                })
+            })
+            .collect();
+        Ok(Response::new(tokio_stream::iter(events)))
+    }
+}
+
+/// A fixed two-member cluster.
+#[tonic::async_trait]
+impl Admin for FakeNode {
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let member = |name: &str, replica: u64, since_last_sync_ms| Member {
+            region: "eu-west".to_owned(),
+            node_name: name.to_owned(),
+            replica,
+            grpc_addr: "127.0.0.1:7100".to_owned(),
+            alive: true,
+            digest: 0xfeed,
+            durable_seq: 10,
+            since_last_sync_ms,
+            seq_lag: 0,
+            gossip_addr: "127.0.0.1:7200".to_owned(),
+        };
+        Ok(Response::new(StatusResponse {
+            self_: Some(member("n1", 1, None)),
+            members: vec![member("n2", u64::MAX, Some(250))],
+            converged: true,
+            cluster_id: "fake".to_owned(),
+        }))
+    }
+}
+
+/// A running fake node.
+pub struct FakeServerHandle {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// Its state.
+    pub node: Arc<FakeNode>,
+    shutdown_tx: oneshot::Sender<()>,
+}
+
+impl FakeServerHandle {
+    /// `http://127.0.0.1:PORT`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving.
+    pub fn shutdown(self) {
+        let _ = self.shutdown_tx.send(());
+    }
+}
+
+/// Starts a fake node on 127.0.0.1 with a free port.
+pub async fn spawn_fake_server() -> FakeServerHandle {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = Arc::new(FakeNode::default());
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let server = Server::builder()
+        .add_service(CountersServer::from_arc(Arc::clone(&node)))
+        .add_service(AdminServer::from_arc(Arc::clone(&node)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = shutdown_rx.await;
+        });
+    tokio::spawn(server);
+    FakeServerHandle {
+        addr,
+        node,
+        shutdown_tx,
+    }
+}
+
+/// An address on which nothing listens (a port that was just free).
+pub async fn unused_endpoint() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
