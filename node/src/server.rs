@@ -68,6 +68,8 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         idempotency_ttl_ms: settings.idempotency_ttl.as_millis() as u64,
         idempotency_capacity: settings.idempotency_capacity,
         sync_interval_ms: settings.sync_interval.as_millis() as u64,
+        #[cfg(feature = "planted-bugs")]
+        planted_bug: None,
     };
     let engine =
         Engine::open(store, replica_config, settings.durability, metrics).with_context(|| {

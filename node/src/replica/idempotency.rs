@@ -4,8 +4,13 @@
 //! applied once. Records are kept for a time-to-live (default 24 h) and at most
 //! `capacity` of them (the oldest go first), and they are written to disk in the
 //! same commit as the add they describe, so a crash never splits them.
+//!
+//! On disk, the records of one commit form one *segment* keyed by the commit's
+//! sequence: one store write per commit, however many keyed adds it holds, and
+//! appended in order (a random key per record made the store copy a leaf per
+//! add). A segment is deleted once every record in it is forgotten.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::crdt::stable_hash;
 
@@ -23,12 +28,22 @@ pub fn request_fingerprint(counter: &str, delta: i64) -> u64 {
     stable_hash(0x6670, &[counter.as_bytes(), &delta.to_le_bytes()])
 }
 
+/// A remembered record and the segment (commit) that holds it on disk; 0
+/// while it waits for its commit.
+#[derive(Debug)]
+struct Entry {
+    record: IdempotencyRecord,
+    segment: u64,
+}
+
 /// Remembered keyed adds, bounded in time and in count.
 #[derive(Debug)]
 pub struct IdempotencyTable {
-    records: HashMap<u128, IdempotencyRecord>,
+    records: HashMap<u128, Entry>,
     /// Record ids in the order they expire.
     expiry: VecDeque<(u64, u128)>,
+    /// Records still remembered per segment.
+    segments: BTreeMap<u64, usize>,
     ttl_ms: u64,
     capacity: usize,
 }
@@ -39,26 +54,29 @@ impl IdempotencyTable {
         IdempotencyTable {
             records: HashMap::new(),
             expiry: VecDeque::new(),
+            segments: BTreeMap::new(),
             ttl_ms,
             capacity: capacity.max(1),
         }
     }
 
-    /// The table with the records recovered from disk, expired ones dropped.
+    /// The table with the records recovered from disk (with their segments),
+    /// expired ones dropped.
     pub fn recovered(
         ttl_ms: u64,
         capacity: usize,
-        mut records: Vec<IdempotencyRecord>,
+        mut records: Vec<(u64, IdempotencyRecord)>,
         now_ms: u64,
     ) -> Self {
         let mut table = Self::new(ttl_ms, capacity);
-        records.sort_by_key(|record| record.expires_at_ms);
-        for record in records
+        records.sort_by_key(|(_, record)| record.expires_at_ms);
+        for (segment, record) in records
             .into_iter()
-            .filter(|record| record.expires_at_ms > now_ms)
+            .filter(|(_, record)| record.expires_at_ms > now_ms)
         {
             table.expiry.push_back((record.expires_at_ms, record.id));
-            table.records.insert(record.id, record);
+            *table.segments.entry(segment).or_default() += 1;
+            table.records.insert(record.id, Entry { record, segment });
         }
         table
     }
@@ -67,6 +85,7 @@ impl IdempotencyTable {
     pub fn get(&self, id: u128, now_ms: u64) -> Option<&IdempotencyRecord> {
         self.records
             .get(&id)
+            .map(|entry| &entry.record)
             .filter(|record| record.expires_at_ms > now_ms)
     }
 
@@ -87,30 +106,75 @@ impl IdempotencyTable {
             expires_at_ms: now_ms.saturating_add(self.ttl_ms),
         };
         self.expiry.push_back((record.expires_at_ms, id));
-        self.records.insert(id, record.clone());
+        let replaced = self.records.insert(
+            id,
+            Entry {
+                record: record.clone(),
+                segment: 0,
+            },
+        );
+        if let Some(old) = replaced {
+            self.release(old.segment, &mut Vec::new());
+        }
         record
     }
 
+    /// The records of `ids` are written in the commit (segment) `seq`.
+    pub fn assign_segment(&mut self, seq: u64, ids: impl Iterator<Item = u128>) {
+        for id in ids {
+            if let Some(entry) = self.records.get_mut(&id) {
+                entry.segment = seq;
+                *self.segments.entry(seq).or_default() += 1;
+            }
+        }
+    }
+
+    /// The commit `seq` failed: its records wait for the next one.
+    pub fn unassign_segment(&mut self, seq: u64) {
+        if self.segments.remove(&seq).is_some() {
+            for entry in self
+                .records
+                .values_mut()
+                .filter(|entry| entry.segment == seq)
+            {
+                entry.segment = 0;
+            }
+        }
+    }
+
+    fn release(&mut self, segment: u64, emptied: &mut Vec<u64>) {
+        if segment == 0 {
+            return;
+        }
+        if let Some(count) = self.segments.get_mut(&segment) {
+            *count -= 1;
+            if *count == 0 {
+                self.segments.remove(&segment);
+                emptied.push(segment);
+            }
+        }
+    }
+
     /// Forgets expired records and, past the capacity, the oldest ones.
-    /// Returns the ids to delete from disk.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<u128> {
-        let mut forgotten = Vec::new();
+    /// Returns the segments left empty, to delete from disk.
+    pub fn expire(&mut self, now_ms: u64) -> Vec<u64> {
+        let mut emptied = Vec::new();
         while let Some(&(expires_at, id)) = self.expiry.front() {
             if expires_at > now_ms && self.records.len() <= self.capacity {
                 break;
             }
             self.expiry.pop_front();
             // A record replaced by a newer one with the same id keeps its newer expiry.
-            if self
+            let current = self
                 .records
                 .get(&id)
-                .is_some_and(|record| record.expires_at_ms == expires_at)
-            {
-                self.records.remove(&id);
-                forgotten.push(id);
+                .is_some_and(|entry| entry.record.expires_at_ms == expires_at);
+            if current {
+                let entry = self.records.remove(&id).expect("checked above");
+                self.release(entry.segment, &mut emptied);
             }
         }
-        forgotten
+        emptied
     }
 
     /// How many records are remembered.
@@ -133,9 +197,10 @@ mod tests {
         let mut table = IdempotencyTable::new(1_000, 10);
         let id = idempotency_id("retry-1");
         table.insert(id, 1, 5, 1, 0);
+        table.assign_segment(1, [id].into_iter());
         assert_eq!(table.get(id, 999).map(|r| r.value), Some(5));
         assert!(table.get(id, 1_000).is_none());
-        assert_eq!(table.expire(1_000), vec![id]);
+        assert_eq!(table.expire(1_000), vec![1], "the segment is emptied");
         assert!(table.is_empty());
     }
 
@@ -146,7 +211,12 @@ mod tests {
         for (at, id) in ids.iter().enumerate() {
             table.insert(*id, 0, 0, 1, at as u64);
         }
-        assert_eq!(table.expire(10), vec![ids[0]]);
+        table.assign_segment(4, ids[..2].iter().copied());
+        table.assign_segment(5, ids[2..].iter().copied());
+        assert!(
+            table.expire(10).is_empty(),
+            "segment 4 still holds a record"
+        );
         assert_eq!(table.len(), 2);
         assert!(table.get(ids[2], 10).is_some());
     }
@@ -167,9 +237,19 @@ mod tests {
             seq: 1,
             expires_at_ms: 5,
         };
-        let table = IdempotencyTable::recovered(100, 10, vec![live, dead], 10);
+        let table = IdempotencyTable::recovered(100, 10, vec![(3, live), (2, dead)], 10);
         assert_eq!(table.len(), 1);
         assert!(table.get(1, 10).is_some());
+    }
+
+    #[test]
+    fn a_failed_commit_returns_its_records_to_the_next_segment() {
+        let mut table = IdempotencyTable::new(1_000, 10);
+        table.insert(9, 0, 0, 1, 0);
+        table.assign_segment(1, [9].into_iter());
+        table.unassign_segment(1);
+        table.assign_segment(2, [9].into_iter());
+        assert_eq!(table.expire(5_000), vec![2]);
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod sync;
 mod types;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::crdt::{AddError, PnCounter, ReplicaId, StateDigest};
 
@@ -48,6 +49,26 @@ pub struct ReplicaConfig {
     pub idempotency_capacity: usize,
     /// The anti-entropy round interval.
     pub sync_interval_ms: u64,
+    /// A bug planted on purpose, for the simulator's checker tests.
+    #[cfg(feature = "planted-bugs")]
+    pub planted_bug: Option<PlantedBug>,
+}
+
+/// Bugs that a test build can plant in the core, to show that the simulator's
+/// checker catches them. Compiled only with the `planted-bugs` feature.
+#[cfg(feature = "planted-bugs")]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum PlantedBug {
+    /// Pulls are served the live (possibly not durable) state of cached counters.
+    ServeLiveState,
+    /// The replica id comes from the region name, so a wiped node takes its old id back.
+    ReuseReplicaIdAfterWipe,
+    /// A merge adds the incoming slots to ours instead of taking the max.
+    MergeByAddition,
+    /// A keyed add skips the idempotency lookup, so a retry applies again.
+    ApplyRetryTwice,
+    /// An increment raises `n` and a decrement raises `p`.
+    SwapPAndN,
 }
 
 impl Default for ReplicaConfig {
@@ -58,6 +79,8 @@ impl Default for ReplicaConfig {
             idempotency_ttl_ms: 24 * 60 * 60 * 1000,
             idempotency_capacity: 1_000_000,
             sync_interval_ms: 200,
+            #[cfg(feature = "planted-bugs")]
+            planted_bug: None,
         }
     }
 }
@@ -158,7 +181,7 @@ pub struct Replica {
     config: ReplicaConfig,
     counters: HashMap<Key, Entry>,
     dirty: Vec<Key>,
-    in_flight: Option<CommitBatch>,
+    in_flight: Option<Arc<CommitBatch>>,
     /// The last commit sequence handed out.
     last_seq: u64,
     durable_seq: u64,
@@ -169,7 +192,7 @@ pub struct Replica {
     superseded_pending: Vec<Change>,
     idempotency: IdempotencyTable,
     idempotency_put: Vec<IdempotencyRecord>,
-    idempotency_delete: Vec<u128>,
+    idempotency_delete: Vec<u64>,
     peers: PeerBook,
 }
 
@@ -181,6 +204,14 @@ impl Replica {
         recovered: Recovered,
         now_ms: u64,
     ) -> Self {
+        #[cfg(feature = "planted-bugs")]
+        let identity = match config.planted_bug {
+            Some(PlantedBug::ReuseReplicaIdAfterWipe) => Identity {
+                replica: ReplicaId(crate::crdt::stable_hash(1, &[identity.region.as_bytes()])),
+                ..identity
+            },
+            _ => identity,
+        };
         let mut directory: BTreeMap<ReplicaId, String> = recovered.directory.into_iter().collect();
         let mut directory_pending = Vec::new();
         if directory.get(&identity.replica) != Some(&identity.region) {
@@ -299,7 +330,11 @@ impl Replica {
             Some(key) => {
                 let id = idempotency_id(key);
                 let fingerprint = request_fingerprint(request.key, request.delta);
-                if let Some(record) = self.idempotency.get(id, now_ms) {
+                let known = self.idempotency.get(id, now_ms);
+                #[cfg(feature = "planted-bugs")]
+                let known =
+                    known.filter(|_| self.config.planted_bug != Some(PlantedBug::ApplyRetryTwice));
+                if let Some(record) = known {
                     if record.fingerprint != fingerprint {
                         return Err(AddRefused::IdempotencyKeyReused(key.to_string()));
                     }
@@ -312,6 +347,14 @@ impl Replica {
                 Some((id, fingerprint))
             }
             None => None,
+        };
+        #[cfg(feature = "planted-bugs")]
+        let request = match self.config.planted_bug {
+            Some(PlantedBug::SwapPAndN) => AddRequest {
+                delta: request.delta.saturating_neg(),
+                ..request
+            },
+            _ => request,
         };
         let replica = self.identity.replica;
         let entry = self.entry(store, request.key, now_ms)?;
@@ -370,7 +413,7 @@ impl Replica {
     /// Hands out the next group commit: every counter changed since the last
     /// one, stamped with a new sequence. `None` while a commit is in flight or
     /// when there is nothing to write.
-    pub fn poll_commit(&mut self) -> Option<CommitBatch> {
+    pub fn poll_commit(&mut self) -> Option<Arc<CommitBatch>> {
         if self.in_flight.is_some() {
             return None;
         }
@@ -407,6 +450,9 @@ impl Replica {
             watermarks,
             digest,
         };
+        self.idempotency
+            .assign_segment(seq, batch.idempotency_put.iter().map(|record| record.id));
+        let batch = Arc::new(batch);
         self.in_flight = Some(batch.clone());
         Some(batch)
     }
@@ -416,6 +462,8 @@ impl Replica {
         let Some(batch) = self.in_flight.take_if(|batch| batch.seq == seq) else {
             return;
         };
+        // The runtime has normally dropped its handle by now; clone only if not.
+        let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
         for (key, state) in batch.counters {
             let entry = self
                 .counters
@@ -441,6 +489,8 @@ impl Replica {
         let Some(batch) = self.in_flight.take_if(|batch| batch.seq == seq) else {
             return;
         };
+        self.idempotency.unassign_segment(seq);
+        let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
         for (key, _) in batch.counters {
             if let Some(entry) = self.counters.get_mut(&key) {
                 entry.committing = false;

@@ -226,6 +226,12 @@ impl Replica {
         key: &str,
         seq: u64,
     ) -> Result<Option<PnCounter>, StorageError> {
+        #[cfg(feature = "planted-bugs")]
+        if self.config.planted_bug == Some(super::PlantedBug::ServeLiveState) {
+            if let Some(entry) = self.counters.get(key) {
+                return Ok(Some(entry.live.clone()).filter(|_| entry.durable_seq <= seq));
+            }
+        }
         if let Some(entry) = self.counters.get(key) {
             return Ok(entry.durable.clone().filter(|_| entry.durable_seq <= seq));
         }
@@ -292,8 +298,25 @@ impl Replica {
             received: chunk.counters.len(),
             ..Default::default()
         };
+        #[cfg(feature = "planted-bugs")]
+        let by_addition = self.config.planted_bug == Some(super::PlantedBug::MergeByAddition);
         for (key, incoming) in chunk.counters {
             let entry = self.entry(store, &key, now_ms)?;
+            #[cfg(feature = "planted-bugs")]
+            let incoming = match by_addition {
+                true => PnCounter::from_slots(incoming.slots().iter().map(|(id, slot)| {
+                    let ours = entry.live.slot(*id);
+                    let p = ours.p.saturating_add(slot.p);
+                    (
+                        *id,
+                        crate::crdt::Slot {
+                            p,
+                            n: ours.n.saturating_add(slot.n),
+                        },
+                    )
+                })),
+                false => incoming,
+            };
             let ours = entry.live.slot(own);
             let theirs = incoming.slot(own);
             if theirs.p > ours.p || theirs.n > ours.n {

@@ -141,10 +141,10 @@ pub struct CommitBatch {
     pub counters: Vec<(Key, PnCounter)>,
     /// Change-log entries superseded by an earlier, already durable commit.
     pub superseded: Vec<Change>,
-    /// Idempotency records to write.
+    /// Idempotency records to write, as one segment keyed by `seq`.
     pub idempotency_put: Vec<IdempotencyRecord>,
-    /// Idempotency records to forget (expired or evicted).
-    pub idempotency_delete: Vec<u128>,
+    /// Idempotency segments (commit sequences) whose records are all forgotten.
+    pub idempotency_delete: Vec<u64>,
     /// Replica-to-region facts learned since the last commit.
     pub directory_put: Vec<(ReplicaId, String)>,
     /// Pull watermarks per peer replica, all of them.
@@ -175,8 +175,8 @@ pub struct Recovered {
     pub watermarks: Vec<(ReplicaId, Cursor)>,
     /// Regions of known replicas.
     pub directory: Vec<(ReplicaId, String)>,
-    /// Unexpired idempotency records.
-    pub idempotency: Vec<IdempotencyRecord>,
+    /// Unexpired idempotency records, with the segment that holds each.
+    pub idempotency: Vec<(u64, IdempotencyRecord)>,
 }
 
 /// A storage failure as the core sees it: a message for the log.

@@ -10,7 +10,7 @@
 //! |--------|--------------------------|-----------------------------------------|
 //! | `c`    | counter key (UTF-8)      | v1, seq, slots (replica, p, n)          |
 //! | `l`    | seq (BE u64) + counter key | empty: the change log                 |
-//! | `i`    | idempotency id (BE u128) | v1, fingerprint, value, seq, expiry     |
+//! | `i`    | commit seq (BE u64)      | v1, count, (id, fingerprint, value, seq, expiry)* |
 //! | `d`    | replica (BE u64)         | v1, region                              |
 //! | `w`    | replica (BE u64)         | v1, cursor seq, cursor key              |
 //! | `m`    | meta name                | v1, payload                             |
@@ -77,9 +77,9 @@ pub fn decode_change_key(bytes: &[u8]) -> Result<(u64, &str), StorageError> {
     Ok((seq, key))
 }
 
-/// The store key of an idempotency record.
-pub fn idempotency_key(id: u128) -> Vec<u8> {
-    prefixed(IDEMPOTENCY, &id.to_be_bytes())
+/// The store key of the idempotency segment written by commit `seq`.
+pub fn idempotency_key(seq: u64) -> Vec<u8> {
+    prefixed(IDEMPOTENCY, &seq.to_be_bytes())
 }
 
 /// The store key of a directory or watermark entry.
@@ -150,33 +150,46 @@ pub fn decode_counter(bytes: &[u8]) -> Result<StoredCounter, StorageError> {
     })
 }
 
-/// Encodes an idempotency record (its id is the store key).
-pub fn encode_idempotency(record: &IdempotencyRecord) -> Vec<u8> {
-    let mut out = Vec::with_capacity(34);
+/// Encodes the idempotency records of one commit (a segment).
+pub fn encode_idempotency(records: &[IdempotencyRecord]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + records.len() * 48);
     out.push(VERSION);
-    out.extend_from_slice(&record.fingerprint.to_le_bytes());
-    out.extend_from_slice(&record.value.to_le_bytes());
-    out.extend_from_slice(&record.seq.to_le_bytes());
-    out.extend_from_slice(&record.expires_at_ms.to_le_bytes());
+    put_varint(&mut out, records.len() as u64);
+    for record in records {
+        out.extend_from_slice(&record.id.to_be_bytes());
+        out.extend_from_slice(&record.fingerprint.to_le_bytes());
+        out.extend_from_slice(&record.value.to_le_bytes());
+        out.extend_from_slice(&record.seq.to_le_bytes());
+        out.extend_from_slice(&record.expires_at_ms.to_le_bytes());
+    }
     out
 }
 
-/// Decodes an idempotency record stored under `key`.
-pub fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<IdempotencyRecord, StorageError> {
-    let raw: [u8; 16] = key
-        .get(1..17)
+/// Decodes an idempotency segment stored under `key`: (segment, records).
+pub fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<IdempotencyRecord>), StorageError> {
+    let raw: [u8; 8] = key
+        .get(1..9)
         .and_then(|b| b.try_into().ok())
-        .ok_or_else(|| corrupt("idempotency key", "too short"))?;
-    let mut reader = Reader::versioned(bytes, "idempotency record")?;
-    let record = IdempotencyRecord {
-        id: u128::from_be_bytes(raw),
-        fingerprint: reader.u64()?,
-        value: reader.u64()? as i64,
-        seq: reader.u64()?,
-        expires_at_ms: reader.u64()?,
-    };
+        .ok_or_else(|| corrupt("idempotency segment key", "too short"))?;
+    let mut reader = Reader::versioned(bytes, "idempotency segment")?;
+    let count = reader.varint()?;
+    if count.saturating_mul(48) > bytes.len() as u64 {
+        return Err(corrupt("idempotency segment", "record count larger than the segment"));
+    }
+    let mut records = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let high = reader.u64_be()?;
+        let low = reader.u64_be()?;
+        records.push(IdempotencyRecord {
+            id: (u128::from(high) << 64) | u128::from(low),
+            fingerprint: reader.u64()?,
+            value: reader.u64()? as i64,
+            seq: reader.u64()?,
+            expires_at_ms: reader.u64()?,
+        });
+    }
     reader.finish()?;
-    Ok(record)
+    Ok((u64::from_be_bytes(raw), records))
 }
 
 /// Encodes a UTF-8 string value (a region).
@@ -279,6 +292,10 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(*head))
     }
 
+    fn u64_be(&mut self) -> Result<u64, StorageError> {
+        Ok(self.u64()?.swap_bytes())
+    }
+
     fn varint(&mut self) -> Result<u64, StorageError> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
@@ -365,10 +382,10 @@ mod tests {
             seq: 3,
             expires_at_ms: 77,
         };
-        assert_eq!(
-            decode_idempotency(&idempotency_key(record.id), &encode_idempotency(&record)).unwrap(),
-            record
-        );
+        let other = IdempotencyRecord { id: 1, fingerprint: 2, value: i64::MIN, seq: 4, expires_at_ms: 5 };
+        let bytes = encode_idempotency(&[record.clone(), other.clone()]);
+        assert_eq!(decode_idempotency(&idempotency_key(12), &bytes).unwrap(), (12, vec![record, other]));
+        assert!(decode_idempotency(&idempotency_key(12), &bytes[..bytes.len() - 1]).is_err());
         let identity = Identity {
             replica: ReplicaId(5),
             region: "eu-west".into(),

@@ -53,14 +53,14 @@ pub fn batch_ops(batch: &CommitBatch) -> Vec<Op> {
         ops.push(Op::Put(counter_key(key), encode_counter(batch.seq, state)));
         ops.push(Op::Put(change_key(batch.seq, key), Vec::new()));
     }
-    for record in &batch.idempotency_put {
+    if !batch.idempotency_put.is_empty() {
         ops.push(Op::Put(
-            idempotency_key(record.id),
-            encode_idempotency(record),
+            idempotency_key(batch.seq),
+            encode_idempotency(&batch.idempotency_put),
         ));
     }
-    for id in &batch.idempotency_delete {
-        ops.push(Op::Delete(idempotency_key(*id)));
+    for segment in &batch.idempotency_delete {
+        ops.push(Op::Delete(idempotency_key(*segment)));
     }
     for (replica, region) in &batch.directory_put {
         ops.push(Op::Put(
@@ -118,10 +118,9 @@ where
     }
     for item in scan(IDEMPOTENCY) {
         let (key, value) = item.map_err(io)?;
-        let record = decode_idempotency(&key, &value)?;
-        if record.expires_at_ms > now_ms {
-            recovered.idempotency.push(record);
-        }
+        let (segment, records) = decode_idempotency(&key, &value)?;
+        let live = records.into_iter().filter(|record| record.expires_at_ms > now_ms);
+        recovered.idempotency.extend(live.map(|record| (segment, record)));
     }
     Ok(recovered)
 }

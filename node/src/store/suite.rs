@@ -120,7 +120,7 @@ fn run_suite(store: &impl Store) {
     assert!(store.recover(1_000).unwrap().idempotency.is_empty());
 
     let mut fourth = batch(4, &[]);
-    fourth.idempotency_delete = vec![7];
+    fourth.idempotency_delete = vec![3];
     store.write(&fourth).unwrap();
     store.flush().unwrap();
     assert!(store.recover(0).unwrap().idempotency.is_empty());
