@@ -264,10 +264,19 @@ impl Settings {
     }
 }
 
+/// An `IP:PORT`, or a `HOST:PORT` resolved once, now (containers know their
+/// own name, not their address).
 fn parse_addr(setting: &str, text: &str) -> anyhow::Result<SocketAddr> {
-    text.parse().map_err(|_| {
-        anyhow::anyhow!("{setting} {text:?} is not an address: use IP:PORT, e.g. 127.0.0.1:7100")
-    })
+    if let Ok(addr) = text.parse() {
+        return Ok(addr);
+    }
+    let bad = || anyhow::anyhow!("{setting} {text:?} is not an address: use IP:PORT or HOST:PORT, e.g. 127.0.0.1:7100");
+    if !text.contains(':') {
+        return Err(bad());
+    }
+    use std::net::ToSocketAddrs;
+    let mut resolved = text.to_socket_addrs().map_err(|e| anyhow::anyhow!("{setting} {text:?} does not resolve: {e}"))?;
+    resolved.find(|addr| addr.is_ipv4()).ok_or_else(bad)
 }
 
 /// Parses `250ms`, `10s`, `5m`, `24h` (or a bare number of milliseconds).
@@ -355,6 +364,8 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("--grpc-addr"));
+        let named = RunArgs { advertise_gossip_addr: Some("localhost:7101".into()), ..Default::default() };
+        assert_eq!(Settings::resolve(named).unwrap().advertise_gossip_addr.port(), 7101);
         let err = Settings::resolve(RunArgs {
             region: Some("a b".into()),
             ..Default::default()
