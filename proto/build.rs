@@ -1,4 +1,7 @@
-//! Compiles `tally/v1/*.proto` with the pure-Rust `protox`, so no `protoc` is needed.
+//! Compiles `tally/v1/*.proto` with the pure-Rust `protox`, so no `protoc` is
+//! needed, and keeps the encoded descriptor set for gRPC server reflection.
+
+use prost::Message;
 
 const PROTOS: [&str; 3] = [
     "tally/v1/counters.proto",
@@ -8,6 +11,11 @@ const PROTOS: [&str; 3] = [
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(PROTOS, ["."])?;
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out_dir.join("tally_descriptor.bin"),
+        descriptors.encode_to_vec(),
+    )?;
     tonic_prost_build::configure()
         .bytes(".")
         .compile_fds(descriptors)?;

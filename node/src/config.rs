@@ -12,6 +12,7 @@ use anyhow::{bail, Context};
 use serde::Deserialize;
 
 use crate::engine::Durability;
+use crate::security::SecuritySettings;
 use crate::store::OnCorrupt;
 
 /// Flags of `tally-node` (and of `tally-node run`).
@@ -77,6 +78,29 @@ pub struct RunArgs {
     /// Log format: `text` or `json`. [default: text]
     #[arg(long, env = "TALLY_LOG_FORMAT")]
     pub log_format: Option<String>,
+    /// PEM certificate of this node: TLS on the gRPC port, and the client certificate it
+    /// presents to peers. Needs --tls-key and --tls-ca.
+    #[arg(long, env = "TALLY_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "TALLY_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate that signs every node of the cluster: peers must present a
+    /// certificate it signed to pull from this node (mutual TLS).
+    #[arg(long, env = "TALLY_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// File of client tokens, one `NAME TOKEN` per line; clients send `authorization: Bearer TOKEN`.
+    #[arg(long, env = "TALLY_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+    /// Requests per second allowed per token (0: no limit). [default: 0]
+    #[arg(long, env = "TALLY_RATE_LIMIT")]
+    pub rate_limit: Option<u32>,
+    /// Requests a token may send at once above its rate. [default: the rate]
+    #[arg(long, env = "TALLY_RATE_BURST")]
+    pub rate_burst: Option<u32>,
+    /// Refuse to start unless TLS (--tls-cert, --tls-key, --tls-ca) and --auth-tokens are set.
+    #[arg(long, env = "TALLY_SECURE", num_args = 0..=1, default_missing_value = "true")]
+    pub secure: Option<bool>,
 }
 
 /// The same settings, as a TOML file holds them.
@@ -101,6 +125,13 @@ struct FileSettings {
     idempotency_capacity: Option<usize>,
     on_corrupt: Option<OnCorrupt>,
     log_format: Option<String>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    auth_tokens: Option<PathBuf>,
+    rate_limit: Option<u32>,
+    rate_burst: Option<u32>,
+    secure: Option<bool>,
 }
 
 /// Checked settings of one node.
@@ -142,6 +173,8 @@ pub struct Settings {
     pub on_corrupt: OnCorrupt,
     /// True for JSON logs.
     pub json_logs: bool,
+    /// TLS, tokens and rate limits.
+    pub security: SecuritySettings,
 }
 
 impl Settings {
@@ -166,6 +199,7 @@ impl Settings {
             idempotency_capacity: 1_000_000,
             on_corrupt: OnCorrupt::Refuse,
             json_logs: false,
+            security: SecuritySettings::default(),
         }
     }
 
@@ -257,6 +291,16 @@ impl Settings {
             Some("json") => true,
             Some(other) => bail!("--log-format {other:?} is not valid: use text or json"),
         };
+        let rate_limit = take!(rate_limit).unwrap_or(0);
+        settings.security = SecuritySettings {
+            tls_cert: take!(tls_cert),
+            tls_key: take!(tls_key),
+            tls_ca: take!(tls_ca),
+            auth_tokens: take!(auth_tokens),
+            rate_limit,
+            rate_burst: take!(rate_burst).unwrap_or(rate_limit),
+            secure: take!(secure).unwrap_or(false),
+        };
         if settings.sync_interval.is_zero() || settings.gossip_interval.is_zero() {
             bail!("--sync-interval and --gossip-interval must be above zero");
         }
@@ -270,12 +314,18 @@ fn parse_addr(setting: &str, text: &str) -> anyhow::Result<SocketAddr> {
     if let Ok(addr) = text.parse() {
         return Ok(addr);
     }
-    let bad = || anyhow::anyhow!("{setting} {text:?} is not an address: use IP:PORT or HOST:PORT, e.g. 127.0.0.1:7100");
+    let bad = || {
+        anyhow::anyhow!(
+            "{setting} {text:?} is not an address: use IP:PORT or HOST:PORT, e.g. 127.0.0.1:7100"
+        )
+    };
     if !text.contains(':') {
         return Err(bad());
     }
     use std::net::ToSocketAddrs;
-    let mut resolved = text.to_socket_addrs().map_err(|e| anyhow::anyhow!("{setting} {text:?} does not resolve: {e}"))?;
+    let mut resolved = text
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("{setting} {text:?} does not resolve: {e}"))?;
     resolved.find(|addr| addr.is_ipv4()).ok_or_else(bad)
 }
 
@@ -364,8 +414,17 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("--grpc-addr"));
-        let named = RunArgs { advertise_gossip_addr: Some("localhost:7101".into()), ..Default::default() };
-        assert_eq!(Settings::resolve(named).unwrap().advertise_gossip_addr.port(), 7101);
+        let named = RunArgs {
+            advertise_gossip_addr: Some("localhost:7101".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            Settings::resolve(named)
+                .unwrap()
+                .advertise_gossip_addr
+                .port(),
+            7101
+        );
         let err = Settings::resolve(RunArgs {
             region: Some("a b".into()),
             ..Default::default()

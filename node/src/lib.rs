@@ -35,3 +35,4 @@ pub async fn wait_for_shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
 }
+pub mod security;

@@ -76,6 +76,10 @@ pub struct Metrics {
     pub refused_messages: Family<ReasonLabels, Counter>,
     /// Live members as membership sees them.
     pub live_members: Gauge,
+    /// Client requests refused by authentication or the rate limit, by reason.
+    pub auth_refusals: Family<ReasonLabels, Counter>,
+    /// TLS handshakes refused (bad or foreign certificates) or timed out.
+    pub tls_handshake_failures: Counter,
 }
 
 impl Metrics {
@@ -107,6 +111,8 @@ impl Metrics {
             merge_changes: Counter::default(),
             refused_messages: Family::default(),
             live_members: Gauge::default(),
+            auth_refusals: Family::default(),
+            tls_handshake_failures: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -220,6 +226,16 @@ impl Metrics {
             "live_members",
             "Other members that membership sees alive",
             metrics.live_members.clone(),
+        );
+        registry.register(
+            "auth_refusals",
+            "Client requests refused by authentication or the rate limit, by reason",
+            metrics.auth_refusals.clone(),
+        );
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes refused or timed out",
+            metrics.tls_handshake_failures.clone(),
         );
         Metrics {
             registry,

@@ -11,19 +11,17 @@ use std::sync::Arc;
 use anyhow::Context;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 
-use crate::api::{AdminService, CountersService, NodeInfo, ReplicationService};
+use crate::api::serve::spawn_grpc;
+use crate::api::NodeInfo;
 use crate::config::Settings;
 use crate::engine::{CommitterHandle, Engine};
 use crate::gossip::anti_entropy::{spawn_anti_entropy, AntiEntropyConfig, AntiEntropyHandle};
 use crate::gossip::membership::{MembershipConfig, MembershipHandle};
 use crate::metrics::Metrics;
 use crate::replica::ReplicaConfig;
+use crate::security::Security;
 use crate::store::{SledStore, Store};
-
-/// The largest gRPC message a node accepts or sends.
-pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
 /// A running node.
 pub struct NodeHandle {
@@ -48,6 +46,8 @@ pub struct NodeHandle {
 
 /// Opens the store and starts every part of the node.
 pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
+    let security = Security::load(&settings.security)?;
+    security.warn_if_insecure();
     let data_dir = settings.data_dir.clone();
     let region = settings.region.clone();
     let on_corrupt = settings.on_corrupt;
@@ -114,10 +114,10 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     let membership = Arc::new(membership);
     let membership_task = spawn_membership_feed(engine.clone(), membership.clone());
     let committer = engine.spawn_committer(|_, _| {});
-    let anti_entropy = spawn_anti_entropy(
-        engine.clone(),
-        AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval),
-    );
+    let mut anti_entropy_config =
+        AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval);
+    anti_entropy_config.tls = security.tls.as_ref().map(|tls| tls.client.clone());
+    let anti_entropy = spawn_anti_entropy(engine.clone(), anti_entropy_config);
 
     let info = NodeInfo {
         cluster_id: settings.cluster_id.clone(),
@@ -126,28 +126,10 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         gossip_addr: settings.advertise_gossip_addr.to_string(),
     };
     let (grpc_stop, grpc_stop_rx) = oneshot::channel::<()>();
-    let counters =
-        tally_proto::v1::counters_server::CountersServer::new(CountersService::new(engine.clone()))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let replication = tally_proto::v1::replication_server::ReplicationServer::new(
-        ReplicationService::new(engine.clone()),
-    )
-    .max_decoding_message_size(MAX_MESSAGE_BYTES)
-    .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let admin =
-        tally_proto::v1::admin_server::AdminServer::new(AdminService::new(engine.clone(), info));
-    let grpc_task = tokio::spawn(
-        tonic::transport::Server::builder()
-            .tcp_nodelay(true)
-            .max_concurrent_streams(Some(1024))
-            .add_service(counters)
-            .add_service(replication)
-            .add_service(admin)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(grpc_listener), async {
-                let _ = grpc_stop_rx.await;
-            }),
-    );
+    let grpc_task = spawn_grpc(engine.clone(), info, &security, grpc_listener, async {
+        let _ = grpc_stop_rx.await;
+    })
+    .await?;
 
     let ready = Arc::new(AtomicBool::new(true));
     let (http_stop, http_stop_rx) = oneshot::channel::<()>();

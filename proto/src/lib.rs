@@ -6,6 +6,11 @@
 
 #![allow(missing_docs)]
 
+/// The encoded `FileDescriptorSet` of every Tally proto, for gRPC server
+/// reflection (so that `grpcurl` works without the .proto files).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/tally_descriptor.bin"));
+
 /// Package `tally.v1`.
 pub mod v1 {
     tonic::include_proto!("tally.v1");

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod convert;
 pub mod counters;
 pub mod replication;
+pub mod serve;
 
 pub use admin::{AdminService, NodeInfo};
 pub use counters::CountersService;

@@ -24,12 +24,18 @@ pub const CHUNK_BYTES: usize = 64 << 10;
 /// See the module documentation.
 pub struct ReplicationService {
     engine: Arc<Engine>,
+    require_peer_certificate: bool,
 }
 
 impl ReplicationService {
-    /// The service over `engine`.
-    pub fn new(engine: Arc<Engine>) -> Self {
-        ReplicationService { engine }
+    /// The service over `engine`. With `require_peer_certificate` (TLS on), a
+    /// caller must have presented a certificate that chains to the cluster CA
+    /// (the TLS layer has verified any it presented).
+    pub fn new(engine: Arc<Engine>, require_peer_certificate: bool) -> Self {
+        ReplicationService {
+            engine,
+            require_peer_certificate,
+        }
     }
 }
 
@@ -43,6 +49,15 @@ impl Replication for ReplicationService {
         &self,
         request: Request<pb::PullRequest>,
     ) -> Result<Response<Self::PullStream>, Status> {
+        if self.require_peer_certificate
+            && request.peer_certs().is_none_or(|certs| certs.is_empty())
+        {
+            self.engine.metrics().refused("no_peer_certificate");
+            tracing::warn!(remote = ?request.remote_addr(), "pull refused: the caller presented no node certificate");
+            return Err(Status::unauthenticated(
+                "pulling requires mutual TLS: present a node certificate signed by the cluster CA",
+            ));
+        }
         let mut pull = pull_request_from(request.into_inner(), MAX_PULL_BYTES)?;
         let engine = self.engine.clone();
         let labels = PeerLabels {

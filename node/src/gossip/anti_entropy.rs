@@ -34,6 +34,8 @@ pub struct AntiEntropyConfig {
     pub pull_timeout: Duration,
     /// The most bytes one pull asks for.
     pub max_bytes: usize,
+    /// TLS towards peers (https, presenting this node's certificate), when on.
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl AntiEntropyConfig {
@@ -44,6 +46,7 @@ impl AntiEntropyConfig {
             interval,
             pull_timeout: (interval * 10).max(Duration::from_secs(2)),
             max_bytes: crate::api::replication::MAX_PULL_BYTES,
+            tls: None,
         }
     }
 }
@@ -120,7 +123,18 @@ fn channel_for(
     if let Some(channel) = channels.get(addr) {
         return Some(channel.clone());
     }
-    let endpoint = match Endpoint::from_shared(format!("http://{addr}")) {
+    let scheme = if config.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{addr}")).and_then(|endpoint| {
+        match &config.tls {
+            Some(tls) => endpoint.tls_config(tls.clone()),
+            None => Ok(endpoint),
+        }
+    });
+    let endpoint = match endpoint {
         Ok(endpoint) => endpoint,
         Err(error) => {
             tracing::warn!(%addr, %error, "a peer published an unusable gRPC address");

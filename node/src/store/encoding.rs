@@ -166,7 +166,10 @@ pub fn encode_idempotency(records: &[IdempotencyRecord]) -> Vec<u8> {
 }
 
 /// Decodes an idempotency segment stored under `key`: (segment, records).
-pub fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<IdempotencyRecord>), StorageError> {
+pub fn decode_idempotency(
+    key: &[u8],
+    bytes: &[u8],
+) -> Result<(u64, Vec<IdempotencyRecord>), StorageError> {
     let raw: [u8; 8] = key
         .get(1..9)
         .and_then(|b| b.try_into().ok())
@@ -174,7 +177,10 @@ pub fn decode_idempotency(key: &[u8], bytes: &[u8]) -> Result<(u64, Vec<Idempote
     let mut reader = Reader::versioned(bytes, "idempotency segment")?;
     let count = reader.varint()?;
     if count.saturating_mul(48) > bytes.len() as u64 {
-        return Err(corrupt("idempotency segment", "record count larger than the segment"));
+        return Err(corrupt(
+            "idempotency segment",
+            "record count larger than the segment",
+        ));
     }
     let mut records = Vec::with_capacity(count as usize);
     for _ in 0..count {
@@ -382,9 +388,18 @@ mod tests {
             seq: 3,
             expires_at_ms: 77,
         };
-        let other = IdempotencyRecord { id: 1, fingerprint: 2, value: i64::MIN, seq: 4, expires_at_ms: 5 };
+        let other = IdempotencyRecord {
+            id: 1,
+            fingerprint: 2,
+            value: i64::MIN,
+            seq: 4,
+            expires_at_ms: 5,
+        };
         let bytes = encode_idempotency(&[record.clone(), other.clone()]);
-        assert_eq!(decode_idempotency(&idempotency_key(12), &bytes).unwrap(), (12, vec![record, other]));
+        assert_eq!(
+            decode_idempotency(&idempotency_key(12), &bytes).unwrap(),
+            (12, vec![record, other])
+        );
         assert!(decode_idempotency(&idempotency_key(12), &bytes[..bytes.len() - 1]).is_err());
         let identity = Identity {
             replica: ReplicaId(5),

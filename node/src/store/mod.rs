@@ -119,8 +119,12 @@ where
     for item in scan(IDEMPOTENCY) {
         let (key, value) = item.map_err(io)?;
         let (segment, records) = decode_idempotency(&key, &value)?;
-        let live = records.into_iter().filter(|record| record.expires_at_ms > now_ms);
-        recovered.idempotency.extend(live.map(|record| (segment, record)));
+        let live = records
+            .into_iter()
+            .filter(|record| record.expires_at_ms > now_ms);
+        recovered
+            .idempotency
+            .extend(live.map(|record| (segment, record)));
     }
     Ok(recovered)
 }

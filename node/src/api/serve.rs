@@ -1,0 +1,78 @@
+//! Assembles and runs the gRPC server: the three Tally services behind the
+//! token interceptor (Counters, Admin) or the peer-certificate check
+//! (Replication), plus the standard health service and server reflection
+//! (open, so probes and `grpcurl` work), over plain TCP or TLS.
+
+use std::sync::Arc;
+
+use tally_proto::v1::admin_server::AdminServer;
+use tally_proto::v1::counters_server::CountersServer;
+use tally_proto::v1::replication_server::ReplicationServer;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::interceptor::InterceptedService;
+
+use crate::engine::Engine;
+use crate::security::{AuthInterceptor, Security};
+
+use super::{AdminService, CountersService, NodeInfo, ReplicationService};
+
+/// The largest gRPC message a node accepts or sends.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+/// The most concurrent streams one connection may open.
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// Serves gRPC on `listener` until `stop` resolves.
+pub async fn spawn_grpc(
+    engine: Arc<Engine>,
+    info: NodeInfo,
+    security: &Security,
+    listener: TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
+    let interceptor = AuthInterceptor::new(security.auth.clone(), engine.metrics().clone());
+    let counters = CountersServer::new(CountersService::new(engine.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let replication = ReplicationServer::new(ReplicationService::new(
+        engine.clone(),
+        security.tls.is_some(),
+    ))
+    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let admin = AdminServer::new(AdminService::new(engine.clone(), info));
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<CountersServer<CountersService>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tally_proto::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let router = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+        .add_service(InterceptedService::new(counters, interceptor.clone()))
+        .add_service(replication)
+        .add_service(InterceptedService::new(admin, interceptor))
+        .add_service(health)
+        .add_service(reflection);
+    let task = match &security.tls {
+        Some(tls) => {
+            let (incoming, accept_task) = crate::security::tls::accept_tls(
+                listener,
+                tls.acceptor.clone(),
+                engine.metrics().clone(),
+            );
+            tokio::spawn(async move {
+                let served = router.serve_with_incoming_shutdown(incoming, stop).await;
+                accept_task.abort();
+                served
+            })
+        }
+        None => tokio::spawn(
+            router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop),
+        ),
+    };
+    Ok(task)
+}

@@ -1,0 +1,229 @@
+//! Bearer tokens and the per-token rate limit (a token bucket per token).
+//!
+//! The tokens file holds one `NAME TOKEN` per line; blank lines and lines
+//! starting with `#` are ignored. A request to `Counters` or `Admin` must carry
+//! `authorization: Bearer TOKEN`; a missing or unknown token gets
+//! `UNAUTHENTICATED`, a token over its rate `RESOURCE_EXHAUSTED` with a
+//! `retry-after-ms` header and the wait in the message.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use tonic::{Request, Status};
+
+use crate::metrics::{Metrics, ReasonLabels};
+
+/// The known tokens and their buckets.
+pub struct Auth {
+    /// Token -> name.
+    tokens: HashMap<String, String>,
+    rate_per_sec: u32,
+    burst: u32,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+struct Bucket {
+    available: f64,
+    updated: Instant,
+}
+
+/// The name of the authenticated caller, put in the request's extensions.
+#[derive(Clone, Debug)]
+pub struct Caller(pub String);
+
+impl Auth {
+    /// Reads the tokens file.
+    pub fn load(path: &Path, rate_per_sec: u32, burst: u32) -> anyhow::Result<Auth> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--auth-tokens {}: cannot read the file", path.display()))?;
+        let auth = Auth::parse(&text, rate_per_sec, burst)
+            .with_context(|| format!("--auth-tokens {}", path.display()))?;
+        Ok(auth)
+    }
+
+    /// Parses the tokens file's text.
+    pub fn parse(text: &str, rate_per_sec: u32, burst: u32) -> anyhow::Result<Auth> {
+        let mut tokens = HashMap::new();
+        for (number, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let mut words = line.split_whitespace();
+            let (Some(name), Some(token), None) = (words.next(), words.next(), words.next()) else {
+                bail!("line {}: expected `NAME TOKEN`", number + 1);
+            };
+            if token.len() < 16 {
+                bail!(
+                    "line {}: the token of {name:?} is shorter than 16 characters",
+                    number + 1
+                );
+            }
+            if tokens.insert(token.to_string(), name.to_string()).is_some() {
+                bail!("line {}: the same token appears twice", number + 1);
+            }
+        }
+        if tokens.is_empty() {
+            bail!("the file holds no token");
+        }
+        Ok(Auth {
+            tokens,
+            rate_per_sec,
+            burst: burst.max(1),
+            buckets: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The caller's name, or why it is refused.
+    pub fn check(&self, authorization: Option<&str>) -> Result<String, Status> {
+        let Some(header) = authorization else {
+            return Err(Status::unauthenticated(
+                "missing `authorization: Bearer TOKEN`: this node requires a client token",
+            ));
+        };
+        let token = header.strip_prefix("Bearer ").unwrap_or("");
+        let Some(name) = self.tokens.get(token.trim()) else {
+            return Err(Status::unauthenticated(
+                "the bearer token is not one this node knows",
+            ));
+        };
+        if let Some(retry_after_ms) = self.take(name) {
+            let mut status = Status::resource_exhausted(format!(
+                "token {name:?} is over its rate of {} requests/s; retry after {retry_after_ms} ms",
+                self.rate_per_sec
+            ));
+            if let Ok(value) = retry_after_ms.to_string().parse() {
+                status.metadata_mut().insert("retry-after-ms", value);
+            }
+            return Err(status);
+        }
+        Ok(name.clone())
+    }
+
+    /// Takes one request from `name`'s bucket; `Some(wait in ms)` when empty.
+    fn take(&self, name: &str) -> Option<u64> {
+        if self.rate_per_sec == 0 {
+            return None;
+        }
+        let now = Instant::now();
+        let rate = f64::from(self.rate_per_sec);
+        let burst = f64::from(self.burst);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = buckets.entry(name.to_string()).or_insert(Bucket {
+            available: burst,
+            updated: now,
+        });
+        bucket.available =
+            (bucket.available + now.duration_since(bucket.updated).as_secs_f64() * rate).min(burst);
+        bucket.updated = now;
+        if bucket.available >= 1.0 {
+            bucket.available -= 1.0;
+            None
+        } else {
+            Some((((1.0 - bucket.available) / rate) * 1000.0).ceil() as u64)
+        }
+    }
+}
+
+/// The tonic interceptor of the client-facing services.
+#[derive(Clone)]
+pub struct AuthInterceptor {
+    auth: Option<Arc<Auth>>,
+    metrics: Arc<Metrics>,
+}
+
+impl AuthInterceptor {
+    /// Checks tokens with `auth`, or lets everyone in when it is `None`.
+    pub fn new(auth: Option<Arc<Auth>>, metrics: Arc<Metrics>) -> Self {
+        AuthInterceptor { auth, metrics }
+    }
+}
+
+impl tonic::service::Interceptor for AuthInterceptor {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let Some(auth) = &self.auth else {
+            return Ok(request);
+        };
+        let header = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok());
+        match auth.check(header) {
+            Ok(name) => {
+                request.extensions_mut().insert(Caller(name));
+                Ok(request)
+            }
+            Err(status) => {
+                let reason = if status.code() == tonic::Code::ResourceExhausted {
+                    "rate_limited"
+                } else {
+                    "unauthenticated"
+                };
+                self.metrics
+                    .auth_refusals
+                    .get_or_create(&ReasonLabels {
+                        reason: reason.into(),
+                    })
+                    .inc();
+                Err(status)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str = "# tokens\nweb  0123456789abcdef0123\n\nbatch fedcba9876543210fedc\n";
+
+    #[test]
+    fn known_tokens_pass_and_others_are_unauthenticated() {
+        let auth = Auth::parse(FILE, 0, 0).unwrap();
+        assert_eq!(
+            auth.check(Some("Bearer 0123456789abcdef0123")).unwrap(),
+            "web"
+        );
+        for header in [
+            None,
+            Some("Bearer nope"),
+            Some("0123456789abcdef0123"),
+            Some("Basic x"),
+        ] {
+            assert_eq!(
+                auth.check(header).unwrap_err().code(),
+                tonic::Code::Unauthenticated,
+                "{header:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_token_over_its_rate_is_told_when_to_retry() {
+        let auth = Auth::parse(FILE, 2, 3).unwrap();
+        for _ in 0..3 {
+            auth.check(Some("Bearer 0123456789abcdef0123")).unwrap();
+        }
+        let refused = auth.check(Some("Bearer 0123456789abcdef0123")).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        assert!(
+            refused.message().contains("retry after"),
+            "{}",
+            refused.message()
+        );
+        assert!(refused.metadata().get("retry-after-ms").is_some());
+        // Another token has its own bucket.
+        auth.check(Some("Bearer fedcba9876543210fedc")).unwrap();
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_line() {
+        let short = Auth::parse("web short\n", 0, 0).err().unwrap();
+        assert!(short.to_string().contains("line 1"), "{short}");
+        assert!(Auth::parse("just-one-word\n", 0, 0).is_err());
+        assert!(Auth::parse("# nothing\n", 0, 0).is_err());
+    }
+}

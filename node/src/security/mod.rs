@@ -1,0 +1,110 @@
+//! Who may talk to a node: TLS on the gRPC port with mutual TLS between nodes
+//! ([`tls`]), bearer tokens and a per-token rate limit for clients ([`auth`]).
+//!
+//! What each service requires once configured:
+//! - `Counters` and `Admin`: a known bearer token (when `--auth-tokens` is set),
+//!   within its rate (when `--rate-limit` is set);
+//! - `Replication`: a client certificate signed by the cluster CA (when TLS is
+//!   on): a node refuses a peer without one, and the TLS handshake of a peer
+//!   whose certificate comes from another CA fails, logged and counted.
+//!
+//! Health checks and reflection stay open. With `--secure`, a node refuses to
+//! start unless TLS and tokens are both configured; without security, it logs a
+//! warning at start.
+
+pub mod auth;
+pub mod tls;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::bail;
+
+pub use auth::{Auth, AuthInterceptor};
+pub use tls::TlsMaterial;
+
+/// The security settings of a node, as given.
+#[derive(Clone, Debug, Default)]
+pub struct SecuritySettings {
+    /// PEM certificate chain of this node (server and client certificate).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of this node.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s) that sign the cluster's nodes.
+    pub tls_ca: Option<PathBuf>,
+    /// File of client tokens, `NAME TOKEN` per line.
+    pub auth_tokens: Option<PathBuf>,
+    /// Requests per second per token; 0 is no limit.
+    pub rate_limit: u32,
+    /// Requests a token may send at once above its rate.
+    pub rate_burst: u32,
+    /// Refuse to start without TLS and tokens.
+    pub secure: bool,
+}
+
+/// The loaded security material.
+#[derive(Clone, Default)]
+pub struct Security {
+    /// TLS, when configured.
+    pub tls: Option<TlsMaterial>,
+    /// Client authentication, when configured.
+    pub auth: Option<Arc<Auth>>,
+}
+
+impl Security {
+    /// Loads and checks the material; every error names the setting.
+    pub fn load(settings: &SecuritySettings) -> anyhow::Result<Security> {
+        let tls = match (&settings.tls_cert, &settings.tls_key, &settings.tls_ca) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca)) => Some(TlsMaterial::load(cert, key, ca)?),
+            _ => bail!(
+                "TLS needs --tls-cert, --tls-key and --tls-ca together (the CA signs every node, \
+                 so that nodes can authenticate each other)"
+            ),
+        };
+        let auth = match &settings.auth_tokens {
+            Some(path) => Some(Arc::new(Auth::load(
+                path,
+                settings.rate_limit,
+                settings.rate_burst,
+            )?)),
+            None if settings.rate_limit > 0 => {
+                bail!("--rate-limit applies per token: it needs --auth-tokens")
+            }
+            None => None,
+        };
+        if settings.secure {
+            let mut missing = Vec::new();
+            if tls.is_none() {
+                missing.push("--tls-cert, --tls-key, --tls-ca");
+            }
+            if auth.is_none() {
+                missing.push("--auth-tokens");
+            }
+            if !missing.is_empty() {
+                bail!(
+                    "--secure is set but {} {} not",
+                    missing.join(" and "),
+                    if missing.len() == 1 { "is" } else { "are" }
+                );
+            }
+        }
+        Ok(Security { tls, auth })
+    }
+
+    /// Logs, at start, what is not protected.
+    pub fn warn_if_insecure(&self) {
+        if self.tls.is_none() {
+            tracing::warn!(
+                "security is off: the gRPC port speaks plain text and any node can pull this node's \
+                 data; set --tls-cert, --tls-key and --tls-ca (or --secure to require them)"
+            );
+        }
+        if self.auth.is_none() {
+            tracing::warn!(
+                "client authentication is off: anyone who reaches the gRPC port can add to counters; \
+                 set --auth-tokens (or --secure to require it)"
+            );
+        }
+    }
+}

@@ -1,0 +1,365 @@
+//! Security with real processes: bearer tokens (`UNAUTHENTICATED`), the
+//! per-token rate limit (`RESOURCE_EXHAUSTED` with a retry hint), TLS on the
+//! gRPC port, mutual TLS between nodes (a peer with a certificate from another
+//! CA is refused and logged, and nothing of its data crosses), `--secure`, and
+//! the warning of a node started without security. Certificates are made here
+//! with rcgen.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{http_get, wait_until, NodeProcess, NodeSpec};
+use tally_proto::v1::counters_client::CountersClient;
+use tally_proto::v1::{AddRequest, GetRequest};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+const TOKEN: &str = "s3cret-token-0123456789";
+
+struct Ca {
+    cert: rcgen::Certificate,
+    key: rcgen::KeyPair,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let key = rcgen::KeyPair::generate().unwrap();
+        Ca {
+            cert: params.self_signed(&key).unwrap(),
+            key,
+        }
+    }
+
+    /// Writes `ca.pem`, `NAME.pem` and `NAME-key.pem` (a node certificate for
+    /// localhost and 127.0.0.1, for servers and clients) into `dir`.
+    fn issue(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
+        std::fs::create_dir_all(dir).unwrap();
+        let paths = (
+            dir.join(format!("{name}.pem")),
+            dir.join(format!("{name}-key.pem")),
+            dir.join("ca.pem"),
+        );
+        std::fs::write(&paths.0, cert.pem()).unwrap();
+        std::fs::write(&paths.1, key.serialize_pem()).unwrap();
+        std::fs::write(&paths.2, self.cert.pem()).unwrap();
+        paths
+    }
+}
+
+fn secure_spec(root: &Path, region: &str, name: &str, ca: &Ca, extra: &[&str]) -> NodeSpec {
+    let (cert, key, ca_path) = ca.issue(&root.join(format!("{name}-tls")), name);
+    let tokens = root.join("tokens");
+    std::fs::write(&tokens, format!("# test tokens\nweb {TOKEN}\n")).unwrap();
+    let mut spec = NodeSpec::new(root, region, name);
+    spec.extra = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--tls-ca",
+        ca_path.to_str().unwrap(),
+        "--auth-tokens",
+        tokens.to_str().unwrap(),
+        "--secure",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(extra.iter().map(|s| s.to_string()))
+    .collect();
+    spec
+}
+
+fn ca_pem(node: &NodeProcess) -> Vec<u8> {
+    let dir = node
+        .spec
+        .data_dir
+        .with_file_name(format!("{}-tls", node.spec.node_name));
+    std::fs::read(dir.join("ca.pem")).unwrap()
+}
+
+async fn tls_channel(node: &NodeProcess, identity: Option<Identity>) -> Channel {
+    let mut tls = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca_pem(node)));
+    if let Some(identity) = identity {
+        tls = tls.identity(identity);
+    }
+    Channel::from_shared(format!("https://{}", node.spec.grpc))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+fn with_token<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    request
+}
+
+fn add(key: &str, delta: i64) -> AddRequest {
+    AddRequest {
+        key: key.as_bytes().to_vec().into(),
+        delta,
+        idempotency_key: String::new(),
+    }
+}
+
+async fn get(client: &mut CountersClient<Channel>, key: &str) -> i64 {
+    let request = GetRequest {
+        key: key.as_bytes().to_vec().into(),
+        breakdown: false,
+    };
+    client
+        .get(with_token(request, Some(TOKEN)))
+        .await
+        .unwrap()
+        .into_inner()
+        .value
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_the_rate_limit_guard_the_client_api() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = Ca::new("tally test CA");
+    let spec = secure_spec(
+        root.path(),
+        "eu",
+        "eu-1",
+        &ca,
+        &["--rate-limit", "5", "--rate-burst", "5"],
+    );
+    let node = tokio::task::spawn_blocking(move || NodeProcess::start(spec))
+        .await
+        .unwrap();
+    let mut client = CountersClient::new(tls_channel(&node, None).await);
+
+    let missing = client.add(with_token(add("k", 1), None)).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::Unauthenticated, "{missing:?}");
+    let wrong = client
+        .add(with_token(add("k", 1), Some("not-the-token-at-all")))
+        .await
+        .unwrap_err();
+    assert_eq!(wrong.code(), tonic::Code::Unauthenticated, "{wrong:?}");
+
+    let mut accepted = 0;
+    let mut limited = None;
+    for _ in 0..20 {
+        match client.add(with_token(add("k", 1), Some(TOKEN))).await {
+            Ok(_) => accepted += 1,
+            Err(status) => {
+                limited = Some(status);
+                break;
+            }
+        }
+    }
+    let limited = limited.expect("20 adds at once must pass a rate of 5/s with a burst of 5");
+    assert_eq!(
+        limited.code(),
+        tonic::Code::ResourceExhausted,
+        "{limited:?}"
+    );
+    assert!(
+        limited.message().contains("retry after"),
+        "{}",
+        limited.message()
+    );
+    assert!(limited.metadata().get("retry-after-ms").is_some());
+    assert!(accepted >= 5, "the burst is allowed: {accepted}");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(
+        get(&mut client, "k").await,
+        accepted,
+        "refused adds changed nothing"
+    );
+
+    // Health checks need no token.
+    let mut health =
+        tonic_health::pb::health_client::HealthClient::new(tls_channel(&node, None).await);
+    let serving = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        serving.into_inner().status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+    );
+
+    // Plain text is not spoken on a TLS port.
+    let plain = Channel::from_shared(format!("http://{}", node.spec.grpc))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(channel) = plain {
+        assert!(CountersClient::new(channel)
+            .add(with_token(add("k", 1), Some(TOKEN)))
+            .await
+            .is_err());
+    }
+    let (_, metrics) = http_get(node.spec.http, "/metrics").unwrap();
+    assert!(
+        metrics.contains("tally_auth_refusals_total{reason=\"unauthenticated\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tally_auth_refusals_total{reason=\"rate_limited\"}"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_authenticate_each_other_and_a_foreign_ca_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = Ca::new("cluster CA");
+    let other = Ca::new("another CA");
+    let first = secure_spec(root.path(), "eu", "eu-1", &ca, &[]);
+    let mut second = secure_spec(root.path(), "us", "us-1", &ca, &[]);
+    let mut intruder = secure_spec(root.path(), "ap", "ap-1", &other, &[]);
+    second.seeds = vec![first.gossip];
+    intruder.seeds = vec![first.gossip];
+    let (eu, us, ap) = tokio::task::spawn_blocking(move || {
+        (
+            NodeProcess::start(first),
+            NodeProcess::start(second),
+            NodeProcess::start(intruder),
+        )
+    })
+    .await
+    .unwrap();
+
+    let mut eu_client = CountersClient::new(tls_channel(&eu, None).await);
+    let mut us_client = CountersClient::new(tls_channel(&us, None).await);
+    let mut ap_client = CountersClient::new(tls_channel(&ap, None).await);
+    eu_client
+        .add(with_token(add("likes", 7), Some(TOKEN)))
+        .await
+        .unwrap();
+    ap_client
+        .add(with_token(add("likes", 1000), Some(TOKEN)))
+        .await
+        .unwrap();
+    // The two nodes of the cluster CA converge over mutual TLS.
+    let mut seen = 0;
+    for _ in 0..200 {
+        seen = get(&mut us_client, "likes").await;
+        if seen == 7 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen, 7, "us never got eu's adds over mutual TLS");
+    // The intruder's handshakes are refused and logged; nothing crosses either way.
+    let eu_ref = &eu;
+    wait_until(
+        Duration::from_secs(20),
+        "a refused TLS handshake in eu's log",
+        || {
+            eu_ref
+                .log_text()
+                .contains("TLS handshake refused")
+                .then_some(())
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(get(&mut eu_client, "likes").await, 7);
+    assert_eq!(get(&mut us_client, "likes").await, 7);
+    assert_eq!(get(&mut ap_client, "likes").await, 1000);
+    let (_, metrics) = http_get(eu.spec.http, "/metrics").unwrap();
+    assert!(
+        !metrics.contains("tally_tls_handshake_failures_total 0"),
+        "{metrics}"
+    );
+
+    // Pulling without a node certificate is refused even with a valid TLS session.
+    let mut replication =
+        tally_proto::v1::replication_client::ReplicationClient::new(tls_channel(&eu, None).await);
+    let refused = replication
+        .pull(tally_proto::v1::PullRequest {
+            cluster_id: "test-cluster".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    assert!(
+        refused.message().contains("mutual TLS"),
+        "{}",
+        refused.message()
+    );
+}
+
+#[test]
+fn secure_refuses_to_start_without_its_material_and_plain_nodes_warn() {
+    let root = tempfile::tempdir().unwrap();
+    let mut spec = NodeSpec::new(root.path(), "eu", "eu-1");
+    spec.extra = vec!["--secure".into()];
+    let output = NodeProcess::spawn_raw(&spec);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--secure")
+            && stderr.contains("--tls-cert")
+            && stderr.contains("--auth-tokens"),
+        "{stderr}"
+    );
+
+    spec.extra = vec!["--tls-cert".into(), "/nonexistent.pem".into()];
+    let output = NodeProcess::spawn_raw(&spec);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--tls-key") && stderr.contains("--tls-ca"),
+        "{stderr}"
+    );
+
+    let ca = Ca::new("ca");
+    let (cert, _, ca_path) = ca.issue(&root.path().join("tls"), "n");
+    let garbage = root.path().join("garbage.pem");
+    std::fs::write(&garbage, "not a key").unwrap();
+    spec.extra = [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        garbage.to_str().unwrap(),
+        "--tls-ca",
+        ca_path.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let output = NodeProcess::spawn_raw(&spec);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--tls-key"), "{stderr}");
+
+    spec.extra = Vec::new();
+    let mut plain = NodeProcess::start(spec);
+    assert!(
+        plain.log_text().contains("security is off"),
+        "{}",
+        plain.log_text()
+    );
+    assert_eq!(plain.stop(), Some(0));
+}
