@@ -19,6 +19,15 @@ pub struct PeerLabels {
     pub region: String,
 }
 
+/// Labels of a hot key's rate.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HotKeyLabels {
+    /// `add` or `get`.
+    pub op: String,
+    /// The counter.
+    pub key: String,
+}
+
 /// A label naming an outcome or a reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -80,6 +89,8 @@ pub struct Metrics {
     pub auth_refusals: Family<ReasonLabels, Counter>,
     /// TLS handshakes refused (bad or foreign certificates) or timed out.
     pub tls_handshake_failures: Counter,
+    /// Operations per second of the hottest keys (top 10 per operation).
+    pub hot_key_rate: Family<HotKeyLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Metrics {
@@ -113,6 +124,7 @@ impl Metrics {
             live_members: Gauge::default(),
             auth_refusals: Family::default(),
             tls_handshake_failures: Counter::default(),
+            hot_key_rate: Family::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -236,6 +248,11 @@ impl Metrics {
             "tls_handshake_failures",
             "TLS handshakes refused or timed out",
             metrics.tls_handshake_failures.clone(),
+        );
+        registry.register(
+            "hot_key_rate",
+            "Operations per second of the hottest keys (top 10 per operation)",
+            metrics.hot_key_rate.clone(),
         );
         Metrics {
             registry,

@@ -126,9 +126,15 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         gossip_addr: settings.advertise_gossip_addr.to_string(),
     };
     let (grpc_stop, grpc_stop_rx) = oneshot::channel::<()>();
-    let grpc_task = spawn_grpc(engine.clone(), info, &security, grpc_listener, async {
-        let _ = grpc_stop_rx.await;
-    })
+    let grpc_task = spawn_grpc(
+        engine.clone(),
+        info.clone(),
+        &security,
+        grpc_listener,
+        async {
+            let _ = grpc_stop_rx.await;
+        },
+    )
     .await?;
 
     let ready = Arc::new(AtomicBool::new(true));
@@ -136,6 +142,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     let router = crate::http::router(crate::http::HttpState {
         engine: engine.clone(),
         ready: ready.clone(),
+        info,
     });
     let http_task = tokio::spawn(async move {
         axum::serve(http_listener, router)

@@ -9,6 +9,9 @@ use tonic::{Request, Response, Status};
 
 use crate::engine::{now_ms, Engine};
 
+/// How many hot keys per operation the status shows.
+pub const HOT_KEYS_IN_STATUS: usize = 10;
+
 /// What this node tells about itself.
 #[derive(Clone, Debug)]
 pub struct NodeInfo {
@@ -78,11 +81,22 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         .iter()
         .filter(|m| m.alive)
         .all(|m| m.digest == own.digest);
+    drop(core);
     pb::StatusResponse {
         self_: Some(own),
         members,
         converged,
         cluster_id: info.cluster_id.clone(),
+        hot_keys: engine
+            .hot_keys(HOT_KEYS_IN_STATUS)
+            .into_iter()
+            .map(|hot| pb::HotKey {
+                key: hot.key.as_bytes().to_vec().into(),
+                op: hot.op.as_str().to_string(),
+                rate_per_sec: hot.rate_per_sec,
+                count: hot.count,
+            })
+            .collect(),
     }
 }
 

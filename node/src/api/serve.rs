@@ -48,6 +48,7 @@ pub async fn spawn_grpc(
         .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(tally_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()?;
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)

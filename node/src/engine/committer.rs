@@ -15,6 +15,9 @@ use tokio::task::JoinHandle;
 
 use super::{now_ms, Engine, HOUSEKEEPING_INTERVAL};
 
+/// How many hot keys per operation the metrics show.
+const HOT_KEYS_IN_METRICS: usize = 10;
+
 /// Called after each durable commit with (durable sequence, digest).
 pub type OnCommit = Box<dyn Fn(u64, u64) + Send + Sync>;
 
@@ -73,6 +76,18 @@ fn housekeeping(engine: &Engine) {
         .set(core.cached_counters() as i64);
     drop(core);
     engine.watchers.prune();
+    engine.metrics.hot_key_rate.clear();
+    for hot in engine.hot_keys(HOT_KEYS_IN_METRICS) {
+        let labels = crate::metrics::HotKeyLabels {
+            op: hot.op.as_str().to_string(),
+            key: hot.key.to_string(),
+        };
+        engine
+            .metrics
+            .hot_key_rate
+            .get_or_create(&labels)
+            .set(hot.rate_per_sec);
+    }
     if let Some(bytes) = engine.store.size_on_disk() {
         engine.metrics.disk_bytes.set(bytes as i64);
     }

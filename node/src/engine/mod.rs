@@ -9,6 +9,7 @@
 //! committer, so a hot key costs one short critical section per add.
 
 mod committer;
+pub mod hot_keys;
 mod watchers;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -25,6 +26,7 @@ use crate::replica::{
 use crate::store::Store;
 
 pub use committer::CommitterHandle;
+use hot_keys::{HotKey, HotKeys, Op};
 use watchers::Watchers;
 
 /// When an add is acknowledged.
@@ -84,6 +86,7 @@ pub struct Engine {
     durable_tx: watch::Sender<u64>,
     commit_wakeup: tokio::sync::Notify,
     watchers: Watchers,
+    hot_keys: Mutex<HotKeys>,
     metrics: Arc<Metrics>,
 }
 
@@ -107,6 +110,7 @@ impl Engine {
             durable_tx,
             commit_wakeup: tokio::sync::Notify::new(),
             watchers: Watchers::default(),
+            hot_keys: Mutex::new(HotKeys::default()),
             metrics,
         }))
     }
@@ -236,8 +240,20 @@ impl Engine {
         } else {
             self.metrics.adds.inc();
             self.watchers.notify(key, accepted.value);
+            self.record_hot(Op::Add, key);
         }
         Ok(accepted)
+    }
+
+    fn record_hot(&self, op: Op, key: &str) {
+        let mut hot_keys = self.hot_keys.lock().unwrap_or_else(|p| p.into_inner());
+        hot_keys.record(op, key, std::time::Instant::now());
+    }
+
+    /// The `limit` hottest keys for adds and for gets right now.
+    pub fn hot_keys(&self, limit: usize) -> Vec<HotKey> {
+        let mut hot_keys = self.hot_keys.lock().unwrap_or_else(|p| p.into_inner());
+        hot_keys.top(limit, std::time::Instant::now())
     }
 
     fn count_add_error(&self, error: &EngineError) {
@@ -283,6 +299,7 @@ impl Engine {
             Vec::new()
         };
         drop(core);
+        self.record_hot(Op::Get, key);
         Ok(CounterRead {
             value: state.value()?,
             regions,

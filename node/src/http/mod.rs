@@ -1,6 +1,8 @@
 //! The HTTP endpoints: `/healthz` (the process answers), `/readyz` (the node
-//! serves: its store is open and it is not shutting down) and `/metrics`
-//! (Prometheus text).
+//! serves: its store is open and it is not shutting down), `/metrics`
+//! (Prometheus text), and the status page `/status` (HTML) and `/status.json`.
+
+pub mod status_page;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -20,6 +22,8 @@ pub struct HttpState {
     pub engine: Arc<Engine>,
     /// True while the node serves.
     pub ready: Arc<AtomicBool>,
+    /// What the node tells about itself.
+    pub info: crate::api::NodeInfo,
 }
 
 /// The router.
@@ -28,6 +32,8 @@ pub fn router(state: HttpState) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/status", get(status_html))
+        .route("/status.json", get(status_json))
         .with_state(state)
 }
 
@@ -47,4 +53,14 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
         )],
         state.engine.metrics().encode(),
     )
+}
+
+async fn status_html(State(state): State<HttpState>) -> impl IntoResponse {
+    let status = crate::api::admin::status(&state.engine, &state.info);
+    axum::response::Html(status_page::render(&status))
+}
+
+async fn status_json(State(state): State<HttpState>) -> impl IntoResponse {
+    let status = crate::api::admin::status(&state.engine, &state.info);
+    axum::Json(status_page::to_json(&status))
 }

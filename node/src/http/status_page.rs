@@ -1,0 +1,176 @@
+//! The status page (`/status`): one self-contained HTML page, rendered on the
+//! server with no script and no build step, refreshing itself every two
+//! seconds: the members with their region, liveness, last sync and sequence
+//! lag, whether their digests agree, and this node's hottest keys. The same
+//! facts as JSON at `/status.json`.
+//!
+//! Keys are user input: everything shown is HTML-escaped.
+
+use std::fmt::Write;
+
+use tally_proto::v1 as pb;
+
+/// Escapes text for HTML content and attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+fn age(ms: Option<u64>) -> String {
+    match ms {
+        None => "never".into(),
+        Some(ms) if ms < 1000 => format!("{ms} ms"),
+        Some(ms) if ms < 120_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        Some(ms) => format!("{} min", ms / 60_000),
+    }
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:2rem;color:#1d2433;background:#f7f8fa}\
+h1{font-size:1.4rem;margin:0 0 .2rem}h2{font-size:1.1rem;margin:1.6rem 0 .5rem}\
+.sub{color:#5b6475;margin-bottom:1rem}table{border-collapse:collapse;background:#fff;box-shadow:0 1px 2px #0002}\
+th,td{padding:.35rem .8rem;text-align:left;border-bottom:1px solid #e3e6ec;font-variant-numeric:tabular-nums}\
+th{background:#eef1f5;font-weight:600}.ok{color:#127a3a;font-weight:600}.bad{color:#b3261e;font-weight:600}\
+.badge{display:inline-block;padding:.2rem .6rem;border-radius:1rem;color:#fff}.badge.ok{background:#127a3a}\
+.badge.bad{background:#b3261e}code{font-size:.9em}";
+
+/// Renders the page from a status.
+pub fn render(status: &pb::StatusResponse) -> String {
+    let own = status.self_.clone().unwrap_or_default();
+    let mut html = String::with_capacity(8 * 1024);
+    let _ = write!(
+        html,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"2\">\
+         <title>Tally · {node}</title><style>{STYLE}</style></head><body>\
+         <h1>Tally · {node} <span class=\"sub\">({region})</span></h1>\
+         <div class=\"sub\">cluster <code>{cluster}</code> · replica <code>{replica:016x}</code> · durable sequence {seq} · digest <code>{digest:016x}</code></div>",
+        node = escape(&own.node_name),
+        region = escape(&own.region),
+        cluster = escape(&status.cluster_id),
+        replica = own.replica,
+        seq = own.durable_seq,
+        digest = own.digest,
+    );
+    let live = status.members.iter().filter(|m| m.alive).count() + 1;
+    let _ = write!(
+        html,
+        "<p>{}</p>",
+        if status.converged {
+            format!("<span class=\"badge ok\">converged</span> all {live} live members hold the same digest")
+        } else {
+            format!("<span class=\"badge bad\">not converged</span> the {live} live members hold different digests (normal while adds are flowing)")
+        }
+    );
+    html.push_str(
+        "<h2>Members</h2><table><tr><th>region</th><th>node</th><th>replica</th><th>gRPC address</th>\
+         <th>alive</th><th>last sync</th><th>sequence lag</th><th>digest</th></tr>",
+    );
+    let row = |html: &mut String, member: &pb::Member, is_self: bool| {
+        let same = member.digest == own.digest;
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}{}</td><td><code>{:016x}</code></td><td>{}</td><td class=\"{}\">{}</td>\
+             <td>{}</td><td>{}</td><td class=\"{}\"><code>{:016x}</code></td></tr>",
+            escape(&member.region),
+            escape(&member.node_name),
+            if is_self { " (this node)" } else { "" },
+            member.replica,
+            escape(&member.grpc_addr),
+            if member.alive { "ok" } else { "bad" },
+            if member.alive { "alive" } else { "down" },
+            if is_self { "—".to_string() } else { age(member.since_last_sync_ms) },
+            member.seq_lag,
+            if same { "ok" } else { "bad" },
+            member.digest,
+        );
+    };
+    row(&mut html, &own, true);
+    for member in &status.members {
+        row(&mut html, member, false);
+    }
+    html.push_str("</table><h2>Hottest keys on this node</h2>");
+    if status.hot_keys.is_empty() {
+        html.push_str("<p class=\"sub\">No traffic yet.</p>");
+    } else {
+        html.push_str("<table><tr><th>operation</th><th>key</th><th>per second</th><th>in the window</th></tr>");
+        for hot in &status.hot_keys {
+            let _ = write!(
+                html,
+                "<tr><td>{}</td><td><code>{}</code></td><td>{:.1}</td><td>{}</td></tr>",
+                escape(&hot.op),
+                escape(&String::from_utf8_lossy(&hot.key)),
+                hot.rate_per_sec,
+                hot.count
+            );
+        }
+        html.push_str("</table>");
+    }
+    html.push_str("<p class=\"sub\">Refreshes every 2 s · <a href=\"/metrics\">/metrics</a> · <a href=\"/status.json\">/status.json</a></p></body></html>");
+    html
+}
+
+/// The same facts as JSON.
+pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
+    let member = |m: &pb::Member| {
+        serde_json::json!({
+            "region": m.region, "node_name": m.node_name, "replica": format!("{:016x}", m.replica),
+            "grpc_addr": m.grpc_addr, "gossip_addr": m.gossip_addr, "alive": m.alive,
+            "digest": format!("{:016x}", m.digest), "durable_seq": m.durable_seq,
+            "since_last_sync_ms": m.since_last_sync_ms, "seq_lag": m.seq_lag,
+        })
+    };
+    serde_json::json!({
+        "cluster_id": status.cluster_id,
+        "node": status.self_.as_ref().map(member),
+        "members": status.members.iter().map(member).collect::<Vec<_>>(),
+        "converged": status.converged,
+        "hot_keys": status.hot_keys.iter().map(|h| serde_json::json!({
+            "key": String::from_utf8_lossy(&h.key), "op": h.op, "rate_per_sec": h.rate_per_sec, "count": h.count,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_escaped_and_members_shown() {
+        let status = pb::StatusResponse {
+            self_: Some(pb::Member {
+                region: "eu".into(),
+                node_name: "eu-1".into(),
+                alive: true,
+                ..Default::default()
+            }),
+            members: vec![pb::Member {
+                region: "us".into(),
+                node_name: "us-1".into(),
+                alive: false,
+                ..Default::default()
+            }],
+            converged: false,
+            cluster_id: "c".into(),
+            hot_keys: vec![pb::HotKey {
+                key: b"<script>x</script>".to_vec().into(),
+                op: "add".into(),
+                rate_per_sec: 5.0,
+                count: 50,
+            }],
+        };
+        let html = render(&status);
+        assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
+        assert!(!html.contains("<script>"));
+        assert!(html.contains("us-1") && html.contains("down") && html.contains("not converged"));
+        assert_eq!(to_json(&status)["hot_keys"][0]["key"], "<script>x</script>");
+    }
+}
