@@ -398,3 +398,55 @@ async fn pulls_from_another_cluster_are_refused_and_status_lists_the_members() {
     assert_eq!(status["members"][0]["region"], "eu", "{status}");
     assert_eq!(status["members"][0]["alive"], true, "{status}");
 }
+
+/// Replication cost of a hot key: one delta per sync round, not one message
+/// per add, so the bytes per add fall as the load rises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_bytes_per_add_fall_as_the_load_rises() {
+    let cluster =
+        tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1), ("ap", 1)], "sync"))
+            .await
+            .unwrap();
+    let endpoints = cluster.endpoints();
+    let scrape = |cluster: &Cluster| -> (f64, f64) {
+        let mut bytes = 0.0;
+        let mut adds = 0.0;
+        for node in &cluster.nodes {
+            let (_, metrics) = common::http_get(node.spec.http, "/metrics").unwrap();
+            for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+                let value: f64 = line.rsplit(' ').next().unwrap().parse().unwrap_or(0.0);
+                if line.starts_with("tally_sync_received_bytes_total") {
+                    bytes += value;
+                } else if line.starts_with("tally_adds_total ") {
+                    adds += value;
+                }
+            }
+        }
+        (bytes, adds)
+    };
+    let mut ratios = Vec::new();
+    let mut totals = BTreeMap::new();
+    for tasks in [1, 12] {
+        let before = scrape(&cluster);
+        let tally = run_for(
+            &endpoints[..1],
+            tasks,
+            &["hot"],
+            Duration::from_millis(2000),
+            || {},
+        )
+        .await;
+        *totals.entry("hot".to_string()).or_default() += tally.total();
+        wait_converged(&endpoints, &totals).await;
+        let after = scrape(&cluster);
+        let (bytes, adds) = (after.0 - before.0, after.1 - before.1);
+        println!("{tasks} caller(s): {adds} adds, {bytes} replication bytes received, {:.3} bytes per add", bytes / adds);
+        ratios.push(bytes / adds);
+        assert!(adds > 0.0);
+    }
+    // Replication bytes follow the round rate, not the add rate: more load, fewer bytes per add.
+    assert!(
+        ratios[1] < ratios[0],
+        "more load, fewer bytes per add: {ratios:?}"
+    );
+}
