@@ -20,6 +20,46 @@ struct Cli {
 enum Command {
     /// Runs a whole multi-region cluster on loopback (one process), and prints each region's endpoint.
     Dev(DevArgs),
+    /// Exits 0 when the node's HTTP endpoint answers 200 (for container healthchecks, where no curl exists).
+    Healthcheck(HealthcheckArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct HealthcheckArgs {
+    /// The node's --http-addr.
+    #[arg(long, env = "TALLY_HTTP_ADDR", default_value = "127.0.0.1:7102")]
+    http_addr: String,
+    /// The path to ask: /readyz (serving) or /healthz (running).
+    #[arg(long, default_value = "/readyz")]
+    path: String,
+}
+
+/// One HTTP/1.1 GET with a short timeout; Ok when the answer is 200.
+fn healthcheck(args: &HealthcheckArgs) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    use std::net::ToSocketAddrs;
+    let timeout = std::time::Duration::from_secs(2);
+    let addr = args
+        .http_addr
+        .replace("0.0.0.0", "127.0.0.1")
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("--http-addr {} does not resolve", args.http_addr))?;
+    let mut stream = std::net::TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    write!(
+        stream,
+        "GET {} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n",
+        args.path
+    )?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    let status = answer.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) == Some("200") {
+        Ok(())
+    } else {
+        anyhow::bail!("{} answered {status:?}", args.path)
+    }
 }
 
 fn init_logs(json: bool) {
@@ -37,6 +77,7 @@ fn init_logs(json: bool) {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Some(Command::Healthcheck(args)) => healthcheck(&args),
         Some(Command::Dev(args)) => {
             init_logs(false);
             tally_node::dev::run(args).await

@@ -133,6 +133,17 @@ async fn reflection_and_health_answer_and_logs_can_be_json() {
         );
     }
 
+    // The container healthcheck: `tally-node healthcheck` asks /readyz.
+    let probe = |addr: String| {
+        std::process::Command::new(common::node_binary())
+            .args(["healthcheck", "--http-addr", &addr])
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(probe(node.spec.http.to_string()));
+    assert!(!probe("127.0.0.1:1".to_string()));
+
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let request = tonic_health::pb::HealthCheckRequest {
         service: "tally.v1.Counters".into(),
