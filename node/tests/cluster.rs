@@ -450,3 +450,104 @@ async fn replication_bytes_per_add_fall_as_the_load_rises() {
         "more load, fewer bytes per add: {ratios:?}"
     );
 }
+
+/// `Watch` pushes a new value when a merge from another region changes the
+/// counter, not only on local adds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sees_changes_merged_from_another_region() {
+    use futures::StreamExt;
+    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1)], "sync"))
+        .await
+        .unwrap();
+    let endpoints = cluster.endpoints();
+    let us = quick_client(&endpoints[1]).await;
+    let mut values = us.watch("live:poll").await.unwrap();
+    assert_eq!(
+        values.next().await.unwrap().unwrap(),
+        0,
+        "the current value comes first"
+    );
+    let eu = quick_client(&endpoints[0]).await;
+    eu.add("live:poll", 5).await.unwrap();
+    eu.add("live:poll", 6).await.unwrap();
+    let seen = tokio::time::timeout(CONVERGENCE_LIMIT, async {
+        loop {
+            let value = values.next().await.unwrap().unwrap();
+            if value == 11 {
+                return value;
+            }
+            assert!(value == 5, "only values that existed are pushed: {value}");
+        }
+    })
+    .await
+    .expect("the merged value reaches the watcher in us");
+    assert_eq!(seen, 11);
+}
+
+/// `tally-node dev` runs a whole cluster from one command and prints each
+/// region's endpoint; adds in one region reach the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dev_cluster_runs_three_regions_from_one_command() {
+    use std::io::{BufRead, BufReader};
+    let root = tempfile::tempdir().unwrap();
+    let base = common::free_port_block(30);
+    let mut child = std::process::Command::new(common::node_binary())
+        .args([
+            "dev",
+            "--regions",
+            "3",
+            "--sync-interval",
+            "100ms",
+            "--base-port",
+            &base.to_string(),
+        ])
+        .arg("--dir")
+        .arg(root.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(root.path().join("dev.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let lines = tokio::task::spawn_blocking(move || {
+        BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .take_while(|l| !l.starts_with("Ctrl-C"))
+            .collect::<Vec<_>>()
+    })
+    .await
+    .unwrap();
+    let endpoints: Vec<String> = lines
+        .iter()
+        .filter_map(|line| {
+            line.split_whitespace()
+                .skip_while(|w| *w != "grpc")
+                .nth(1)
+                .map(str::to_string)
+        })
+        .collect();
+    let log = std::fs::read_to_string(root.path().join("dev.log")).unwrap_or_default();
+    assert_eq!(endpoints.len(), 3, "{lines:?}\n{log}");
+    for region in ["eu-west", "us-east", "ap-south"] {
+        assert!(
+            lines.iter().any(|l| l.contains(region)),
+            "{region} missing: {lines:?}"
+        );
+    }
+    quick_client(&endpoints[0])
+        .await
+        .add("dev:likes", 3)
+        .await
+        .unwrap();
+    let expected: BTreeMap<String, i64> = [("dev:likes".to_string(), 3)].into();
+    let took = wait_converged(&endpoints, &expected).await;
+    println!("dev cluster converged in {took:?}");
+    send_signal(child.id(), "-TERM");
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        status.success(),
+        "the dev cluster stops cleanly on SIGTERM: {status:?}"
+    );
+}

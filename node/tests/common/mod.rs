@@ -440,3 +440,21 @@ pub fn spawn_raw_replacing(spec: &NodeSpec, replace: &[(&str, &str)]) -> std::pr
         .output()
         .expect("running tally-node")
 }
+
+/// A base port `b` such that `b..b+count` are all free for TCP and UDP on
+/// 127.0.0.1, below the kernel's ephemeral range (so that no outgoing
+/// connection takes one of them meanwhile).
+pub fn free_port_block(count: u16) -> u16 {
+    for attempt in 0..200u32 {
+        let base = 20_000
+            + ((std::process::id().wrapping_mul(7919) + attempt * 104_729) % 120) as u16 * 100;
+        let all_free = (base..base + count).all(|port| {
+            TcpListener::bind(("127.0.0.1", port)).is_ok()
+                && UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        });
+        if all_free {
+            return base;
+        }
+    }
+    panic!("no block of {count} free ports found");
+}
