@@ -1,1 +1,6 @@
-fn main() {}
+//! The `tally-sim` command: `run` (deterministic simulation, one seed or a
+//! sweep) and `chaos` (real processes). See the README's "Simulator" section.
+
+fn main() -> std::process::ExitCode {
+    tally_sim::cli::main()
+}

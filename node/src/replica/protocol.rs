@@ -327,7 +327,7 @@ impl Replica {
                 self.mark_dirty(&key);
             }
         }
-        self.peers.advance_watermark(peer, chunk.next);
+        self.peers.advance_watermark(peer, chunk.next, report.received > 0);
         Ok(report)
     }
 }

@@ -142,10 +142,16 @@ impl PeerBook {
     }
 
     /// Moves `peer`'s watermark (after its changes up to `cursor` were merged).
-    pub fn advance_watermark(&mut self, peer: ReplicaId, cursor: Cursor) {
+    ///
+    /// Only a move past changes that carried counters asks for a commit of its
+    /// own: otherwise two idle nodes would commit forever, each commit of one
+    /// giving the other an empty change to pull and a watermark to save. A
+    /// move over empty changes is saved with the next commit (and, if lost,
+    /// costs one cheap re-scan).
+    pub fn advance_watermark(&mut self, peer: ReplicaId, cursor: Cursor, carried_counters: bool) {
         if self.watermarks.get(&peer) != Some(&cursor) {
             self.watermarks.insert(peer, cursor);
-            self.watermarks_dirty = true;
+            self.watermarks_dirty |= carried_counters;
         }
     }
 
@@ -260,7 +266,9 @@ mod tests {
         book.handle_membership(vec![member(1, "us")]);
         assert_eq!(book.poll_pulls(0, "eu")[0].after, Cursor::after_seq(4));
         assert!(!book.take_watermarks().1);
-        book.advance_watermark(ReplicaId(1), Cursor::after_seq(9));
+        book.advance_watermark(ReplicaId(1), Cursor::after_seq(7), false);
+        assert!(!book.take_watermarks().1, "an empty move does not ask for a commit");
+        book.advance_watermark(ReplicaId(1), Cursor::after_seq(9), true);
         let (marks, dirty) = book.take_watermarks();
         assert!(dirty);
         assert_eq!(marks, vec![(ReplicaId(1), Cursor::after_seq(9))]);

@@ -459,3 +459,22 @@ fn a_failed_commit_is_retried_whole() {
     assert_eq!(retry.counters, batch.counters);
     assert_eq!(retry.idempotency_put, batch.idempotency_put);
 }
+
+#[test]
+fn idle_replicas_stop_committing() {
+    let mut a = Node::new(1, "eu");
+    let mut b = Node::new(2, "us");
+    a.add("k", 1);
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    b.commit();
+    a.pull_from(&b, 1 << 20);
+    a.commit();
+    // Nothing changes any more: rounds of pulls must not create commits.
+    for _ in 0..5 {
+        b.pull_from(&a, 1 << 20);
+        a.pull_from(&b, 1 << 20);
+        assert_eq!(a.commit(), None, "an idle replica committed");
+        assert_eq!(b.commit(), None, "an idle replica committed");
+    }
+}
