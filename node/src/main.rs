@@ -67,6 +67,7 @@ fn init_logs(json: bool) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,chitchat=warn,sled=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

@@ -71,7 +71,7 @@ impl AntiEntropyHandle {
 pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> AntiEntropyHandle {
     let (stop_tx, mut stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
-        let channels = Arc::new(Mutex::new(HashMap::<String, Channel>::new()));
+        let channels: Channels = Arc::default();
         let mut interval = tokio::time::interval(config.interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pulls = tokio::task::JoinSet::new();
@@ -99,6 +99,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                 };
                 pulls.spawn(pull_once(
                     engine.clone(),
+                    channels.clone(),
                     channel,
                     plan,
                     own,
@@ -114,11 +115,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
     }
 }
 
-fn channel_for(
-    channels: &Mutex<HashMap<String, Channel>>,
-    addr: &str,
-    config: &AntiEntropyConfig,
-) -> Option<Channel> {
+fn channel_for(channels: &Channels, addr: &str, config: &AntiEntropyConfig) -> Option<Channel> {
     let mut channels = channels.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(channel) = channels.get(addr) {
         return Some(channel.clone());
@@ -144,25 +141,42 @@ fn channel_for(
     let channel = endpoint
         .connect_timeout(config.pull_timeout.min(Duration::from_secs(1)))
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(10))
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(3))
+        .keep_alive_while_idle(true)
         .connect_lazy();
     channels.insert(addr.to_string(), channel.clone());
     Some(channel)
 }
 
+/// Drops a peer's cached channel after a failed pull, so that the next round
+/// dials again (and resolves the name again: a restarted peer may have a new
+/// address) instead of waiting for HTTP/2 keep-alive to give up.
+fn forget_channel(channels: &Mutex<HashMap<String, Channel>>, addr: &str) {
+    channels
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(addr);
+}
+
 fn labels(engine: &Engine, peer: ReplicaId) -> PeerLabels {
+    let core = engine.core();
+    let region = match core.peers().peer(peer) {
+        Some(state) => state.member.region.clone(),
+        None => core.region_of(peer).unwrap_or("unknown").to_string(),
+    };
     PeerLabels {
         peer: peer.to_string(),
-        region: engine
-            .core()
-            .region_of(peer)
-            .unwrap_or("unknown")
-            .to_string(),
+        region,
     }
 }
 
+/// Channels to peers by gRPC address, reused across rounds.
+type Channels = Arc<Mutex<HashMap<String, Channel>>>;
+
 async fn pull_once(
     engine: Arc<Engine>,
+    channels: Channels,
     channel: Channel,
     plan: PullPlan,
     own: ReplicaId,
@@ -192,6 +206,7 @@ async fn pull_once(
         }
         Ok(Err(error)) => {
             tracing::debug!(peer = %plan.peer, addr = %plan.grpc_addr, %error, "pull failed");
+            forget_channel(&channels, &plan.grpc_addr);
             engine
                 .core()
                 .peers_mut()
@@ -200,6 +215,7 @@ async fn pull_once(
         }
         Err(_) => {
             tracing::debug!(peer = %plan.peer, addr = %plan.grpc_addr, "pull timed out");
+            forget_channel(&channels, &plan.grpc_addr);
             engine
                 .core()
                 .peers_mut()

@@ -327,7 +327,8 @@ impl Replica {
                 self.mark_dirty(&key);
             }
         }
-        self.peers.advance_watermark(peer, chunk.next, report.received > 0);
+        self.peers
+            .advance_watermark(peer, chunk.next, report.received > 0);
         Ok(report)
     }
 }

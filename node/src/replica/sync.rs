@@ -267,7 +267,10 @@ mod tests {
         assert_eq!(book.poll_pulls(0, "eu")[0].after, Cursor::after_seq(4));
         assert!(!book.take_watermarks().1);
         book.advance_watermark(ReplicaId(1), Cursor::after_seq(7), false);
-        assert!(!book.take_watermarks().1, "an empty move does not ask for a commit");
+        assert!(
+            !book.take_watermarks().1,
+            "an empty move does not ask for a commit"
+        );
         book.advance_watermark(ReplicaId(1), Cursor::after_seq(9), true);
         let (marks, dirty) = book.take_watermarks();
         assert!(dirty);
