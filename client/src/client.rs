@@ -5,9 +5,15 @@
 //! carries the idempotency key its first attempt carried. Batch calls answer
 //! per item, in request order; an item that fails validation is not sent and
 //! gets its error in its place.
+//!
+//! With coalescing on (the default), single adds go through the client's
+//! coalescing task ([`crate::coalesce`]) instead, which batches concurrent
+//! adds and applies the same retry rules per add. With a read cache
+//! ([`crate::cache`]), `get` answers from it while fresh and every answered
+//! add is reported to it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::{Stream, StreamExt};
 use prost::bytes::Bytes;
@@ -19,6 +25,9 @@ use tally_proto::v1::{
 use tonic::transport::Channel;
 use tonic::{Response, Status};
 
+use crate::cache::ReadCache;
+use crate::coalesce::wire::encode_add;
+use crate::coalesce::{spawn_coalescer, CoalescerHandle};
 use crate::retry::RetryPolicy;
 use crate::types::{counter_from_proto, status_from_proto};
 use crate::validate::{validate_delta, validate_idempotency_key, validate_key};
@@ -26,10 +35,12 @@ use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
 
 /// A connection to one Tally node.
 ///
-/// Cloning is cheap (the clones share one HTTP/2 connection), and a `Client`
-/// can be used from many tasks at once. One connection carries many calls in
-/// parallel, but it has a throughput ceiling; a very busy service opens a few
-/// clients and spreads its calls over them.
+/// Cloning is cheap (the clones share one HTTP/2 connection, one coalescing
+/// task and one read cache), and a `Client` can be used from many tasks at
+/// once. Concurrent adds on one client are coalesced into batches
+/// ([`ClientConfig::with_coalescing`]), so a busy service gets the most from
+/// one client shared by all its tasks. The client's background task stops
+/// when the last clone is dropped.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -70,6 +81,10 @@ pub struct Client {
     admin: AdminClient<Channel>,
     policy: RetryPolicy,
     endpoint: Arc<str>,
+    /// `None` when adds are not coalesced.
+    coalescer: Option<CoalescerHandle>,
+    /// `None` when there is no read cache.
+    read_cache: Option<Arc<ReadCache>>,
 }
 
 impl Client {
@@ -87,11 +102,19 @@ impl Client {
         config: &ClientConfig,
         endpoint: String,
     ) -> Client {
+        let coalescer = config
+            .batch_settings()
+            .map(|settings| spawn_coalescer(channel.clone(), settings));
+        let read_cache = config
+            .read_cache()
+            .map(|(capacity, ttl)| Arc::new(ReadCache::new(capacity, ttl)));
         Client {
             counters: CountersClient::new(channel.clone()),
             admin: AdminClient::new(channel),
             policy: config.retry_policy(),
             endpoint: endpoint.into(),
+            coalescer,
+            read_cache,
         }
     }
 
@@ -105,8 +128,14 @@ impl Client {
     ///
     /// The add gets a fresh idempotency key (a UUID v7) that all its retries
     /// reuse, so it is applied at most once however often it is sent.
+    ///
+    /// With coalescing on (the default, [`ClientConfig::with_coalescing`]),
+    /// the add may travel in one `AddBatch` call with other adds made on this
+    /// client at the same time; its answer, its error and its deadline stay
+    /// its own.
     pub async fn add(&self, key: &str, delta: i64) -> Result<AddOutcome, Error> {
-        self.send_add(key, delta, new_idempotency_key()).await
+        let idempotency_key = new_idempotency_key();
+        self.send_add(key, delta, idempotency_key.as_str()).await
     }
 
     /// Like [`Client::add`], with an idempotency key the caller chose (1 to
@@ -120,31 +149,49 @@ impl Client {
         idempotency_key: &str,
     ) -> Result<AddOutcome, Error> {
         validate_idempotency_key(idempotency_key)?;
-        self.send_add(key, delta, idempotency_key.to_owned()).await
+        self.send_add(key, delta, idempotency_key).await
     }
 
     async fn send_add(
         &self,
         key: &str,
         delta: i64,
-        idempotency_key: String,
+        idempotency_key: &str,
     ) -> Result<AddOutcome, Error> {
         validate_key(key)?;
         validate_delta(delta)?;
-        let request = AddRequest {
-            key: key_bytes(key),
-            delta,
-            idempotency_key,
+        // The clock is read only for the cache; the coalescing task times
+        // the deadline of a coalesced add.
+        let sent_at = self
+            .read_cache
+            .is_some()
+            .then(|| tokio::time::Instant::now().into_std());
+        let outcome = match &self.coalescer {
+            Some(coalescer) => {
+                let body = encode_add(key.as_bytes(), delta, idempotency_key.as_bytes());
+                coalescer.add(body).await?
+            }
+            None => {
+                let request = AddRequest {
+                    key: key_bytes(key),
+                    delta,
+                    idempotency_key: idempotency_key.to_owned(),
+                };
+                self.policy
+                    .run("add", |timeout| {
+                        let mut counters = self.counters.clone();
+                        let request = with_timeout(request.clone(), timeout);
+                        async move { counters.add(request).await.map(Response::into_inner) }
+                    })
+                    .await?
+                    .into()
+            }
         };
-        let response = self
-            .policy
-            .run("add", |timeout| {
-                let mut counters = self.counters.clone();
-                let request = with_timeout(request.clone(), timeout);
-                async move { counters.add(request).await.map(Response::into_inner) }
-            })
-            .await?;
-        Ok(response.into())
+        if let (Some(cache), Some(sent_at)) = (&self.read_cache, sent_at) {
+            let answered_at = tokio::time::Instant::now().into_std();
+            cache.record_add(key, sent_at, answered_at, outcome);
+        }
+        Ok(outcome)
     }
 
     /// Adds to many counters in one request. Each `(key, delta)` gets its own
@@ -152,7 +199,8 @@ impl Client {
     ///
     /// The outer `Err` is a failure of the whole request (after retries); an
     /// inner `Err` is one item's, such as [`Error::OutOfRange`]. Items are not
-    /// retried one by one.
+    /// retried one by one. The batch is sent as it is, never coalesced with
+    /// other adds.
     pub async fn add_batch<K: AsRef<str>>(
         &self,
         adds: impl IntoIterator<Item = (K, i64)>,
@@ -166,7 +214,7 @@ impl Client {
                 Ok(AddRequest {
                     key: key_bytes(key),
                     delta,
-                    idempotency_key: new_idempotency_key(),
+                    idempotency_key: new_idempotency_key().as_str().to_owned(),
                 })
             })
             .collect();
@@ -179,6 +227,7 @@ impl Client {
         if request.adds.is_empty() {
             return merge_batch(items, Vec::new(), add_result_outcome);
         }
+        let sent_at = tokio::time::Instant::now().into_std();
         let response = self
             .policy
             .run("add_batch", |timeout| {
@@ -187,14 +236,42 @@ impl Client {
                 async move { counters.add_batch(request).await.map(Response::into_inner) }
             })
             .await?;
+        if let Some(cache) = &self.read_cache {
+            if response.results.len() == request.adds.len() {
+                let answered_at = tokio::time::Instant::now().into_std();
+                for (add, result) in request.adds.iter().zip(&response.results) {
+                    if let (Some(add_result::Outcome::Ok(answer)), Ok(key)) =
+                        (&result.outcome, std::str::from_utf8(&add.key))
+                    {
+                        cache.record_add(key, sent_at, answered_at, (*answer).into());
+                    }
+                }
+            }
+        }
         merge_batch(items, response.results, add_result_outcome)
     }
 
     /// Reads the counter `key` on the node: its own region's part is exact,
     /// the other regions' parts are as fresh as the last sync. A counter never
     /// written reads 0.
+    ///
+    /// With a read cache ([`ClientConfig::with_read_cache`]) the value may
+    /// come from it, up to its TTL old (but never older than this client's
+    /// own answered adds).
     pub async fn get(&self, key: &str) -> Result<i64, Error> {
-        Ok(self.read(key, false).await?.value)
+        let Some(cache) = &self.read_cache else {
+            return Ok(self.read(key, false).await?.value);
+        };
+        validate_key(key)?;
+        let sent_at = tokio::time::Instant::now().into_std();
+        if let Some(value) = cache.fresh(key, sent_at) {
+            // An answer that never waits must still let other tasks run.
+            tokio::task::consume_budget().await;
+            return Ok(value);
+        }
+        let value = self.read(key, false).await?.value;
+        cache.record_read(key, sent_at, value);
+        Ok(value)
     }
 
     /// Reads the counter `key` with its per-region breakdown and how stale
@@ -310,10 +387,30 @@ impl Client {
     }
 }
 
-/// A fresh idempotency key: a UUID v7, time-ordered so that a server can
-/// expire old keys cheaply.
-fn new_idempotency_key() -> String {
-    uuid::Uuid::now_v7().to_string()
+/// A generated idempotency key: a UUID v7 in its 36-character text form,
+/// kept on the stack.
+pub(crate) struct IdempotencyKey([u8; uuid::fmt::Hyphenated::LENGTH]);
+
+impl IdempotencyKey {
+    pub(crate) fn as_str(&self) -> &str {
+        // `encode_lower` writes ASCII hex digits and hyphens only.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+/// A fresh idempotency key: a UUID v7, ordered by its millisecond so that a
+/// server can expire old keys cheaply, with 74 random bits from the thread's
+/// generator (`uuid::Uuid::now_v7` takes a global lock and reads the OS's
+/// random source for each key, which showed in the profile of busy clients).
+fn new_idempotency_key() -> IdempotencyKey {
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as u64);
+    let random: [u8; 10] = rand::random();
+    let uuid = uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid();
+    let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
+    uuid.hyphenated().encode_lower(&mut text);
+    IdempotencyKey(text)
 }
 
 fn key_bytes(key: &str) -> Bytes {
@@ -383,10 +480,18 @@ mod tests {
     fn idempotency_keys_are_fresh_uuid_v7() {
         let first = new_idempotency_key();
         let second = new_idempotency_key();
-        assert_ne!(first, second);
-        let parsed = uuid::Uuid::parse_str(&first).unwrap();
+        assert_ne!(first.as_str(), second.as_str());
+        let parsed = uuid::Uuid::parse_str(first.as_str()).unwrap();
         assert_eq!(parsed.get_version_num(), 7);
-        assert!(first.len() <= crate::MAX_IDEMPOTENCY_KEY_BYTES);
+        assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
+        assert_eq!(first.as_str(), parsed.hyphenated().to_string());
+        assert!(first.as_str().len() <= crate::MAX_IDEMPOTENCY_KEY_BYTES);
+        let millis = parsed.get_timestamp().unwrap().to_unix();
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        assert!(
+            now.as_secs().abs_diff(millis.0) <= 1,
+            "{millis:?} vs {now:?}"
+        );
     }
 
     #[test]

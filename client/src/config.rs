@@ -1,5 +1,6 @@
 //! How a [`Client`] connects and how patiently it calls: deadlines, retries,
-//! backoff, and the normalisation of endpoint strings.
+//! backoff, the coalescing of adds, the optional read cache, and the
+//! normalisation of endpoint strings.
 //!
 //! A [`ClientConfig`] is a plain value built with `with_*` methods; it turns
 //! into a client with [`ClientConfig::connect`] or
@@ -9,18 +10,25 @@ use std::time::Duration;
 
 use tonic::transport::{Endpoint, Uri};
 
+use crate::coalesce::BatchSettings;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::{Client, Error};
 
-/// Settings of a [`Client`]: the per-call deadline, the connect timeout, and
-/// the retry policy.
+/// The most adds one `AddBatch` call may carry (the node's limit), and so the
+/// largest [`ClientConfig::with_max_batch_size`].
+pub const MAX_BATCH_SIZE: usize = 10_000;
+
+/// Settings of a [`Client`]: the per-call deadline, the connect timeout, the
+/// retry policy, the coalescing of adds and the optional read cache.
 ///
 /// ```
 /// use std::time::Duration;
 /// let config = tally_client::ClientConfig::new()
 ///     .with_deadline(Duration::from_secs(1))
-///     .with_max_retries(5);
+///     .with_max_retries(5)
+///     .with_read_cache(500, Duration::from_secs(2));
 /// assert_eq!(config.max_retries(), 5);
+/// assert!(config.coalescing());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientConfig {
@@ -29,6 +37,11 @@ pub struct ClientConfig {
     max_retries: u32,
     backoff_base: Duration,
     backoff_max: Duration,
+    coalescing: bool,
+    coalesce_window: Duration,
+    max_batches_in_flight: usize,
+    max_batch_size: usize,
+    read_cache: Option<(usize, Duration)>,
 }
 
 impl Default for ClientConfig {
@@ -39,13 +52,20 @@ impl Default for ClientConfig {
             max_retries: 3,
             backoff_base: Duration::from_millis(20),
             backoff_max: Duration::from_secs(1),
+            coalescing: true,
+            coalesce_window: Duration::from_micros(200),
+            max_batches_in_flight: 2,
+            max_batch_size: 1_024,
+            read_cache: None,
         }
     }
 }
 
 impl ClientConfig {
     /// The defaults: a 5 s deadline per call, a 3 s connect timeout, 3
-    /// retries, and a backoff starting at 20 ms, doubling, capped at 1 s.
+    /// retries, and a backoff starting at 20 ms, doubling, capped at 1 s;
+    /// adds coalesced, with up to 2 batches of up to 1,024 adds in flight and
+    /// a 200 µs gather window; no read cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -84,6 +104,61 @@ impl ClientConfig {
         self
     }
 
+    /// Turns the coalescing of adds on (the default) or off.
+    ///
+    /// When on, concurrent [`Client::add`] and [`Client::add_with_key`] calls
+    /// on one client (and its clones) are gathered and sent to the node as
+    /// one `AddBatch` call, each add with its own idempotency key, its own
+    /// answer or error, and its own deadline. An add made while no batch is
+    /// in flight goes out at once; adds made while batches are in flight
+    /// gather until one of the [`ClientConfig::with_max_batches_in_flight`]
+    /// slots is free, for at most [`ClientConfig::with_coalesce_window`]
+    /// when one is. A failure of the whole call is retried for the adds it
+    /// carried, with their keys, like any call; a per-item error is retried
+    /// only if its code is transient. When off, each add is its own call.
+    pub fn with_coalescing(mut self, coalescing: bool) -> Self {
+        self.coalescing = coalescing;
+        self
+    }
+
+    /// Sets how long adds may gather while a batch is in flight and another
+    /// could be sent (default 200 µs; zero sends whenever a slot is free).
+    /// An add made while nothing is in flight never waits for it.
+    pub fn with_coalesce_window(mut self, window: Duration) -> Self {
+        self.coalesce_window = window;
+        self
+    }
+
+    /// Sets how many coalesced batches may be in flight at once to the node
+    /// (default 2; at least 1).
+    pub fn with_max_batches_in_flight(mut self, batches: usize) -> Self {
+        self.max_batches_in_flight = batches.max(1);
+        self
+    }
+
+    /// Sets the most adds one coalesced batch carries (default 1,024; from 1
+    /// to [`MAX_BATCH_SIZE`], and clamped to that range).
+    pub fn with_max_batch_size(mut self, adds: usize) -> Self {
+        self.max_batch_size = adds.clamp(1, MAX_BATCH_SIZE);
+        self
+    }
+
+    /// Turns on a read cache of the `capacity` most recently read counters,
+    /// each answered locally for `ttl` after it was fetched (off by default;
+    /// a zero capacity or TTL turns it off).
+    ///
+    /// [`Client::get`] answers from the cache while its value is fresh. The
+    /// answer to a local add updates the cached value, so a caller reads its
+    /// own adds; when adds to one counter race on this client and the cache
+    /// cannot tell which answer is the newer, it drops the counter and the
+    /// next get asks the node. Other clients' adds show after at most `ttl`.
+    /// [`Client::get_with_breakdown`] and [`Client::get_batch`] always ask the
+    /// node.
+    pub fn with_read_cache(mut self, capacity: usize, ttl: Duration) -> Self {
+        self.read_cache = (capacity > 0 && !ttl.is_zero()).then_some((capacity, ttl));
+        self
+    }
+
     /// The time one call may take, retries included.
     pub fn deadline(&self) -> Duration {
         self.deadline
@@ -107,6 +182,31 @@ impl ClientConfig {
     /// The cap on the backoff's step.
     pub fn backoff_max(&self) -> Duration {
         self.backoff_max
+    }
+
+    /// Whether adds are coalesced.
+    pub fn coalescing(&self) -> bool {
+        self.coalescing
+    }
+
+    /// How long adds may gather while a batch is in flight and a slot is free.
+    pub fn coalesce_window(&self) -> Duration {
+        self.coalesce_window
+    }
+
+    /// How many coalesced batches may be in flight at once.
+    pub fn max_batches_in_flight(&self) -> usize {
+        self.max_batches_in_flight
+    }
+
+    /// The most adds in one coalesced batch.
+    pub fn max_batch_size(&self) -> usize {
+        self.max_batch_size
+    }
+
+    /// The read cache's capacity and TTL, if it is on.
+    pub fn read_cache(&self) -> Option<(usize, Duration)> {
+        self.read_cache
     }
 
     /// Connects to `endpoint` (`http://host:port`, or `host:port`) and fails
@@ -146,6 +246,21 @@ impl ClientConfig {
             },
             deadline: self.deadline,
         }
+    }
+
+    /// The batching of coalesced adds, if they are coalesced.
+    pub(crate) fn batch_settings(&self) -> Option<BatchSettings> {
+        self.coalescing.then(|| {
+            let retry = self.retry_policy();
+            BatchSettings {
+                max_batch: self.max_batch_size,
+                max_in_flight: self.max_batches_in_flight,
+                window: self.coalesce_window,
+                max_retries: retry.max_retries,
+                backoff: retry.backoff,
+                deadline: retry.deadline,
+            }
+        })
     }
 
     fn tonic_endpoint(&self, uri: &str) -> Result<Endpoint, Error> {
@@ -302,5 +417,49 @@ mod tests {
         assert_eq!(config.backoff_base(), Duration::from_millis(20));
         let policy = config.retry_policy();
         assert_eq!(policy.backoff.max, Duration::from_secs(1));
+        assert!(config.coalescing());
+        assert_eq!(config.coalesce_window(), Duration::from_micros(200));
+        assert_eq!(config.max_batches_in_flight(), 2);
+        assert_eq!(config.max_batch_size(), 1_024);
+        assert_eq!(config.read_cache(), None);
+    }
+
+    #[test]
+    fn batching_knobs_stay_within_what_the_node_accepts() {
+        let config = ClientConfig::new()
+            .with_max_batch_size(50_000)
+            .with_max_batches_in_flight(0);
+        assert_eq!(config.max_batch_size(), MAX_BATCH_SIZE);
+        assert_eq!(config.max_batches_in_flight(), 1);
+        assert_eq!(
+            ClientConfig::new().with_max_batch_size(0).max_batch_size(),
+            1
+        );
+        let settings = config.batch_settings().unwrap();
+        assert_eq!(settings.max_batch, MAX_BATCH_SIZE);
+        assert_eq!(settings.max_retries, 3);
+        assert!(ClientConfig::new()
+            .with_coalescing(false)
+            .batch_settings()
+            .is_none());
+    }
+
+    #[test]
+    fn a_read_cache_of_nothing_is_off() {
+        let ttl = Duration::from_secs(2);
+        assert_eq!(
+            ClientConfig::new().with_read_cache(500, ttl).read_cache(),
+            Some((500, ttl))
+        );
+        assert_eq!(
+            ClientConfig::new().with_read_cache(0, ttl).read_cache(),
+            None
+        );
+        assert_eq!(
+            ClientConfig::new()
+                .with_read_cache(500, Duration::ZERO)
+                .read_cache(),
+            None
+        );
     }
 }

@@ -15,6 +15,13 @@
 //!   ([`ClientConfig`]).
 //! - Keys and deltas are checked before anything is sent; a bad one fails with
 //!   [`Error::InvalidArgument`] and a message that says what to fix.
+//! - Concurrent adds on one client are coalesced into `AddBatch` calls (on by
+//!   default, [`ClientConfig::with_coalescing`]); each keeps its idempotency
+//!   key, its deadline and its own answer, and an add made while the client
+//!   is idle goes out at once.
+//! - An optional read cache ([`ClientConfig::with_read_cache`]) answers gets
+//!   of hot counters locally for a short TTL, and shows a client its own
+//!   answered adds.
 //!
 //! [`format_count`] renders a count the way a page shows it ("40.2K").
 //!
@@ -29,7 +36,9 @@
 
 #![deny(missing_docs)]
 
+mod cache;
 mod client;
+mod coalesce;
 mod config;
 mod error;
 mod format;
@@ -38,7 +47,7 @@ mod types;
 mod validate;
 
 pub use client::Client;
-pub use config::ClientConfig;
+pub use config::{ClientConfig, MAX_BATCH_SIZE};
 pub use error::Error;
 pub use format::format_count;
 pub use types::{AddOutcome, ClusterStatus, Counter, Member, RegionValue};

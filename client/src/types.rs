@@ -252,6 +252,7 @@ mod tests {
             members: vec![proto_member("n2", u64::MAX)],
             converged: true,
             cluster_id: "prod".to_owned(),
+            ..Default::default()
         })
         .unwrap();
         let names: Vec<_> = status.all_members().map(|m| m.node_name.as_str()).collect();

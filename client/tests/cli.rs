@@ -145,9 +145,63 @@ async fn bench_reports_throughput_and_latency() {
     );
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 3, "{text}");
-    assert!(lines[0].starts_with("bench: op=add concurrency=64 connections=4 keys=1"));
+    assert!(lines[0].starts_with("bench: op=add concurrency=64 connections=1 keys=1"));
+    assert!(
+        lines[0].ends_with("coalesce=on read-cache=off"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[1].contains("  client cpu: "), "{}", lines[1]);
     assert!(lines[1].starts_with("ops: "));
     assert!(lines[2].starts_with("latency ms: p50 "));
+    server.shutdown();
+}
+
+#[tokio::test]
+async fn bench_coalesces_adds_unless_told_not_to() {
+    let server = spawn_fake_server().await;
+    let run = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "bench",
+            "--json",
+            "--concurrency",
+            "8",
+            "--duration",
+            "200ms",
+            "--warmup",
+            "0s",
+            "--threads",
+            "1",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let json = stdout(&tally(&server.endpoint(), &run(&["--no-coalesce"])).await);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["coalesce"], false);
+    assert_eq!(report["connections"], 4);
+    assert!(server.node.single_adds() > 0);
+    assert!(
+        server.node.batches().is_empty(),
+        "no batch without coalescing"
+    );
+    if cfg!(target_os = "linux") {
+        assert!(
+            report["client_cpu_us_per_op"].as_f64().is_some(),
+            "{report}"
+        );
+    }
+
+    let json = stdout(&tally(&server.endpoint(), &run(&[])).await);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["coalesce"], true);
+    assert_eq!(report["connections"], 1);
+    assert!(!server.node.batches().is_empty(), "adds went in batches");
+
+    let json = stdout(&tally(&server.endpoint(), &run(&["--op", "get", "--read-cache"])).await);
+    let report: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(report["read_cache"], true);
+    assert_eq!(report["errors"], 0);
     server.shutdown();
 }
 

@@ -16,7 +16,23 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    // `bench` picks its own thread count (it shares the machine with a node);
+    // every other command runs on tokio's default runtime.
+    let threads = match &args.command {
+        cli::Command::Bench(bench) => Some(bench.threads()),
+        _ => None,
+    };
+    let runtime = match threads {
+        None => tokio::runtime::Runtime::new(),
+        Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(threads) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build(),
+    };
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");

@@ -1,9 +1,9 @@
-//! Durations on the command line (`500ms`, `10s`, `1.5s`, `2m`, `1h`) and in
+//! Durations on the command line (`200us`, `500ms`, `10s`, `1.5s`, `2m`, `1h`) and in
 //! printed tables (`850ms`, `1.2s`, `3m05s`, `2h07m`). Pure functions.
 
 use std::time::Duration;
 
-/// Parses a number followed by a unit: `ms`, `s`, `m` or `h`. The number may
+/// Parses a number followed by a unit: `us`, `ms`, `s`, `m` or `h`. The number may
 /// have a fraction (`1.5s`). A bare number is refused, since it is unclear
 /// whether it means seconds or milliseconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -13,13 +13,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{text:?} has no unit; write e.g. 500ms, 10s, 2m or 1h"))?;
     let (number, unit) = text.split_at(split);
     let seconds_per_unit = match unit.trim() {
+        "us" | "µs" => 0.000_001,
         "ms" => 0.001,
         "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
         other => {
             return Err(format!(
-                "unknown unit {other:?} in {text:?}; use ms, s, m or h"
+                "unknown unit {other:?} in {text:?}; use us, ms, s, m or h"
             ))
         }
     };
@@ -75,6 +76,8 @@ mod tests {
     #[test]
     fn the_documented_forms_parse() {
         assert_parses("500ms", Duration::from_millis(500));
+        assert_parses("200us", Duration::from_micros(200));
+        assert_parses("0.5ms", Duration::from_micros(500));
         assert_parses("10s", Duration::from_secs(10));
         assert_parses("2m", Duration::from_secs(120));
         assert_parses("1h", Duration::from_secs(3600));

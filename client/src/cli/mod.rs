@@ -36,16 +36,22 @@
 //!     "converged":..}`, MEMBER being `{"region","node_name","replica"(hex),
 //!     "grpc_addr","gossip_addr","alive","digest"(hex),"durable_seq",
 //!     "since_last_sync_ms"(or null),"seq_lag"}`.
-//! - `tally bench [--op add|get|mixed] [--concurrency 64] [--connections 4]
-//!   [--keys 1] [--duration 10s] [--warmup 1s]`:
+//! - `tally bench [--op add|get|mixed] [--concurrency 64] [--connections N]
+//!   [--keys 1] [--duration 10s] [--warmup 1s] [--no-coalesce]
+//!   [--batches-in-flight N] [--batch-size N] [--coalesce-window 200us]
+//!   [--read-cache] [--threads N]` (connections: 1, or 4 with
+//!   `--no-coalesce`; threads: half the cores, at least 1):
 //!   - text, three lines:
-//!     `bench: op=add concurrency=64 connections=4 keys=1 duration=10.00s`,
-//!     `ops: 123456  errors: 0  ops/s: 12345.6`,
+//!     `bench: op=add concurrency=64 connections=1 keys=1 duration=10.00s
+//!     coalesce=on read-cache=off`,
+//!     `ops: 123456  errors: 0  ops/s: 12345.6  client cpu: 2.31us/op`
+//!     (`unknown` where the bench cannot read its CPU time),
 //!     `latency ms: p50 1.234  p99 5.678  p999 9.876  max 12.345`,
 //!     and a fourth, `first error: ...`, when there were errors;
-//!   - JSON: `{"op","concurrency","connections","keys","duration_s",
-//!     "warmup_s","ops","errors","ops_per_sec","p50_ms","p99_ms","p999_ms",
-//!     "max_ms","mean_ms","first_error"(or null)}`.
+//!   - JSON: `{"op","concurrency","connections","keys","coalesce",
+//!     "read_cache","duration_s","warmup_s","ops","errors","ops_per_sec",
+//!     "p50_ms","p99_ms","p999_ms","max_ms","mean_ms",
+//!     "client_cpu_us_per_op"(or null),"first_error"(or null)}`.
 //!
 //! On failure nothing is printed to stdout, one line `error: MESSAGE` goes to
 //! stderr and the exit status is 1 (2 for bad usage, with clap's message).

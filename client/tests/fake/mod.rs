@@ -3,9 +3,10 @@
 //!
 //! It applies adds like the real node (an idempotency key seen before returns
 //! the first answer with `duplicate` set), records every idempotency key it
-//! receives, and can be told to fail the next N adds with a given code or to
-//! answer slowly, so tests can watch the client's retries from the server's
-//! side.
+//! receives and, per `AddBatch` call, the keys the call carried, and can be
+//! told to fail the next N adds with a given code or to answer slowly, so
+//! tests can watch the client's retries and coalescing from the server's
+//! side. Like the node, it turns Nagle's algorithm off on its connections.
 
 // Each test file uses a different part of this module.
 #![allow(dead_code)]
@@ -24,7 +25,7 @@ use tally_proto::v1::{
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 
@@ -40,6 +41,11 @@ pub struct FakeState {
     pub seen_keys: Vec<String>,
     /// How many `Add`/`AddBatch` requests arrived.
     pub add_requests: u32,
+    /// The idempotency keys of each `AddBatch` call, in arrival order
+    /// (failed calls included).
+    pub batches: Vec<Vec<String>>,
+    /// How many single `Add` calls arrived.
+    pub single_adds: u32,
     /// Fail this many more `Add`/`AddBatch` requests with `fail_code`.
     pub fail_next_adds: u32,
     /// The code of injected failures.
@@ -75,6 +81,16 @@ impl FakeNode {
     /// How many add requests arrived.
     pub fn add_requests(&self) -> u32 {
         self.state().add_requests
+    }
+
+    /// The idempotency keys of each `AddBatch` call so far.
+    pub fn batches(&self) -> Vec<Vec<String>> {
+        self.state().batches.clone()
+    }
+
+    /// How many single `Add` calls arrived.
+    pub fn single_adds(&self) -> u32 {
+        self.state().single_adds
     }
 
     /// Records a request's keys, and fails it if told to.
@@ -156,6 +172,7 @@ fn item_error(status: Status) -> tally_proto::v1::Error {
 impl Counters for FakeNode {
     async fn add(&self, request: Request<AddRequest>) -> Result<Response<AddResponse>, Status> {
         let request = request.into_inner();
+        self.state().single_adds += 1;
         self.admit_add([request.idempotency_key.clone()]).await?;
         self.apply(&request).map(Response::new)
     }
@@ -165,8 +182,13 @@ impl Counters for FakeNode {
         request: Request<AddBatchRequest>,
     ) -> Result<Response<AddBatchResponse>, Status> {
         let request = request.into_inner();
-        self.admit_add(request.adds.iter().map(|add| add.idempotency_key.clone()))
-            .await?;
+        let keys: Vec<String> = request
+            .adds
+            .iter()
+            .map(|add| add.idempotency_key.clone())
+            .collect();
+        self.state().batches.push(keys.clone());
+        self.admit_add(keys).await?;
         let results = request
             .adds
             .iter()
@@ -247,6 +269,7 @@ impl Admin for FakeNode {
             members: vec![member("n2", u64::MAX, Some(250))],
             converged: true,
             cluster_id: "fake".to_owned(),
+            ..Default::default()
         }))
     }
 }
@@ -281,9 +304,13 @@ pub async fn spawn_fake_server() -> FakeServerHandle {
     let server = Server::builder()
         .add_service(CountersServer::from_arc(Arc::clone(&node)))
         .add_service(AdminServer::from_arc(Arc::clone(&node)))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-            let _ = shutdown_rx.await;
-        });
+        // `Server::tcp_nodelay` does not apply to an incoming stream of our own.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                let _ = shutdown_rx.await;
+            },
+        );
     tokio::spawn(server);
     FakeServerHandle {
         addr,

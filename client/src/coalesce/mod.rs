@@ -1,0 +1,242 @@
+//! Client-side coalescing of adds: concurrent [`Client::add`] calls on one
+//! client are sent to its node together, as one `AddBatch` call, each add
+//! keeping its own idempotency key and getting its own answer.
+//!
+//! [`spawn_coalescer`] starts one background task per client (shared by its
+//! clones). A caller encodes its add, sends it with a oneshot reply channel
+//! over an unbounded mpsc channel, and waits for the reply; the task drives a
+//! [`Batcher`] (the policy, without I/O) and runs its batches as gRPC calls.
+//!
+//! Invariants (see [`batcher`] for the batching policy):
+//!
+//! - The task answers every add by its deadline (counted from when the task
+//!   takes the add, a scheduling round after the call), so callers need no
+//!   timer or clock reading of their own; the task keeps one timer for the
+//!   batcher's next deadline and one per call in flight.
+//! - The task holds no sender of its own channel: when the last clone of the
+//!   client is dropped the channel closes and the task ends, dropping what it
+//!   still had in flight (nobody is left to read those answers).
+//!
+//! [`Client::add`]: crate::Client::add
+
+mod batcher;
+pub(crate) mod wire;
+
+use std::time::Duration;
+
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tonic::client::Grpc;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
+use tonic::{GrpcMethod, Status};
+
+pub(crate) use batcher::BatchSettings;
+use batcher::{Batcher, OutgoingBatch, PendingAdd, Waiter};
+use wire::{AddAnswer, AddBatchCodec, EncodedAdd};
+
+use crate::{AddOutcome, Error};
+
+/// Where the task sends an add's answer.
+type ReplyTx = oneshot::Sender<Result<AddOutcome, Error>>;
+
+impl Waiter for ReplyTx {
+    fn is_closed(&self) -> bool {
+        oneshot::Sender::is_closed(self)
+    }
+
+    fn answer(self, result: Result<AddOutcome, Error>) {
+        // The caller may have gone away meanwhile; then nobody wants it.
+        let _ = self.send(result);
+    }
+}
+
+/// A client's way to its coalescing task. Cloning it shares the task; the
+/// task stops when the last clone is dropped.
+#[derive(Clone, Debug)]
+pub(crate) struct CoalescerHandle {
+    submit_tx: mpsc::UnboundedSender<PendingAdd<ReplyTx>>,
+}
+
+/// Starts the coalescing task of a client on the current tokio runtime.
+pub(crate) fn spawn_coalescer(channel: Channel, settings: BatchSettings) -> CoalescerHandle {
+    let (submit_tx, submit_rx) = mpsc::unbounded_channel();
+    tokio::spawn(run(Grpc::new(channel), Batcher::new(settings), submit_rx));
+    CoalescerHandle { submit_tx }
+}
+
+impl CoalescerHandle {
+    /// Sends one encoded add with the rest of its batch, and waits for its
+    /// answer, which comes within the configured deadline.
+    pub(crate) async fn add(&self, body: EncodedAdd) -> Result<AddOutcome, Error> {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let pending = PendingAdd {
+            body,
+            waiter: reply_tx,
+        };
+        if self.submit_tx.send(pending).is_err() {
+            return Err(task_stopped());
+        }
+        reply_rx.await.unwrap_or_else(|_| Err(task_stopped()))
+    }
+}
+
+/// The task is gone: its runtime was shut down (the task never ends while a
+/// client can still submit), or it panicked.
+fn task_stopped() -> Error {
+    Error::Unavailable {
+        attempts: 0,
+        message: "the client's coalescing task has stopped (was the tokio runtime it \
+                  started on shut down?); make a new client"
+            .to_owned(),
+    }
+}
+
+const ADD_BATCH_PATH: &str = "/tally.v1.Counters/AddBatch";
+
+/// The task: feeds the batcher with adds, answers and timeouts, and sends
+/// the batches it emits.
+async fn run(
+    grpc: Grpc<Channel>,
+    mut batcher: Batcher<ReplyTx>,
+    mut submit_rx: mpsc::UnboundedReceiver<PendingAdd<ReplyTx>>,
+) {
+    let mut calls = FuturesUnordered::new();
+    let timer = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(timer);
+    let mut timer_at: Option<std::time::Instant> = None;
+    loop {
+        let now = Instant::now().into_std();
+        batcher.handle_timeout(now);
+        while let Some(batch) = batcher.poll_transmit(now) {
+            calls.push(send_batch(grpc.clone(), batch));
+        }
+        let wake_at = batcher.poll_timeout();
+        if wake_at != timer_at {
+            if let Some(at) = wake_at {
+                timer.as_mut().reset(Instant::from_std(at));
+            }
+            timer_at = wake_at;
+        }
+        tokio::select! {
+            biased;
+            Some((id, outcome)) = calls.next(), if !calls.is_empty() => {
+                batcher.handle_batch_done(Instant::now().into_std(), id, outcome, rand::random());
+            }
+            received = submit_rx.recv() => {
+                let Some(pending) = received else {
+                    return;
+                };
+                let now = Instant::now().into_std();
+                batcher.handle_submit(now, pending);
+                while let Ok(pending) = submit_rx.try_recv() {
+                    batcher.handle_submit(now, pending);
+                }
+            }
+            () = &mut timer, if timer_at.is_some() => {
+                // `handle_timeout` at the top of the loop does the work; the
+                // timer is re-armed from `poll_timeout`, which after that
+                // only names moments still to come.
+                timer_at = None;
+            }
+        }
+    }
+}
+
+/// Sends one batch; answers with its id and the per-item results or the
+/// failure of the whole call. The call is abandoned at its timeout even if
+/// the node never answers.
+async fn send_batch(
+    mut grpc: Grpc<Channel>,
+    batch: OutgoingBatch,
+) -> (u64, Result<Vec<AddAnswer>, Status>) {
+    let OutgoingBatch {
+        id,
+        payload,
+        adds,
+        timeout,
+    } = batch;
+    tracing::trace!(id, adds, bytes = payload.len(), "sending a coalesced batch");
+    let call = async move {
+        grpc.ready()
+            .await
+            .map_err(|error| Status::unknown(format!("the connection is not ready: {error}")))?;
+        let mut request = tonic::Request::new(payload);
+        request.set_timeout(timeout);
+        request
+            .extensions_mut()
+            .insert(GrpcMethod::new("tally.v1.Counters", "AddBatch"));
+        grpc.unary(
+            request,
+            PathAndQuery::from_static(ADD_BATCH_PATH),
+            AddBatchCodec,
+        )
+        .await
+        .map(tonic::Response::into_inner)
+    };
+    let outcome = match tokio::time::timeout(timeout, call).await {
+        Ok(outcome) => outcome,
+        Err(_elapsed) => Err(Status::deadline_exceeded(
+            "no answer to the batch within the deadline",
+        )),
+    };
+    (id, outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::transport::Endpoint;
+
+    use super::*;
+    use crate::retry::Backoff;
+
+    fn settings() -> BatchSettings {
+        BatchSettings {
+            max_batch: 16,
+            max_in_flight: 2,
+            window: Duration::from_micros(200),
+            max_retries: 0,
+            backoff: Backoff {
+                base: Duration::from_millis(1),
+                max: Duration::from_millis(1),
+            },
+            deadline: Duration::from_millis(200),
+        }
+    }
+
+    #[tokio::test]
+    async fn the_task_stops_when_the_last_handle_is_dropped() {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        // Nothing listens on port 1: the lazy channel never connects.
+        let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let before = metrics.num_alive_tasks();
+        let handle = spawn_coalescer(channel, settings());
+        let clone = handle.clone();
+        assert_eq!(metrics.num_alive_tasks(), before + 1);
+        drop(handle);
+        tokio::task::yield_now().await;
+        assert_eq!(metrics.num_alive_tasks(), before + 1, "a clone is left");
+        drop(clone);
+        let started = std::time::Instant::now();
+        while metrics.num_alive_tasks() > before {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the task did not stop"
+            );
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_node_fails_the_add_within_its_deadline() {
+        let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let handle = spawn_coalescer(channel, settings());
+        let body = wire::encode_add(b"k", 1, b"key");
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let error = handle.add(body).await.unwrap_err();
+        assert!(error.is_transient(), "{error:?}");
+        assert!(Instant::now() <= deadline + Duration::from_millis(100));
+    }
+}

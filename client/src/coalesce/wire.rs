@@ -1,0 +1,433 @@
+//! The bytes of a coalesced `AddBatch` call, built without the generated
+//! request types.
+//!
+//! Each add is encoded once, by its caller, as the bytes it takes inside an
+//! `AddBatchRequest` (field 1, length-delimited, holding an `AddRequest`);
+//! a batch is those bytes laid end to end, which is exactly what prost would
+//! encode for the same `AddBatchRequest`. Keeping the encoded bytes lets a
+//! retry resend an add, with its idempotency key, without re-encoding or
+//! cloning it; an add with a key of up to 49 bytes is kept inline, so
+//! encoding it allocates nothing.
+//!
+//! [`AddBatchCodec`] sends such a payload and decodes the answer straight
+//! into one [`AddAnswer`] per add, which is all the client needs of it
+//! (the same result as decoding the generated `AddBatchResponse`, without
+//! building it).
+
+use prost::bytes::{Buf, BufMut};
+use prost::encoding::{
+    decode_key, decode_varint, encode_key, encode_varint, encoded_len_varint, skip_field,
+    DecodeContext, WireType,
+};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::Status;
+
+use crate::AddOutcome;
+
+/// `AddBatchRequest.adds`.
+const ADDS_FIELD: u32 = 1;
+/// `AddRequest.key` (bytes).
+const KEY_FIELD: u32 = 1;
+/// `AddRequest.delta` (sint64).
+const DELTA_FIELD: u32 = 2;
+/// `AddRequest.idempotency_key` (string).
+const IDEMPOTENCY_KEY_FIELD: u32 = 3;
+
+/// The longest encoded add kept inline: with a generated idempotency key,
+/// a key of up to 49 bytes with any delta, or 58 with a delta of -64 to 63.
+const INLINE_BYTES: usize = 102;
+
+/// One add, encoded as an element of `AddBatchRequest.adds`.
+#[derive(Clone, Debug)]
+pub(crate) enum EncodedAdd {
+    /// Short enough to live inline.
+    Inline { len: u8, bytes: [u8; INLINE_BYTES] },
+    /// Longer.
+    Heap(Box<[u8]>),
+}
+
+impl EncodedAdd {
+    /// The encoded bytes.
+    pub(crate) fn as_bytes(&self) -> &[u8] {
+        match self {
+            EncodedAdd::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            EncodedAdd::Heap(bytes) => bytes,
+        }
+    }
+}
+
+fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+/// The length of a length-delimited field with a one-byte key.
+fn delimited_len(len: usize) -> usize {
+    1 + encoded_len_varint(len as u64) + len
+}
+
+/// Encodes the add `(key, delta, idempotency_key)` as one element of
+/// `AddBatchRequest.adds`. Every field is written (none is at its default:
+/// the key and the idempotency key are non-empty and the delta non-zero, as
+/// validated before).
+pub(crate) fn encode_add(key: &[u8], delta: i64, idempotency_key: &[u8]) -> EncodedAdd {
+    let delta = zigzag(delta);
+    let body_len = delimited_len(key.len())
+        + 1
+        + encoded_len_varint(delta)
+        + delimited_len(idempotency_key.len());
+    let total_len = delimited_len(body_len);
+    if total_len <= INLINE_BYTES {
+        let mut bytes = [0; INLINE_BYTES];
+        write_add(
+            &mut &mut bytes[..total_len],
+            body_len,
+            key,
+            delta,
+            idempotency_key,
+        );
+        EncodedAdd::Inline {
+            len: total_len as u8,
+            bytes,
+        }
+    } else {
+        let mut buf = Vec::with_capacity(total_len);
+        write_add(&mut buf, body_len, key, delta, idempotency_key);
+        EncodedAdd::Heap(buf.into_boxed_slice())
+    }
+}
+
+fn write_add(
+    buf: &mut impl BufMut,
+    body_len: usize,
+    key: &[u8],
+    zigzag_delta: u64,
+    idempotency_key: &[u8],
+) {
+    encode_key(ADDS_FIELD, WireType::LengthDelimited, buf);
+    encode_varint(body_len as u64, buf);
+    encode_key(KEY_FIELD, WireType::LengthDelimited, buf);
+    encode_varint(key.len() as u64, buf);
+    buf.put_slice(key);
+    encode_key(DELTA_FIELD, WireType::Varint, buf);
+    encode_varint(zigzag_delta, buf);
+    encode_key(IDEMPOTENCY_KEY_FIELD, WireType::LengthDelimited, buf);
+    encode_varint(idempotency_key.len() as u64, buf);
+    buf.put_slice(idempotency_key);
+}
+
+/// The node's answer to one add of a batch, as decoded from an
+/// `AddBatchResponse`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum AddAnswer {
+    /// `AddResult.ok`.
+    Ok(AddOutcome),
+    /// `AddResult.error`: a gRPC code and a message.
+    Error {
+        /// The `google.rpc.Code` value.
+        code: i32,
+        /// The node's message.
+        message: String,
+    },
+    /// Neither (a protocol error).
+    Empty,
+}
+
+/// Decodes an `AddBatchResponse` into its answers, in order. Unknown fields
+/// are skipped and, as protobuf wants, the last of repeated singular fields
+/// (or oneof members) wins.
+pub(crate) fn decode_answers(mut buf: &[u8]) -> Result<Vec<AddAnswer>, String> {
+    let mut answers = Vec::new();
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|error| error.to_string())?;
+        match (tag, wire_type) {
+            (1, WireType::LengthDelimited) => {
+                answers.push(decode_answer(take_delimited(&mut buf)?)?);
+            }
+            _ => skip(wire_type, tag, &mut buf)?,
+        }
+    }
+    Ok(answers)
+}
+
+/// Decodes one `AddResult`.
+fn decode_answer(mut buf: &[u8]) -> Result<AddAnswer, String> {
+    let mut answer = AddAnswer::Empty;
+    while !buf.is_empty() {
+        let (tag, wire_type) = decode_key(&mut buf).map_err(|error| error.to_string())?;
+        match (tag, wire_type) {
+            (1, WireType::LengthDelimited) => {
+                let mut outcome = AddOutcome {
+                    value: 0,
+                    duplicate: false,
+                };
+                let mut inner = take_delimited(&mut buf)?;
+                while !inner.is_empty() {
+                    let (tag, wire_type) =
+                        decode_key(&mut inner).map_err(|error| error.to_string())?;
+                    match (tag, wire_type) {
+                        (1, WireType::Varint) => outcome.value = unzigzag(varint(&mut inner)?),
+                        (2, WireType::Varint) => outcome.duplicate = varint(&mut inner)? != 0,
+                        _ => skip(wire_type, tag, &mut inner)?,
+                    }
+                }
+                answer = AddAnswer::Ok(outcome);
+            }
+            (2, WireType::LengthDelimited) => {
+                let (mut code, mut message) = (0, String::new());
+                let mut inner = take_delimited(&mut buf)?;
+                while !inner.is_empty() {
+                    let (tag, wire_type) =
+                        decode_key(&mut inner).map_err(|error| error.to_string())?;
+                    match (tag, wire_type) {
+                        (1, WireType::Varint) => code = varint(&mut inner)? as i32,
+                        (2, WireType::LengthDelimited) => {
+                            message = String::from_utf8(take_delimited(&mut inner)?.to_vec())
+                                .map_err(|_| "an error message is not UTF-8".to_owned())?;
+                        }
+                        _ => skip(wire_type, tag, &mut inner)?,
+                    }
+                }
+                answer = AddAnswer::Error { code, message };
+            }
+            _ => skip(wire_type, tag, &mut buf)?,
+        }
+    }
+    Ok(answer)
+}
+
+fn varint(buf: &mut &[u8]) -> Result<u64, String> {
+    decode_varint(buf).map_err(|error| error.to_string())
+}
+
+fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8]) -> Result<(), String> {
+    skip_field(wire_type, tag, buf, DecodeContext::default()).map_err(|error| error.to_string())
+}
+
+/// Splits a length-delimited field's bytes off the front of `buf`.
+fn take_delimited<'a>(buf: &mut &'a [u8]) -> Result<&'a [u8], String> {
+    let len = varint(buf)?;
+    if len > buf.len() as u64 {
+        return Err(format!(
+            "a field of {len} bytes overruns the {} bytes left",
+            buf.len()
+        ));
+    }
+    let (field, rest) = buf.split_at(len as usize);
+    *buf = rest;
+    Ok(field)
+}
+
+fn unzigzag(value: u64) -> i64 {
+    ((value >> 1) as i64) ^ -((value & 1) as i64)
+}
+
+/// Sends an encoded `AddBatchRequest` (the concatenation of
+/// [`encode_add`] outputs) and decodes an `AddBatchResponse` into its
+/// answers.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct AddBatchCodec;
+
+impl Codec for AddBatchCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<AddAnswer>;
+    type Encoder = PayloadEncoder;
+    type Decoder = ResponseDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        PayloadEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        ResponseDecoder
+    }
+}
+
+/// Copies an already encoded message into the frame.
+#[derive(Debug)]
+pub(crate) struct PayloadEncoder;
+
+impl Encoder for PayloadEncoder {
+    type Item = Vec<u8>;
+    type Error = Status;
+
+    fn encode(&mut self, item: Vec<u8>, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+/// Decodes the answer with [`decode_answers`].
+#[derive(Debug)]
+pub(crate) struct ResponseDecoder;
+
+impl Decoder for ResponseDecoder {
+    type Item = Vec<AddAnswer>;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<AddAnswer>>, Status> {
+        let len = src.remaining();
+        let decoded = if src.chunk().len() == len {
+            decode_answers(src.chunk())
+        } else {
+            decode_answers(&src.copy_to_bytes(len))
+        };
+        src.advance(src.remaining());
+        decoded
+            .map(Some)
+            .map_err(|error| Status::internal(format!("cannot decode AddBatchResponse: {error}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+    use tally_proto::v1::{
+        add_result, AddBatchRequest, AddBatchResponse, AddRequest, AddResponse, AddResult,
+    };
+
+    use super::*;
+
+    #[track_caller]
+    fn assert_same_as_prost(adds: &[(&str, i64, &str)]) {
+        let ours: Vec<u8> = adds
+            .iter()
+            .flat_map(|(key, delta, idempotency_key)| {
+                encode_add(key.as_bytes(), *delta, idempotency_key.as_bytes())
+                    .as_bytes()
+                    .to_vec()
+            })
+            .collect();
+        let prost = AddBatchRequest {
+            adds: adds
+                .iter()
+                .map(|(key, delta, idempotency_key)| AddRequest {
+                    key: key.as_bytes().to_vec().into(),
+                    delta: *delta,
+                    idempotency_key: (*idempotency_key).to_owned(),
+                })
+                .collect(),
+        }
+        .encode_to_vec();
+        assert_eq!(ours, prost, "{adds:?}");
+        let decoded = AddBatchRequest::decode(ours.as_slice()).unwrap();
+        assert_eq!(decoded.adds.len(), adds.len());
+    }
+
+    #[test]
+    fn encoded_adds_are_byte_for_byte_what_prost_encodes() {
+        assert_same_as_prost(&[("post:42:likes", 1, "0190a6e4-7c1e-7000-8000-000000000001")]);
+        assert_same_as_prost(&[
+            ("a", -1, "k"),
+            ("b", i64::MAX, "k2"),
+            ("c", i64::MIN, "k3"),
+            (&"x".repeat(256), 300, &"i".repeat(128)),
+        ]);
+    }
+
+    #[test]
+    fn short_adds_are_inline_and_long_ones_on_the_heap() {
+        let uuid = "0190a6e4-7c1e-7000-8000-000000000001";
+        let inline = |key_len: usize, delta: i64| {
+            let add = encode_add(&vec![b'k'; key_len], delta, uuid.as_bytes());
+            matches!(add, EncodedAdd::Inline { .. })
+        };
+        assert!(inline(58, 1));
+        assert!(!inline(59, 1));
+        assert!(inline(49, i64::MIN));
+        assert!(!inline(50, i64::MIN));
+        assert_same_as_prost(&[(&"k".repeat(58), 1, uuid), (&"k".repeat(59), -7, uuid)]);
+    }
+
+    #[track_caller]
+    fn assert_decodes_like_prost(response: AddBatchResponse) {
+        let bytes = response.encode_to_vec();
+        let ours = decode_answers(&bytes).unwrap();
+        let expected: Vec<AddAnswer> = response
+            .results
+            .into_iter()
+            .map(|result| match result.outcome {
+                Some(add_result::Outcome::Ok(ok)) => AddAnswer::Ok(ok.into()),
+                Some(add_result::Outcome::Error(error)) => AddAnswer::Error {
+                    code: error.code,
+                    message: error.message,
+                },
+                None => AddAnswer::Empty,
+            })
+            .collect();
+        assert_eq!(ours, expected);
+    }
+
+    #[test]
+    fn answers_decode_as_prost_decodes_them() {
+        let ok = |value, duplicate| AddResult {
+            outcome: Some(add_result::Outcome::Ok(AddResponse { value, duplicate })),
+        };
+        assert_decodes_like_prost(AddBatchResponse {
+            results: vec![
+                ok(1, false),
+                ok(0, false),
+                ok(-5, true),
+                ok(i64::MAX, false),
+                ok(i64::MIN, true),
+                AddResult {
+                    outcome: Some(add_result::Outcome::Error(tally_proto::v1::Error {
+                        code: 11,
+                        message: "counter would exceed i64::MAX".to_owned(),
+                    })),
+                },
+                AddResult {
+                    outcome: Some(add_result::Outcome::Error(tally_proto::v1::Error {
+                        code: -1,
+                        message: String::new(),
+                    })),
+                },
+                AddResult { outcome: None },
+            ],
+        });
+        assert_decodes_like_prost(AddBatchResponse::default());
+    }
+
+    #[test]
+    fn unknown_fields_are_skipped_and_truncated_input_is_refused() {
+        let mut bytes = Vec::new();
+        // An unknown varint field 9, then one result, then an unknown
+        // length-delimited field 7.
+        encode_key(9, WireType::Varint, &mut bytes);
+        encode_varint(300, &mut bytes);
+        bytes.extend(
+            AddBatchResponse {
+                results: vec![AddResult {
+                    outcome: Some(add_result::Outcome::Ok(AddResponse {
+                        value: 42,
+                        duplicate: false,
+                    })),
+                }],
+            }
+            .encode_to_vec(),
+        );
+        prost::encoding::string::encode(7, &"future".to_owned(), &mut bytes);
+        let answers = decode_answers(&bytes).unwrap();
+        assert_eq!(
+            answers,
+            [AddAnswer::Ok(AddOutcome {
+                value: 42,
+                duplicate: false
+            })]
+        );
+        assert!(decode_answers(&bytes[..bytes.len() - 3]).is_err());
+        assert!(decode_answers(&[0x0a, 0x05, 0x0a]).is_err());
+    }
+
+    #[test]
+    fn zigzag_matches_sint64() {
+        for value in [0, 1, -1, 63, -64, i64::MAX, i64::MIN] {
+            let mut buf = Vec::new();
+            prost::encoding::sint64::encode(2, &value, &mut buf);
+            let mut ours = Vec::new();
+            encode_key(2, WireType::Varint, &mut ours);
+            encode_varint(zigzag(value), &mut ours);
+            assert_eq!(buf, ours, "{value}");
+            assert_eq!(unzigzag(zigzag(value)), value);
+        }
+    }
+}
