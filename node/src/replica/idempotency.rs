@@ -155,14 +155,16 @@ impl IdempotencyTable {
         }
     }
 
-    /// Forgets expired records and, past the capacity, the oldest ones.
-    /// Returns the segments left empty, to delete from disk.
-    pub fn expire(&mut self, now_ms: u64) -> Vec<u64> {
+    /// Forgets expired records and, past the capacity, the oldest ones; at
+    /// most `budget` of them. Returns the segments left empty, to delete from disk.
+    pub fn expire(&mut self, now_ms: u64, budget: usize) -> Vec<u64> {
         let mut emptied = Vec::new();
+        let mut spent = 0;
         while let Some(&(expires_at, id)) = self.expiry.front() {
-            if expires_at > now_ms && self.records.len() <= self.capacity {
+            if spent >= budget || (expires_at > now_ms && self.records.len() <= self.capacity) {
                 break;
             }
+            spent += 1;
             self.expiry.pop_front();
             // A record replaced by a newer one with the same id keeps its newer expiry.
             let current = self
@@ -200,7 +202,11 @@ mod tests {
         table.assign_segment(1, [id].into_iter());
         assert_eq!(table.get(id, 999).map(|r| r.value), Some(5));
         assert!(table.get(id, 1_000).is_none());
-        assert_eq!(table.expire(1_000), vec![1], "the segment is emptied");
+        assert_eq!(
+            table.expire(1_000, usize::MAX),
+            vec![1],
+            "the segment is emptied"
+        );
         assert!(table.is_empty());
     }
 
@@ -214,7 +220,7 @@ mod tests {
         table.assign_segment(4, ids[..2].iter().copied());
         table.assign_segment(5, ids[2..].iter().copied());
         assert!(
-            table.expire(10).is_empty(),
+            table.expire(10, usize::MAX).is_empty(),
             "segment 4 still holds a record"
         );
         assert_eq!(table.len(), 2);
@@ -249,7 +255,7 @@ mod tests {
         table.assign_segment(1, [9].into_iter());
         table.unassign_segment(1);
         table.assign_segment(2, [9].into_iter());
-        assert_eq!(table.expire(5_000), vec![2]);
+        assert_eq!(table.expire(5_000, usize::MAX), vec![2]);
     }
 
     #[test]

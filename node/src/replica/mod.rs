@@ -193,8 +193,15 @@ pub struct Replica {
     idempotency: IdempotencyTable,
     idempotency_put: Vec<IdempotencyRecord>,
     idempotency_delete: Vec<u64>,
+    /// A tick passed since the last commit: housekeeping may commit alone.
+    housekeeping_due: bool,
     peers: PeerBook,
 }
+
+/// The most expired idempotency records one tick forgets (bounded work under the lock).
+const EXPIRE_PER_TICK: usize = 10_000;
+/// The most records one keyed add evicts past the capacity (amortised, never in bulk).
+const EVICT_PER_ADD: usize = 2;
 
 impl Replica {
     /// Starts the core on what was recovered from disk.
@@ -238,6 +245,7 @@ impl Replica {
             idempotency,
             idempotency_put: Vec::new(),
             idempotency_delete: Vec::new(),
+            housekeeping_due: false,
             peers: PeerBook::new(recovered.watermarks),
             config,
         }
@@ -366,6 +374,10 @@ impl Replica {
                 .idempotency
                 .insert(id, fingerprint, value, durable_at_seq, now_ms);
             self.idempotency_put.push(record);
+            // Past the capacity, forget the oldest records now, a few per add,
+            // rather than thousands at once in a tick under the lock.
+            let forgotten = self.idempotency.expire(0, EVICT_PER_ADD);
+            self.idempotency_delete.extend(forgotten);
         }
         Ok(AddAccepted {
             value,
@@ -418,14 +430,19 @@ impl Replica {
             return None;
         }
         let (watermarks, watermarks_dirty) = self.peers.take_watermarks();
-        let nothing = self.dirty.is_empty()
-            && self.idempotency_put.is_empty()
-            && self.idempotency_delete.is_empty()
-            && self.directory_pending.is_empty()
-            && self.superseded_pending.is_empty();
-        if nothing && !watermarks_dirty {
+        let data = !self.dirty.is_empty()
+            || !self.idempotency_put.is_empty()
+            || !self.directory_pending.is_empty()
+            || watermarks_dirty;
+        let housekeeping =
+            !self.idempotency_delete.is_empty() || !self.superseded_pending.is_empty();
+        // Deleting superseded log entries and forgotten idempotency segments
+        // rides along with the next data commit; on its own it waits for a
+        // tick, or every data commit would cost a second flush.
+        if !data && !(housekeeping && self.housekeeping_due) {
             return None;
         }
+        self.housekeeping_due = false;
         let seq = self.last_seq + 1;
         self.last_seq = seq;
         let mut digest = self.digest;
@@ -510,7 +527,8 @@ impl Replica {
     /// Housekeeping: forgets expired idempotency keys and evicts clean
     /// counters past the cache capacity (least recently used first).
     pub fn tick(&mut self, now_ms: u64) {
-        let forgotten = self.idempotency.expire(now_ms);
+        self.housekeeping_due = true;
+        let forgotten = self.idempotency.expire(now_ms, EXPIRE_PER_TICK);
         self.idempotency_delete.extend(forgotten);
         let capacity = self.config.cache_capacity.max(1);
         if self.counters.len() <= capacity {

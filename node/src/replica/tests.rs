@@ -478,3 +478,36 @@ fn idle_replicas_stop_committing() {
         assert_eq!(b.commit(), None, "an idle replica committed");
     }
 }
+
+#[test]
+fn housekeeping_rides_along_with_data_and_commits_alone_only_after_a_tick() {
+    let mut node = Node::new(1, "eu");
+    node.add("k", 1);
+    node.commit();
+    node.add("k", 1);
+    node.commit(); // supersedes the change-log entry of k in commit 1
+    assert_eq!(
+        node.commit(),
+        None,
+        "no second flush just to delete a superseded entry"
+    );
+    node.add("j", 1);
+    let batch = node.replica.poll_commit().unwrap();
+    assert_eq!(
+        batch.superseded.len(),
+        1,
+        "it rides along with the next data commit"
+    );
+    node.store.write(&batch).unwrap();
+    node.store.flush().unwrap();
+    node.replica.handle_commit_done(batch.seq);
+    node.add("j", 1);
+    node.commit();
+    assert_eq!(node.commit(), None);
+    node.replica.tick(0);
+    let alone = node
+        .replica
+        .poll_commit()
+        .expect("after a tick, housekeeping commits alone");
+    assert!(alone.counters.is_empty() && alone.superseded.len() == 1);
+}
