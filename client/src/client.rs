@@ -15,6 +15,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::transport::Transport;
 use futures::{Stream, StreamExt};
 use prost::bytes::Bytes;
 use tally_proto::v1::{
@@ -22,7 +23,6 @@ use tally_proto::v1::{
     AddBatchRequest, AddRequest, AddResult, GetBatchRequest, GetRequest, GetResult, StatusRequest,
     WatchRequest,
 };
-use tonic::transport::Channel;
 use tonic::{Response, Status};
 
 use crate::cache::ReadCache;
@@ -77,8 +77,8 @@ use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
 /// ```
 #[derive(Clone, Debug)]
 pub struct Client {
-    counters: CountersClient<Channel>,
-    admin: AdminClient<Channel>,
+    counters: CountersClient<Transport>,
+    admin: AdminClient<Transport>,
     policy: RetryPolicy,
     endpoint: Arc<str>,
     /// `None` when adds are not coalesced.
@@ -98,7 +98,7 @@ impl Client {
     }
 
     pub(crate) fn from_channel(
-        channel: Channel,
+        channel: Transport,
         config: &ClientConfig,
         endpoint: String,
     ) -> Client {

@@ -12,6 +12,7 @@ use tonic::transport::{Endpoint, Uri};
 
 use crate::coalesce::BatchSettings;
 use crate::retry::{Backoff, RetryPolicy};
+use crate::transport::{BearerToken, Transport};
 use crate::{Client, Error};
 
 /// The most adds one `AddBatch` call may carry (the node's limit), and so the
@@ -42,6 +43,8 @@ pub struct ClientConfig {
     max_batches_in_flight: usize,
     max_batch_size: usize,
     read_cache: Option<(usize, Duration)>,
+    tls_ca_pem: Option<Vec<u8>>,
+    token: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -57,6 +60,8 @@ impl Default for ClientConfig {
             max_batches_in_flight: 2,
             max_batch_size: 1_024,
             read_cache: None,
+            tls_ca_pem: None,
+            token: None,
         }
     }
 }
@@ -204,6 +209,20 @@ impl ClientConfig {
         self.max_batch_size
     }
 
+    /// Verifies `https://` nodes against this PEM CA certificate (the
+    /// cluster's CA, which signs every node's certificate).
+    pub fn with_tls_ca(mut self, ca_pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_ca_pem = Some(ca_pem.into());
+        self
+    }
+
+    /// Sends `authorization: Bearer TOKEN` with every request (nodes started
+    /// with `--auth-tokens` require it).
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
     /// The read cache's capacity and TTL, if it is on.
     pub fn read_cache(&self) -> Option<(usize, Duration)> {
         self.read_cache
@@ -223,7 +242,7 @@ impl ClientConfig {
                 endpoint: uri.clone(),
                 message: error_chain(&error),
             })?;
-        Ok(Client::from_channel(channel, self, uri))
+        Ok(Client::from_channel(self.transport(channel)?, self, uri))
     }
 
     /// Makes a client for `endpoint` without connecting: the connection is
@@ -233,7 +252,7 @@ impl ClientConfig {
     pub fn connect_lazy(&self, endpoint: impl Into<String>) -> Result<Client, Error> {
         let uri = normalize_endpoint(&endpoint.into())?;
         let channel = self.tonic_endpoint(&uri)?.connect_lazy();
-        Ok(Client::from_channel(channel, self, uri))
+        Ok(Client::from_channel(self.transport(channel)?, self, uri))
     }
 
     /// The retry policy of every call but a watch's stream.
@@ -263,12 +282,38 @@ impl ClientConfig {
         })
     }
 
+    fn transport(&self, channel: tonic::transport::Channel) -> Result<Transport, Error> {
+        let token = match &self.token {
+            Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
+                Error::InvalidArgument("the token must be printable ASCII".to_owned())
+            })?),
+            None => None,
+        };
+        Ok(Transport::new(channel, BearerToken(token)))
+    }
+
     fn tonic_endpoint(&self, uri: &str) -> Result<Endpoint, Error> {
-        let endpoint =
+        let mut endpoint =
             Endpoint::from_shared(uri.to_owned()).map_err(|error| Error::InvalidEndpoint {
                 endpoint: uri.to_owned(),
                 reason: error_chain(&error),
             })?;
+        if uri.starts_with("https://") {
+            let Some(ca) = &self.tls_ca_pem else {
+                return Err(Error::InvalidEndpoint {
+                    endpoint: uri.to_owned(),
+                    reason: "https needs the cluster's CA certificate: give --tls-ca (or ClientConfig::with_tls_ca)".to_owned(),
+                });
+            };
+            let tls = tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(ca));
+            endpoint = endpoint
+                .tls_config(tls)
+                .map_err(|error| Error::InvalidEndpoint {
+                    endpoint: uri.to_owned(),
+                    reason: error_chain(&error),
+                })?;
+        }
         // No `Endpoint::timeout`: the deadline travels with each request as
         // its gRPC timeout, which tonic also enforces on this side, and a
         // channel-wide timeout would cut watch streams. The keep-alive pings
@@ -283,8 +328,8 @@ impl ClientConfig {
 
 /// Turns what a person types into the URI tonic wants: `host:port` gets an
 /// `http://` scheme; `http://host:port` (trailing `/` allowed) is kept.
-/// `https://` is refused because this build has no TLS, and so is a path,
-/// which gRPC would ignore.
+/// `https://host:port` is kept too (TLS, verified against the configured CA).
+/// A path is refused, because gRPC would ignore it.
 pub(crate) fn normalize_endpoint(endpoint: &str) -> Result<String, Error> {
     let invalid = |reason: String| Error::InvalidEndpoint {
         endpoint: endpoint.to_owned(),
@@ -299,10 +344,8 @@ pub(crate) fn normalize_endpoint(endpoint: &str) -> Result<String, Error> {
     let authority = match trimmed.split_once("://") {
         None => trimmed,
         Some((scheme, rest)) if scheme.eq_ignore_ascii_case("http") => rest,
-        Some((scheme, _)) if scheme.eq_ignore_ascii_case("https") => {
-            return Err(invalid(
-                "https is not supported by this client; use http://host:port".to_owned(),
-            ))
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("https") => {
+            return normalize_authority(endpoint, rest, "https");
         }
         Some((scheme, _)) => {
             return Err(invalid(format!(
@@ -310,11 +353,20 @@ pub(crate) fn normalize_endpoint(endpoint: &str) -> Result<String, Error> {
             )))
         }
     };
+    normalize_authority(endpoint, authority, "http")
+}
+
+/// Checks `authority` (host:port) and makes `SCHEME://authority` of it.
+fn normalize_authority(endpoint: &str, authority: &str, scheme: &str) -> Result<String, Error> {
+    let invalid = |reason: String| Error::InvalidEndpoint {
+        endpoint: endpoint.to_owned(),
+        reason,
+    };
     let authority = authority.trim_end_matches('/');
     if authority.is_empty() {
         return Err(invalid("it names no host; use host:port".to_owned()));
     }
-    let uri = format!("http://{authority}");
+    let uri = format!("{scheme}://{authority}");
     let parsed: Uri = uri
         .parse()
         .map_err(|error| invalid(format!("not a valid address ({error}); use host:port")))?;
@@ -400,7 +452,10 @@ mod tests {
     fn unusable_endpoints_are_rejected_with_a_reason() {
         assert_rejected("", "empty");
         assert_rejected("   ", "empty");
-        assert_rejected("https://node:7100", "https is not supported");
+        assert_eq!(
+            normalize_endpoint("https://node:7100").unwrap(),
+            "https://node:7100"
+        );
         assert_rejected("ftp://node:7100", "unsupported scheme");
         assert_rejected("http://", "host");
         assert_rejected("http://node:7100/tally", "path");

@@ -43,6 +43,7 @@ mod config;
 mod error;
 mod format;
 mod retry;
+mod transport;
 mod types;
 mod validate;
 
@@ -50,7 +51,7 @@ pub use client::Client;
 pub use config::{ClientConfig, MAX_BATCH_SIZE};
 pub use error::Error;
 pub use format::format_count;
-pub use types::{AddOutcome, ClusterStatus, Counter, Member, RegionValue};
+pub use types::{AddOutcome, ClusterStatus, Counter, HotKey, Member, RegionValue};
 pub use validate::{validate_key, MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES};
 
 /// The gRPC status code carried by [`Error::code`], re-exported from tonic so

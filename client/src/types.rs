@@ -55,8 +55,19 @@ pub struct RegionValue {
     pub since_last_sync: Option<Duration>,
 }
 
+/// A key taking many operations on the answering node right now.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HotKey {
+    /// The counter.
+    pub key: String,
+    /// `"add"` or `"get"`.
+    pub op: String,
+    /// Operations per second over the node's last complete window (an upper bound).
+    pub rate_per_sec: f64,
+}
+
 /// The cluster as one node sees it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClusterStatus {
     /// The cluster's name; nodes of other clusters are refused.
     pub cluster_id: String,
@@ -67,6 +78,9 @@ pub struct ClusterStatus {
     /// True when every live member publishes the same digest of its state:
     /// the cluster has converged.
     pub converged: bool,
+    /// The answering node's hottest keys, for adds and for gets, hottest first.
+    #[serde(default)]
+    pub hot_keys: Vec<HotKey>,
 }
 
 impl ClusterStatus {
@@ -167,6 +181,15 @@ pub(crate) fn status_from_proto(response: proto::StatusResponse) -> Result<Clust
             .map(member_from_proto)
             .collect(),
         converged: response.converged,
+        hot_keys: response
+            .hot_keys
+            .into_iter()
+            .map(|hot| HotKey {
+                key: String::from_utf8_lossy(&hot.key).into_owned(),
+                op: hot.op,
+                rate_per_sec: hot.rate_per_sec,
+            })
+            .collect(),
     })
 }
 

@@ -225,7 +225,10 @@ async fn failures_print_one_error_line_and_exit_non_zero() {
 
     let bad_endpoint = tally("https://node:7100", &["get", "k"]).await;
     let line = single_error_line(&bad_endpoint, 1);
-    assert!(line.contains("https is not supported"), "{line}");
+    assert!(
+        line.contains("https needs the cluster's CA certificate"),
+        "{line}"
+    );
 
     let usage = tally(&server.endpoint(), &["add"]).await;
     assert_eq!(usage.status.code(), Some(2), "bad usage exits 2");

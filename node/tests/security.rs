@@ -363,3 +363,45 @@ fn secure_refuses_to_start_without_its_material_and_plain_nodes_warn() {
     );
     assert_eq!(plain.stop(), Some(0));
 }
+
+/// The `tally` CLI talks to a secure node with `--tls-ca` and `--token`, and
+/// says what is wrong without them.
+#[test]
+fn the_cli_speaks_tls_with_a_token() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = Ca::new("cli CA");
+    let spec = secure_spec(root.path(), "eu", "eu-1", &ca, &[]);
+    let ca_path = root.path().join("eu-1-tls").join("ca.pem");
+    let node = NodeProcess::start(spec);
+    let endpoint = format!("https://{}", node.spec.grpc);
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(common::cli_binary())
+            .args(["--endpoint", &endpoint])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let ca_arg = ca_path.to_str().unwrap();
+    let (code, stdout, stderr) = run(&["--tls-ca", ca_arg, "--token", TOKEN, "add", "k", "4"]);
+    assert_eq!((code, stdout.trim()), (Some(0), "4"), "{stderr}");
+    let (code, stdout, _) = run(&["--tls-ca", ca_arg, "--token", TOKEN, "status"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("hot keys on this node:") && stdout.contains(" k "),
+        "{stdout}"
+    );
+    let (code, _, stderr) = run(&["--tls-ca", ca_arg, "get", "k"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.starts_with("error:") && stderr.to_lowercase().contains("token"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--token", TOKEN, "get", "k"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("--tls-ca"), "{stderr}");
+}

@@ -37,6 +37,7 @@ use tokio::time::Instant;
 
 use super::duration::{parse_duration, parse_positive_duration};
 use super::output::{print_json, print_line};
+use super::Target;
 
 /// Share of reads in `--op mixed`.
 const MIXED_GET_SHARE: f64 = 0.9;
@@ -141,8 +142,8 @@ pub enum BenchOp {
 
 /// The client settings the bench runs with: the one place where bench flags
 /// become library settings.
-fn client_config(args: &BenchArgs) -> ClientConfig {
-    let mut config = ClientConfig::default().with_coalescing(!args.no_coalesce);
+fn client_config(base: ClientConfig, args: &BenchArgs) -> ClientConfig {
+    let mut config = base.with_coalescing(!args.no_coalesce);
     if let Some(batches) = args.batches_in_flight {
         config = config.with_max_batches_in_flight(batches as usize);
     }
@@ -193,12 +194,12 @@ struct BenchReport {
 }
 
 /// Runs the bench against `endpoint` and prints its report.
-pub async fn run(endpoint: &str, args: &BenchArgs, json: bool) -> anyhow::Result<()> {
-    let config = client_config(args);
+pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Result<()> {
+    let config = client_config(target.base.clone(), args);
     let connections = args.connections().min(args.concurrency);
     let mut clients = Vec::with_capacity(connections as usize);
     for _ in 0..connections {
-        clients.push(config.connect(endpoint).await?);
+        clients.push(config.connect(target.endpoint.as_str()).await?);
     }
     let keys: Arc<[String]> = (0..args.keys).map(|i| format!("bench:key:{i}")).collect();
 
@@ -492,7 +493,7 @@ mod tests {
         assert_eq!(args.duration, Duration::from_secs(10));
         assert_eq!(args.warmup, Duration::from_secs(1));
         assert!(!args.no_coalesce && !args.read_cache);
-        let config = client_config(&args);
+        let config = client_config(ClientConfig::default(), &args);
         assert_eq!(config, ClientConfig::default());
         assert!(config.coalescing());
     }
@@ -509,7 +510,7 @@ mod tests {
             "--coalesce-window",
             "50us",
         ]);
-        let config = client_config(&args);
+        let config = client_config(ClientConfig::default(), &args);
         assert!(!config.coalescing());
         assert_eq!(config.read_cache(), Some((500, Duration::from_secs(2))));
         assert_eq!(config.max_batches_in_flight(), 3);

@@ -7,11 +7,11 @@ use std::collections::BTreeSet;
 use anyhow::Context;
 use futures::StreamExt;
 use serde::Serialize;
-use tally_client::{Client, ClusterStatus, Counter};
+use tally_client::{ClusterStatus, Counter};
 
 use super::duration::format_age;
 use super::output::{print_json, print_line, render_table, Align};
-use super::{AddArgs, GetArgs, WatchArgs};
+use super::{AddArgs, GetArgs, Target, WatchArgs};
 
 /// A counter's key and value, the JSON line of `get` and `watch`.
 #[derive(Debug, Serialize)]
@@ -21,8 +21,8 @@ struct KeyValue<'a> {
 }
 
 /// `tally add KEY [DELTA]`.
-pub async fn add(endpoint: &str, args: &AddArgs, json: bool) -> anyhow::Result<()> {
-    let client = Client::connect(endpoint).await?;
+pub async fn add(target: &Target, args: &AddArgs, json: bool) -> anyhow::Result<()> {
+    let client = target.connect().await?;
     let outcome = match &args.idempotency_key {
         Some(idempotency_key) => {
             client
@@ -56,8 +56,8 @@ pub async fn add(endpoint: &str, args: &AddArgs, json: bool) -> anyhow::Result<(
 }
 
 /// `tally get KEY [--breakdown]`.
-pub async fn get(endpoint: &str, args: &GetArgs, json: bool) -> anyhow::Result<()> {
-    let client = Client::connect(endpoint).await?;
+pub async fn get(target: &Target, args: &GetArgs, json: bool) -> anyhow::Result<()> {
+    let client = target.connect().await?;
     if !args.breakdown {
         let value = client.get(&args.key).await?;
         if json {
@@ -110,8 +110,8 @@ fn breakdown_table(counter: &Counter) -> String {
 }
 
 /// `tally watch KEY`: prints until the stream ends or Ctrl-C.
-pub async fn watch(endpoint: &str, args: &WatchArgs, json: bool) -> anyhow::Result<()> {
-    let client = Client::connect(endpoint).await?;
+pub async fn watch(target: &Target, args: &WatchArgs, json: bool) -> anyhow::Result<()> {
+    let client = target.connect().await?;
     let mut values = client.watch(&args.key).await?;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -132,8 +132,8 @@ pub async fn watch(endpoint: &str, args: &WatchArgs, json: bool) -> anyhow::Resu
 }
 
 /// `tally status`.
-pub async fn status(endpoint: &str, json: bool) -> anyhow::Result<()> {
-    let client = Client::connect(endpoint).await?;
+pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
+    let client = target.connect().await?;
     let status = client.status().await?;
     if json {
         return print_json(&status);
@@ -141,6 +141,31 @@ pub async fn status(endpoint: &str, json: bool) -> anyhow::Result<()> {
     print_line(format_args!("cluster: {}", status.cluster_id))?;
     print_line(members_table(&status).trim_end())?;
     print_line(convergence_line(&status))?;
+    if !status.hot_keys.is_empty() {
+        let rows: Vec<Vec<String>> = status
+            .hot_keys
+            .iter()
+            .map(|hot| {
+                vec![
+                    hot.op.clone(),
+                    hot.key.clone(),
+                    format!("{:.1}", hot.rate_per_sec),
+                ]
+            })
+            .collect();
+        print_line("hot keys on this node:")?;
+        print_line(
+            render_table(
+                &[
+                    ("OP", Align::Left),
+                    ("KEY", Align::Left),
+                    ("PER SECOND", Align::Right),
+                ],
+                &rows,
+            )
+            .trim_end(),
+        )?;
+    }
     Ok(())
 }
 
@@ -228,6 +253,7 @@ mod tests {
             node: member("n1", true, 7),
             members,
             converged,
+            hot_keys: Vec::new(),
         }
     }
 

@@ -1,7 +1,9 @@
 //! The `tally` command line: its arguments, and the commands that run them.
 //!
 //! Global options: `--endpoint URL` (env `TALLY_ENDPOINT`, default
-//! `http://127.0.0.1:7100`; `host:port` works too) and `--json`.
+//! `http://127.0.0.1:7100`; `host:port` works too; `https://host:port` with
+//! `--tls-ca PEM` / `TALLY_TLS_CA`), `--token TOKEN` (env `TALLY_TOKEN`) for
+//! nodes that require one, and `--json`.
 //!
 //! # Output formats (stable: scripts and tests parse them)
 //!
@@ -32,6 +34,9 @@
 //!     `self`; ALIVE is `yes`/`no`; REPLICA and DIGEST are 16 hex digits),
 //!     then `converged: yes (all N live members hold digest HEX)` or
 //!     `converged: no (live members hold N different digests)`;
+//!     then, when the node has seen traffic, `hot keys on this node:` and a
+//!     table with the header `OP  KEY  PER SECOND` (a key with spaces breaks
+//!     the no-space rule of cells; use `--json` for those);
 //!   - JSON: `{"cluster_id":..,"node":MEMBER,"members":[MEMBER..],
 //!     "converged":..}`, MEMBER being `{"region","node_name","replica"(hex),
 //!     "grpc_addr","gossip_addr","alive","digest"(hex),"durable_seq",
@@ -87,6 +92,14 @@ pub struct Cli {
     /// Print JSON: one object (one per line for `watch`).
     #[arg(long, global = true)]
     pub json: bool,
+
+    /// PEM CA certificate of the cluster, to verify an https:// endpoint.
+    #[arg(long, global = true, env = "TALLY_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
+
+    /// Bearer token for nodes started with --auth-tokens.
+    #[arg(long, global = true, env = "TALLY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 
     #[command(subcommand)]
     pub command: Command,
@@ -146,14 +159,43 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let Cli {
         endpoint,
         json,
+        tls_ca,
+        token,
         command,
     } = cli;
+    let mut base = tally_client::ClientConfig::default();
+    if let Some(path) = tls_ca {
+        let pem = std::fs::read(&path).map_err(|e| {
+            anyhow::anyhow!("--tls-ca {}: cannot read the file: {e}", path.display())
+        })?;
+        base = base.with_tls_ca(pem);
+    }
+    if let Some(token) = token {
+        base = base.with_token(token);
+    }
+    let target = Target { endpoint, base };
     match command {
-        Command::Add(args) => commands::add(&endpoint, &args, json).await,
-        Command::Get(args) => commands::get(&endpoint, &args, json).await,
-        Command::Watch(args) => commands::watch(&endpoint, &args, json).await,
-        Command::Status => commands::status(&endpoint, json).await,
-        Command::Bench(args) => bench::run(&endpoint, &args, json).await,
+        Command::Add(args) => commands::add(&target, &args, json).await,
+        Command::Get(args) => commands::get(&target, &args, json).await,
+        Command::Watch(args) => commands::watch(&target, &args, json).await,
+        Command::Status => commands::status(&target, json).await,
+        Command::Bench(args) => bench::run(&target, &args, json).await,
+    }
+}
+
+/// The node to talk to and how: the endpoint and the connection settings
+/// (TLS, token) every command starts from.
+pub struct Target {
+    /// The endpoint as given.
+    pub endpoint: String,
+    /// Settings from the global flags.
+    pub base: tally_client::ClientConfig,
+}
+
+impl Target {
+    /// Connects with the global settings.
+    pub async fn connect(&self) -> Result<tally_client::Client, tally_client::Error> {
+        self.base.connect(self.endpoint.as_str()).await
     }
 }
 

@@ -24,13 +24,13 @@ pub(crate) mod wire;
 
 use std::time::Duration;
 
+use crate::transport::Transport;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::client::Grpc;
 use tonic::codegen::http::uri::PathAndQuery;
-use tonic::transport::Channel;
 use tonic::{GrpcMethod, Status};
 
 pub(crate) use batcher::BatchSettings;
@@ -61,7 +61,7 @@ pub(crate) struct CoalescerHandle {
 }
 
 /// Starts the coalescing task of a client on the current tokio runtime.
-pub(crate) fn spawn_coalescer(channel: Channel, settings: BatchSettings) -> CoalescerHandle {
+pub(crate) fn spawn_coalescer(channel: Transport, settings: BatchSettings) -> CoalescerHandle {
     let (submit_tx, submit_rx) = mpsc::unbounded_channel();
     tokio::spawn(run(Grpc::new(channel), Batcher::new(settings), submit_rx));
     CoalescerHandle { submit_tx }
@@ -99,7 +99,7 @@ const ADD_BATCH_PATH: &str = "/tally.v1.Counters/AddBatch";
 /// The task: feeds the batcher with adds, answers and timeouts, and sends
 /// the batches it emits.
 async fn run(
-    grpc: Grpc<Channel>,
+    grpc: Grpc<Transport>,
     mut batcher: Batcher<ReplyTx>,
     mut submit_rx: mpsc::UnboundedReceiver<PendingAdd<ReplyTx>>,
 ) {
@@ -149,7 +149,7 @@ async fn run(
 /// failure of the whole call. The call is abandoned at its timeout even if
 /// the node never answers.
 async fn send_batch(
-    mut grpc: Grpc<Channel>,
+    mut grpc: Grpc<Transport>,
     batch: OutgoingBatch,
 ) -> (u64, Result<Vec<AddAnswer>, Status>) {
     let OutgoingBatch {
@@ -212,7 +212,7 @@ mod tests {
         // Nothing listens on port 1: the lazy channel never connects.
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
         let before = metrics.num_alive_tasks();
-        let handle = spawn_coalescer(channel, settings());
+        let handle = spawn_coalescer(Transport::new(channel, Default::default()), settings());
         let clone = handle.clone();
         assert_eq!(metrics.num_alive_tasks(), before + 1);
         drop(handle);
@@ -232,7 +232,7 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_node_fails_the_add_within_its_deadline() {
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
-        let handle = spawn_coalescer(channel, settings());
+        let handle = spawn_coalescer(Transport::new(channel, Default::default()), settings());
         let body = wire::encode_add(b"k", 1, b"key");
         let deadline = Instant::now() + Duration::from_millis(200);
         let error = handle.add(body).await.unwrap_err();
