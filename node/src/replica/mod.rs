@@ -439,7 +439,8 @@ impl Replica {
         // Deleting superseded log entries and forgotten idempotency segments
         // rides along with the next data commit; on its own it waits for a
         // tick, or every data commit would cost a second flush.
-        if !data && !(housekeeping && self.housekeeping_due) {
+        let housekeeping_alone = housekeeping && self.housekeeping_due;
+        if !(data || housekeeping_alone) {
             return None;
         }
         self.housekeeping_due = false;
