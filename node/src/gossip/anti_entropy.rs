@@ -204,25 +204,26 @@ async fn pull_once(
                 .handle_pull_finished(now_ms(), plan.peer);
             engine.metrics().sync_rounds.get_or_create(&labels).inc();
         }
-        Ok(Err(error)) => {
-            tracing::debug!(peer = %plan.peer, addr = %plan.grpc_addr, %error, "pull failed");
-            forget_channel(&channels, &plan.grpc_addr);
-            engine
-                .core()
-                .peers_mut()
-                .handle_pull_failed(now_ms(), plan.peer, interval_ms);
-            engine.metrics().sync_errors.get_or_create(&labels).inc();
-        }
-        Err(_) => {
-            tracing::debug!(peer = %plan.peer, addr = %plan.grpc_addr, "pull timed out");
-            forget_channel(&channels, &plan.grpc_addr);
-            engine
-                .core()
-                .peers_mut()
-                .handle_pull_failed(now_ms(), plan.peer, interval_ms);
-            engine.metrics().sync_errors.get_or_create(&labels).inc();
-        }
+        Ok(Err(error)) => pull_failed(&engine, &channels, &plan, &labels, interval_ms, &error),
+        Err(_) => pull_failed(&engine, &channels, &plan, &labels, interval_ms, "timed out"),
     }
+}
+
+fn pull_failed(
+    engine: &Engine,
+    channels: &Channels,
+    plan: &PullPlan,
+    labels: &PeerLabels,
+    interval_ms: u64,
+    error: &str,
+) {
+    tracing::debug!(peer = %plan.peer, addr = %plan.grpc_addr, %error, "pull failed");
+    forget_channel(channels, &plan.grpc_addr);
+    engine
+        .core()
+        .peers_mut()
+        .handle_pull_failed(now_ms(), plan.peer, interval_ms);
+    engine.metrics().sync_errors.get_or_create(labels).inc();
 }
 
 async fn run_pull(

@@ -150,7 +150,17 @@ impl NodeProcess {
     }
 
     fn launch(&mut self) {
+        if let Err(log) = self.start_and_wait() {
+            panic!("tally-node exited at start; log:\n{log}");
+        }
+    }
+
+    /// Starts the process and waits until `/readyz` answers. A process that
+    /// exits first gives `Err` with what it logged during this start; one that
+    /// neither exits nor becomes ready within 30 s is a panic.
+    fn start_and_wait(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(self.spec.data_dir.parent().unwrap()).unwrap();
+        let offset = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0) as usize;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -168,17 +178,16 @@ impl NodeProcess {
         self.starts += 1;
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!(
-                    "tally-node exited at start with {status}; log:\n{}",
-                    self.log_text()
-                );
+            if self.child.as_mut().unwrap().try_wait().unwrap().is_some() {
+                self.child = None;
+                let text = self.log_text();
+                return Err(text.get(offset..).unwrap_or(&text).to_string());
             }
             if http_get(self.spec.http, "/readyz")
                 .map(|(code, _)| code == 200)
                 .unwrap_or(false)
             {
-                return;
+                return Ok(());
             }
             assert!(
                 Instant::now() < deadline,
@@ -383,42 +392,7 @@ impl NodeProcess {
     /// neither exits nor becomes ready within 30 s.
     pub fn try_restart(&mut self) -> Result<(), String> {
         assert!(self.child.is_none(), "stop or kill the node first");
-        let offset = std::fs::metadata(&self.log).map(|m| m.len()).unwrap_or(0) as usize;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)
-            .unwrap();
-        let child = Command::new(node_binary())
-            .args(self.spec.args())
-            .env("RUST_LOG", "info,chitchat=warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("starting tally-node");
-        self.child = Some(child);
-        self.starts += 1;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if self.child.as_mut().unwrap().try_wait().unwrap().is_some() {
-                self.child = None;
-                let text = self.log_text();
-                return Err(text.get(offset..).unwrap_or(&text).to_string());
-            }
-            if http_get(self.spec.http, "/readyz")
-                .map(|(code, _)| code == 200)
-                .unwrap_or(false)
-            {
-                return Ok(());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tally-node not ready after 30 s; log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.start_and_wait()
     }
 }
 
