@@ -188,7 +188,9 @@ async fn callers_past_their_deadline_get_timeout_in_time() {
         assert!(error.is_transient());
     }
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        // The fake node answers after 5 s or more: well under that means the deadline
+        // ended the call (a loose bound, for a noisy shared machine).
+        started.elapsed() < Duration::from_secs(4),
         "took {:?}",
         started.elapsed()
     );
@@ -212,12 +214,19 @@ async fn transient_failures_until_the_deadline_end_in_an_error_within_it() {
     server.node.fail_next_adds(u32::MAX, Code::Unavailable);
     let started = Instant::now();
     let error = client.add("k", 1).await.unwrap_err();
+    // The deadline ends it either between attempts (the last failure is
+    // reported) or during one (a timeout): both after several attempts.
     assert!(
-        matches!(error, Error::Unavailable { attempts, .. } if attempts > 1),
+        matches!(
+            error,
+            Error::Unavailable { attempts, .. } | Error::Timeout { attempts, .. } if attempts > 1
+        ),
         "{error:?}"
     );
+    // 1,000 retries with 20-40 ms back-off would take 20 s or more: the
+    // 300 ms deadline cut them short (a loose bound for a noisy machine).
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        started.elapsed() < Duration::from_secs(10),
         "took {:?}",
         started.elapsed()
     );

@@ -217,7 +217,9 @@ async fn a_slow_node_yields_a_timeout_within_the_deadline() {
     assert!(matches!(error, Error::Timeout { .. }), "{error:?}");
     assert!(error.is_transient());
     assert!(
-        started.elapsed() < Duration::from_secs(2),
+        // The fake node answers after 5 s or more: well under that means the deadline
+        // ended the call (a loose bound, for a noisy shared machine).
+        started.elapsed() < Duration::from_secs(4),
         "took {:?}",
         started.elapsed()
     );
