@@ -166,7 +166,9 @@ async fn tokens_and_the_rate_limit_guard_the_client_api() {
 
     let mut accepted = 0;
     let mut limited = None;
-    for _ in 0..20 {
+    // Back-to-back adds exceed a rate of 5/s (burst 5) long before 100 of
+    // them, unless each took over 200 ms, the time one token takes to refill.
+    for _ in 0..100 {
         match client.add(with_token(add("k", 1), Some(TOKEN))).await {
             Ok(_) => accepted += 1,
             Err(status) => {
@@ -175,7 +177,7 @@ async fn tokens_and_the_rate_limit_guard_the_client_api() {
             }
         }
     }
-    let limited = limited.expect("20 adds at once must pass a rate of 5/s with a burst of 5");
+    let limited = limited.expect("100 adds at once must pass a rate of 5/s with a burst of 5");
     assert_eq!(
         limited.code(),
         tonic::Code::ResourceExhausted,
