@@ -88,10 +88,7 @@ async fn check_exact(cluster: &Cluster, mut tally: Tally, label: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_regions_converge_on_the_exact_sum() {
-    let cluster =
-        tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1), ("ap", 1)], "sync"))
-            .await
-            .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1), ("ap", 1)], "sync").await;
     let tally = run_for(
         &cluster.endpoints(),
         4,
@@ -126,10 +123,7 @@ async fn three_regions_converge_on_the_exact_sum() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_with_two_nodes_converges_too() {
-    let cluster =
-        tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 2), ("us", 1), ("ap", 1)], "sync"))
-            .await
-            .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 2), ("us", 1), ("ap", 1)], "sync").await;
     let tally = run_for(
         &cluster.endpoints(),
         3,
@@ -150,10 +144,7 @@ async fn a_region_with_two_nodes_converges_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_region_paused_by_sigstop_catches_up_after_sigcont() {
-    let cluster =
-        tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1), ("ap", 1)], "sync"))
-            .await
-            .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1), ("ap", 1)], "sync").await;
     // Freeze "us" halfway through the load; the others keep serving.
     let us = cluster.nodes[1].pid();
     let tally = run_for(
@@ -170,10 +161,7 @@ async fn a_region_paused_by_sigstop_catches_up_after_sigcont() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_killed_with_sigkill_and_restarted_loses_nothing_acknowledged() {
-    let mut cluster =
-        tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1), ("ap", 1)], "sync"))
-            .await
-            .unwrap();
+    let mut cluster = Cluster::spawn(&[("eu", 1), ("us", 1), ("ap", 1)], "sync").await;
     let eu = cluster.nodes[0].pid();
     let tally = run_for(
         &cluster.endpoints(),
@@ -195,10 +183,7 @@ async fn a_node_killed_with_sigkill_and_restarted_loses_nothing_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_with_a_wiped_disk_gets_a_new_id_and_the_cluster_keeps_every_add() {
-    let cluster =
-        tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1), ("ap", 1)], "sync"))
-            .await
-            .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1), ("ap", 1)], "sync").await;
     let endpoints = cluster.endpoints();
     let mut tally = run_for(&endpoints, 3, &KEYS, Duration::from_millis(1000), || {}).await;
     // Everything the node acknowledged reaches its peers before its disk goes.
@@ -317,9 +302,7 @@ async fn an_async_crash_never_hides_adds_acknowledged_after_the_restart() {
 /// still shipped every round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_taking_adds_without_pause_is_still_replicated_every_second() {
-    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1)], "sync"))
-        .await
-        .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1)], "sync").await;
     let endpoints = cluster.endpoints();
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let hot_endpoint = endpoints[..1].to_vec();
@@ -357,9 +340,7 @@ async fn a_key_taking_adds_without_pause_is_still_replicated_every_second() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulls_from_another_cluster_are_refused_and_status_lists_the_members() {
     use tally_proto::v1::replication_client::ReplicationClient;
-    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1)], "sync"))
-        .await
-        .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1)], "sync").await;
     let endpoints = cluster.endpoints();
     quick_client(&endpoints[0]).await.add("k", 3).await.unwrap();
     let mut replication = ReplicationClient::connect(endpoints[0].clone())
@@ -403,10 +384,7 @@ async fn pulls_from_another_cluster_are_refused_and_status_lists_the_members() {
 /// per add, so the bytes per add fall as the load rises.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replication_bytes_per_add_fall_as_the_load_rises() {
-    let cluster =
-        tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1), ("ap", 1)], "sync"))
-            .await
-            .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1), ("ap", 1)], "sync").await;
     let endpoints = cluster.endpoints();
     let scrape = |cluster: &Cluster| -> (f64, f64) {
         let mut bytes = 0.0;
@@ -456,9 +434,7 @@ async fn replication_bytes_per_add_fall_as_the_load_rises() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_sees_changes_merged_from_another_region() {
     use futures::StreamExt;
-    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1)], "sync"))
-        .await
-        .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1)], "sync").await;
     let endpoints = cluster.endpoints();
     let us = quick_client(&endpoints[1]).await;
     let mut values = us.watch("live:poll").await.unwrap();

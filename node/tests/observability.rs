@@ -12,9 +12,7 @@ use common::{http_get, wait_until, Cluster};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_status_page_shows_members_convergence_and_hot_keys() {
-    let cluster = tokio::task::spawn_blocking(|| Cluster::start(&[("eu", 1), ("us", 1)], "sync"))
-        .await
-        .unwrap();
+    let cluster = Cluster::spawn(&[("eu", 1), ("us", 1)], "sync").await;
     let eu = quick_client(&cluster.endpoints()[0]).await;
     for _ in 0..200 {
         eu.add("post:<b>hot</b>:likes", 1).await.unwrap();

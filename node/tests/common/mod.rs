@@ -378,6 +378,16 @@ impl Cluster {
         Cluster { root, nodes }
     }
 
+    /// [`Cluster::start`] from async code (starting waits for readiness).
+    pub async fn spawn(
+        layout: &'static [(&'static str, usize)],
+        durability: &'static str,
+    ) -> Cluster {
+        tokio::task::spawn_blocking(move || Cluster::start(layout, durability))
+            .await
+            .unwrap()
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.endpoint()).collect()
     }
