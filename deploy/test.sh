@@ -18,7 +18,12 @@
 # The expected total of a key is the sum of the deltas of all adds sent.
 #
 # Traffic stays inside the compose project's own network: the CLI runs in the
-# containers (docker exec) and talks to 127.0.0.1; no host port is published.
+# containers (docker exec) and talks to its own node; no host port is
+# published. Nothing is exec'd into a container while it is paused: with
+# runc, an exec that races a pause can block in the frozen cgroup and hold
+# the container's lock, so `docker unpause` never returns (a CI run hung for
+# 78 minutes that way). The adds to the paused node come from a neighbour's
+# container instead, and every docker call is bounded by `timeout`.
 #
 # Usage: deploy/test.sh            (exit status 0 on success)
 # Environment:
@@ -76,7 +81,8 @@ elif docker compose version >/dev/null 2>&1; then
 else
   fail "neither docker-compose nor the docker compose plugin is installed"
 fi
-compose() { "${compose_cmd[@]}" "${compose_files[@]}" -p "$project" "$@"; }
+# compose ARGS...: docker compose on this project, killed after 180 s.
+compose() { timeout -k 5 180 "${compose_cmd[@]}" "${compose_files[@]}" -p "$project" "$@"; }
 
 declare -A cid # node name -> container id
 project_started=0
@@ -98,7 +104,7 @@ cleanup() {
     for node in "${nodes[@]}"; do
       [[ -n "${cid[$node]:-}" ]] || continue
       log "last log lines of $node:"
-      docker logs --tail 25 "${cid[$node]}" 2>&1 | sed 's/^/    /'
+      dock 30 logs --tail 25 "${cid[$node]}" 2>&1 | sed 's/^/    /'
     done
   fi
   if [[ $project_started == 0 ]]; then
@@ -109,7 +115,7 @@ cleanup() {
   else
     log "tearing down project $project (containers, network, volumes)"
     for node in "${nodes[@]}"; do
-      [[ -n "${cid[$node]:-}" ]] && docker unpause "${cid[$node]}" >/dev/null 2>&1
+      [[ -n "${cid[$node]:-}" ]] && dock 60 unpause "${cid[$node]}" >/dev/null 2>&1
     done
     if ! compose down --volumes --remove-orphans --timeout 10 >"$work/down.log" 2>&1; then
       cat "$work/down.log"
@@ -118,7 +124,7 @@ cleanup() {
     fi
   fi
   if [[ $own_image == 1 && ! ( $rc -ne 0 && "${TALLY_TEST_KEEP:-0}" == 1 ) ]]; then
-    docker rmi "$TALLY_IMAGE" >/dev/null 2>&1
+    dock 60 rmi "$TALLY_IMAGE" >/dev/null 2>&1
   fi
   if [[ $rc -ne 0 && "${TALLY_TEST_KEEP:-0}" == 1 ]]; then
     log "work files (ledgers, certificates) kept in $work"
@@ -160,13 +166,27 @@ wait_until() {
   done
 }
 
+# dock SECONDS ARGS...: `docker ARGS...`, killed after SECONDS.
+dock() { timeout -k 5 "$1" docker "${@:2}"; }
+
 tally_in() { # tally_in NODE ARGS...: the CLI inside the node's container
   # (its endpoint, and with security its CA and token, come from the
   # container's environment: TALLY_ENDPOINT, TALLY_TLS_CA, TALLY_TOKEN)
-  docker exec "${cid[$1]}" tally "${@:2}"
+  dock 60 exec "${cid[$1]}" tally "${@:2}"
 }
+# tally_via VIA NODE ARGS...: the CLI inside VIA's container, talking to
+# NODE over the project network (node certificates name their node).
+tally_via() {
+  local scheme=http
+  [[ "$secure" == 1 ]] && scheme=https
+  dock 60 exec "${cid[$1]}" tally --endpoint "$scheme://$2:7100" "${@:3}"
+}
+# via NODE: the container whose CLI drives NODE's adds (itself, unless
+# routed elsewhere for a phase by setting via_override[NODE]).
+declare -A via_override=()
+via() { echo "${via_override[$1]:-$1}"; }
 
-healthy() { [[ "$(docker inspect -f '{{.State.Health.Status}}' "${cid[$1]}")" == healthy ]]; }
+healthy() { [[ "$(dock 30 inspect -f '{{.State.Health.Status}}' "${cid[$1]}")" == healthy ]]; }
 all_healthy() {
   local node
   for node in "${nodes[@]}"; do healthy "$node" || return 1; done
@@ -192,9 +212,15 @@ sees_all() {
 # node with the same idempotency key until acknowledged (at most 120 s: a
 # paused or killed node must come back within that).
 add_until_acked() {
-  local node=$1 key=$2 delta=$3 idem=$4 deadline=$((SECONDS + 120)) out
+  local node=$1 key=$2 delta=$3 idem=$4 deadline=$((SECONDS + 120)) out rc
   while true; do
-    if out="$(tally_in "$node" add "$key" "$delta" --idempotency-key "$idem" 2>&1)"; then
+    rc=0
+    if [[ "$(via "$node")" == "$node" ]]; then
+      out="$(tally_in "$node" add "$key" "$delta" --idempotency-key "$idem" 2>&1)" || rc=$?
+    else
+      out="$(tally_via "$(via "$node")" "$node" add "$key" "$delta" --idempotency-key "$idem" 2>&1)" || rc=$?
+    fi
+    if [[ $rc == 0 ]]; then
       printf '%s %s %s %s\n' "$key" "$delta" "$idem" "${out//$'\n'/ }"
       return 0
     fi
@@ -351,13 +377,13 @@ fi
 
 log "starting project $project: ${nodes[*]} (compose: ${compose_cmd[*]})"
 project_started=1
-timeout 180 "${compose_cmd[@]}" "${compose_files[@]}" -p "$project" up -d >"$work/up.log" 2>&1 ||
+compose up -d >"$work/up.log" 2>&1 ||
   { cat "$work/up.log"; fail "docker compose up failed"; }
 for node in "${nodes[@]}"; do
   cid[$node]="$(compose ps -q "$node")"
   [[ -n "${cid[$node]}" ]] || fail "no container for $node"
 done
-net="$(docker inspect -f '{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}' "${cid[ap-south-1]}")"
+net="$(dock 30 inspect -f '{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}' "${cid[ap-south-1]}")"
 net="${net%% *}"
 [[ "$net" == "${project}_tally" || "$net" == *tally ]] || fail "unexpected network $net"
 log "network $net; containers: $(for n in "${nodes[@]}"; do printf '%s=%s ' "$n" "${cid[$n]:0:12}"; done)"
@@ -380,14 +406,14 @@ again="$(tally_in eu-west-1 add idem:check 5 --idempotency-key "$run_id-idem")"
 [[ "$again" == "5 (duplicate: already applied)" ]] || fail "a repeated add was not answered as a duplicate: $again"
 [[ "$(tally_in eu-west-1 get idem:check)" == 5 ]] || fail "a repeated add changed the total"
 
-ap_ip="$(docker inspect -f "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "${cid[ap-south-1]}")"
+ap_ip="$(dock 30 inspect -f "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "${cid[ap-south-1]}")"
 log "partition: disconnecting ap-south-1 ($ap_ip) from $net"
-docker network disconnect "$net" "${cid[ap-south-1]}"
+dock 60 network disconnect "$net" "${cid[ap-south-1]}"
 wait_until 30 "eu-west-1 sees ap-south-1 down" ap_south_down
 log "  eu-west-1 sees ap-south-1 down"
 
 log "phase 2: adds on both sides of the partition (4 x 12), and a hot key: tally bench on eu-west-1 for 3 s"
-docker exec "${cid[eu-west-1]}" tally bench --op add --keys 1 --concurrency 8 --connections 2 \
+dock 60 exec "${cid[eu-west-1]}" tally bench --op add --keys 1 --concurrency 8 --connections 2 \
   --duration 3s --warmup 0s >"$work/bench.out" 2>&1 &
 bench_pid=$!
 start_drivers partitioned 12 "${nodes[@]}"
@@ -406,29 +432,33 @@ eu_value="$(tally_in eu-west-1 get post:1:likes)"
 [[ "$ap_value" != "$eu_value" ]] || fail "ap-south-1 and eu-west-1 agree ($ap_value) while partitioned: is the partition real?"
 log "  $(acked) adds acknowledged; post:1:likes is $eu_value in eu-west-1, $ap_value in ap-south-1"
 
-log "pause: docker pause us-east-1 for 5 s while adds go to every node"
+log "pause: docker pause us-east-1 for 5 s while adds go to every node (to us-east-1 from eu-west-1's container)"
+via_override[us-east-1]=eu-west-1
 start_drivers paused 10 "${nodes[@]}"
+via_override=()
 sleep 1
-docker pause "${cid[us-east-1]}" >/dev/null
+dock 60 pause "${cid[us-east-1]}" >/dev/null
 sleep 1
 paused_count="$(acked_on us-east-1)"
 sleep 4
 [[ "$(acked_on us-east-1)" == "$paused_count" ]] || fail "us-east-1 acknowledged adds while paused"
 log "  acknowledged so far: us-east-1 $(acked_on us-east-1) (none while paused), all $(acked)"
-docker unpause "${cid[us-east-1]}" >/dev/null
+dock 60 unpause "${cid[us-east-1]}" >/dev/null
 log "  us-east-1 unpaused"
 wait_drivers
 log "  $(acked) adds acknowledged"
 
-log "kill: docker kill eu-west-2 (SIGKILL) while adds to it are in flight"
+log "kill: docker kill eu-west-2 (SIGKILL) while adds to it are in flight (from eu-west-1's container)"
+via_override[eu-west-2]=eu-west-1
 start_drivers killed 16 "${nodes[@]}"
+via_override=()
 wait_until 60 "eu-west-2 acknowledged 4 adds of this phase" \
   bash -c '[[ $(wc -l <"$0") -ge 4 ]]' "$work/ledger.eu-west-2.killed"
 replica_before="$(tally_in eu-west-2 status | awk 'NR == 3 { print $3 }')"
-docker kill "${cid[eu-west-2]}" >/dev/null
+dock 60 kill "${cid[eu-west-2]}" >/dev/null
 log "  killed after $(wc -l <"$work/ledger.eu-west-2.killed") acknowledged adds of this phase"
 sleep 3
-docker start "${cid[eu-west-2]}" >/dev/null
+dock 60 start "${cid[eu-west-2]}" >/dev/null
 log "  eu-west-2 started again; waiting (<= 60 s) until healthy"
 wait_until 60 "eu-west-2 is healthy again" healthy eu-west-2
 replica_after="$(tally_in eu-west-2 status | awk 'NR == 3 { print $3 }')"
@@ -442,9 +472,9 @@ log "heal: reconnecting ap-south-1 to $net"
 # The alias gives the node its service name back on the network (peers and
 # seeds use it). Docker hands the freed address back when nobody took it; the
 # node's gossip address was resolved at start, so say so if it changed.
-docker network connect --alias ap-south-1 "$net" "${cid[ap-south-1]}"
+dock 60 network connect --alias ap-south-1 "$net" "${cid[ap-south-1]}"
 heal_at=$SECONDS
-ap_ip2="$(docker inspect -f "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "${cid[ap-south-1]}")"
+ap_ip2="$(dock 30 inspect -f "{{(index .NetworkSettings.Networks \"$net\").IPAddress}}" "${cid[ap-south-1]}")"
 [[ "$ap_ip2" == "$ap_ip" ]] || log "  note: ap-south-1 came back as $ap_ip2 (was $ap_ip)"
 
 log "phase 3: adds after the heal (4 x 6)"
