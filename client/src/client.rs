@@ -26,6 +26,7 @@ use tally_proto::v1::{
 use tonic::{Response, Status};
 
 use crate::cache::ReadCache;
+use crate::coalesce::reads::{spawn_read_coalescer, ReadCoalescerHandle};
 use crate::coalesce::wire::encode_add;
 use crate::coalesce::{spawn_coalescer, CoalescerHandle};
 use crate::retry::RetryPolicy;
@@ -83,6 +84,8 @@ pub struct Client {
     endpoint: Arc<str>,
     /// `None` when adds are not coalesced.
     coalescer: Option<CoalescerHandle>,
+    /// `None` when reads are not coalesced (they are when adds are).
+    read_coalescer: Option<ReadCoalescerHandle>,
     /// `None` when there is no read cache.
     read_cache: Option<Arc<ReadCache>>,
 }
@@ -105,6 +108,9 @@ impl Client {
         let coalescer = config
             .batch_settings()
             .map(|settings| spawn_coalescer(channel.clone(), settings));
+        let read_coalescer = config
+            .read_settings()
+            .map(|settings| spawn_read_coalescer(channel.clone(), settings));
         let read_cache = config
             .read_cache()
             .map(|(capacity, ttl)| Arc::new(ReadCache::new(capacity, ttl)));
@@ -114,6 +120,7 @@ impl Client {
             policy: config.retry_policy(),
             endpoint: endpoint.into(),
             coalescer,
+            read_coalescer,
             read_cache,
         }
     }
@@ -286,6 +293,13 @@ impl Client {
             key: key_bytes(key),
             breakdown,
         };
+        if let (Some(coalescer), false) = (&self.read_coalescer, breakdown) {
+            let response = self
+                .policy
+                .run("get", |timeout| coalescer.get(request.key.clone(), timeout))
+                .await?;
+            return Ok(counter_from_proto(key, response));
+        }
         let response = self
             .policy
             .run("get", |timeout| {

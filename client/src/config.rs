@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tonic::transport::{Endpoint, Uri};
 
+use crate::coalesce::reads::ReadSettings;
 use crate::coalesce::BatchSettings;
 use crate::retry::{Backoff, RetryPolicy};
 use crate::transport::{BearerToken, Transport};
@@ -109,7 +110,7 @@ impl ClientConfig {
         self
     }
 
-    /// Turns the coalescing of adds on (the default) or off.
+    /// Turns the coalescing of adds and reads on (the default) or off.
     ///
     /// When on, concurrent [`Client::add`] and [`Client::add_with_key`] calls
     /// on one client (and its clones) are gathered and sent to the node as
@@ -121,6 +122,13 @@ impl ClientConfig {
     /// when one is. A failure of the whole call is retried for the adds it
     /// carried, with their keys, like any call; a per-item error is retried
     /// only if its code is transient. When off, each add is its own call.
+    ///
+    /// The same switch coalesces [`Client::get`]: concurrent reads go out as
+    /// one `GetBatch` call in which each key appears once, sent only after
+    /// the reads were made (so a read still sees every add acknowledged
+    /// before it). Reads with the breakdown are never coalesced.
+    ///
+    /// [`Client::get`]: crate::Client::get
     pub fn with_coalescing(mut self, coalescing: bool) -> Self {
         self.coalescing = coalescing;
         self
@@ -265,6 +273,15 @@ impl ClientConfig {
             },
             deadline: self.deadline,
         }
+    }
+
+    /// The batching of coalesced reads: on with the coalescing of adds, with
+    /// the same batch size and number of batches in flight.
+    pub(crate) fn read_settings(&self) -> Option<ReadSettings> {
+        self.coalescing.then_some(ReadSettings {
+            max_batch: self.max_batch_size,
+            max_in_flight: self.max_batches_in_flight,
+        })
     }
 
     /// The batching of coalesced adds, if they are coalesced.

@@ -279,3 +279,114 @@ async fn the_read_cache_answers_locally_and_shows_a_client_its_own_adds() {
     );
     server.shutdown();
 }
+
+/// Waits until the fake has received `count` `GetBatch` calls.
+async fn wait_for_read_batches(server: &FakeServerHandle, count: usize) {
+    let started = Instant::now();
+    while server.node.read_batches().len() < count {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the fake saw {} read batches, expected {count}",
+            server.node.read_batches().len()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test]
+async fn concurrent_gets_share_one_batch_with_each_key_once() {
+    let server = spawn_fake_server().await;
+    let client = one_in_flight().connect(server.endpoint()).await.unwrap();
+    {
+        let mut state = server.node.state();
+        state.values.insert("hot".to_owned(), 40_000);
+        state.values.insert("cold".to_owned(), 3);
+        state.read_delay = Duration::from_millis(300);
+    }
+    let mut gets = JoinSet::new();
+    let first = client.clone();
+    gets.spawn(async move { ("warm", first.get("warm").await) });
+    wait_for_read_batches(&server, 1).await;
+    for caller in 0..60 {
+        let client = client.clone();
+        let key = if caller % 20 == 0 { "cold" } else { "hot" };
+        gets.spawn(async move { (key, client.get(key).await) });
+    }
+    while let Some(joined) = gets.join_next().await {
+        let (key, value) = joined.unwrap();
+        let want = match key {
+            "hot" => 40_000,
+            "cold" => 3,
+            _ => 0,
+        };
+        assert_eq!(value.unwrap(), want, "{key}");
+    }
+    let mut batches = server.node.read_batches();
+    batches[1].sort();
+    assert_eq!(
+        batches,
+        vec![
+            vec!["warm".to_owned()],
+            vec!["cold".to_owned(), "hot".to_owned()]
+        ],
+        "the first read alone, then one batch with each key once"
+    );
+    assert_eq!(server.node.state().single_gets, 0);
+    server.shutdown();
+}
+
+#[tokio::test]
+async fn a_get_never_joins_a_read_already_in_flight() {
+    // The fake reads the value when the batch arrives and answers 300 ms
+    // later. An add acknowledged meanwhile must show in a get made after it:
+    // that get waits for the next batch instead of sharing the old answer.
+    let server = spawn_fake_server().await;
+    let client = one_in_flight().connect(server.endpoint()).await.unwrap();
+    server.node.state().read_delay = Duration::from_millis(300);
+    let early = client.clone();
+    let early = tokio::spawn(async move { early.get("k").await });
+    wait_for_read_batches(&server, 1).await;
+    server.node.state().read_delay = Duration::ZERO;
+    let outcome = client.add("k", 5).await.unwrap();
+    assert_eq!(outcome.value, 5);
+    assert_eq!(client.get("k").await.unwrap(), 5, "read after the add");
+    assert_eq!(early.await.unwrap().unwrap(), 0, "read before the add");
+    assert_eq!(server.node.read_batches().len(), 2);
+    server.shutdown();
+}
+
+#[tokio::test]
+async fn a_transient_read_batch_failure_is_retried() {
+    let server = spawn_fake_server().await;
+    let client = one_in_flight().connect(server.endpoint()).await.unwrap();
+    server.node.state().values.insert("k".to_owned(), 9);
+    server.node.state().fail_next_reads = 2;
+    assert_eq!(client.get("k").await.unwrap(), 9);
+    assert_eq!(
+        server.node.read_batches().len(),
+        3,
+        "two failures, then the answer"
+    );
+    server.shutdown();
+}
+
+#[tokio::test]
+async fn without_coalescing_each_get_is_its_own_call() {
+    let server = spawn_fake_server().await;
+    let client = ClientConfig::new()
+        .with_coalescing(false)
+        .connect(server.endpoint())
+        .await
+        .unwrap();
+    let mut gets = JoinSet::new();
+    for _ in 0..10 {
+        let client = client.clone();
+        gets.spawn(async move { client.get("k").await });
+    }
+    while let Some(joined) = gets.join_next().await {
+        assert_eq!(joined.unwrap().unwrap(), 0);
+    }
+    assert_eq!(server.node.state().single_gets, 10);
+    assert!(server.node.read_batches().is_empty());
+    server.shutdown();
+}

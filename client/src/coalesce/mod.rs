@@ -1,6 +1,7 @@
 //! Client-side coalescing of adds: concurrent [`Client::add`] calls on one
 //! client are sent to its node together, as one `AddBatch` call, each add
-//! keeping its own idempotency key and getting its own answer.
+//! keeping its own idempotency key and getting its own answer. Reads are
+//! coalesced the same way into `GetBatch` calls, in [`reads`].
 //!
 //! [`spawn_coalescer`] starts one background task per client (shared by its
 //! clones). A caller encodes its add, sends it with a oneshot reply channel
@@ -20,6 +21,7 @@
 //! [`Client::add`]: crate::Client::add
 
 mod batcher;
+pub(crate) mod reads;
 pub(crate) mod wire;
 
 use std::time::Duration;

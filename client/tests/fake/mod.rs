@@ -52,6 +52,14 @@ pub struct FakeState {
     pub fail_code: Option<Code>,
     /// Wait this long before answering an add.
     pub add_delay: Duration,
+    /// The keys of each `GetBatch` call, in arrival order.
+    pub read_batches: Vec<Vec<String>>,
+    /// How many single `Get` calls arrived.
+    pub single_gets: u32,
+    /// Fail this many more `Get`/`GetBatch` requests with `Unavailable`.
+    pub fail_next_reads: u32,
+    /// Wait this long after reading the values, before answering a read.
+    pub read_delay: Duration,
 }
 
 /// The services' shared state.
@@ -138,6 +146,27 @@ impl FakeNode {
         Ok(response)
     }
 
+    /// Fails the read if failures were asked for.
+    fn admit_read(&self) -> Result<(), Status> {
+        let mut state = self.state();
+        if state.fail_next_reads > 0 {
+            state.fail_next_reads -= 1;
+            return Err(Status::unavailable("injected read failure"));
+        }
+        Ok(())
+    }
+
+    async fn delay_read(&self) {
+        let delay = self.state().read_delay;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    pub fn read_batches(&self) -> Vec<Vec<String>> {
+        self.state().read_batches.clone()
+    }
+
     fn read(&self, key: &[u8]) -> Result<GetResponse, Status> {
         let text = key_text(key)?;
         let value = self.state().values.get(&text).copied().unwrap_or(0);
@@ -203,16 +232,25 @@ impl Counters for FakeNode {
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
-        self.read(&request.into_inner().key).map(Response::new)
+        self.state().single_gets += 1;
+        self.admit_read()?;
+        let response = self.read(&request.into_inner().key)?;
+        self.delay_read().await;
+        Ok(Response::new(response))
     }
 
     async fn get_batch(
         &self,
         request: Request<GetBatchRequest>,
     ) -> Result<Response<GetBatchResponse>, Status> {
-        let results = request
-            .into_inner()
-            .gets
+        let gets = request.into_inner().gets;
+        self.state().read_batches.push(
+            gets.iter()
+                .map(|get| String::from_utf8_lossy(&get.key).into_owned())
+                .collect(),
+        );
+        self.admit_read()?;
+        let results: Vec<GetResult> = gets
             .iter()
             .map(|get| GetResult {
                 outcome: Some(match self.read(&get.key) {
@@ -221,6 +259,7 @@ impl Counters for FakeNode {
                 }),
             })
             .collect();
+        self.delay_read().await;
         Ok(Response::new(GetBatchResponse { results }))
     }
 
