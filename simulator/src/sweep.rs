@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -69,11 +69,23 @@ pub fn sweep(
             });
         }
         if progress {
+            // A terminal gets a bar redrawn in place; a log (CI) gets a line
+            // every ten seconds instead of thousands of carriage returns.
+            let tty = std::io::stderr().is_terminal();
+            let mut last_line = started;
             loop {
                 let finished = done.load(Ordering::Relaxed);
-                draw_bar(finished, count, failed.load(Ordering::Relaxed), started);
+                let failed = failed.load(Ordering::Relaxed);
+                if tty {
+                    draw_bar(finished, count, failed, started);
+                } else if finished >= count || last_line.elapsed() >= Duration::from_secs(10) {
+                    eprintln!("{finished}/{count} seeds, {failed} failed");
+                    last_line = Instant::now();
+                }
                 if finished >= count {
-                    eprintln!();
+                    if tty {
+                        eprintln!();
+                    }
                     break;
                 }
                 std::thread::sleep(Duration::from_millis(100));

@@ -5,7 +5,7 @@
 use tally_proto::v1 as pb;
 use tonic::{Code, Status};
 
-use crate::crdt::{PnCounter, ReplicaId, Slot, StateDigest};
+use crate::crdt::{PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
 use crate::replica::{
     parse_key, AddRefused, Cursor, PullChunk, PullRefused, PullRequest, MAX_CHUNK_COUNTERS,
@@ -89,6 +89,7 @@ pub fn pull_request_from(
         expected: (request.expected_replica != 0).then_some(ReplicaId(request.expected_replica)),
         after,
         max_bytes: asked.min(max_bytes_cap),
+        directory_digest: request.directory_digest,
     })
 }
 
@@ -100,6 +101,7 @@ pub fn pull_request_to(request: &PullRequest) -> pb::PullRequest {
         expected_replica: request.expected.map_or(0, |id| id.0),
         after: Some(cursor_to(&request.after)),
         max_bytes: request.max_bytes.min(u32::MAX as usize) as u32,
+        directory_digest: request.directory_digest,
     }
 }
 
@@ -133,8 +135,7 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
             .collect(),
         next: Some(cursor_to(&chunk.next)),
         complete: chunk.complete,
-        durable_seq: chunk.durable_seq,
-        digest: chunk.digest.0,
+        directory_digest: chunk.directory_digest,
     }
 }
 
@@ -184,8 +185,7 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
             .collect(),
         next,
         complete: chunk.complete,
-        durable_seq: chunk.durable_seq,
-        digest: StateDigest(chunk.digest),
+        directory_digest: chunk.directory_digest,
     })
 }
 
@@ -208,8 +208,7 @@ mod tests {
                 key: "a".into(),
             },
             complete: false,
-            durable_seq: 12,
-            digest: StateDigest(77),
+            directory_digest: Some(5),
         };
         assert_eq!(chunk_from(chunk_to(&chunk)).unwrap(), chunk);
     }

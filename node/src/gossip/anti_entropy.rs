@@ -97,12 +97,20 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     );
                     continue;
                 };
+                let request = PullRequest {
+                    cluster_id: config.cluster_id.clone(),
+                    caller: own,
+                    expected: Some(plan.peer),
+                    after: plan.after.clone(),
+                    max_bytes: config.max_bytes,
+                    directory_digest: plan.directory_digest,
+                };
                 pulls.spawn(pull_once(
                     engine.clone(),
                     channels.clone(),
                     channel,
                     plan,
-                    own,
+                    request,
                     config.clone(),
                 ));
             }
@@ -179,16 +187,9 @@ async fn pull_once(
     channels: Channels,
     channel: Channel,
     plan: PullPlan,
-    own: ReplicaId,
+    request: PullRequest,
     config: AntiEntropyConfig,
 ) {
-    let request = PullRequest {
-        cluster_id: config.cluster_id.clone(),
-        caller: own,
-        expected: Some(plan.peer),
-        after: plan.after.clone(),
-        max_bytes: config.max_bytes,
-    };
     let outcome = tokio::time::timeout(
         config.pull_timeout,
         run_pull(&engine, channel, &plan, &request),

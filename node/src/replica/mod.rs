@@ -13,6 +13,7 @@
 //! commit makes it durable, so the runtime acknowledges it only then (4);
 //! keyed retries apply once (5); no arithmetic wraps (6).
 
+mod directory;
 mod idempotency;
 mod identity;
 mod protocol;
@@ -23,6 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use crate::crdt::{AddError, PnCounter, ReplicaId, StateDigest};
+use directory::Directory;
 
 pub use idempotency::{idempotency_id, request_fingerprint, IdempotencyTable};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
@@ -187,8 +189,7 @@ pub struct Replica {
     durable_seq: u64,
     /// Digest of the durable state.
     digest: StateDigest,
-    directory: BTreeMap<ReplicaId, String>,
-    directory_pending: Vec<(ReplicaId, String)>,
+    directory: Directory,
     superseded_pending: Vec<Change>,
     idempotency: IdempotencyTable,
     idempotency_put: Vec<IdempotencyRecord>,
@@ -219,11 +220,9 @@ impl Replica {
             },
             _ => identity,
         };
-        let mut directory: BTreeMap<ReplicaId, String> = recovered.directory.into_iter().collect();
-        let mut directory_pending = Vec::new();
-        if directory.get(&identity.replica) != Some(&identity.region) {
-            directory.insert(identity.replica, identity.region.clone());
-            directory_pending.push((identity.replica, identity.region.clone()));
+        let mut directory = Directory::recovered(recovered.directory);
+        if !directory.contains(&identity.replica) {
+            directory.learn(identity.replica, identity.region.clone());
         }
         let idempotency = IdempotencyTable::recovered(
             config.idempotency_ttl_ms,
@@ -240,7 +239,6 @@ impl Replica {
             durable_seq: recovered.durable_seq,
             digest: recovered.digest,
             directory,
-            directory_pending,
             superseded_pending: Vec::new(),
             idempotency,
             idempotency_put: Vec::new(),
@@ -432,7 +430,7 @@ impl Replica {
         let (watermarks, watermarks_dirty) = self.peers.take_watermarks();
         let data = !self.dirty.is_empty()
             || !self.idempotency_put.is_empty()
-            || !self.directory_pending.is_empty()
+            || self.directory.has_pending()
             || watermarks_dirty;
         let housekeeping =
             !self.idempotency_delete.is_empty() || !self.superseded_pending.is_empty();
@@ -464,7 +462,7 @@ impl Replica {
             superseded: std::mem::take(&mut self.superseded_pending),
             idempotency_put: std::mem::take(&mut self.idempotency_put),
             idempotency_delete: std::mem::take(&mut self.idempotency_delete),
-            directory_put: std::mem::take(&mut self.directory_pending),
+            directory_put: self.directory.take_pending(),
             watermarks,
             digest,
         };
@@ -521,7 +519,7 @@ impl Replica {
         self.superseded_pending.extend(batch.superseded);
         self.idempotency_put.extend(batch.idempotency_put);
         self.idempotency_delete.extend(batch.idempotency_delete);
-        self.directory_pending.extend(batch.directory_put);
+        self.directory.restore_pending(batch.directory_put);
         self.peers.mark_watermarks_dirty();
     }
 

@@ -10,7 +10,7 @@
 //! every commit rewrites each counter it holds, the hottest key is shipped in
 //! every round, never starved. A refused message merges nothing.
 
-use crate::crdt::{Crdt, PnCounter, ReplicaId, StateDigest};
+use crate::crdt::{Crdt, PnCounter, ReplicaId};
 
 use super::types::{Cursor, DurableState, Key, StorageError};
 use super::Replica;
@@ -31,6 +31,10 @@ pub struct PullRequest {
     pub after: Cursor,
     /// Size bound of this chunk, in (estimated) bytes.
     pub max_bytes: usize,
+    /// The source's directory digest as the caller last received it with
+    /// the whole directory ([`PullChunk::directory_digest`]): while it is the
+    /// source's current one, chunks leave `replicas` out.
+    pub directory_digest: Option<u64>,
 }
 
 /// Part of the answer to a pull.
@@ -40,16 +44,16 @@ pub struct PullChunk {
     pub source: ReplicaId,
     /// Changed counters with their durable state, in change-log order.
     pub counters: Vec<(Key, PnCounter)>,
-    /// Regions of the replicas that have slots in `counters`.
+    /// The source's whole directory (replica → region), which covers every
+    /// slot in `counters`; empty when the request's directory digest is the
+    /// source's current one (the caller knows all of it already).
     pub replicas: Vec<(ReplicaId, String)>,
     /// The cursor after this chunk: the caller's next watermark.
     pub next: Cursor,
     /// True when `next` reaches the source's durable sequence.
     pub complete: bool,
-    /// The source's durable sequence when it answered.
-    pub durable_seq: u64,
-    /// The source's durable digest when it answered.
-    pub digest: StateDigest,
+    /// The digest of `replicas` when they are sent.
+    pub directory_digest: Option<u64>,
 }
 
 /// The protocol's messages, as the simulator carries them between replicas.
@@ -169,8 +173,6 @@ impl Replica {
         let durable_seq = self.durable_seq;
         let mut chunk = PullChunk {
             source: self.identity.replica,
-            durable_seq,
-            digest: self.digest,
             next: request.after.clone(),
             ..Default::default()
         };
@@ -180,7 +182,6 @@ impl Replica {
             return Ok(chunk);
         }
         let mut bytes = 0usize;
-        let mut replicas = std::collections::BTreeSet::new();
         let mut cursor = request.after.clone();
         'scan: loop {
             let changes = store.changes_after(&cursor, 256)?;
@@ -201,7 +202,6 @@ impl Replica {
                 };
                 if let Some(state) = self.durable_state_at(store, &change.key, change.seq)? {
                     bytes += estimated_bytes(&change.key, &state);
-                    replicas.extend(state.slots().iter().map(|(id, _)| *id));
                     chunk.counters.push((change.key, state));
                 }
                 chunk.next = cursor.clone();
@@ -210,10 +210,13 @@ impl Replica {
                 }
             }
         }
-        chunk.replicas = replicas
-            .into_iter()
-            .filter_map(|id| self.region_of(id).map(|region| (id, region.to_string())))
-            .collect();
+        // Every replica with a slot here is in our directory. A caller that
+        // holds the directory as it is now needs none of it: the region list
+        // would be most of a hot key's bytes in every round.
+        if request.directory_digest != Some(self.directory.digest()) {
+            chunk.replicas = self.directory.entries();
+            chunk.directory_digest = Some(self.directory.digest());
+        }
         Ok(chunk)
     }
 
@@ -279,8 +282,8 @@ impl Replica {
                 return Err(ChunkRefused::DuplicateKey(key.to_string()));
             }
             for (replica, _) in state.slots() {
-                let known = self.directory.contains_key(replica)
-                    || learned.iter().any(|(id, _)| id == replica);
+                let known =
+                    self.directory.contains(replica) || learned.iter().any(|(id, _)| id == replica);
                 if !known {
                     return Err(ChunkRefused::UnknownReplica {
                         key: key.to_string(),
@@ -290,8 +293,7 @@ impl Replica {
             }
         }
         for (replica, region) in learned {
-            self.directory.insert(replica, region.clone());
-            self.directory_pending.push((replica, region));
+            self.directory.learn(replica, region);
         }
         let own = self.identity.replica;
         let mut report = MergeReport {
@@ -326,6 +328,10 @@ impl Replica {
                 report.changed.push((key.clone(), entry.live.clone()));
                 self.mark_dirty(&key);
             }
+        }
+        if let Some(digest) = chunk.directory_digest {
+            // Every entry listed was learned above (or known and equal).
+            self.peers.note_directory(peer, digest);
         }
         self.peers
             .advance_watermark(peer, chunk.next, report.received > 0);

@@ -43,6 +43,8 @@ pub struct PullPlan {
     pub grpc_addr: String,
     /// Pull changes after this cursor.
     pub after: Cursor,
+    /// The peer's directory digest as last received from it, if ever.
+    pub directory_digest: Option<u64>,
 }
 
 /// What we know of one peer.
@@ -68,6 +70,10 @@ pub struct PeerBook {
     last_region_sync_ms: BTreeMap<String, u64>,
     rotation: u64,
     watermarks_dirty: bool,
+    /// Each peer's directory digest as last received with its whole
+    /// directory (in memory only: after a restart the first pull gets the
+    /// directory again).
+    directories: BTreeMap<ReplicaId, u64>,
 }
 
 /// The longest a failing peer waits before it is tried again.
@@ -125,6 +131,7 @@ impl PeerBook {
                     peer: peer.member.replica,
                     grpc_addr: peer.member.grpc_addr.clone(),
                     after: self.watermark(peer.member.replica),
+                    directory_digest: self.directories.get(&peer.member.replica).copied(),
                 });
             }
         }
@@ -153,6 +160,17 @@ impl PeerBook {
             self.watermarks.insert(peer, cursor);
             self.watermarks_dirty |= carried_counters;
         }
+    }
+
+    /// `peer`'s directory digest as last received from it, if ever.
+    pub fn directory_digest(&self, peer: ReplicaId) -> Option<u64> {
+        self.directories.get(&peer).copied()
+    }
+
+    /// `peer` sent its whole directory, with this digest, and all of it is
+    /// in ours now.
+    pub fn note_directory(&mut self, peer: ReplicaId, digest: u64) {
+        self.directories.insert(peer, digest);
     }
 
     /// A pull from `peer` ended well.

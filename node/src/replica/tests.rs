@@ -85,6 +85,7 @@ impl Node {
                 expected: Some(peer),
                 after: self.replica.peers().watermark(peer),
                 max_bytes,
+                directory_digest: self.replica.peers().directory_digest(peer),
             };
             let chunk = source.replica.handle_pull(&source.store, &request).unwrap();
             let complete = chunk.complete;
@@ -358,6 +359,7 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
         expected: None,
         after: Cursor::default(),
         max_bytes: 1000,
+        directory_digest: None,
     };
     assert!(matches!(
         node.replica.handle_pull(&node.store, &request),
@@ -510,4 +512,67 @@ fn housekeeping_rides_along_with_data_and_commits_alone_only_after_a_tick() {
         .poll_commit()
         .expect("after a tick, housekeeping commits alone");
     assert!(alone.counters.is_empty() && alone.superseded.len() == 1);
+}
+
+#[test]
+fn the_directory_is_sent_only_until_the_caller_holds_it_as_it_is() {
+    let [mut eu, mut us, mut ap] = [Node::new(1, "eu"), Node::new(2, "us"), Node::new(3, "ap")];
+    let us_id = us.replica.identity().replica;
+    // What `us` answers `eu` after one more add, asked as the runtime asks.
+    let answer = |us: &mut Node, eu: &Node, delta: i64| {
+        us.add("hot", delta);
+        us.commit();
+        let request = PullRequest {
+            cluster_id: CLUSTER.into(),
+            caller: eu.replica.identity().replica,
+            expected: Some(us_id),
+            after: eu.replica.peers().watermark(us_id),
+            max_bytes: 1 << 20,
+            directory_digest: eu.replica.peers().directory_digest(us_id),
+        };
+        us.replica.handle_pull(&us.store, &request).unwrap()
+    };
+    let regions = |chunk: &PullChunk| -> Vec<String> {
+        chunk
+            .replicas
+            .iter()
+            .map(|(_, region)| region.clone())
+            .collect()
+    };
+
+    // The first answer carries us's whole directory and its digest.
+    let chunk = answer(&mut us, &eu, 1);
+    assert_eq!(regions(&chunk), ["us"]);
+    assert!(chunk.directory_digest.is_some());
+    eu.replica
+        .handle_pull_chunk(1, &eu.store, us_id, chunk)
+        .unwrap();
+    // eu holds it now: the next answer leaves it out and still merges.
+    let chunk = answer(&mut us, &eu, 2);
+    assert!(chunk.replicas.is_empty(), "{chunk:?}");
+    assert_eq!(chunk.directory_digest, None);
+    assert_eq!(chunk.counters.len(), 1);
+    eu.replica
+        .handle_pull_chunk(2, &eu.store, us_id, chunk)
+        .unwrap();
+    assert_eq!(eu.value("hot"), 3);
+
+    // us learns a third replica: its directory changed, so the next answer
+    // carries it again, and eu learns the new replica's region.
+    ap.add("hot", 10);
+    ap.commit();
+    us.pull_from(&ap, 1 << 20);
+    us.commit();
+    let chunk = answer(&mut us, &eu, 4);
+    assert_eq!(regions(&chunk).len(), 2, "{chunk:?}");
+    assert!(regions(&chunk).contains(&"ap".to_owned()), "{chunk:?}");
+    eu.replica
+        .handle_pull_chunk(3, &eu.store, us_id, chunk)
+        .unwrap();
+    assert_eq!(eu.value("hot"), 17);
+    assert_eq!(
+        eu.replica.region_of(ap.replica.identity().replica),
+        Some("ap")
+    );
+    assert!(answer(&mut us, &eu, 1).replicas.is_empty());
 }

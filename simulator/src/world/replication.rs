@@ -147,6 +147,7 @@ impl World<'_> {
                 expected: Some(plan.peer),
                 after: plan.after,
                 max_bytes: self.options.pull_budget_bytes,
+                directory_digest: plan.directory_digest,
             };
             self.send(node, peer_node, NetMsg::Pull { pull, request });
             self.schedule(timeout, Event::PullTimeout(node as u16, epoch, pull));
