@@ -4,7 +4,7 @@
 //! Every setting is checked at start; a bad one stops the node with a message
 //! that names it. An unknown key in the file is an error too.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -45,6 +45,10 @@ pub struct RunArgs {
     /// Address peers use to reach the gossip port, when not --gossip-addr.
     #[arg(long, env = "TALLY_ADVERTISE_GOSSIP_ADDR")]
     pub advertise_gossip_addr: Option<String>,
+    /// The local IP that outgoing replication connections are bound to, for
+    /// multi-homed hosts. [default: unset, the system chooses]
+    #[arg(long, env = "TALLY_PEER_SOURCE_IP")]
+    pub peer_source_ip: Option<String>,
     /// Gossip addresses (host:port, comma-separated) of nodes to join.
     #[arg(long, env = "TALLY_SEEDS", value_delimiter = ',')]
     pub seeds: Option<Vec<String>>,
@@ -115,6 +119,7 @@ struct FileSettings {
     http_addr: Option<String>,
     gossip_addr: Option<String>,
     advertise_gossip_addr: Option<String>,
+    peer_source_ip: Option<String>,
     seeds: Option<Vec<String>>,
     cluster_id: Option<String>,
     durability: Option<Durability>,
@@ -154,6 +159,8 @@ pub struct Settings {
     /// See [`RunArgs`].
     pub advertise_gossip_addr: SocketAddr,
     /// See [`RunArgs`].
+    pub peer_source_ip: Option<IpAddr>,
+    /// See [`RunArgs`].
     pub seeds: Vec<String>,
     /// See [`RunArgs`].
     pub cluster_id: String,
@@ -189,6 +196,7 @@ impl Settings {
             http_addr: "127.0.0.1:7102".parse().expect("valid"),
             gossip_addr: "127.0.0.1:7101".parse().expect("valid"),
             advertise_gossip_addr: "127.0.0.1:7101".parse().expect("valid"),
+            peer_source_ip: None,
             seeds: Vec::new(),
             cluster_id: "tally".into(),
             durability: Durability::Sync,
@@ -252,6 +260,14 @@ impl Settings {
             Some(addr) => parse_addr("--advertise-gossip-addr", &addr)?,
             None => settings.gossip_addr,
         };
+        if let Some(text) = take!(peer_source_ip) {
+            let ip = text.trim().parse::<IpAddr>().map_err(|_| {
+                anyhow::anyhow!(
+                    "--peer-source-ip {text:?} is not an IP address: use e.g. 10.0.1.5 or ::1"
+                )
+            })?;
+            settings.peer_source_ip = Some(ip);
+        }
         if let Some(seeds) = take!(seeds) {
             settings.seeds = seeds
                 .into_iter()
@@ -431,5 +447,38 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("--region"));
+    }
+
+    #[test]
+    fn peer_source_ip_is_an_ip_from_any_source() {
+        assert_eq!(
+            Settings::resolve(RunArgs::default())
+                .unwrap()
+                .peer_source_ip,
+            None
+        );
+        let settings = Settings::resolve(RunArgs {
+            peer_source_ip: Some("127.0.0.3".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(settings.peer_source_ip, Some("127.0.0.3".parse().unwrap()));
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tally.toml");
+        std::fs::write(&path, "peer_source_ip = \"10.0.1.5\"\n").unwrap();
+        let settings = Settings::resolve(RunArgs {
+            config: Some(path),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(settings.peer_source_ip, Some("10.0.1.5".parse().unwrap()));
+
+        let err = Settings::resolve(RunArgs {
+            peer_source_ip: Some("10.0.1.5:7100".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--peer-source-ip"), "{err}");
     }
 }

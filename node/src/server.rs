@@ -117,6 +117,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     let mut anti_entropy_config =
         AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval);
     anti_entropy_config.tls = security.tls.as_ref().map(|tls| tls.client.clone());
+    anti_entropy_config.source_ip = settings.peer_source_ip;
     let anti_entropy = spawn_anti_entropy(engine.clone(), anti_entropy_config);
 
     let info = NodeInfo {

@@ -36,6 +36,9 @@ pub struct AntiEntropyConfig {
     pub max_bytes: usize,
     /// TLS towards peers (https, presenting this node's certificate), when on.
     pub tls: Option<tonic::transport::ClientTlsConfig>,
+    /// The local IP that outgoing pulls are bound to (`--peer-source-ip`);
+    /// `None` lets the system choose.
+    pub source_ip: Option<std::net::IpAddr>,
 }
 
 impl AntiEntropyConfig {
@@ -47,6 +50,7 @@ impl AntiEntropyConfig {
             pull_timeout: (interval * 10).max(Duration::from_secs(2)),
             max_bytes: crate::api::replication::MAX_PULL_BYTES,
             tls: None,
+            source_ip: None,
         }
     }
 }
@@ -149,6 +153,7 @@ fn channel_for(channels: &Channels, addr: &str, config: &AntiEntropyConfig) -> O
     let channel = endpoint
         .connect_timeout(config.pull_timeout.min(Duration::from_secs(1)))
         .tcp_nodelay(true)
+        .local_address(config.source_ip)
         .http2_keep_alive_interval(Duration::from_secs(5))
         .keep_alive_timeout(Duration::from_secs(3))
         .keep_alive_while_idle(true)

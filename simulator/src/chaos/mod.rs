@@ -1,32 +1,50 @@
 //! `tally-sim chaos`: the simulator's checker against a real cluster of
-//! `tally-node` processes on loopback, one node per region, driven through
-//! the real client (`tally_client`). Faults: `kill -9` and restart on the
-//! same data directory, SIGSTOP/SIGCONT, and cutting the replication path
-//! into a node (a fault-injecting TCP proxy sits on every node's advertised
-//! gRPC address, see `proxy.rs`). The proxy also adds a WAN delay.
+//! `tally-node` processes on loopback (R regions × K nodes), driven through
+//! the real client (`tally_client`, `workload.rs`).
 //!
-//! Invariants checked after the heal, as in the simulation: every node holds
-//! the same state for every key (compared per region slot through
-//! `get_with_breakdown`), each replica's slot equals its acknowledged adds
-//! plus a subset of its unacknowledged ones (magnitudes from the same lane
-//! scheme, see `ledger.rs`), and a restarted node keeps its replica id.
+//! Every node has its own loopback IP (`node.rs`) and two fault-injecting
+//! proxies on the addresses it advertises: TCP in front of gRPC
+//! (`tcp_proxy.rs`) and UDP in front of gossip (`udp_proxy.rs`). Both tell the
+//! talking node by its source IP and apply the rule of that directed link
+//! (`links.rs`), with a WAN delay between regions. Faults, drawn from the seed
+//! as a schedule (`schedule.rs`) and printed before the run: `kill -9` and
+//! restart on the same disk, SIGSTOP/SIGCONT, partitions of several shapes,
+//! and wipes (kill -9, delete the data directory, restart as a new replica).
+//!
+//! Invariants checked after the heal, as in the simulation (`check.rs`): every
+//! node holds the same state slot by slot for every key; each live replica's
+//! slot equals its acknowledged adds plus a subset of its unacknowledged ones
+//! (the lane scheme of `ledger.rs`); a wiped replica's surviving slot is its
+//! acknowledged adds up to one instant plus some adds in flight then; a
+//! restarted node keeps its replica id and a wiped one never reuses an id.
 
-mod proxy;
+mod check;
+mod links;
+mod node;
+mod schedule;
+mod tcp_proxy;
+mod udp_proxy;
+mod workload;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use tally_client::{Client, ClientConfig};
-use tally_node::crdt::{PnCounter, ReplicaId, Slot};
+use tally_client::Client;
+use tally_node::crdt::{PnCounter, ReplicaId};
 
 use crate::checker::Checker;
 use crate::ledger::Ledger;
-use crate::rng::{between, chance, stream, Subsystem, Zipf};
-use proxy::{spawn_proxy, ProxyHandle};
+use check::AddTimes;
+use links::{Links, Topology};
+use node::{assign_ports, node_ip, wait_ready, NodeProc};
+use schedule::{Fault, ScheduledFault};
+use tcp_proxy::{spawn_tcp_proxy, ProxyRules, TcpProxyHandle};
+use udp_proxy::{spawn_udp_proxy, UdpProxyHandle};
+use workload::{client_loop, Book, Shared};
 
 /// Options of `tally-sim chaos`.
 #[derive(clap::Args, Debug)]
@@ -34,131 +52,41 @@ pub struct ChaosArgs {
     /// The tally-node binary (default: next to this binary).
     #[arg(long)]
     node_bin: Option<PathBuf>,
-    /// Regions (one node each).
+    /// Regions.
     #[arg(long, default_value_t = 3)]
     regions: usize,
+    /// Nodes per region, each a replica with its own slot.
+    #[arg(long, default_value_t = 1)]
+    nodes_per_region: usize,
     /// Seconds of load and faults before the heal.
     #[arg(long, default_value_t = 30)]
     duration_s: u64,
     /// Seed of the fault schedule and the workload.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// First port; each node takes ten from here (never 7100-7199,
-    /// 17100-17199 or 27100-27199). Default: free ports chosen by the system.
+    /// First port; node i takes base+10i to base+10i+6 on its own IP 127.0.0.(i+2)
+    /// (never 7100-7199, 17100-17199 or 27100-27199). Default: free ports.
     #[arg(long)]
     base_port: Option<u16>,
     /// Where the data directories and logs go (default: a fresh temporary directory).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// Clients per region.
+    /// Clients per region, spread over its nodes (at least one per node).
     #[arg(long, default_value_t = 2)]
     clients_per_region: usize,
     /// Keys (key 0 is the hot post).
     #[arg(long, default_value_t = 16)]
     keys: usize,
-    /// Faults: a comma list of kill, stop, cut.
-    #[arg(long, default_value = "kill,stop,cut")]
+    /// Faults: a comma list of kill, stop, cut (isolate one node), partition
+    /// (a shape drawn from the seed), wipe; or none.
+    #[arg(long, default_value = "kill,stop,partition,wipe")]
     faults: String,
-    /// WAN delay the proxies add to replication traffic (ms, one way).
+    /// WAN delay the proxies add between regions (ms, one way).
     #[arg(long, default_value_t = 30)]
     wan_ms: u64,
     /// Longest wait for convergence after the heal (s).
     #[arg(long, default_value_t = 60)]
     converge_timeout_s: u64,
-}
-
-struct NodeProc {
-    name: String,
-    region: String,
-    args: Vec<String>,
-    log: PathBuf,
-    child: Option<Child>,
-    endpoint: String,
-    proxy: ProxyHandle,
-    replica: ReplicaId,
-    stopped: bool,
-}
-
-impl NodeProc {
-    fn spawn(&mut self, bin: &PathBuf) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let child = Command::new(bin)
-            .args(&self.args)
-            .stdout(Stdio::from(log.try_clone()?))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .with_context(|| format!("cannot start {}", bin.display()))?;
-        self.child = Some(child);
-        self.stopped = false;
-        Ok(())
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    fn signal(&mut self, signal: &str) {
-        if let Some(child) = &self.child {
-            let _ = Command::new("kill")
-                .args([signal, &child.id().to_string()])
-                .status();
-            self.stopped = signal == "-STOP";
-        }
-    }
-}
-
-fn forbidden(port: u16) -> bool {
-    [7100..7200, 17100..17200, 27100..27200]
-        .iter()
-        .any(|range| range.contains(&port))
-}
-
-/// Free loopback ports chosen by the system (bound, read, released).
-fn free_ports(count: usize) -> anyhow::Result<Vec<u16>> {
-    let listeners: Vec<std::net::TcpListener> = (0..count)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()?;
-    let ports: Vec<u16> = listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()))
-        .collect::<Result<_, _>>()?;
-    if ports.iter().any(|p| forbidden(*p)) {
-        return free_ports(count);
-    }
-    Ok(ports)
-}
-
-async fn wait_ready(
-    endpoint: &str,
-    cluster: &str,
-    name: &str,
-    timeout: Duration,
-) -> anyhow::Result<ReplicaId> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(client) = Client::connect(endpoint.to_string()).await {
-            if let Ok(status) = client.status().await {
-                if status.cluster_id != cluster || status.node.node_name != name {
-                    bail!(
-                        "{endpoint} is node {:?} of cluster {:?}, not ours: is the port taken?",
-                        status.node.node_name,
-                        status.cluster_id
-                    );
-                }
-                return Ok(ReplicaId(status.node.replica));
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the node at {endpoint} did not answer within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Runs `tally-sim chaos`.
@@ -183,24 +111,16 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             bin.display()
         );
     }
-    // Per node: gRPC, gossip, HTTP, and the proxy in front of gRPC.
-    let ports: Vec<u16> = match args.base_port {
-        Some(base) => {
-            let last = base as u32 + 10 * args.regions as u32;
-            if last > u16::MAX as u32 || (base..last as u16).any(forbidden) {
-                bail!("--base-port {base} overlaps a reserved port range (7100-7199, 17100-17199, 27100-27199)");
-            }
-            (0..args.regions)
-                .flat_map(|i| [0u16, 1, 2, 5].map(|offset| base + 10 * i as u16 + offset))
-                .collect()
-        }
-        None => free_ports(args.regions * 4)?,
-    };
-    for port in &ports {
-        if std::net::TcpListener::bind(("127.0.0.1", *port)).is_err() {
-            bail!("port {port} is taken; pass another --base-port or let the system choose");
-        }
+    if args.regions == 0 || args.nodes_per_region == 0 || args.keys == 0 {
+        bail!("--regions, --nodes-per-region and --keys must be at least 1");
     }
+    let topology = Topology::new(args.regions, args.nodes_per_region);
+    let n = topology.nodes();
+    if n > 250 {
+        bail!("at most 250 nodes (one loopback IP each)");
+    }
+    let faults = schedule::parse_faults(&args.faults)?;
+    let ports = assign_ports(n, args.base_port)?;
     let dir = match &args.dir {
         Some(dir) => dir.clone(),
         None => {
@@ -208,78 +128,104 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         }
     };
     std::fs::create_dir_all(&dir)?;
-    let faults: Vec<&str> = args
-        .faults
-        .split(',')
-        .map(str::trim)
-        .filter(|f| !f.is_empty())
-        .collect();
     println!(
-        "tally-sim chaos --seed {} --regions {} --duration-s {} --faults {} --wan-ms {} (node {}, data in {})",
-        args.seed, args.regions, args.duration_s, faults.join(","), args.wan_ms, bin.display(), dir.display()
+        "tally-sim chaos --seed {} --regions {} --nodes-per-region {} --duration-s {} --faults {} --wan-ms {} (node {}, data in {})",
+        args.seed, args.regions, args.nodes_per_region, args.duration_s,
+        if faults.is_empty() { "none".to_string() } else { faults.join(",") },
+        args.wan_ms, bin.display(), dir.display()
     );
+    let plan = schedule::draw(args.seed, &faults, &topology, args.duration_s * 1000);
+    println!("schedule ({} faults):", plan.len());
+    for fault in &plan {
+        println!("  {fault}");
+    }
     let options = crate::options::SimOptions {
         regions: args.regions,
         ..Default::default()
     };
-    const GRPC: usize = 0;
-    const GOSSIP: usize = 1;
-    const HTTP: usize = 2;
-    const PROXY: usize = 3;
-    let port = |node: usize, which: usize| ports[node * 4 + which];
-    let gossip: Vec<String> = (0..args.regions)
-        .map(|i| format!("127.0.0.1:{}", port(i, GOSSIP)))
+    let wan = Duration::from_millis(args.wan_ms);
+    let rules = ProxyRules {
+        links: Links::default(),
+        node_of_ip: Arc::new((0..n).map(|i| (node_ip(i), i)).collect::<HashMap<_, _>>()),
+        delays: Arc::new(
+            (0..n)
+                .map(|a| {
+                    (0..n)
+                        .map(|b| {
+                            if topology.region_of[a] == topology.region_of[b] {
+                                Duration::ZERO
+                            } else {
+                                wan
+                            }
+                        })
+                        .collect()
+                })
+                .collect(),
+        ),
+    };
+    let advertised_gossip: Vec<String> = (0..n)
+        .map(|i| format!("{}:{}", node_ip(i), ports[i].gossip_proxy))
         .collect();
+    let mut proxies: Vec<(TcpProxyHandle, UdpProxyHandle)> = Vec::new();
     let mut nodes = Vec::new();
-    for i in 0..args.regions {
-        let region = options.region_name(i);
-        let proxy = spawn_proxy(
-            &format!("127.0.0.1:{}", port(i, PROXY)),
-            format!("127.0.0.1:{}", port(i, GRPC)),
+    for (i, port) in ports.iter().enumerate() {
+        let ip = node_ip(i);
+        let region = options.region_name(topology.region_of[i]);
+        let tcp = spawn_tcp_proxy(
+            &format!("{ip}:{}", port.grpc_proxy),
+            format!("{ip}:{}", port.grpc),
+            i,
+            rules.clone(),
         )
         .await?;
-        proxy.set_delay(Duration::from_millis(args.wan_ms));
-        let node_args = vec![
-            "--data-dir".into(),
-            dir.join(format!("n{i}")).display().to_string(),
-            "--region".into(),
-            region.clone(),
-            "--node-name".into(),
-            format!("n{i}"),
-            "--grpc-addr".into(),
-            format!("127.0.0.1:{}", port(i, GRPC)),
-            "--advertise-grpc-addr".into(),
-            format!("127.0.0.1:{}", port(i, PROXY)),
-            "--gossip-addr".into(),
-            gossip[i].clone(),
-            "--http-addr".into(),
-            format!("127.0.0.1:{}", port(i, HTTP)),
-            "--seeds".into(),
-            gossip.join(","),
-            "--cluster-id".into(),
-            format!("chaos-{}", args.seed),
-            "--sync-interval".into(),
-            "200ms".into(),
-        ];
+        let udp = spawn_udp_proxy(
+            &advertised_gossip[i],
+            format!("{ip}:{}", port.gossip).parse()?,
+            i,
+            rules.clone(),
+        )
+        .await?;
+        proxies.push((tcp, udp));
+        let data_dir = dir.join(format!("n{i}"));
+        let node_args: Vec<String> = [
+            ("--data-dir", data_dir.display().to_string()),
+            ("--region", region.clone()),
+            ("--node-name", format!("n{i}")),
+            ("--grpc-addr", format!("{ip}:{}", port.grpc)),
+            ("--advertise-grpc-addr", format!("{ip}:{}", port.grpc_proxy)),
+            ("--gossip-addr", format!("{ip}:{}", port.gossip)),
+            ("--advertise-gossip-addr", advertised_gossip[i].clone()),
+            ("--http-addr", format!("{ip}:{}", port.http)),
+            ("--peer-source-ip", ip.to_string()),
+            ("--seeds", advertised_gossip.join(",")),
+            ("--cluster-id", format!("chaos-{}", args.seed)),
+            ("--sync-interval", "200ms".into()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_string(), value])
+        .collect();
         let mut node = NodeProc {
             name: format!("n{i}"),
             region,
             args: node_args,
+            data_dir,
             log: dir.join(format!("n{i}.log")),
             child: None,
-            endpoint: format!("http://127.0.0.1:{}", port(i, GRPC)),
-            proxy,
+            endpoint: format!("http://{ip}:{}", port.grpc),
             replica: ReplicaId(0),
-            stopped: false,
         };
         node.spawn(&bin)?;
         nodes.push(node);
     }
-    let outcome = drive(&args, &bin, &mut nodes, &faults).await;
+    let outcome = tokio::select! {
+        outcome = drive(&args, &bin, &mut nodes, &plan, &topology, &rules.links) => outcome,
+        signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
+    };
     for node in &mut nodes {
         node.signal("-CONT");
         node.kill();
     }
+    drop(proxies);
     let passed = outcome?;
     if passed && args.dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
@@ -289,15 +235,30 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     Ok(passed)
 }
 
+/// Resolves on SIGINT or SIGTERM, so that the nodes are stopped on the way out.
+async fn interrupted() -> &'static str {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        _ = term.recv() => "SIGTERM",
+    }
+}
+
 async fn drive(
     args: &ChaosArgs,
-    bin: &PathBuf,
+    bin: &Path,
     nodes: &mut [NodeProc],
-    faults: &[&str],
+    plan: &[ScheduledFault],
+    topology: &Topology,
+    links: &Links,
 ) -> anyhow::Result<bool> {
     let n = nodes.len();
     let cluster = format!("chaos-{}", args.seed);
-    for node in nodes.iter_mut() {
+    let mut checker = Checker::new(n, args.keys);
+    for (i, node) in nodes.iter_mut().enumerate() {
         node.replica = wait_ready(
             &node.endpoint,
             &cluster,
@@ -309,15 +270,19 @@ async fn drive(
             "  {} ({}) is replica {}",
             node.name, node.region, node.replica
         );
-    }
-    let mut checker = Checker::new(n, args.keys);
-    for (i, node) in nodes.iter().enumerate() {
         checker.started_fresh(0, i, node.replica);
     }
-    let ledger = Arc::new(Mutex::new(Ledger::new(n, args.keys)));
-    let stop = Arc::new(AtomicBool::new(false));
-    let key_names: Arc<Vec<String>> = Arc::new(
-        (0..args.keys)
+    let shared = Arc::new(Shared {
+        book: Mutex::new(Book {
+            ledger: Ledger::new(n, args.keys),
+            times: AddTimes::default(),
+            clock: 0,
+            across_wipe: Vec::new(),
+        }),
+        replicas: nodes.iter().map(|n| AtomicU64::new(n.replica.0)).collect(),
+        epochs: (0..n).map(|_| AtomicU64::new(0)).collect(),
+        stop: AtomicBool::new(false),
+        names: (0..args.keys)
             .map(|k| {
                 if k == 0 {
                     "post:hot:likes".to_string()
@@ -326,77 +291,100 @@ async fn drive(
                 }
             })
             .collect(),
-    );
+    });
+    // History of each node's replica ids, in order (for adds across a wipe).
+    let mut incarnations: Vec<Vec<ReplicaId>> = nodes.iter().map(|n| vec![n.replica]).collect();
+    let per_node = (args.clients_per_region / args.nodes_per_region).max(1);
     let mut tasks = Vec::new();
     for (i, node) in nodes.iter().enumerate() {
-        for c in 0..args.clients_per_region {
-            let client_id = (i * args.clients_per_region + c) as u32;
+        for c in 0..per_node {
+            let client_id = (i * per_node + c) as u32;
             let endpoint = node.endpoint.clone();
-            let replica = node.replica;
-            let (ledger, stop, names) = (ledger.clone(), stop.clone(), key_names.clone());
+            let shared = shared.clone();
             let seed = args.seed ^ (u64::from(client_id) << 32);
             tasks.push(tokio::spawn(async move {
-                client_loop(client_id, i, replica, endpoint, seed, ledger, stop, names).await
+                client_loop(client_id, i, endpoint, seed, shared).await
             }));
         }
     }
     let started = Instant::now();
-    let mut rng = stream(args.seed, Subsystem::Plan);
     let deadline = started + Duration::from_secs(args.duration_s);
-    while Instant::now() < deadline && !faults.is_empty() {
-        tokio::time::sleep(Duration::from_millis(between(&mut rng, 500, 2_000))).await;
-        let target = between(&mut rng, 0, n as u64 - 1) as usize;
-        let fault = faults[between(&mut rng, 0, faults.len() as u64 - 1) as usize];
-        let hold = Duration::from_millis(between(&mut rng, 300, 3_000));
-        let at = started.elapsed().as_secs_f64();
+    for step in plan {
+        let start = started + Duration::from_millis(step.at_ms);
+        // Behind schedule (a restart took long): still leave a quiet moment.
+        let quiet = Instant::now() + Duration::from_millis(step.gap_ms / 4);
+        tokio::time::sleep_until(tokio::time::Instant::from_std(start.max(quiet))).await;
+        if Instant::now() >= deadline {
+            break;
+        }
+        let hold = Duration::from_millis(step.hold_ms);
         println!(
-            "  at {at:6.1} s: {fault} {} for {} ms",
-            nodes[target].name,
-            hold.as_millis()
+            "  at {:6.1} s: {} for {} ms",
+            started.elapsed().as_secs_f64(),
+            step.fault,
+            step.hold_ms
         );
-        match fault {
-            "kill" => {
+        match &step.fault {
+            Fault::Kill(target) | Fault::Wipe(target) => {
+                let target = *target;
+                let wipe = matches!(step.fault, Fault::Wipe(_));
+                if wipe {
+                    shared.epochs[target].fetch_add(1, Ordering::SeqCst);
+                }
                 nodes[target].kill();
+                if wipe {
+                    std::fs::remove_dir_all(&nodes[target].data_dir).with_context(|| {
+                        format!("cannot delete {}", nodes[target].data_dir.display())
+                    })?;
+                }
                 tokio::time::sleep(hold).await;
                 nodes[target].spawn(bin)?;
+                let node = &nodes[target];
                 let id = wait_ready(
-                    &nodes[target].endpoint,
+                    &node.endpoint,
                     &cluster,
-                    &nodes[target].name,
+                    &node.name,
                     Duration::from_secs(30),
                 )
                 .await?;
-                if id != nodes[target].replica {
+                if wipe {
+                    println!("           {} is now replica {id}", node.name);
+                    checker.started_fresh(0, target, id);
+                    nodes[target].replica = id;
+                    incarnations[target].push(id);
+                    shared.replicas[target].store(id.0, Ordering::SeqCst);
+                    shared.epochs[target].fetch_add(1, Ordering::SeqCst);
+                } else if id != node.replica {
                     checker.violate(
                         0,
                         "replica id changed",
                         format!(
                             "{} came back from kill -9 as {id}, not {}",
-                            nodes[target].name, nodes[target].replica
+                            node.name, node.replica
                         ),
                     );
                 }
             }
-            "stop" => {
-                nodes[target].signal("-STOP");
+            Fault::Stop(target) => {
+                nodes[*target].signal("-STOP");
                 tokio::time::sleep(hold).await;
-                nodes[target].signal("-CONT");
+                nodes[*target].signal("-CONT");
             }
-            "cut" => {
-                nodes[target].proxy.set_cut(true);
+            Fault::Partition(shape) => {
+                links.set(shape.cut_pairs(topology));
                 tokio::time::sleep(hold).await;
-                nodes[target].proxy.set_cut(false);
+                links.heal();
             }
-            other => bail!("unknown chaos fault {other:?}: use kill, stop, cut"),
         }
     }
     let remaining = deadline.saturating_duration_since(Instant::now());
     tokio::time::sleep(remaining).await;
-    stop.store(true, Ordering::SeqCst);
+    shared.stop.store(true, Ordering::SeqCst);
     for task in tasks {
         let _ = task.await;
     }
     // Heal (every fault above is already undone) and wait for convergence.
+    links.heal();
     let heal = Instant::now();
     let mut converged = None;
     while heal.elapsed() < Duration::from_secs(args.converge_timeout_s) {
@@ -414,35 +402,9 @@ async fn drive(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Final states, per region slot, from every node.
-    let region_ids: Vec<(String, ReplicaId)> = nodes
-        .iter()
-        .map(|n| (n.region.clone(), n.replica))
-        .collect();
     let mut finals: Vec<Vec<PnCounter>> = Vec::new();
     for node in nodes.iter() {
-        let client = Client::connect(node.endpoint.clone()).await?;
-        let mut states = Vec::new();
-        for key in key_names.iter() {
-            let counter = client.get_with_breakdown(key).await?;
-            states.push(PnCounter::from_slots(counter.regions.iter().filter_map(
-                |part| {
-                    region_ids
-                        .iter()
-                        .find(|(region, _)| *region == part.region)
-                        .map(|(_, id)| {
-                            (
-                                *id,
-                                Slot {
-                                    p: part.increments,
-                                    n: part.decrements,
-                                },
-                            )
-                        })
-                },
-            )));
-        }
-        finals.push(states);
+        finals.push(check::read_state(&node.endpoint, &cluster, &shared.names).await?);
     }
     match converged {
         Some(elapsed) => println!("convergence: {} ms after the heal", elapsed.as_millis()),
@@ -455,25 +417,37 @@ async fn drive(
             ),
         ),
     }
-    for key in 0..args.keys {
-        if let Some(node) = (1..n).find(|node| finals[*node][key] != finals[0][key]) {
+    for (key, first) in finals[0].iter().enumerate() {
+        if let Some(node) = (1..n).find(|node| finals[*node][key] != *first) {
             checker.violate(
                 0,
                 "replicas differ",
                 format!(
-                    "key {}: n0 {:?}, n{node} {:?}",
-                    key_names[key], finals[0][key], finals[node][key]
+                    "key {}: n0 {first:?}, n{node} {:?}",
+                    shared.names[key], finals[node][key]
                 ),
             );
         }
     }
-    let ledger = ledger.lock().expect("ledger lock");
-    let slots = checker.check_slots(0, &ledger, &finals[0]);
-    let w = &ledger.stats;
+    let mut book = shared.book.lock().expect("book lock");
+    let book = &mut *book;
+    for (add, node, epoch) in book.across_wipe.clone() {
+        for replica in incarnations[node].iter().skip((epoch / 2) as usize) {
+            book.ledger.delivered(add, *replica);
+        }
+    }
+    let (slots, wiped) = check::check_all(&mut checker, &book.ledger, &book.times, &finals[0]);
+    let w = &book.ledger.stats;
     println!(
         "workload: {} adds ({} on the hot key), {} acked, {} abandoned; slots checked {}, unacknowledged applied {}, lost {}",
         w.adds, w.hot_adds, w.acked, w.abandoned, slots.slots, slots.unacked_applied, slots.unacked_lost
     );
+    if wiped.slots > 0 {
+        println!(
+            "wipes: {} slots of wiped replicas checked, {} acknowledged adds lost with their disk (never pulled), {} answered across a wipe",
+            wiped.slots, wiped.acked_lost, book.across_wipe.len()
+        );
+    }
     if checker.violation_count == 0 {
         println!("result: PASS");
         Ok(true)
@@ -486,63 +460,5 @@ async fn drive(
             println!("  {}: {}", v.kind, v.detail);
         }
         Ok(false)
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn client_loop(
-    client_id: u32,
-    node: usize,
-    replica: ReplicaId,
-    endpoint: String,
-    seed: u64,
-    ledger: Arc<Mutex<Ledger>>,
-    stop: Arc<AtomicBool>,
-    names: Arc<Vec<String>>,
-) {
-    let mut rng = stream(seed, Subsystem::Workload);
-    let zipf = Zipf::new(names.len(), 1.1);
-    let config = ClientConfig::default();
-    let mut client = None;
-    while !stop.load(Ordering::SeqCst) {
-        if client.is_none() {
-            client = config.clone().connect(endpoint.clone()).await.ok();
-            if client.is_none() {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
-            }
-        }
-        let key = if chance(&mut rng, 0.3) {
-            0
-        } else {
-            zipf.sample(&mut rng)
-        };
-        let negative = chance(&mut rng, 0.25);
-        let issued = ledger
-            .lock()
-            .expect("ledger lock")
-            .issue(client_id, node, key, negative, true);
-        let Some(add) = issued else {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            continue;
-        };
-        let delta = ledger.lock().expect("ledger lock").adds[add as usize].delta();
-        ledger.lock().expect("ledger lock").delivered(add, replica);
-        let idempotency_key = format!("chaos-{seed:x}-{add}");
-        let result = client
-            .as_ref()
-            .expect("connected above")
-            .add_with_key(&names[key], delta, &idempotency_key)
-            .await;
-        {
-            let mut ledger = ledger.lock().expect("ledger lock");
-            match result {
-                Ok(_) => {
-                    ledger.answered(add, replica, 0, false);
-                }
-                Err(_) => ledger.abandon(add),
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(between(&mut rng, 0, 20))).await;
     }
 }

@@ -1,0 +1,122 @@
+//! The chaos workload: client tasks that add to counters through
+//! `tally_client`, each against one node, and record every add in the shared
+//! ledger with the logical clock the wipe check needs (`check.rs`).
+//!
+//! Invariants: every add is issued, stamped and marked delivered under one
+//! lock, and answered under it again, so the clock orders issues and answers
+//! exactly as the lanes were held; an answer that comes back across a wipe of
+//! its node (the epoch changed) is recorded as unknown at every incarnation
+//! from the one it was sent to.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tally_client::ClientConfig;
+use tally_node::crdt::ReplicaId;
+
+use super::check::AddTimes;
+use crate::ledger::Ledger;
+use crate::rng::{between, chance, stream, Subsystem, Zipf};
+
+/// What the clients and the checker share: the ledger, the logical clock of
+/// its events, and each node's current replica id and wipe epoch (odd while
+/// a wipe is under way).
+pub struct Book {
+    /// Every add and what its caller knows.
+    pub ledger: Ledger,
+    /// When each add was issued and answered.
+    pub times: AddTimes,
+    /// The logical clock: ticks at every issue and every answer.
+    pub clock: u64,
+    /// Adds whose answer came across a wipe: (add, node, epoch at issue).
+    pub across_wipe: Vec<(u32, usize, u64)>,
+}
+
+/// The state every client task and the fault loop share.
+pub struct Shared {
+    /// The ledger and its clock.
+    pub book: Mutex<Book>,
+    /// Each node's current replica id.
+    pub replicas: Vec<AtomicU64>,
+    /// Each node's wipe epoch: odd while a wipe is under way.
+    pub epochs: Vec<AtomicU64>,
+    /// Set when the load must stop.
+    pub stop: AtomicBool,
+    /// The keys' names (key 0 is the hot post).
+    pub names: Vec<String>,
+}
+
+/// One client: adds until `shared.stop`, against node `node` at `endpoint`.
+pub async fn client_loop(
+    client_id: u32,
+    node: usize,
+    endpoint: String,
+    seed: u64,
+    shared: Arc<Shared>,
+) {
+    let mut rng = stream(seed, Subsystem::Workload);
+    let zipf = Zipf::new(shared.names.len(), 1.1);
+    let config = ClientConfig::default();
+    let mut client = None;
+    while !shared.stop.load(Ordering::SeqCst) {
+        if client.is_none() {
+            client = config.clone().connect(endpoint.clone()).await.ok();
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        }
+        let epoch = shared.epochs[node].load(Ordering::SeqCst);
+        if epoch % 2 == 1 {
+            // A wipe is under way: wait for the new replica's id.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        let key = if chance(&mut rng, 0.3) {
+            0
+        } else {
+            zipf.sample(&mut rng)
+        };
+        let negative = chance(&mut rng, 0.25);
+        let replica = ReplicaId(shared.replicas[node].load(Ordering::SeqCst));
+        let issued = {
+            let mut book = shared.book.lock().expect("book lock");
+            let issued = book.ledger.issue(client_id, node, key, negative, true);
+            if let Some(add) = issued {
+                book.clock += 1;
+                let clock = book.clock;
+                book.times.sent.push(clock);
+                book.times.answered.push(u64::MAX);
+                book.ledger.delivered(add, replica);
+            }
+            issued.map(|add| (add, book.ledger.adds[add as usize].delta()))
+        };
+        let Some((add, delta)) = issued else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let idempotency_key = format!("chaos-{seed:x}-{add}");
+        let result = client
+            .as_ref()
+            .expect("connected above")
+            .add_with_key(&shared.names[key], delta, &idempotency_key)
+            .await;
+        {
+            let mut book = shared.book.lock().expect("book lock");
+            book.clock += 1;
+            let clock = book.clock;
+            book.times.answered[add as usize] = clock;
+            if shared.epochs[node].load(Ordering::SeqCst) != epoch {
+                // The answer may come from either incarnation: unknown at both.
+                book.across_wipe.push((add, node, epoch));
+                book.ledger.abandon(add);
+            } else if result.is_ok() {
+                book.ledger.answered(add, replica, 0, false);
+            } else {
+                book.ledger.abandon(add);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(between(&mut rng, 0, 20))).await;
+    }
+}

@@ -1,0 +1,80 @@
+//! `tally-sim chaos` end to end: real `tally-node` processes on loopback,
+//! each on its own IP behind its TCP and UDP proxies, under a short fault
+//! schedule, then the exact check. Bounded in time and load (a few seconds of
+//! faults, a few clients); no test asserts a duration.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The node binary next to `tally-sim` (built by `cargo test --workspace`, or
+/// on demand here).
+fn node_binary() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_tally-sim")).with_file_name("tally-node");
+    if !path.exists() {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "tally-node", "--bin", "tally-node"])
+            .status()
+            .expect("running cargo to build tally-node");
+        assert!(status.success(), "building tally-node failed");
+    }
+    path
+}
+
+#[track_caller]
+fn chaos(extra: &[&str]) -> String {
+    let node = node_binary();
+    let output = Command::new(env!("CARGO_BIN_EXE_tally-sim"))
+        .arg("chaos")
+        .arg("--node-bin")
+        .arg(&node)
+        .args([
+            "--duration-s",
+            "10",
+            "--keys",
+            "8",
+            "--converge-timeout-s",
+            "90",
+        ])
+        .args(extra)
+        .output()
+        .expect("running tally-sim chaos");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("result: PASS"),
+        "tally-sim chaos {extra:?} failed:\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
+#[test]
+fn partitions_between_chosen_nodes_of_two_regions_of_two_nodes_pass() {
+    let stdout = chaos(&[
+        "--seed",
+        "4",
+        "--regions",
+        "2",
+        "--nodes-per-region",
+        "2",
+        "--faults",
+        "partition",
+    ]);
+    let schedule: Vec<&str> = stdout
+        .lines()
+        .skip_while(|line| !line.starts_with("schedule"))
+        .skip(1)
+        .take_while(|line| line.starts_with("  at"))
+        .collect();
+    assert!(!schedule.is_empty(), "no fault scheduled:\n{stdout}");
+    assert!(
+        schedule.iter().all(|line| line.contains("partition")),
+        "{stdout}"
+    );
+    assert!(stdout.contains("n3 (us-east) is replica"), "{stdout}");
+}
+
+#[test]
+fn kills_stops_cuts_and_wipes_pass() {
+    let stdout = chaos(&["--seed", "2", "--faults", "kill,stop,cut,wipe"]);
+    assert!(stdout.contains("schedule ("), "{stdout}");
+}
