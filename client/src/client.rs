@@ -26,6 +26,12 @@ use tally_proto::v1::{
 use tonic::{Response, Status};
 
 use crate::cache::ReadCache;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+
+/// The health-check name of the counters service.
+const COUNTERS_SERVICE: &str = "tally.v1.Counters";
 use crate::coalesce::reads::{spawn_read_coalescer, ReadCoalescerHandle};
 use crate::coalesce::wire::encode_add;
 use crate::coalesce::{spawn_coalescer, CoalescerHandle};
@@ -80,6 +86,7 @@ use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
 pub struct Client {
     counters: CountersClient<Transport>,
     admin: AdminClient<Transport>,
+    health: HealthClient<Transport>,
     policy: RetryPolicy,
     endpoint: Arc<str>,
     /// `None` when adds are not coalesced.
@@ -116,7 +123,8 @@ impl Client {
             .map(|(capacity, ttl)| Arc::new(ReadCache::new(capacity, ttl)));
         Client {
             counters: CountersClient::new(channel.clone()),
-            admin: AdminClient::new(channel),
+            admin: AdminClient::new(channel.clone()),
+            health: HealthClient::new(channel),
             policy: config.retry_policy(),
             endpoint: endpoint.into(),
             coalescer,
@@ -384,6 +392,34 @@ impl Client {
             Ok(event) => Ok(event.value),
             Err(status) => Err(Error::from_stream_status(&status)),
         }))
+    }
+
+    /// Checks that the node serves counters: one standard gRPC health check
+    /// (`grpc.health.v1.Health/Check` of `tally.v1.Counters`), retried on
+    /// transient failures like any call. It is the cheapest call a node
+    /// answers, so `tally bench --op ping` measures with it what one bare
+    /// unary RPC costs on this connection, client and server stack.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let response = self
+            .policy
+            .run("ping", |timeout| {
+                let mut health = self.health.clone();
+                let request = with_timeout(
+                    HealthCheckRequest {
+                        service: COUNTERS_SERVICE.to_owned(),
+                    },
+                    timeout,
+                );
+                async move { health.check(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        match response.status() {
+            ServingStatus::Serving => Ok(()),
+            status => Err(Error::Server {
+                code: tonic::Code::Unavailable,
+                message: format!("the node's counters service is {status:?}"),
+            }),
+        }
     }
 
     /// Asks the node for the cluster's membership, each member's digest and

@@ -110,6 +110,10 @@ async fn client_round_trip() {
     let mut node = start_node(root.path(), "sync");
     let client = connect(&node).await;
 
+    client
+        .ping()
+        .await
+        .expect("a serving node answers its health check");
     assert_eq!(client.add("a", 3).await.unwrap().value, 3);
     assert_eq!(client.add("a", -1).await.unwrap().value, 2);
     assert_eq!(client.get("a").await.unwrap(), 2);

@@ -138,6 +138,10 @@ pub enum BenchOp {
     Get,
     /// 90% reads, 10% adds.
     Mixed,
+    /// A gRPC health check: one bare unary RPC through the same client,
+    /// connection and server, the floor that `--no-coalesce` adds are
+    /// compared with.
+    Ping,
 }
 
 /// The client settings the bench runs with: the one place where bench flags
@@ -309,15 +313,12 @@ async fn run_worker(
         } else {
             &keys[rng.random_range(0..keys.len())]
         };
-        let add = match op {
-            BenchOp::Add => true,
-            BenchOp::Get => false,
-            BenchOp::Mixed => !rng.random_bool(MIXED_GET_SHARE),
-        };
-        let result = if add {
-            client.add(key, 1).await.map(|_| ())
-        } else {
-            client.get(key).await.map(|_| ())
+        let result = match op {
+            BenchOp::Add => client.add(key, 1).await.map(|_| ()),
+            BenchOp::Get => client.get(key).await.map(|_| ()),
+            BenchOp::Mixed if rng.random_bool(MIXED_GET_SHARE) => client.get(key).await.map(|_| ()),
+            BenchOp::Mixed => client.add(key, 1).await.map(|_| ()),
+            BenchOp::Ping => client.ping().await,
         };
         let finished = Instant::now();
         if started >= measure_from {
@@ -435,6 +436,7 @@ fn print_report(report: &BenchReport) -> anyhow::Result<()> {
         BenchOp::Add => "add",
         BenchOp::Get => "get",
         BenchOp::Mixed => "mixed",
+        BenchOp::Ping => "ping",
     };
     let on_off = |on: bool| if on { "on" } else { "off" };
     print_line(format_args!(
