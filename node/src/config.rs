@@ -9,6 +9,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+
+/// The smallest page cache sled is given (it needs room for a few pages).
+const MIN_STORE_CACHE_BYTES: u64 = 1 << 20;
 use serde::Deserialize;
 
 use crate::engine::Durability;
@@ -69,6 +72,10 @@ pub struct RunArgs {
     /// Counters kept in memory; colder ones stay on disk only. [default: 100000]
     #[arg(long, env = "TALLY_CACHE_CAPACITY")]
     pub cache_capacity: Option<usize>,
+    /// Bytes of sled's page cache (cold counters, the change log and
+    /// idempotency records read from disk). [default: 134217728, 128 MiB]
+    #[arg(long, env = "TALLY_STORE_CACHE_BYTES")]
+    pub store_cache_bytes: Option<u64>,
     /// How long an idempotency key is remembered, e.g. 24h. [default: 24h]
     #[arg(long, env = "TALLY_IDEMPOTENCY_TTL")]
     pub idempotency_ttl: Option<String>,
@@ -126,6 +133,7 @@ struct FileSettings {
     sync_interval: Option<String>,
     gossip_interval: Option<String>,
     cache_capacity: Option<usize>,
+    store_cache_bytes: Option<u64>,
     idempotency_ttl: Option<String>,
     idempotency_capacity: Option<usize>,
     on_corrupt: Option<OnCorrupt>,
@@ -173,6 +181,8 @@ pub struct Settings {
     /// See [`RunArgs`].
     pub cache_capacity: usize,
     /// See [`RunArgs`].
+    pub store_cache_bytes: u64,
+    /// See [`RunArgs`].
     pub idempotency_ttl: Duration,
     /// See [`RunArgs`].
     pub idempotency_capacity: usize,
@@ -203,6 +213,7 @@ impl Settings {
             sync_interval: Duration::from_millis(200),
             gossip_interval: Duration::from_millis(100),
             cache_capacity: 100_000,
+            store_cache_bytes: crate::store::DEFAULT_CACHE_BYTES,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             idempotency_capacity: 1_000_000,
             on_corrupt: OnCorrupt::Refuse,
@@ -292,6 +303,15 @@ impl Settings {
         }
         if let Some(capacity) = take!(cache_capacity) {
             settings.cache_capacity = capacity.max(1);
+        }
+        if let Some(bytes) = take!(store_cache_bytes) {
+            if bytes < MIN_STORE_CACHE_BYTES {
+                bail!(
+                    "--store-cache-bytes {bytes} is too small: give at least \
+                     {MIN_STORE_CACHE_BYTES} (1 MiB)"
+                );
+            }
+            settings.store_cache_bytes = bytes;
         }
         if let Some(text) = take!(idempotency_ttl) {
             settings.idempotency_ttl = parse_duration("--idempotency-ttl", &text)?;
@@ -480,5 +500,23 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("--peer-source-ip"), "{err}");
+    }
+
+    #[test]
+    fn store_cache_bytes_has_a_default_and_a_floor() {
+        let defaults = Settings::resolve(RunArgs::default()).unwrap();
+        assert_eq!(defaults.store_cache_bytes, crate::store::DEFAULT_CACHE_BYTES);
+        let settings = Settings::resolve(RunArgs {
+            store_cache_bytes: Some(64 << 20),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(settings.store_cache_bytes, 64 << 20);
+        let err = Settings::resolve(RunArgs {
+            store_cache_bytes: Some(4096),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--store-cache-bytes"), "{err}");
     }
 }

@@ -51,8 +51,9 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     let data_dir = settings.data_dir.clone();
     let region = settings.region.clone();
     let on_corrupt = settings.on_corrupt;
+    let cache_bytes = settings.store_cache_bytes;
     let store = tokio::task::spawn_blocking(move || {
-        SledStore::open(&data_dir, &region, rand::random(), on_corrupt)
+        SledStore::open_with_cache(&data_dir, &region, rand::random(), on_corrupt, cache_bytes)
     })
     .await
     .context("the store opener died")??;

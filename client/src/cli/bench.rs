@@ -102,6 +102,18 @@ pub struct BenchArgs {
     #[arg(long)]
     pub read_cache: bool,
 
+    /// Take the keys in order (the n-th request goes to key n modulo
+    /// --keys) instead of at random: with --ops equal to --keys, every
+    /// counter is written exactly once (to fill a node for a footprint
+    /// measurement).
+    #[arg(long)]
+    pub sequential: bool,
+
+    /// Stop after this many requests in all (or at the end of --duration,
+    /// whichever comes first).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub ops: Option<u64>,
+
     /// Runtime threads of the bench [default: half the cores, at least 1,
     /// leaving the rest to a node on the same machine]. With 1 the runtime is
     /// single-threaded, which costs the least CPU per operation while one
@@ -214,6 +226,11 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
         process_cpu_time()
     });
     let latencies = Arc::new(Latencies::new());
+    let order = Arc::new(KeyOrder {
+        next: AtomicU64::new(0),
+        sequential: args.sequential,
+        limit: args.ops,
+    });
     let mut workers = JoinSet::new();
     for worker in 0..args.concurrency as usize {
         let client = clients[worker % clients.len()].clone();
@@ -222,6 +239,7 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
         workers.spawn(run_worker(
             client,
             keys,
+            Arc::clone(&order),
             args.op,
             rng,
             Arc::clone(&latencies),
@@ -288,10 +306,32 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
     Ok(())
 }
 
+/// `--sequential` and `--ops`: the workers share one request counter (only
+/// when either is given: an atomic touched by every worker costs).
+struct KeyOrder {
+    next: AtomicU64,
+    sequential: bool,
+    limit: Option<u64>,
+}
+
+impl KeyOrder {
+    fn counted(&self) -> bool {
+        self.sequential || self.limit.is_some()
+    }
+
+    /// The next request's number, or `None` once `--ops` are sent. Without
+    /// `--sequential` the number picks nothing: the key is drawn at random.
+    fn take(&self) -> Option<u64> {
+        let index = self.next.fetch_add(1, Ordering::Relaxed);
+        self.limit.is_none_or(|limit| index < limit).then_some(index)
+    }
+}
+
 /// One closed-loop worker: one request in flight at a time until `stop_at`.
 async fn run_worker(
     client: Client,
     keys: Arc<[String]>,
+    order: Arc<KeyOrder>,
     op: BenchOp,
     mut rng: SmallRng,
     latencies: Arc<Latencies>,
@@ -308,7 +348,16 @@ async fn run_worker(
     // One clock reading per operation: the end of one is the start of the next.
     let mut started = Instant::now();
     while started < stop_at {
-        let key = if single_key {
+        let index = match order.counted() {
+            true => match order.take() {
+                Some(index) => Some(index),
+                None => break,
+            },
+            false => None,
+        };
+        let key = if let Some(index) = index.filter(|_| order.sequential) {
+            &keys[(index % keys.len() as u64) as usize]
+        } else if single_key {
             &keys[0]
         } else {
             &keys[rng.random_range(0..keys.len())]
@@ -646,5 +695,23 @@ mod tests {
         ] {
             assert!(json.get(field).is_some(), "missing {field}");
         }
+    }
+
+    #[test]
+    fn ops_stop_the_key_order_after_the_limit() {
+        let order = KeyOrder {
+            next: AtomicU64::new(0),
+            sequential: true,
+            limit: Some(3),
+        };
+        assert!(order.counted());
+        let taken: Vec<Option<u64>> = (0..5).map(|_| order.take()).collect();
+        assert_eq!(taken, [Some(0), Some(1), Some(2), None, None]);
+        let unlimited = KeyOrder {
+            next: AtomicU64::new(0),
+            sequential: false,
+            limit: None,
+        };
+        assert!(!unlimited.counted());
     }
 }

@@ -15,7 +15,7 @@ mod sled_store;
 use crate::replica::{CommitBatch, DurableState, Identity, Recovered, StorageError};
 
 pub use memory::MemoryStore;
-pub use sled_store::{OnCorrupt, OpenError, SledStore};
+pub use sled_store::{OnCorrupt, OpenError, SledStore, DEFAULT_CACHE_BYTES};
 
 /// Durable storage of one replica.
 pub trait Store: DurableState + Send + Sync + 'static {

@@ -93,6 +93,11 @@ fn storage(error: sled::Error) -> StorageError {
     StorageError(error.to_string())
 }
 
+/// sled's page cache unless `--store-cache-bytes` says otherwise: 128 MiB
+/// (sled's own default, 1 GiB, made most of a node's resident memory once
+/// it held a million counters).
+pub const DEFAULT_CACHE_BYTES: u64 = 128 << 20;
+
 impl SledStore {
     /// Opens (or creates) the data directory for `region`. `fresh_id` is the
     /// replica id to use if the directory has none yet (random, from the caller).
@@ -102,12 +107,23 @@ impl SledStore {
         fresh_id: u64,
         on_corrupt: OnCorrupt,
     ) -> Result<SledStore, OpenError> {
-        match Self::open_once(dir, region, fresh_id) {
+        Self::open_with_cache(dir, region, fresh_id, on_corrupt, DEFAULT_CACHE_BYTES)
+    }
+
+    /// [`SledStore::open`] with a page cache of `cache_bytes`.
+    pub fn open_with_cache(
+        dir: &Path,
+        region: &str,
+        fresh_id: u64,
+        on_corrupt: OnCorrupt,
+        cache_bytes: u64,
+    ) -> Result<SledStore, OpenError> {
+        match Self::open_once(dir, region, fresh_id, cache_bytes) {
             Err(OpenError::Corrupt { path, reason }) if on_corrupt == OnCorrupt::MoveAside => {
                 let aside = aside_path(dir);
                 std::fs::rename(dir, &aside).map_err(io_error(dir))?;
                 tracing::warn!(from = %path.display(), to = %aside.display(), %reason, "moved a damaged store aside; starting as a new replica");
-                let mut store = Self::open_once(dir, region, fresh_id)?;
+                let mut store = Self::open_once(dir, region, fresh_id, cache_bytes)?;
                 store.moved_aside = Some(aside);
                 Ok(store)
             }
@@ -115,11 +131,17 @@ impl SledStore {
         }
     }
 
-    fn open_once(dir: &Path, region: &str, fresh_id: u64) -> Result<SledStore, OpenError> {
+    fn open_once(
+        dir: &Path,
+        region: &str,
+        fresh_id: u64,
+        cache_bytes: u64,
+    ) -> Result<SledStore, OpenError> {
         let initialised = prepare_dir(dir)?;
         let db_path = dir.join("db");
         let config = sled::Config::new()
             .path(&db_path)
+            .cache_capacity(cache_bytes)
             .flush_every_ms(None)
             .mode(sled::Mode::LowSpace);
         // sled 0.34 may panic on some damaged files; a damaged store must stop
