@@ -505,7 +505,10 @@ mod tests {
     #[test]
     fn store_cache_bytes_has_a_default_and_a_floor() {
         let defaults = Settings::resolve(RunArgs::default()).unwrap();
-        assert_eq!(defaults.store_cache_bytes, crate::store::DEFAULT_CACHE_BYTES);
+        assert_eq!(
+            defaults.store_cache_bytes,
+            crate::store::DEFAULT_CACHE_BYTES
+        );
         let settings = Settings::resolve(RunArgs {
             store_cache_bytes: Some(64 << 20),
             ..Default::default()

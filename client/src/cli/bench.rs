@@ -323,7 +323,9 @@ impl KeyOrder {
     /// `--sequential` the number picks nothing: the key is drawn at random.
     fn take(&self) -> Option<u64> {
         let index = self.next.fetch_add(1, Ordering::Relaxed);
-        self.limit.is_none_or(|limit| index < limit).then_some(index)
+        self.limit
+            .is_none_or(|limit| index < limit)
+            .then_some(index)
     }
 }
 
