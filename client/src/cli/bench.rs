@@ -217,7 +217,6 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
     for _ in 0..connections {
         clients.push(config.connect(target.endpoint.as_str()).await?);
     }
-    let keys: Arc<[String]> = (0..args.keys).map(|i| format!("bench:key:{i}")).collect();
 
     let measure_from = Instant::now() + args.warmup;
     let stop_at = measure_from + args.duration;
@@ -226,7 +225,8 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
         process_cpu_time()
     });
     let latencies = Arc::new(Latencies::new());
-    let order = Arc::new(KeyOrder {
+    let keys = Arc::new(KeyChooser {
+        names: (0..args.keys).map(|i| format!("bench:key:{i}")).collect(),
         next: AtomicU64::new(0),
         sequential: args.sequential,
         limit: args.ops,
@@ -239,7 +239,6 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
         workers.spawn(run_worker(
             client,
             keys,
-            Arc::clone(&order),
             args.op,
             rng,
             Arc::clone(&latencies),
@@ -306,34 +305,40 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
     Ok(())
 }
 
-/// `--sequential` and `--ops`: the workers share one request counter (only
-/// when either is given: an atomic touched by every worker costs).
-struct KeyOrder {
+/// The workers' keys and how each request picks one: at random, or in order
+/// with `--sequential`. With `--sequential` or `--ops` the workers share one
+/// request counter (only then: an atomic touched by every worker costs).
+struct KeyChooser {
+    names: Box<[String]>,
     next: AtomicU64,
     sequential: bool,
     limit: Option<u64>,
 }
 
-impl KeyOrder {
-    fn counted(&self) -> bool {
-        self.sequential || self.limit.is_some()
-    }
-
-    /// The next request's number, or `None` once `--ops` are sent. Without
-    /// `--sequential` the number picks nothing: the key is drawn at random.
-    fn take(&self) -> Option<u64> {
-        let index = self.next.fetch_add(1, Ordering::Relaxed);
-        self.limit
-            .is_none_or(|limit| index < limit)
-            .then_some(index)
+impl KeyChooser {
+    /// The next request's key, or `None` once `--ops` requests are sent.
+    fn pick(&self, rng: &mut SmallRng) -> Option<&str> {
+        let count = self.names.len();
+        if self.sequential || self.limit.is_some() {
+            let index = self.next.fetch_add(1, Ordering::Relaxed);
+            if self.limit.is_some_and(|limit| index >= limit) {
+                return None;
+            }
+            if self.sequential {
+                return Some(&self.names[(index % count as u64) as usize]);
+            }
+        }
+        Some(match count {
+            1 => &self.names[0],
+            _ => &self.names[rng.random_range(0..count)],
+        })
     }
 }
 
 /// One closed-loop worker: one request in flight at a time until `stop_at`.
 async fn run_worker(
     client: Client,
-    keys: Arc<[String]>,
-    order: Arc<KeyOrder>,
+    keys: Arc<KeyChooser>,
     op: BenchOp,
     mut rng: SmallRng,
     latencies: Arc<Latencies>,
@@ -346,23 +351,11 @@ async fn run_worker(
         first_error: None,
         finished: stop_at,
     };
-    let single_key = keys.len() == 1;
     // One clock reading per operation: the end of one is the start of the next.
     let mut started = Instant::now();
     while started < stop_at {
-        let index = match order.counted() {
-            true => match order.take() {
-                Some(index) => Some(index),
-                None => break,
-            },
-            false => None,
-        };
-        let key = if let Some(index) = index.filter(|_| order.sequential) {
-            &keys[(index % keys.len() as u64) as usize]
-        } else if single_key {
-            &keys[0]
-        } else {
-            &keys[rng.random_range(0..keys.len())]
+        let Some(key) = keys.pick(&mut rng) else {
+            break;
         };
         let result = match op {
             BenchOp::Add => client.add(key, 1).await.map(|_| ()),
@@ -700,20 +693,23 @@ mod tests {
     }
 
     #[test]
-    fn ops_stop_the_key_order_after_the_limit() {
-        let order = KeyOrder {
+    fn sequential_keys_go_in_order_and_ops_stop_after_the_limit() {
+        let mut rng = SmallRng::seed_from_u64(1);
+        let chooser = KeyChooser {
+            names: ["a", "b"].map(String::from).into(),
             next: AtomicU64::new(0),
             sequential: true,
             limit: Some(3),
         };
-        assert!(order.counted());
-        let taken: Vec<Option<u64>> = (0..5).map(|_| order.take()).collect();
-        assert_eq!(taken, [Some(0), Some(1), Some(2), None, None]);
-        let unlimited = KeyOrder {
+        let picked: Vec<Option<&str>> = (0..5).map(|_| chooser.pick(&mut rng)).collect();
+        assert_eq!(picked, [Some("a"), Some("b"), Some("a"), None, None]);
+        let random = KeyChooser {
+            names: ["a", "b"].map(String::from).into(),
             next: AtomicU64::new(0),
             sequential: false,
             limit: None,
         };
-        assert!(!unlimited.counted());
+        assert!((0..100).all(|_| random.pick(&mut rng).is_some()));
+        assert_eq!(random.next.load(Ordering::Relaxed), 0, "no shared counter");
     }
 }
