@@ -182,6 +182,9 @@ pub struct Settings {
     pub cache_capacity: usize,
     /// See [`RunArgs`].
     pub store_cache_bytes: u64,
+    /// Log a warning at start when TLS or client tokens are off (the dev
+    /// cluster says it once for all its nodes instead).
+    pub warn_if_insecure: bool,
     /// See [`RunArgs`].
     pub idempotency_ttl: Duration,
     /// See [`RunArgs`].
@@ -214,6 +217,7 @@ impl Settings {
             gossip_interval: Duration::from_millis(100),
             cache_capacity: 100_000,
             store_cache_bytes: crate::store::DEFAULT_CACHE_BYTES,
+            warn_if_insecure: true,
             idempotency_ttl: Duration::from_secs(24 * 3600),
             idempotency_capacity: 1_000_000,
             on_corrupt: OnCorrupt::Refuse,

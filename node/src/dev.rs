@@ -83,6 +83,7 @@ pub fn dev_settings(args: &DevArgs) -> anyhow::Result<Vec<Settings>> {
             };
             settings.durability = args.durability;
             settings.sync_interval = sync_interval;
+            settings.warn_if_insecure = false;
             nodes.push(settings);
         }
     }
@@ -127,6 +128,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             );
         }
     }
+    println!(
+        "Security is off (plain text, no client tokens): for this machine only; \
+         deploy/README.md shows a secure setup."
+    );
     println!("Ctrl-C stops the cluster.");
     crate::wait_for_shutdown_signal().await;
     for node in nodes {

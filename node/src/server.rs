@@ -47,7 +47,9 @@ pub struct NodeHandle {
 /// Opens the store and starts every part of the node.
 pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     let security = Security::load(&settings.security)?;
-    security.warn_if_insecure();
+    if settings.warn_if_insecure {
+        security.warn_if_insecure();
+    }
     let data_dir = settings.data_dir.clone();
     let region = settings.region.clone();
     let on_corrupt = settings.on_corrupt;
