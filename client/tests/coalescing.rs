@@ -23,6 +23,15 @@ fn one_in_flight() -> ClientConfig {
         .with_max_batches_in_flight(1)
 }
 
+/// A client that sends every add and get as its own call.
+async fn uncoalesced(server: &FakeServerHandle) -> Client {
+    ClientConfig::new()
+        .with_coalescing(false)
+        .connect(server.endpoint())
+        .await
+        .unwrap()
+}
+
 /// Waits until the fake has received `count` add requests.
 async fn wait_for_requests(server: &FakeServerHandle, count: u32) {
     let started = Instant::now();
@@ -241,11 +250,7 @@ async fn transient_failures_until_the_deadline_end_in_an_error_within_it() {
 #[tokio::test]
 async fn without_coalescing_each_add_is_its_own_call() {
     let server = spawn_fake_server().await;
-    let client = ClientConfig::new()
-        .with_coalescing(false)
-        .connect(server.endpoint())
-        .await
-        .unwrap();
+    let client = uncoalesced(&server).await;
     let mut adds = JoinSet::new();
     for _ in 0..20 {
         let client = client.clone();
@@ -373,11 +378,7 @@ async fn a_transient_read_batch_failure_is_retried() {
 #[tokio::test]
 async fn without_coalescing_each_get_is_its_own_call() {
     let server = spawn_fake_server().await;
-    let client = ClientConfig::new()
-        .with_coalescing(false)
-        .connect(server.endpoint())
-        .await
-        .unwrap();
+    let client = uncoalesced(&server).await;
     let mut gets = JoinSet::new();
     for _ in 0..10 {
         let client = client.clone();

@@ -97,30 +97,10 @@ async fn relay(
     delay: Duration,
 ) {
     let mut changes = rules.links.subscribe();
-    let (mut in_read, mut in_write) = inbound.into_split();
-    let (mut out_read, mut out_write) = outbound.into_split();
-    let up = async move {
-        let mut buffer = vec![0u8; 16 << 10];
-        loop {
-            let n = in_read.read(&mut buffer).await?;
-            if n == 0 {
-                return Ok::<(), std::io::Error>(());
-            }
-            pause(delay).await;
-            out_write.write_all(&buffer[..n]).await?;
-        }
-    };
-    let down = async move {
-        let mut buffer = vec![0u8; 16 << 10];
-        loop {
-            let n = out_read.read(&mut buffer).await?;
-            if n == 0 {
-                return Ok::<(), std::io::Error>(());
-            }
-            pause(delay).await;
-            in_write.write_all(&buffer[..n]).await?;
-        }
-    };
+    let (in_read, in_write) = inbound.into_split();
+    let (out_read, out_write) = outbound.into_split();
+    let up = pump(in_read, out_write, delay);
+    let down = pump(out_read, in_write, delay);
     let cut = async move {
         loop {
             if changes.changed().await.is_err() {
@@ -135,6 +115,24 @@ async fn relay(
         _ = up => {}
         _ = down => {}
         _ = cut => {}
+    }
+}
+
+/// Copies one direction of a connection, each read held for `delay`, until
+/// end of stream or an error.
+async fn pump(
+    mut from: impl AsyncReadExt + Unpin,
+    mut to: impl AsyncWriteExt + Unpin,
+    delay: Duration,
+) -> std::io::Result<()> {
+    let mut buffer = vec![0u8; 16 << 10];
+    loop {
+        let n = from.read(&mut buffer).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        pause(delay).await;
+        to.write_all(&buffer[..n]).await?;
     }
 }
 
