@@ -153,7 +153,8 @@ impl Op {
     }
 }
 
-fn nodes(list: &[usize]) -> String {
+/// `n1,n2,...`: a list of nodes as plans and schedules print it.
+pub(crate) fn nodes(list: &[usize]) -> String {
     list.iter()
         .map(|n| format!("n{n}"))
         .collect::<Vec<_>>()

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
+use crate::faults::nodes;
 use crate::rng::{between, SimRng};
 
 /// Where the nodes are: `region_of[node]` is the region index of each node.
@@ -78,14 +79,6 @@ pub enum Partition {
     },
 }
 
-fn names(nodes: &[usize]) -> String {
-    nodes
-        .iter()
-        .map(|n| format!("n{n}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
 impl fmt::Display for Partition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -105,7 +98,7 @@ impl fmt::Display for Partition {
                 left,
                 bridge,
                 right,
-            } => write!(f, "bridge {} | n{bridge} | {}", names(left), names(right)),
+            } => write!(f, "bridge {} | n{bridge} | {}", nodes(left), nodes(right)),
             Partition::OneWay { puller, source } => {
                 write!(
                     f,
