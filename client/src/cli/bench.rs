@@ -69,6 +69,12 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub keys: u32,
 
+    /// How counters are named: `{}` stands for a key's number (0 to --keys
+    /// minus 1), `{:0N}` for it zero-padded to N digits; e.g.
+    /// `post:1{:08}:likes` names 20-byte keys like the seeds' posts.
+    #[arg(long, default_value = "bench:key:{}", value_parser = KeyFormat::parse)]
+    pub key_format: KeyFormat,
+
     /// How long to measure: 500ms, 10s, 2m.
     #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     pub duration: Duration,
@@ -120,6 +126,54 @@ pub struct BenchArgs {
     /// core keeps up.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
+}
+
+/// A `--key-format`: the text around one `{}` or `{:0N}`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct KeyFormat {
+    before: String,
+    width: usize,
+    after: String,
+}
+
+impl KeyFormat {
+    fn parse(text: &str) -> Result<KeyFormat, String> {
+        let open = text
+            .find('{')
+            .ok_or("give a format with {} (or {:0N}) where the key's number goes")?;
+        let close = open
+            + text[open..]
+                .find('}')
+                .ok_or("the key format's { has no closing }")?;
+        let width = match &text[open + 1..close] {
+            "" => 0,
+            spec => spec
+                .strip_prefix(":0")
+                .and_then(|digits| digits.parse::<usize>().ok())
+                .filter(|width| (1..=20).contains(width))
+                .ok_or_else(|| format!("{{{spec}}} is not {{}} or {{:0N}} with N from 1 to 20"))?,
+        };
+        let after = &text[close + 1..];
+        if after.contains(['{', '}']) {
+            return Err("the key format takes one {} (or {:0N}) only".into());
+        }
+        Ok(KeyFormat {
+            before: text[..open].into(),
+            width,
+            after: after.into(),
+        })
+    }
+
+    /// The name of key number `n`.
+    pub fn name(&self, n: u32) -> String {
+        format!(
+            "{}{:0width$}{}",
+            self.before,
+            n,
+            self.after,
+            width = self.width
+        )
+    }
 }
 
 impl BenchArgs {
@@ -226,7 +280,7 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
     });
     let latencies = Arc::new(Latencies::new());
     let keys = Arc::new(KeyChooser {
-        names: (0..args.keys).map(|i| format!("bench:key:{i}")).collect(),
+        names: (0..args.keys).map(|i| args.key_format.name(i)).collect(),
         next: AtomicU64::new(0),
         sequential: args.sequential,
         limit: args.ops,
@@ -629,6 +683,21 @@ mod tests {
         );
         assert_eq!(args.duration, Duration::from_millis(500));
         assert_eq!(args.warmup, Duration::ZERO);
+    }
+
+    #[test]
+    fn key_formats_name_keys_and_bad_ones_are_refused() {
+        assert_eq!(bench_args(&[]).key_format.name(7), "bench:key:7");
+        let posts = bench_args(&["--key-format", "post:1{:08}:likes"]).key_format;
+        assert_eq!(posts.name(23_456_789), "post:123456789:likes");
+        assert_eq!(posts.name(5), "post:100000005:likes");
+        for bad in ["post", "post:{", "{:8}", "{:00}", "{:021}", "{}{}", "{x}"] {
+            let argv = ["tally", "bench", "--key-format", bad];
+            assert!(
+                Cli::try_parse_from(argv).is_err(),
+                "{bad:?} should be refused"
+            );
+        }
     }
 
     #[test]

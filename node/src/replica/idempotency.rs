@@ -10,11 +10,16 @@
 //! appended in order (a random key per record made the store copy a leaf per
 //! add). A segment is deleted once every record in it is forgotten.
 //!
-//! In memory a record costs what a million of them make visible: the id is
-//! the map's key only (as two `u64`s, so nothing is padded to 16 bytes), and
-//! the expiry queue holds (expiry, id) pairs of 24 bytes.
+//! In memory a record costs what a million of them make visible. Records sit
+//! in one queue in the order they expire (every record gets the same TTL when
+//! it is inserted, and recovery sorts them), 56 bytes each; the lookup by id
+//! is a hash table of queue positions, 8 bytes (plus a control byte) per
+//! bucket. The id is itself a hash, so it is the table's hash too. A map from
+//! id to record, with a separate expiry queue, took 2.3 times as much.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use hashbrown::HashTable;
 
 use crate::crdt::stable_hash;
 
@@ -32,18 +37,23 @@ pub fn request_fingerprint(counter: &str, delta: i64) -> u64 {
     stable_hash(0x6670, &[counter.as_bytes(), &delta.to_le_bytes()])
 }
 
-/// A record's id as the table keys it (a `u128` would be 16-byte aligned
-/// and pad every entry).
+/// A record's id as stored (a `u128` would be 16-byte aligned and pad
+/// every record).
 type Id = [u64; 2];
 
 fn split(id: u128) -> Id {
     [(id >> 64) as u64, id as u64]
 }
 
-/// A remembered record without its id (the map's key), and the segment
-/// (commit) that holds it on disk; 0 while it waits for its commit.
+fn join(id: Id) -> u128 {
+    (u128::from(id[0]) << 64) | u128::from(id[1])
+}
+
+/// A remembered record, and the segment (commit) that holds it on disk; 0
+/// while it waits for its commit.
 #[derive(Debug)]
-struct Entry {
+struct Slot {
+    id: Id,
     fingerprint: u64,
     value: i64,
     seq: u64,
@@ -51,9 +61,10 @@ struct Entry {
     segment: u64,
 }
 
-impl Entry {
+impl Slot {
     fn new(record: &IdempotencyRecord, segment: u64) -> Self {
-        Entry {
+        Slot {
+            id: split(record.id),
             fingerprint: record.fingerprint,
             value: record.value,
             seq: record.seq,
@@ -62,9 +73,9 @@ impl Entry {
         }
     }
 
-    fn record(&self, id: u128) -> IdempotencyRecord {
+    fn record(&self) -> IdempotencyRecord {
         IdempotencyRecord {
-            id,
+            id: join(self.id),
             fingerprint: self.fingerprint,
             value: self.value,
             seq: self.seq,
@@ -76,21 +87,32 @@ impl Entry {
 /// Remembered keyed adds, bounded in time and in count.
 #[derive(Debug)]
 pub struct IdempotencyTable {
-    records: HashMap<Id, Entry>,
-    /// Record ids in the order they expire.
-    expiry: VecDeque<(u64, Id)>,
+    /// Records in the order they expire. A record replaced by a newer one
+    /// with the same id stays here, unlisted, until it reaches the front.
+    queue: VecDeque<Slot>,
+    /// The position of `queue`'s front since the table began: positions
+    /// count every record ever queued, so they survive pops at the front.
+    front: u64,
+    /// The position of the current record of each remembered id.
+    positions: HashTable<u64>,
     /// Records still remembered per segment.
     segments: BTreeMap<u64, usize>,
     ttl_ms: u64,
     capacity: usize,
 }
 
+/// The table's hash of an id: half of it (it is a hash already).
+fn hash(id: &Id) -> u64 {
+    id[0]
+}
+
 impl IdempotencyTable {
     /// An empty table.
     pub fn new(ttl_ms: u64, capacity: usize) -> Self {
         IdempotencyTable {
-            records: HashMap::new(),
-            expiry: VecDeque::new(),
+            queue: VecDeque::new(),
+            front: 0,
+            positions: HashTable::new(),
             segments: BTreeMap::new(),
             ttl_ms,
             capacity: capacity.max(1),
@@ -106,28 +128,66 @@ impl IdempotencyTable {
         now_ms: u64,
     ) -> Self {
         let mut table = Self::new(ttl_ms, capacity);
+        records.retain(|(_, record)| record.expires_at_ms > now_ms);
         records.sort_by_key(|(_, record)| record.expires_at_ms);
-        for (segment, record) in records
-            .into_iter()
-            .filter(|(_, record)| record.expires_at_ms > now_ms)
-        {
-            table
-                .expiry
-                .push_back((record.expires_at_ms, split(record.id)));
-            *table.segments.entry(segment).or_default() += 1;
-            table
-                .records
-                .insert(split(record.id), Entry::new(&record, segment));
+        table.queue.reserve_exact(records.len());
+        table.positions.reserve(records.len(), |_| 0);
+        for (segment, record) in records {
+            table.push(Slot::new(&record, segment));
         }
         table
     }
 
+    fn slot(&self, position: u64) -> &Slot {
+        &self.queue[(position - self.front) as usize]
+    }
+
+    fn slot_mut(&mut self, position: u64) -> &mut Slot {
+        &mut self.queue[(position - self.front) as usize]
+    }
+
+    /// Where the current record of `id` is queued, if it is remembered.
+    fn position(&self, id: &Id) -> Option<u64> {
+        self.positions
+            .find(hash(id), |position| self.slot(*position).id == *id)
+            .copied()
+    }
+
+    /// Queues `slot` as the current record of its id; a record it replaces
+    /// gives up its segment.
+    fn push(&mut self, slot: Slot) {
+        let Self {
+            queue,
+            front,
+            positions,
+            ..
+        } = self;
+        let id = slot.id;
+        let position = *front + queue.len() as u64;
+        if slot.segment != 0 {
+            *self.segments.entry(slot.segment).or_default() += 1;
+        }
+        queue.push_back(slot);
+        let at = |position: &u64| &queue[(*position - *front) as usize];
+        let replaced = match positions.find_mut(hash(&id), |p| at(p).id == id) {
+            Some(current) => Some(std::mem::replace(current, position)),
+            None => {
+                positions.insert_unique(hash(&id), position, |p| hash(&at(p).id));
+                None
+            }
+        };
+        if let Some(old) = replaced {
+            let segment = self.slot(old).segment;
+            self.release(segment, &mut Vec::new());
+        }
+    }
+
     /// The live record for `id`, if any.
     pub fn get(&self, id: u128, now_ms: u64) -> Option<IdempotencyRecord> {
-        self.records
-            .get(&split(id))
-            .filter(|entry| entry.expires_at_ms > now_ms)
-            .map(|entry| entry.record(id))
+        self.position(&split(id))
+            .map(|position| self.slot(position))
+            .filter(|slot| slot.expires_at_ms > now_ms)
+            .map(Slot::record)
     }
 
     /// Remembers an applied add and returns the record to persist.
@@ -146,19 +206,17 @@ impl IdempotencyTable {
             seq,
             expires_at_ms: now_ms.saturating_add(self.ttl_ms),
         };
-        self.expiry.push_back((record.expires_at_ms, split(id)));
-        let replaced = self.records.insert(split(id), Entry::new(&record, 0));
-        if let Some(old) = replaced {
-            self.release(old.segment, &mut Vec::new());
-        }
+        self.push(Slot::new(&record, 0));
         record
     }
 
     /// The records of `ids` are written in the commit (segment) `seq`.
     pub fn assign_segment(&mut self, seq: u64, ids: impl Iterator<Item = u128>) {
         for id in ids {
-            if let Some(entry) = self.records.get_mut(&split(id)) {
-                entry.segment = seq;
+            if let Some(position) = self.position(&split(id)) {
+                let slot = self.slot_mut(position);
+                let previous = std::mem::replace(&mut slot.segment, seq);
+                self.release(previous, &mut Vec::new());
                 *self.segments.entry(seq).or_default() += 1;
             }
         }
@@ -167,20 +225,14 @@ impl IdempotencyTable {
     /// The commit `seq` failed: its records wait for the next one.
     pub fn unassign_segment(&mut self, seq: u64) {
         if self.segments.remove(&seq).is_some() {
-            for entry in self
-                .records
-                .values_mut()
-                .filter(|entry| entry.segment == seq)
-            {
-                entry.segment = 0;
+            for slot in self.queue.iter_mut().filter(|slot| slot.segment == seq) {
+                slot.segment = 0;
             }
         }
     }
 
+    /// One record fewer in `segment` (0: none yet).
     fn release(&mut self, segment: u64, emptied: &mut Vec<u64>) {
-        if segment == 0 {
-            return;
-        }
         if let Some(count) = self.segments.get_mut(&segment) {
             *count -= 1;
             if *count == 0 {
@@ -195,33 +247,35 @@ impl IdempotencyTable {
     pub fn expire(&mut self, now_ms: u64, budget: usize) -> Vec<u64> {
         let mut emptied = Vec::new();
         let mut spent = 0;
-        while let Some(&(expires_at, id)) = self.expiry.front() {
-            if spent >= budget || (expires_at > now_ms && self.records.len() <= self.capacity) {
+        while let Some(slot) = self.queue.front() {
+            if spent >= budget || (slot.expires_at_ms > now_ms && self.len() <= self.capacity) {
                 break;
             }
             spent += 1;
-            self.expiry.pop_front();
-            // A record replaced by a newer one with the same id keeps its newer expiry.
-            let current = self
-                .records
-                .get(&id)
-                .is_some_and(|entry| entry.expires_at_ms == expires_at);
-            if current {
-                let entry = self.records.remove(&id).expect("checked above");
-                self.release(entry.segment, &mut emptied);
+            let (id, front) = (slot.id, self.front);
+            // A replaced record is no longer listed: only the current one is.
+            let listed = self
+                .positions
+                .find_entry(hash(&id), |position| *position == front);
+            if let Ok(entry) = listed {
+                entry.remove();
+                let segment = slot.segment;
+                self.release(segment, &mut emptied);
             }
+            self.queue.pop_front();
+            self.front += 1;
         }
         emptied
     }
 
     /// How many records are remembered.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.positions.len()
     }
 
     /// True when nothing is remembered.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.positions.is_empty()
     }
 }
 
@@ -300,10 +354,36 @@ mod tests {
 
     #[test]
     fn an_entry_and_its_queue_item_stay_small() {
-        // A million remembered adds are a million of each (times the map's
-        // spare capacity): 56 and 24 bytes, not the 80 and 32 of u128 keys.
-        assert_eq!(std::mem::size_of::<(Id, Entry)>(), 56);
-        assert_eq!(std::mem::size_of::<(u64, Id)>(), 24);
+        // A million remembered adds are a million records (and, with the
+        // table's spare capacity, up to two million 8-byte positions).
+        assert_eq!(std::mem::size_of::<Slot>(), 56);
+    }
+
+    #[test]
+    fn positions_survive_the_front_moving_and_a_replaced_record() {
+        let mut table = IdempotencyTable::new(100, 1_000);
+        for i in 0..50u128 {
+            table.insert(i, i as u64, i as i64, 1, i as u64);
+        }
+        table.assign_segment(1, 0..50);
+        assert!(table.expire(120, usize::MAX).is_empty());
+        assert_eq!(table.len(), 29, "ids 0 to 20 expired");
+        for i in 21..50u128 {
+            assert_eq!(table.get(i, 120).map(|r| r.value), Some(i as i64));
+        }
+        // Id 30 expired at 130 but is still queued; used again, it is replaced.
+        assert!(table.get(30, 131).is_none());
+        table.insert(30, 7, -1, 2, 131);
+        table.assign_segment(2, [30].into_iter());
+        assert_eq!(
+            table.expire(150, usize::MAX),
+            vec![1],
+            "the old record of id 30 leaves the queue without taking the new one"
+        );
+        assert_eq!(table.len(), 1);
+        assert_eq!(table.get(30, 150).map(|r| (r.value, r.seq)), Some((-1, 2)));
+        assert_eq!(table.expire(231, usize::MAX), vec![2]);
+        assert!(table.is_empty());
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! | prefix | key                      | value                                   |
 //! |--------|--------------------------|-----------------------------------------|
 //! | `c`    | counter key (UTF-8)      | v1, seq, slots (replica, p, n)          |
-//! | `l`    | seq (BE u64) + counter key | empty: the change log                 |
+//! | `l`    | seq (BE u64) + counter key | retired: the change log of older builds, removed at open |
 //! | `i`    | commit seq (BE u64)      | v1, count, (id, fingerprint, value, seq, expiry)* |
 //! | `d`    | replica (BE u64)         | v1, region                              |
 //! | `w`    | replica (BE u64)         | v1, cursor seq, cursor key              |
@@ -23,8 +23,9 @@ pub const VERSION: u8 = 1;
 
 /// Key prefixes.
 pub const COUNTER: u8 = b'c';
-/// Change-log prefix.
-pub const CHANGE: u8 = b'l';
+/// The change log's prefix in stores written by builds before the log moved
+/// to memory ([`super::ChangeIndex`]); such entries are removed at open.
+pub const RETIRED_CHANGE: u8 = b'l';
 /// Idempotency prefix.
 pub const IDEMPOTENCY: u8 = b'i';
 /// Directory prefix.
@@ -46,35 +47,14 @@ pub fn counter_key(key: &str) -> Vec<u8> {
     prefixed(COUNTER, key.as_bytes())
 }
 
-/// The store key of a change-log entry.
-pub fn change_key(seq: u64, key: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(9 + key.len());
-    out.push(CHANGE);
-    out.extend_from_slice(&seq.to_be_bytes());
-    out.extend_from_slice(key.as_bytes());
-    out
-}
-
-/// The first change-log store key that may lie strictly after `after`, or
-/// `None` when nothing can (the cursor covers the last sequence). The caller
-/// skips an entry equal to `after` itself.
-pub fn change_scan_start(after: &Cursor) -> Option<Vec<u8>> {
-    if after.key.is_empty() {
-        after.seq.checked_add(1).map(|seq| change_key(seq, ""))
-    } else {
-        Some(change_key(after.seq, &after.key))
+/// The counter key of a counter's store key.
+pub fn decode_counter_key(bytes: &[u8]) -> Result<&str, StorageError> {
+    match bytes.split_first() {
+        Some((&COUNTER, key)) if !key.is_empty() => {
+            std::str::from_utf8(key).map_err(|_| corrupt("counter key", "not UTF-8"))
+        }
+        _ => Err(corrupt("counter key", "no counter prefix or no key")),
     }
-}
-
-/// Splits a change-log store key into its sequence and counter key.
-pub fn decode_change_key(bytes: &[u8]) -> Result<(u64, &str), StorageError> {
-    if bytes.len() < 10 || bytes[0] != CHANGE {
-        return Err(corrupt("change-log key", "too short"));
-    }
-    let seq = u64::from_be_bytes(bytes[1..9].try_into().expect("8 bytes"));
-    let key =
-        std::str::from_utf8(&bytes[9..]).map_err(|_| corrupt("change-log key", "not UTF-8"))?;
-    Ok((seq, key))
 }
 
 /// The store key of the idempotency segment written by commit `seq`.
@@ -119,6 +99,11 @@ pub fn encode_counter(seq: u64, state: &PnCounter) -> Vec<u8> {
         put_varint(&mut out, slot.n);
     }
     out
+}
+
+/// The commit that wrote a counter record, read without the slots.
+pub fn decode_counter_seq(bytes: &[u8]) -> Result<u64, StorageError> {
+    Reader::versioned(bytes, "counter record")?.varint()
 }
 
 /// Decodes a counter record.
@@ -371,12 +356,17 @@ mod tests {
     }
 
     #[test]
-    fn change_keys_sort_by_sequence_then_key() {
-        let mut keys = [change_key(256, "a"), change_key(2, "b"), change_key(2, "a")];
-        keys.sort();
-        assert_eq!(decode_change_key(&keys[0]).unwrap(), (2, "a"));
-        assert_eq!(decode_change_key(&keys[1]).unwrap(), (2, "b"));
-        assert_eq!(decode_change_key(&keys[2]).unwrap(), (256, "a"));
+    fn a_counter_store_key_and_its_commit_read_back_alone() {
+        let bytes = encode_counter(300, &PnCounter::default());
+        assert_eq!(decode_counter_seq(&bytes).unwrap(), 300);
+        assert!(decode_counter_seq(&bytes[..1]).is_err());
+        assert_eq!(
+            decode_counter_key(&counter_key("post:1")).unwrap(),
+            "post:1"
+        );
+        assert!(decode_counter_key(b"c").is_err());
+        assert!(decode_counter_key(b"xpost").is_err());
+        assert!(decode_counter_key(b"c\xff").is_err());
     }
 
     #[test]

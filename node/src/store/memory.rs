@@ -1,7 +1,8 @@
 //! An in-memory [`Store`] with a durable part and a pending part: writes land
 //! in the pending part (visible to reads, like sled before a flush), a flush
 //! moves them to the durable part, and [`MemoryStore::crash`] drops whatever
-//! was not flushed. Tests of the core and the simulator use it.
+//! was not flushed (and rebuilds the change log from what is left, as a
+//! restart of the sled store would). Tests of the core and the simulator use it.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -10,8 +11,8 @@ use crate::replica::{
     Change, CommitBatch, Cursor, DurableState, Identity, Recovered, StorageError, StoredCounter,
 };
 
-use super::encoding::{self, change_scan_start, decode_change_key, CHANGE};
-use super::{batch_ops, recover_from, Op, Store};
+use super::encoding::{self, COUNTER};
+use super::{batch_ops, rebuild_changes, recover_from, ChangeIndex, Op, Store};
 
 type Space = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -20,6 +21,7 @@ struct Layers {
     visible: Space,
     durable: Space,
     pending: Vec<Vec<Op>>,
+    changes: ChangeIndex,
 }
 
 /// See the module documentation.
@@ -56,6 +58,12 @@ impl MemoryStore {
         let mut layers = self.layers.lock().expect("memory store lock");
         layers.pending.clear();
         layers.visible = layers.durable.clone();
+        let counters = layers
+            .visible
+            .range(vec![COUNTER]..vec![COUNTER + 1])
+            .map(Ok::<_, std::convert::Infallible>);
+        let rebuilt = rebuild_changes(counters).expect("the memory store's own records decode");
+        layers.changes = rebuilt;
     }
 
     /// Writes not yet flushed.
@@ -76,24 +84,7 @@ impl DurableState for MemoryStore {
 
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
         let layers = self.layers.lock().expect("memory store lock");
-        let Some(start) = change_scan_start(after) else {
-            return Ok(Vec::new());
-        };
-        let mut changes = Vec::new();
-        for (key, _) in layers.visible.range(start..) {
-            if key.first() != Some(&CHANGE) || changes.len() >= limit {
-                break;
-            }
-            let (seq, counter) = decode_change_key(key)?;
-            if (seq, counter) == (after.seq, after.key.as_str()) {
-                continue;
-            }
-            changes.push(Change {
-                seq,
-                key: counter.into(),
-            });
-        }
-        Ok(changes)
+        Ok(layers.changes.after(after, limit))
     }
 }
 
@@ -123,6 +114,7 @@ impl Store for MemoryStore {
         let mut layers = self.layers.lock().expect("memory store lock");
         apply(&mut layers.visible, &ops);
         layers.pending.push(ops);
+        layers.changes.apply(batch);
         Ok(())
     }
 

@@ -4,16 +4,19 @@
 //!
 //! Both keep the same ordered key space (see [`encoding`]) and write a
 //! [`CommitBatch`] as one atomic batch of puts and deletes ([`batch_ops`]), so
-//! one test suite runs against both. Writes become durable only at
+//! one test suite runs against both. Both keep the change log in memory
+//! ([`ChangeIndex`]), rebuilt from the counter records ([`rebuild_changes`]). Writes become durable only at
 //! [`Store::flush`]; the group committer ([`crate::engine`]) calls it once per
 //! batch.
 
+mod change_index;
 pub mod encoding;
 mod memory;
 mod sled_store;
 
 use crate::replica::{CommitBatch, DurableState, Identity, Recovered, StorageError};
 
+pub use change_index::ChangeIndex;
 pub use memory::MemoryStore;
 pub use sled_store::{OnCorrupt, OpenError, SledStore, DEFAULT_CACHE_BYTES};
 
@@ -45,13 +48,9 @@ pub enum Op {
 /// The puts and deletes that write `batch`, in order.
 pub fn batch_ops(batch: &CommitBatch) -> Vec<Op> {
     use encoding::*;
-    let mut ops = Vec::with_capacity(batch.counters.len() * 2 + batch.superseded.len() + 8);
-    for change in &batch.superseded {
-        ops.push(Op::Delete(change_key(change.seq, &change.key)));
-    }
+    let mut ops = Vec::with_capacity(batch.counters.len() + 8);
     for (key, state) in &batch.counters {
         ops.push(Op::Put(counter_key(key), encode_counter(batch.seq, state)));
-        ops.push(Op::Put(change_key(batch.seq, key), Vec::new()));
     }
     if !batch.idempotency_put.is_empty() {
         ops.push(Op::Put(
@@ -127,6 +126,23 @@ where
             .extend(live.map(|record| (segment, record)));
     }
     Ok(recovered)
+}
+
+/// Rebuilds the change log from every counter record, read in key order.
+pub fn rebuild_changes<E>(
+    counters: impl Iterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), E>>,
+) -> Result<ChangeIndex, StorageError>
+where
+    E: std::fmt::Display,
+{
+    let mut changes = ChangeIndex::new();
+    for item in counters {
+        let (key, value) = item.map_err(|error| StorageError(error.to_string()))?;
+        let key = encoding::decode_counter_key(key.as_ref())?;
+        changes.push_recovered(encoding::decode_counter_seq(value.as_ref())?, key);
+    }
+    changes.finish_rebuild();
+    Ok(changes)
 }
 
 /// Reads the stored identity, if any.

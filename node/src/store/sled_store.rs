@@ -8,16 +8,21 @@
 //! panics the node: it is refused with a message that says what to do, or, with
 //! [`OnCorrupt::MoveAside`], moved aside so that the node starts as a new
 //! replica and rebuilds from its peers.
+//!
+//! Opening reads every counter record once, to rebuild the change log in
+//! memory ([`ChangeIndex`]); the log entries that older builds kept in sled
+//! are removed then.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::replica::{
     establish, Change, CommitBatch, Cursor, DurableState, Identity, IdentityError, Recovered,
     StorageError, StoredCounter,
 };
 
-use super::encoding::{self, change_scan_start, decode_change_key, CHANGE, META_IDENTITY};
-use super::{batch_ops, recover_from, stored_identity, Op, Store};
+use super::encoding::{self, COUNTER, META_IDENTITY, RETIRED_CHANGE};
+use super::{batch_ops, rebuild_changes, recover_from, stored_identity, ChangeIndex, Op, Store};
 
 /// The marker file that makes a directory a Tally data directory.
 pub const MARKER_FILE: &str = "TALLY_DATA_DIR";
@@ -67,6 +72,7 @@ pub enum OpenError {
 /// See the module documentation.
 pub struct SledStore {
     db: sled::Db,
+    changes: Mutex<ChangeIndex>,
     identity: Identity,
     path: PathBuf,
     /// Where a damaged store was moved, when it was.
@@ -185,13 +191,43 @@ impl SledStore {
             db.flush().map_err(|e| corrupt(e.to_string()))?;
             write_marker(dir)?;
         }
+        remove_retired_change_log(&db).map_err(|e| corrupt(e.to_string()))?;
+        let changes = rebuild_changes(db.scan_prefix([COUNTER])).map_err(|e| corrupt(e.0))?;
         Ok(SledStore {
             db,
+            changes: Mutex::new(changes),
             identity,
             path: dir.to_path_buf(),
             moved_aside: None,
         })
     }
+}
+
+/// Deletes the change-log entries that builds before the in-memory change log
+/// wrote, a thousand per batch, and makes that durable.
+fn remove_retired_change_log(db: &sled::Db) -> sled::Result<()> {
+    let mut removed = 0usize;
+    loop {
+        let mut batch = sled::Batch::default();
+        let mut taken = 0;
+        for item in db.scan_prefix([RETIRED_CHANGE]).keys().take(1000) {
+            batch.remove(item?);
+            taken += 1;
+        }
+        if taken == 0 {
+            break;
+        }
+        db.apply_batch(batch)?;
+        removed += taken;
+    }
+    if removed > 0 {
+        db.flush()?;
+        tracing::info!(
+            removed,
+            "removed the change log that an older build kept on disk"
+        );
+    }
+    Ok(())
 }
 
 fn aside_path(dir: &Path) -> PathBuf {
@@ -262,25 +298,11 @@ impl DurableState for SledStore {
     }
 
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
-        let Some(start) = change_scan_start(after) else {
-            return Ok(Vec::new());
-        };
-        let mut changes = Vec::new();
-        for item in self.db.range(start..) {
-            let (key, _) = item.map_err(storage)?;
-            if key.first() != Some(&CHANGE) || changes.len() >= limit {
-                break;
-            }
-            let (seq, counter) = decode_change_key(&key)?;
-            if (seq, counter) == (after.seq, after.key.as_str()) {
-                continue;
-            }
-            changes.push(Change {
-                seq,
-                key: counter.into(),
-            });
-        }
-        Ok(changes)
+        Ok(self
+            .changes
+            .lock()
+            .expect("change index lock")
+            .after(after, limit))
     }
 }
 
@@ -311,7 +333,9 @@ impl Store for SledStore {
                 Op::Delete(key) => sled_batch.remove(key),
             }
         }
-        self.db.apply_batch(sled_batch).map_err(storage)
+        self.db.apply_batch(sled_batch).map_err(storage)?;
+        self.changes.lock().expect("change index lock").apply(batch);
+        Ok(())
     }
 
     fn flush(&self) -> Result<(), StorageError> {

@@ -158,6 +158,11 @@ fn memory_store_crash_loses_only_what_was_not_flushed() {
     );
     store.crash();
     assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
+    assert_eq!(
+        keys_after(&store, Cursor::default(), 10),
+        vec![(1, "a".into())],
+        "the change log is rebuilt from what was flushed"
+    );
     assert_eq!(store.recover(0).unwrap().durable_seq, 1);
 }
 
@@ -191,6 +196,35 @@ fn sled_keeps_its_identity_and_data_across_reopen() {
         "a wiped directory gets a new id"
     );
     assert_eq!(wiped.load_counter("a").unwrap(), None);
+}
+
+#[test]
+fn sled_rebuilds_the_change_log_at_open_and_removes_a_retired_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    {
+        let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+        store
+            .write(&batch(1, &[("b", state(42, 1, 0)), ("a", state(42, 1, 0))]))
+            .unwrap();
+        store.write(&batch(2, &[("a", state(42, 2, 0))])).unwrap();
+        store.flush().unwrap();
+    }
+    {
+        // What a build that kept the log in sled left behind.
+        let raw = sled::Config::new().path(path.join("db")).open().unwrap();
+        raw.insert(b"l\0\0\0\0\0\0\0\x01a", &[]).unwrap();
+        raw.flush().unwrap();
+    }
+    let store = SledStore::open(&path, "eu", 99, OnCorrupt::Refuse).unwrap();
+    assert_eq!(
+        keys_after(&store, Cursor::default(), 10),
+        vec![(1, "b".into()), (2, "a".into())],
+        "each counter listed once, at the commit that last wrote it"
+    );
+    drop(store);
+    let raw = sled::Config::new().path(path.join("db")).open().unwrap();
+    assert_eq!(raw.scan_prefix(b"l").count(), 0, "the retired log is gone");
 }
 
 #[test]
