@@ -237,6 +237,14 @@ impl NodeHandle {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.http_task).await;
         self.anti_entropy.shutdown().await;
         self.committer.shutdown().await;
+        let store = Arc::clone(self.engine.store());
+        match tokio::task::spawn_blocking(move || store.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "closing the store failed; the next start rebuilds what it would have saved")
+            }
+            Err(error) => tracing::warn!(%error, "closing the store failed"),
+        }
         self.membership_task.abort();
         let _ = self.membership_task.await;
         match Arc::try_unwrap(self.membership) {

@@ -18,8 +18,9 @@ use super::convert::{chunk_to, pull_request_from, pull_status};
 
 /// The most bytes one pull is answered with; the caller pulls again for more.
 pub const MAX_PULL_BYTES: usize = 4 << 20;
-/// The target size of one streamed chunk.
-pub const CHUNK_BYTES: usize = 64 << 10;
+/// The target size of one streamed chunk: about 500 counters of three
+/// slots, which the puller merges into one commit.
+pub const CHUNK_BYTES: usize = 32 << 10;
 
 /// See the module documentation.
 pub struct ReplicationService {

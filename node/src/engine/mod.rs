@@ -287,6 +287,20 @@ impl Engine {
             .map_err(|_| EngineError::ShuttingDown)
     }
 
+    /// Waits, while more than `limit` changed counters wait for a commit,
+    /// until the next commit is durable. A puller calls it between chunks so
+    /// that merges come in commits of about a chunk: sled writes a batch of
+    /// a few hundred keys for a third of the cost and half the disk per key
+    /// of a batch of thousands.
+    pub async fn wait_for_commit_backlog(&self, limit: usize) {
+        if self.core().dirty_counters() <= limit {
+            return;
+        }
+        let mut durable = self.durable_tx.subscribe();
+        durable.borrow_and_update();
+        let _ = durable.changed().await;
+    }
+
     /// Reads one counter.
     pub fn get(&self, key: &[u8], breakdown: bool) -> Result<CounterRead, EngineError> {
         let key = check_key(key)?;

@@ -266,9 +266,14 @@ async fn run_pull(
             tracing::warn!(peer = %plan.peer, %refused, "refused a chunk from a peer; nothing of it was merged");
             refused.to_string()
         })?;
+        engine.wait_for_commit_backlog(MERGED_AWAITING_COMMIT).await;
     }
     Ok(())
 }
+
+/// Changed counters that may wait for a commit before the next chunk of a
+/// pull is merged (see [`Engine::wait_for_commit_backlog`]).
+const MERGED_AWAITING_COMMIT: usize = 256;
 
 fn chunk_refusal_reason(refused: &crate::replica::ChunkRefused) -> &'static str {
     use crate::replica::ChunkRefused::*;

@@ -269,6 +269,11 @@ impl Replica {
         self.digest
     }
 
+    /// Counters changed since they were last put in a commit.
+    pub fn dirty_counters(&self) -> usize {
+        self.dirty.len()
+    }
+
     /// Counters held in memory.
     pub fn cached_counters(&self) -> usize {
         self.counters.len()

@@ -121,6 +121,13 @@ impl ChangeIndex {
         self.live == 0
     }
 
+    /// Every commit with a listed key, in order, with its listed keys in order.
+    pub fn commits(&self) -> impl Iterator<Item = (u64, Vec<&str>)> {
+        self.commits
+            .iter()
+            .map(|(seq, commit)| (*seq, commit.live_keys().collect()))
+    }
+
     /// Lists `key` at `seq` while rebuilding from counter records read in
     /// key order (so each commit's keys arrive sorted); call
     /// [`Self::finish_rebuild`] after the last one.

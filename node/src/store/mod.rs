@@ -30,6 +30,11 @@ pub trait Store: DurableState + Send + Sync + 'static {
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError>;
     /// Makes everything written so far durable.
     fn flush(&self) -> Result<(), StorageError>;
+    /// The node stops and writes nothing more: the store may save what
+    /// makes its next open faster. What it saves must never be needed.
+    fn close(&self) -> Result<(), StorageError> {
+        self.flush()
+    }
     /// Bytes the store takes on disk, when known.
     fn size_on_disk(&self) -> Option<u64> {
         None

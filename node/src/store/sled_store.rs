@@ -9,9 +9,12 @@
 //! [`OnCorrupt::MoveAside`], moved aside so that the node starts as a new
 //! replica and rebuilds from its peers.
 //!
-//! Opening reads every counter record once, to rebuild the change log in
-//! memory ([`ChangeIndex`]); the log entries that older builds kept in sled
-//! are removed then.
+//! The change log lives in memory ([`ChangeIndex`]). [`Store::close`] saves
+//! it to `changes.snapshot` with the durable sequence it matches; opening
+//! reads it back when that sequence is still the store's (a clean stop), and
+//! otherwise rebuilds it by reading every counter record once (after a crash,
+//! and the first time). The log entries that older builds kept in sled are
+//! removed at open.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -21,12 +24,14 @@ use crate::replica::{
     StorageError, StoredCounter,
 };
 
-use super::encoding::{self, COUNTER, META_IDENTITY, RETIRED_CHANGE};
+use super::encoding::{self, COUNTER, META_DURABLE_SEQ, META_IDENTITY, RETIRED_CHANGE};
 use super::{batch_ops, rebuild_changes, recover_from, stored_identity, ChangeIndex, Op, Store};
 
 /// The marker file that makes a directory a Tally data directory.
 pub const MARKER_FILE: &str = "TALLY_DATA_DIR";
 const MARKER_TEXT: &str = "tally data directory, format 1\n";
+/// The change log saved by a clean stop.
+const CHANGE_SNAPSHOT: &str = "changes.snapshot";
 
 /// What to do with a store that cannot be opened.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Deserialize, clap::ValueEnum)]
@@ -192,7 +197,7 @@ impl SledStore {
             write_marker(dir)?;
         }
         remove_retired_change_log(&db).map_err(|e| corrupt(e.to_string()))?;
-        let changes = rebuild_changes(db.scan_prefix([COUNTER])).map_err(|e| corrupt(e.0))?;
+        let changes = open_changes(dir, &db).map_err(|e| corrupt(e.0))?;
         Ok(SledStore {
             db,
             changes: Mutex::new(changes),
@@ -201,6 +206,69 @@ impl SledStore {
             moved_aside: None,
         })
     }
+}
+
+/// The store's durable sequence (0 before the first commit).
+fn durable_seq(db: &sled::Db) -> Result<u64, StorageError> {
+    db.get(META_DURABLE_SEQ)
+        .map_err(storage)?
+        .map_or(Ok(0), |bytes| {
+            encoding::decode_u64(&bytes, "durable sequence")
+        })
+}
+
+/// The change log: as the last clean stop saved it if it still matches the
+/// store, else rebuilt from every counter record. The saved copy is used once.
+fn open_changes(dir: &Path, db: &sled::Db) -> Result<ChangeIndex, StorageError> {
+    let path = dir.join(CHANGE_SNAPSHOT);
+    match std::fs::read(&path) {
+        Ok(bytes) => {
+            let _ = std::fs::remove_file(&path);
+            let durable_seq = durable_seq(db)?;
+            match encoding::decode_change_snapshot(&bytes) {
+                Ok((seq, changes)) if seq == durable_seq => {
+                    tracing::info!(
+                        counters = changes.len(),
+                        "read the change log saved at the last stop"
+                    );
+                    return Ok(changes);
+                }
+                Ok((seq, _)) => tracing::warn!(
+                    saved_at = seq,
+                    durable_seq,
+                    "the saved change log is older than the store; rebuilding it from the counters"
+                ),
+                Err(error) => {
+                    tracing::warn!(%error, "the saved change log is damaged; rebuilding it from the counters")
+                }
+            }
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the saved change log; rebuilding it from the counters")
+        }
+    }
+    let started = std::time::Instant::now();
+    let changes = rebuild_changes(db.scan_prefix([COUNTER]))?;
+    tracing::info!(
+        counters = changes.len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "rebuilt the change log from the counter records"
+    );
+    Ok(changes)
+}
+
+/// Writes `bytes` to `path` durably: a temporary file, synced, renamed over.
+fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let temporary = path.with_extension("tmp");
+    let file = std::fs::File::create(&temporary)?;
+    std::io::Write::write_all(&mut &file, bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&temporary, path)?;
+    if let Some(parent) = path.parent() {
+        std::fs::File::open(parent)?.sync_all()?;
+    }
+    Ok(())
 }
 
 /// Deletes the change-log entries that builds before the in-memory change log
@@ -340,6 +408,17 @@ impl Store for SledStore {
 
     fn flush(&self) -> Result<(), StorageError> {
         self.db.flush().map(|_| ()).map_err(storage)
+    }
+
+    fn close(&self) -> Result<(), StorageError> {
+        self.flush()?;
+        let durable_seq = durable_seq(&self.db)?;
+        let bytes = {
+            let changes = self.changes.lock().expect("change index lock");
+            encoding::encode_change_snapshot(durable_seq, &changes)
+        };
+        write_durably(&self.path.join(CHANGE_SNAPSHOT), &bytes)
+            .map_err(|error| StorageError(format!("cannot save the change log: {error}")))
     }
 
     fn size_on_disk(&self) -> Option<u64> {

@@ -228,6 +228,52 @@ fn sled_rebuilds_the_change_log_at_open_and_removes_a_retired_one() {
 }
 
 #[test]
+fn sled_reads_the_change_log_saved_at_a_clean_stop_only_while_it_matches() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let saved = path.join("changes.snapshot");
+    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    store.write(&batch(1, &[("a", state(42, 1, 0))])).unwrap();
+    store.write(&batch(2, &[("b", state(42, 1, 0))])).unwrap();
+    store.close().unwrap();
+    drop(store);
+    let at_stop = std::fs::read(&saved).unwrap();
+
+    // A saved log that matches the store's durable sequence is what a reopen
+    // lists (this one is doctored to tell it from a rebuild), and it is used once.
+    let mut doctored = super::ChangeIndex::new();
+    doctored.push_recovered(2, "b");
+    std::fs::write(
+        &saved,
+        super::encoding::encode_change_snapshot(2, &doctored),
+    )
+    .unwrap();
+    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    assert_eq!(
+        keys_after(&store, Cursor::default(), 10),
+        vec![(2, "b".into())]
+    );
+    assert!(!saved.exists(), "the saved log is used once");
+    store.write(&batch(3, &[("a", state(42, 2, 0))])).unwrap();
+    store.flush().unwrap();
+    drop(store);
+
+    // After a stop without close (a crash), an older saved log is ignored.
+    std::fs::write(&saved, &at_stop).unwrap();
+    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    assert_eq!(
+        keys_after(&store, Cursor::default(), 10),
+        vec![(2, "b".into()), (3, "a".into())]
+    );
+    drop(store);
+
+    // So is a damaged one.
+    std::fs::write(&saved, &at_stop[..at_stop.len() - 1]).unwrap();
+    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    assert_eq!(keys_after(&store, Cursor::default(), 10).len(), 2);
+}
+
+#[test]
 fn sled_refuses_foreign_locked_and_other_region_directories() {
     let dir = tempfile::tempdir().unwrap();
     let foreign = dir.path().join("foreign");
