@@ -10,7 +10,7 @@
 //! |--------|--------------------------|-----------------------------------------|
 //! | `c`    | counter key (UTF-8)      | v1, seq, slots (replica, p, n)          |
 //! | `l`    | seq (BE u64) + counter key | retired: the change log of older builds, removed at open |
-//! | `i`    | commit seq (BE u64)      | v1, count, (id, fingerprint, value, seq, expiry)* |
+//! | `i`    | commit seq (BE u64)      | v2, count, base expiry, (id, fingerprint, value, seq - segment, expiry - base)* (v1: fixed 8-byte fields, still read) |
 //! | `d`    | replica (BE u64)         | v1, region                              |
 //! | `w`    | replica (BE u64)         | v1, cursor seq, cursor key              |
 //! | `m`    | meta name                | v1, payload                             |
@@ -135,52 +135,84 @@ pub fn decode_counter(bytes: &[u8]) -> Result<StoredCounter, StorageError> {
     })
 }
 
-/// Encodes the idempotency records of one commit (a segment).
-pub fn encode_idempotency(records: &[IdempotencyRecord]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + records.len() * 48);
-    out.push(VERSION);
+/// The idempotency segment format written by this build: records of 16 to
+/// about 34 bytes (48 in version 1), the sequence and the expiry as varints
+/// relative to the segment.
+pub const IDEMPOTENCY_VERSION: u8 = 2;
+
+/// Encodes the idempotency records of commit (segment) `segment`.
+pub fn encode_idempotency(segment: u64, records: &[IdempotencyRecord]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(12 + records.len() * 34);
+    out.push(IDEMPOTENCY_VERSION);
     put_varint(&mut out, records.len() as u64);
+    let base_expiry = records.iter().map(|r| r.expires_at_ms).min().unwrap_or(0);
+    put_varint(&mut out, base_expiry);
     for record in records {
         out.extend_from_slice(&record.id.to_be_bytes());
         out.extend_from_slice(&record.fingerprint.to_le_bytes());
-        out.extend_from_slice(&record.value.to_le_bytes());
-        out.extend_from_slice(&record.seq.to_le_bytes());
-        out.extend_from_slice(&record.expires_at_ms.to_le_bytes());
+        put_varint(&mut out, zigzag(record.value));
+        put_varint(&mut out, zigzag(record.seq.wrapping_sub(segment) as i64));
+        put_varint(&mut out, record.expires_at_ms - base_expiry);
     }
     out
 }
 
+fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+fn unzigzag(value: u64) -> i64 {
+    ((value >> 1) as i64) ^ -((value & 1) as i64)
+}
+
 /// Decodes an idempotency segment stored under `key`: (segment, records).
+/// Reads this build's format and version 1.
 pub fn decode_idempotency(
     key: &[u8],
     bytes: &[u8],
 ) -> Result<(u64, Vec<IdempotencyRecord>), StorageError> {
+    const WHAT: &str = "idempotency segment";
     let raw: [u8; 8] = key
         .get(1..9)
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| corrupt("idempotency segment key", "too short"))?;
-    let mut reader = Reader::versioned(bytes, "idempotency segment")?;
+    let segment = u64::from_be_bytes(raw);
+    let (version, mut reader) = Reader::any_version(bytes, WHAT, &[1, IDEMPOTENCY_VERSION])?;
     let count = reader.varint()?;
-    if count.saturating_mul(48) > bytes.len() as u64 {
-        return Err(corrupt(
-            "idempotency segment",
-            "record count larger than the segment",
-        ));
+    let smallest = if version == 1 { 48 } else { 27 };
+    if count.saturating_mul(smallest) > bytes.len() as u64 {
+        return Err(corrupt(WHAT, "record count larger than the segment"));
     }
+    let base_expiry = if version == 1 { 0 } else { reader.varint()? };
     let mut records = Vec::with_capacity(count as usize);
     for _ in 0..count {
         let high = reader.u64_be()?;
         let low = reader.u64_be()?;
-        records.push(IdempotencyRecord {
-            id: (u128::from(high) << 64) | u128::from(low),
-            fingerprint: reader.u64()?,
-            value: reader.u64()? as i64,
-            seq: reader.u64()?,
-            expires_at_ms: reader.u64()?,
-        });
+        let id = (u128::from(high) << 64) | u128::from(low);
+        let fingerprint = reader.u64()?;
+        let record = if version == 1 {
+            IdempotencyRecord {
+                id,
+                fingerprint,
+                value: reader.u64()? as i64,
+                seq: reader.u64()?,
+                expires_at_ms: reader.u64()?,
+            }
+        } else {
+            IdempotencyRecord {
+                id,
+                fingerprint,
+                value: unzigzag(reader.varint()?),
+                seq: segment.wrapping_add(unzigzag(reader.varint()?) as u64),
+                expires_at_ms: base_expiry
+                    .checked_add(reader.varint()?)
+                    .ok_or_else(|| corrupt(WHAT, "expiry out of range"))?,
+            }
+        };
+        records.push(record);
     }
     reader.finish()?;
-    Ok((u64::from_be_bytes(raw), records))
+    Ok((segment, records))
 }
 
 /// Encodes a UTF-8 string value (a region).
@@ -322,6 +354,28 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A reader of a value in one of `versions`, and the version it is in.
+    fn any_version(
+        bytes: &'a [u8],
+        what: &'a str,
+        versions: &[u8],
+    ) -> Result<(u8, Self), StorageError> {
+        match bytes.first() {
+            Some(version) if versions.contains(version) => Ok((
+                *version,
+                Reader {
+                    bytes: &bytes[1..],
+                    what,
+                },
+            )),
+            Some(other) => Err(corrupt(
+                what,
+                &format!("unknown format version {other}; this build reads versions {versions:?}"),
+            )),
+            None => Err(corrupt(what, "empty")),
+        }
+    }
+
     fn u64(&mut self) -> Result<u64, StorageError> {
         let (head, rest) = self
             .bytes
@@ -457,6 +511,45 @@ mod tests {
     }
 
     #[test]
+    fn idempotency_segments_are_small_and_version_1_still_reads() {
+        let records: Vec<IdempotencyRecord> = (0..100u64)
+            .map(|i| IdempotencyRecord {
+                id: u128::from(i) << 70 | 0xabcdef,
+                fingerprint: i * 7,
+                value: 1_000 + i as i64,
+                seq: 500,
+                expires_at_ms: 1_800_000_000_000 + i,
+            })
+            .collect();
+        let bytes = encode_idempotency(500, &records);
+        assert!(bytes.len() <= 12 + 100 * 29, "{} bytes", bytes.len());
+        assert_eq!(
+            decode_idempotency(&idempotency_key(500), &bytes).unwrap(),
+            (500, records.clone())
+        );
+        for cut in 0..bytes.len() {
+            assert!(decode_idempotency(&idempotency_key(500), &bytes[..cut]).is_err());
+        }
+
+        // Version 1, as earlier builds wrote it: fixed 8-byte fields.
+        let mut v1 = vec![1, 1];
+        v1.extend_from_slice(&records[3].id.to_be_bytes());
+        for field in [7u64 * 3, 1_003, 500, 1_800_000_000_003] {
+            v1.extend_from_slice(&field.to_le_bytes());
+        }
+        assert_eq!(
+            decode_idempotency(&idempotency_key(500), &v1).unwrap(),
+            (500, vec![records[3].clone()])
+        );
+        let mut future = bytes;
+        future[0] = 3;
+        assert!(decode_idempotency(&idempotency_key(500), &future)
+            .unwrap_err()
+            .0
+            .contains("unknown format version 3"));
+    }
+
+    #[test]
     fn other_records_round_trip() {
         let record = IdempotencyRecord {
             id: u128::MAX - 5,
@@ -472,7 +565,7 @@ mod tests {
             seq: 4,
             expires_at_ms: 5,
         };
-        let bytes = encode_idempotency(&[record.clone(), other.clone()]);
+        let bytes = encode_idempotency(12, &[record.clone(), other.clone()]);
         assert_eq!(
             decode_idempotency(&idempotency_key(12), &bytes).unwrap(),
             (12, vec![record, other])

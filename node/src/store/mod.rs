@@ -60,7 +60,7 @@ pub fn batch_ops(batch: &CommitBatch) -> Vec<Op> {
     if !batch.idempotency_put.is_empty() {
         ops.push(Op::Put(
             idempotency_key(batch.seq),
-            encode_idempotency(&batch.idempotency_put),
+            encode_idempotency(batch.seq, &batch.idempotency_put),
         ));
     }
     for segment in &batch.idempotency_delete {
