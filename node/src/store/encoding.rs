@@ -8,7 +8,8 @@
 //!
 //! | prefix | key                      | value                                   |
 //! |--------|--------------------------|-----------------------------------------|
-//! | `c`    | counter key (UTF-8)      | v1, seq, slots (replica, p, n)          |
+//! | `c`    | counter key (UTF-8)      | v2, seq, slots (replica ordinal, p, n) (v1: the 8-byte replica id, still read) |
+//! | `r`    | ordinal (BE u32)         | v1, replica id (see [`super::Ordinals`]) |
 //! | `l`    | seq (BE u64) + counter key | retired: the change log of older builds, removed at open |
 //! | `i`    | commit seq (BE u64)      | v2, count, base expiry, (id, fingerprint, value, seq - segment, expiry - base)* (v1: fixed 8-byte fields, still read) |
 //! | `d`    | replica (BE u64)         | v1, region                              |
@@ -34,6 +35,8 @@ pub const DIRECTORY: u8 = b'd';
 pub const WATERMARK: u8 = b'w';
 /// Meta prefix.
 pub const META: u8 = b'm';
+/// Replica-ordinal prefix.
+pub const ORDINAL: u8 = b'r';
 
 /// Meta names.
 pub const META_IDENTITY: &[u8] = b"mid";
@@ -87,14 +90,23 @@ fn corrupt(what: &str, why: &str) -> StorageError {
     StorageError(format!("corrupt {what}: {why}"))
 }
 
-/// Encodes a counter record.
-pub fn encode_counter(seq: u64, state: &PnCounter) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + state.slots().len() * 20);
-    out.push(VERSION);
+/// The counter record format written by this build: each slot's replica by
+/// its ordinal ([`super::Ordinals`]). Version 1 (the 8-byte replica id
+/// inline) is still read.
+pub const COUNTER_VERSION: u8 = 2;
+
+/// Encodes a counter record, numbering replicas with `ordinal_of`.
+pub fn encode_counter(
+    seq: u64,
+    state: &PnCounter,
+    ordinal_of: impl Fn(ReplicaId) -> u32,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + state.slots().len() * 8);
+    out.push(COUNTER_VERSION);
     put_varint(&mut out, seq);
     put_varint(&mut out, state.slots().len() as u64);
     for (replica, slot) in state.slots() {
-        out.extend_from_slice(&replica.0.to_le_bytes());
+        put_varint(&mut out, u64::from(ordinal_of(*replica)));
         put_varint(&mut out, slot.p);
         put_varint(&mut out, slot.n);
     }
@@ -103,23 +115,32 @@ pub fn encode_counter(seq: u64, state: &PnCounter) -> Vec<u8> {
 
 /// The commit that wrote a counter record, read without the slots.
 pub fn decode_counter_seq(bytes: &[u8]) -> Result<u64, StorageError> {
-    Reader::versioned(bytes, "counter record")?.varint()
+    let (_, mut reader) = Reader::any_version(bytes, "counter record", &[1, COUNTER_VERSION])?;
+    reader.varint()
 }
 
-/// Decodes a counter record.
-pub fn decode_counter(bytes: &[u8]) -> Result<StoredCounter, StorageError> {
-    let mut reader = Reader::versioned(bytes, "counter record")?;
+/// Decodes a counter record, naming replicas with `replica_of`.
+pub fn decode_counter(
+    bytes: &[u8],
+    replica_of: impl Fn(u32) -> Option<ReplicaId>,
+) -> Result<StoredCounter, StorageError> {
+    const WHAT: &str = "counter record";
+    let (version, mut reader) = Reader::any_version(bytes, WHAT, &[1, COUNTER_VERSION])?;
     let seq = reader.varint()?;
     let count = reader.varint()?;
     if count > bytes.len() as u64 {
-        return Err(corrupt(
-            "counter record",
-            "slot count larger than the record",
-        ));
+        return Err(corrupt(WHAT, "slot count larger than the record"));
     }
     let mut slots = Vec::with_capacity(count as usize);
     for _ in 0..count {
-        let replica = ReplicaId(reader.u64()?);
+        let replica = if version == 1 {
+            ReplicaId(reader.u64()?)
+        } else {
+            let ordinal = u32::try_from(reader.varint()?)
+                .map_err(|_| corrupt(WHAT, "replica ordinal out of range"))?;
+            replica_of(ordinal)
+                .ok_or_else(|| corrupt(WHAT, &format!("unknown replica ordinal {ordinal}")))?
+        };
         slots.push((
             replica,
             Slot {
@@ -135,7 +156,24 @@ pub fn decode_counter(bytes: &[u8]) -> Result<StoredCounter, StorageError> {
     })
 }
 
-/// The idempotency segment format written by this build: records of 16 to
+/// The store key of replica ordinal `ordinal`.
+pub fn ordinal_key(ordinal: u32) -> Vec<u8> {
+    prefixed(ORDINAL, &ordinal.to_be_bytes())
+}
+
+/// Decodes a replica-ordinal entry: (ordinal, replica).
+pub fn decode_ordinal(key: &[u8], value: &[u8]) -> Result<(u32, ReplicaId), StorageError> {
+    let raw: [u8; 4] = key
+        .get(1..)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("replica ordinal key", "not 4 bytes"))?;
+    Ok((
+        u32::from_be_bytes(raw),
+        ReplicaId(decode_u64(value, "replica ordinal")?),
+    ))
+}
+
+/// The idempotency segment format written by this build: records of 27 to
 /// about 34 bytes (48 in version 1), the sequence and the expiry as varints
 /// relative to the segment.
 pub const IDEMPOTENCY_VERSION: u8 = 2;
@@ -431,44 +469,78 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    /// Ordinal n is replica 1000 + n, for records made in tests.
+    fn ordinal_of(replica: ReplicaId) -> u32 {
+        u32::try_from(replica.0 - 1000).unwrap()
+    }
+
+    fn replica_of(ordinal: u32) -> Option<ReplicaId> {
+        (ordinal < 10).then(|| ReplicaId(1000 + u64::from(ordinal)))
+    }
+
     #[test]
-    fn counters_round_trip_at_the_extremes() {
+    fn counters_round_trip_at_the_extremes_with_small_records() {
         let state = PnCounter::from_slots([
-            (ReplicaId(u64::MAX), Slot { p: u64::MAX, n: 0 }),
-            (ReplicaId(1), Slot { p: 0, n: u64::MAX }),
+            (ReplicaId(1009), Slot { p: u64::MAX, n: 0 }),
+            (ReplicaId(1000), Slot { p: 0, n: u64::MAX }),
         ]);
-        let bytes = encode_counter(u64::MAX, &state);
-        assert_eq!(bytes[0], VERSION);
+        let bytes = encode_counter(u64::MAX, &state, ordinal_of);
+        assert_eq!(bytes[0], COUNTER_VERSION);
         assert_eq!(
-            decode_counter(&bytes).unwrap(),
+            decode_counter(&bytes, replica_of).unwrap(),
             StoredCounter {
                 seq: u64::MAX,
                 state
             }
         );
+        // Three regions' slots of a liked post: 14 bytes, not 35.
+        let post =
+            PnCounter::from_slots((0..3).map(|r| (ReplicaId(1000 + r), Slot { p: 120 + r, n: 1 })));
+        assert_eq!(encode_counter(40_000, &post, ordinal_of).len(), 14);
+    }
+
+    #[test]
+    fn version_1_records_with_inline_replica_ids_still_read() {
+        let mut v1 = vec![1, 7, 1];
+        v1.extend_from_slice(&u64::MAX.to_le_bytes());
+        v1.extend_from_slice(&[0xac, 0x02, 2]);
+        let expected = PnCounter::from_slots([(ReplicaId(u64::MAX), Slot { p: 300, n: 2 })]);
+        let read = decode_counter(&v1, |_| None).unwrap();
+        assert_eq!((read.seq, read.state), (7, expected));
+        assert_eq!(decode_counter_seq(&v1).unwrap(), 7);
     }
 
     #[test]
     fn damaged_records_are_errors_not_panics() {
-        let state = PnCounter::from_slots([(ReplicaId(3), Slot { p: 300, n: 2 })]);
-        let bytes = encode_counter(7, &state);
+        let state = PnCounter::from_slots([(ReplicaId(1003), Slot { p: 300, n: 2 })]);
+        let bytes = encode_counter(7, &state, ordinal_of);
         for cut in 0..bytes.len() {
-            assert!(decode_counter(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(
+                decode_counter(&bytes[..cut], replica_of).is_err(),
+                "cut at {cut}"
+            );
         }
         let mut future = bytes.clone();
         future[0] = 9;
-        assert!(decode_counter(&future)
+        assert!(decode_counter(&future, replica_of)
             .unwrap_err()
             .0
             .contains("unknown format version 9"));
-        let mut longer = bytes;
+        let mut longer = bytes.clone();
         longer.push(0);
-        assert!(decode_counter(&longer).is_err());
+        assert!(decode_counter(&longer, replica_of).is_err());
+        assert!(decode_counter(&bytes, |_| None)
+            .unwrap_err()
+            .0
+            .contains("unknown replica ordinal 3"));
+        let (ordinal, replica) = decode_ordinal(&ordinal_key(3), &encode_u64(1003)).unwrap();
+        assert_eq!((ordinal, replica), (3, ReplicaId(1003)));
+        assert!(decode_ordinal(b"r\0\0", &encode_u64(1)).is_err());
     }
 
     #[test]
     fn a_counter_store_key_and_its_commit_read_back_alone() {
-        let bytes = encode_counter(300, &PnCounter::default());
+        let bytes = encode_counter(300, &PnCounter::default(), ordinal_of);
         assert_eq!(decode_counter_seq(&bytes).unwrap(), 300);
         assert!(decode_counter_seq(&bytes[..1]).is_err());
         assert_eq!(

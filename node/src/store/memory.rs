@@ -11,8 +11,10 @@ use crate::replica::{
     Change, CommitBatch, Cursor, DurableState, Identity, Recovered, StorageError, StoredCounter,
 };
 
-use super::encoding::{self, COUNTER};
-use super::{batch_ops, rebuild_changes, recover_from, ChangeIndex, Op, Store};
+use super::encoding::{self, COUNTER, ORDINAL};
+use super::{
+    batch_ops, rebuild_changes, recover_from, recover_ordinals, ChangeIndex, Op, Ordinals, Store,
+};
 
 type Space = BTreeMap<Vec<u8>, Vec<u8>>;
 
@@ -22,6 +24,7 @@ struct Layers {
     durable: Space,
     pending: Vec<Vec<Op>>,
     changes: ChangeIndex,
+    ordinals: Ordinals,
 }
 
 /// See the module documentation.
@@ -64,6 +67,12 @@ impl MemoryStore {
             .map(Ok::<_, std::convert::Infallible>);
         let rebuilt = rebuild_changes(counters).expect("the memory store's own records decode");
         layers.changes = rebuilt;
+        let entries = layers
+            .visible
+            .range(vec![ORDINAL]..vec![ORDINAL + 1])
+            .map(Ok::<_, std::convert::Infallible>);
+        let ordinals = recover_ordinals(entries).expect("the memory store's own entries decode");
+        layers.ordinals = ordinals;
     }
 
     /// Writes not yet flushed.
@@ -78,7 +87,7 @@ impl DurableState for MemoryStore {
         layers
             .visible
             .get(&encoding::counter_key(key))
-            .map(|bytes| encoding::decode_counter(bytes))
+            .map(|bytes| encoding::decode_counter(bytes, |o| layers.ordinals.replica(o)))
             .transpose()
     }
 
@@ -110,8 +119,10 @@ impl Store for MemoryStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
-        let ops = batch_ops(batch);
         let mut layers = self.layers.lock().expect("memory store lock");
+        let new = layers.ordinals.plan(batch);
+        let ops = batch_ops(batch, &layers.ordinals, &new);
+        layers.ordinals.extend(&new);
         apply(&mut layers.visible, &ops);
         layers.pending.push(ops);
         layers.changes.apply(batch);

@@ -12,12 +12,15 @@
 mod change_index;
 pub mod encoding;
 mod memory;
+mod ordinals;
 mod sled_store;
 
+use crate::crdt::ReplicaId;
 use crate::replica::{CommitBatch, DurableState, Identity, Recovered, StorageError};
 
 pub use change_index::ChangeIndex;
 pub use memory::MemoryStore;
+pub use ordinals::Ordinals;
 pub use sled_store::{OnCorrupt, OpenError, SledStore, DEFAULT_CACHE_BYTES};
 
 /// Durable storage of one replica.
@@ -50,12 +53,20 @@ pub enum Op {
     Delete(Vec<u8>),
 }
 
-/// The puts and deletes that write `batch`, in order.
-pub fn batch_ops(batch: &CommitBatch) -> Vec<Op> {
+/// The puts and deletes that write `batch`, in order, with the replica
+/// numbers in `ordinals` and the batch's `new` ones (from [`Ordinals::plan`]).
+pub fn batch_ops(batch: &CommitBatch, ordinals: &Ordinals, new: &[(u32, ReplicaId)]) -> Vec<Op> {
     use encoding::*;
-    let mut ops = Vec::with_capacity(batch.counters.len() + 8);
+    let mut ops = Vec::with_capacity(batch.counters.len() + new.len() + 8);
+    for (ordinal, replica) in new {
+        ops.push(Op::Put(ordinal_key(*ordinal), encode_u64(replica.0)));
+    }
     for (key, state) in &batch.counters {
-        ops.push(Op::Put(counter_key(key), encode_counter(batch.seq, state)));
+        let ordinal_of = |replica| ordinals::ordinal_in(ordinals, new, replica);
+        ops.push(Op::Put(
+            counter_key(key),
+            encode_counter(batch.seq, state, ordinal_of),
+        ));
     }
     if !batch.idempotency_put.is_empty() {
         ops.push(Op::Put(
@@ -148,6 +159,22 @@ where
     }
     changes.finish_rebuild();
     Ok(changes)
+}
+
+/// Reads the replica numbering back from its entries, in key order.
+pub fn recover_ordinals<E>(
+    entries: impl Iterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), E>>,
+) -> Result<Ordinals, StorageError>
+where
+    E: std::fmt::Display,
+{
+    let mut ordinals = Ordinals::new();
+    for item in entries {
+        let (key, value) = item.map_err(|error| StorageError(error.to_string()))?;
+        let (ordinal, replica) = encoding::decode_ordinal(key.as_ref(), value.as_ref())?;
+        ordinals.recover(ordinal, replica)?;
+    }
+    Ok(ordinals)
 }
 
 /// Reads the stored identity, if any.

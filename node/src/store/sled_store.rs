@@ -17,15 +17,18 @@
 //! removed at open.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 
 use crate::replica::{
     establish, Change, CommitBatch, Cursor, DurableState, Identity, IdentityError, Recovered,
     StorageError, StoredCounter,
 };
 
-use super::encoding::{self, COUNTER, META_DURABLE_SEQ, META_IDENTITY, RETIRED_CHANGE};
-use super::{batch_ops, rebuild_changes, recover_from, stored_identity, ChangeIndex, Op, Store};
+use super::encoding::{self, COUNTER, META_DURABLE_SEQ, META_IDENTITY, ORDINAL, RETIRED_CHANGE};
+use super::{
+    batch_ops, rebuild_changes, recover_from, recover_ordinals, stored_identity, ChangeIndex, Op,
+    Ordinals, Store,
+};
 
 /// The marker file that makes a directory a Tally data directory.
 pub const MARKER_FILE: &str = "TALLY_DATA_DIR";
@@ -78,6 +81,9 @@ pub enum OpenError {
 pub struct SledStore {
     db: sled::Db,
     changes: Mutex<ChangeIndex>,
+    /// Held for writing from before a batch is applied until its new
+    /// numbers are taken, so a reader never meets a record it cannot name.
+    ordinals: RwLock<Ordinals>,
     identity: Identity,
     path: PathBuf,
     /// Where a damaged store was moved, when it was.
@@ -198,9 +204,11 @@ impl SledStore {
         }
         remove_retired_change_log(&db).map_err(|e| corrupt(e.to_string()))?;
         let changes = open_changes(dir, &db).map_err(|e| corrupt(e.0))?;
+        let ordinals = recover_ordinals(db.scan_prefix([ORDINAL])).map_err(|e| corrupt(e.0))?;
         Ok(SledStore {
             db,
             changes: Mutex::new(changes),
+            ordinals: RwLock::new(ordinals),
             identity,
             path: dir.to_path_buf(),
             moved_aside: None,
@@ -361,7 +369,10 @@ impl DurableState for SledStore {
         self.db
             .get(encoding::counter_key(key))
             .map_err(storage)?
-            .map(|bytes| encoding::decode_counter(&bytes))
+            .map(|bytes| {
+                let ordinals = self.ordinals.read().expect("ordinals lock");
+                encoding::decode_counter(&bytes, |o| ordinals.replica(o))
+            })
             .transpose()
     }
 
@@ -394,14 +405,18 @@ impl Store for SledStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
+        let mut ordinals = self.ordinals.write().expect("ordinals lock");
+        let new = ordinals.plan(batch);
         let mut sled_batch = sled::Batch::default();
-        for op in batch_ops(batch) {
+        for op in batch_ops(batch, &ordinals, &new) {
             match op {
                 Op::Put(key, value) => sled_batch.insert(key, value),
                 Op::Delete(key) => sled_batch.remove(key),
             }
         }
         self.db.apply_batch(sled_batch).map_err(storage)?;
+        ordinals.extend(&new);
+        drop(ordinals);
         self.changes.lock().expect("change index lock").apply(batch);
         Ok(())
     }

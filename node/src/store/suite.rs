@@ -167,6 +167,41 @@ fn memory_store_crash_loses_only_what_was_not_flushed() {
 }
 
 #[test]
+fn replica_numbers_survive_a_reopen_and_a_crash_forgets_unflushed_ones() {
+    let two = |a: u64, b: u64| {
+        PnCounter::from_slots([
+            (ReplicaId(a), Slot { p: 1, n: 0 }),
+            (ReplicaId(b), Slot { p: 2, n: 1 }),
+        ])
+    };
+    let memory = MemoryStore::new(identity());
+    memory.write(&batch(1, &[("a", two(5, 6))])).unwrap();
+    memory.flush().unwrap();
+    memory.write(&batch(2, &[("b", two(5, 7))])).unwrap();
+    memory.crash();
+    // Replica 7's number was lost with the batch; replica 8 takes it now.
+    memory.write(&batch(2, &[("c", two(8, 6))])).unwrap();
+    memory.flush().unwrap();
+    assert_eq!(memory.load_counter("a").unwrap().unwrap().state, two(5, 6));
+    assert_eq!(memory.load_counter("b").unwrap(), None);
+    assert_eq!(memory.load_counter("c").unwrap().unwrap().state, two(8, 6));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    {
+        let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+        store.write(&batch(1, &[("a", two(5, 6))])).unwrap();
+        store.write(&batch(2, &[("b", two(7, 5))])).unwrap();
+        store.flush().unwrap();
+    }
+    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    assert_eq!(store.load_counter("a").unwrap().unwrap().state, two(5, 6));
+    assert_eq!(store.load_counter("b").unwrap().unwrap().state, two(7, 5));
+    store.write(&batch(3, &[("c", two(9, 7))])).unwrap();
+    assert_eq!(store.load_counter("c").unwrap().unwrap().state, two(9, 7));
+}
+
+#[test]
 fn sled_keeps_its_identity_and_data_across_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
