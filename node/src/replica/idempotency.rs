@@ -14,10 +14,11 @@
 //! in one queue in the order they expire (every record gets the same TTL when
 //! it is inserted, and recovery sorts them), 56 bytes each; the lookup by id
 //! is a hash table of queue positions, 8 bytes (plus a control byte) per
-//! bucket. The id is itself a hash, so it is the table's hash too. A map from
-//! id to record, with a separate expiry queue, took 2.3 times as much.
+//! bucket. A map from id to record, with a separate expiry queue, took about
+//! twice as much.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
 
 use hashbrown::HashTable;
 
@@ -95,15 +96,18 @@ pub struct IdempotencyTable {
     front: u64,
     /// The position of the current record of each remembered id.
     positions: HashTable<u64>,
+    hasher: RandomState,
     /// Records still remembered per segment.
     segments: BTreeMap<u64, usize>,
     ttl_ms: u64,
     capacity: usize,
 }
 
-/// The table's hash of an id: half of it (it is a hash already).
-fn hash(id: &Id) -> u64 {
-    id[0]
+/// The table's hash of an id. Ids are hashes of what clients send, but not
+/// keyed ones, so the table hashes them again with a per-process key: a
+/// client cannot pick keys that pile into one bucket.
+fn hash(hasher: &RandomState, id: &Id) -> u64 {
+    hasher.hash_one(id)
 }
 
 impl IdempotencyTable {
@@ -113,6 +117,7 @@ impl IdempotencyTable {
             queue: VecDeque::new(),
             front: 0,
             positions: HashTable::new(),
+            hasher: RandomState::new(),
             segments: BTreeMap::new(),
             ttl_ms,
             capacity: capacity.max(1),
@@ -149,7 +154,9 @@ impl IdempotencyTable {
     /// Where the current record of `id` is queued, if it is remembered.
     fn position(&self, id: &Id) -> Option<u64> {
         self.positions
-            .find(hash(id), |position| self.slot(*position).id == *id)
+            .find(hash(&self.hasher, id), |position| {
+                self.slot(*position).id == *id
+            })
             .copied()
     }
 
@@ -160,6 +167,7 @@ impl IdempotencyTable {
             queue,
             front,
             positions,
+            hasher,
             ..
         } = self;
         let id = slot.id;
@@ -169,10 +177,10 @@ impl IdempotencyTable {
         }
         queue.push_back(slot);
         let at = |position: &u64| &queue[(*position - *front) as usize];
-        let replaced = match positions.find_mut(hash(&id), |p| at(p).id == id) {
+        let replaced = match positions.find_mut(hash(hasher, &id), |p| at(p).id == id) {
             Some(current) => Some(std::mem::replace(current, position)),
             None => {
-                positions.insert_unique(hash(&id), position, |p| hash(&at(p).id));
+                positions.insert_unique(hash(hasher, &id), position, |p| hash(hasher, &at(p).id));
                 None
             }
         };
@@ -256,7 +264,7 @@ impl IdempotencyTable {
             // A replaced record is no longer listed: only the current one is.
             let listed = self
                 .positions
-                .find_entry(hash(&id), |position| *position == front);
+                .find_entry(hash(&self.hasher, &id), |position| *position == front);
             if let Ok(entry) = listed {
                 entry.remove();
                 let segment = slot.segment;

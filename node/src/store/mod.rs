@@ -5,9 +5,10 @@
 //! Both keep the same ordered key space (see [`encoding`]) and write a
 //! [`CommitBatch`] as one atomic batch of puts and deletes ([`batch_ops`]), so
 //! one test suite runs against both. Both keep the change log in memory
-//! ([`ChangeIndex`]), rebuilt from the counter records ([`rebuild_changes`]). Writes become durable only at
-//! [`Store::flush`]; the group committer ([`crate::engine`]) calls it once per
-//! batch.
+//! ([`ChangeIndex`], rebuilt from the counter records by [`rebuild_changes`])
+//! and number replicas for their counter records ([`Ordinals`]). Writes become
+//! durable only at [`Store::flush`]; the group committer ([`crate::engine`])
+//! calls it once per batch.
 
 mod change_index;
 pub mod encoding;
@@ -34,7 +35,7 @@ pub trait Store: DurableState + Send + Sync + 'static {
     /// Makes everything written so far durable.
     fn flush(&self) -> Result<(), StorageError>;
     /// The node stops and writes nothing more: the store may save what
-    /// makes its next open faster. What it saves must never be needed.
+    /// makes its next open faster, but must open correctly without it.
     fn close(&self) -> Result<(), StorageError> {
         self.flush()
     }
