@@ -5,6 +5,7 @@
 //! restart of the sled store would). Tests of the core and the simulator use it.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::Mutex;
 
 use crate::replica::{
@@ -34,6 +35,14 @@ pub struct MemoryStore {
     layers: Mutex<Layers>,
 }
 
+/// The entries under one key prefix, in order, as a store's scan yields them.
+fn scan(
+    space: &Space,
+    prefix: u8,
+) -> impl Iterator<Item = Result<(&Vec<u8>, &Vec<u8>), Infallible>> {
+    space.range(vec![prefix]..vec![prefix + 1]).map(Ok)
+}
+
 fn apply(space: &mut Space, ops: &[Op]) {
     for op in ops {
         match op {
@@ -61,18 +70,10 @@ impl MemoryStore {
         let mut layers = self.layers.lock().expect("memory store lock");
         layers.pending.clear();
         layers.visible = layers.durable.clone();
-        let counters = layers
-            .visible
-            .range(vec![COUNTER]..vec![COUNTER + 1])
-            .map(Ok::<_, std::convert::Infallible>);
-        let rebuilt = rebuild_changes(counters).expect("the memory store's own records decode");
-        layers.changes = rebuilt;
-        let entries = layers
-            .visible
-            .range(vec![ORDINAL]..vec![ORDINAL + 1])
-            .map(Ok::<_, std::convert::Infallible>);
-        let ordinals = recover_ordinals(entries).expect("the memory store's own entries decode");
-        layers.ordinals = ordinals;
+        let changes = rebuild_changes(scan(&layers.visible, COUNTER));
+        layers.changes = changes.expect("the memory store's own records decode");
+        let ordinals = recover_ordinals(scan(&layers.visible, ORDINAL));
+        layers.ordinals = ordinals.expect("the memory store's own entries decode");
     }
 
     /// Writes not yet flushed.
@@ -105,14 +106,10 @@ impl Store for MemoryStore {
     fn recover(&self, now_ms: u64) -> Result<Recovered, StorageError> {
         let layers = self.layers.lock().expect("memory store lock");
         let space = &layers.visible;
-        recover_from::<std::convert::Infallible>(
+        recover_from::<Infallible>(
             |key| Ok(space.get(key).cloned()),
             |prefix| {
-                Box::new(
-                    space
-                        .range(vec![prefix]..vec![prefix + 1])
-                        .map(|(k, v)| Ok((k.clone(), v.clone()))),
-                )
+                Box::new(scan(space, prefix).map(|item| item.map(|(k, v)| (k.clone(), v.clone()))))
             },
             now_ms,
         )
