@@ -2,7 +2,9 @@
 //! log's order and cursor semantics, superseded entries, recovery, versioned
 //! encodings, and (for sled) identity and directory checks across reopen.
 
+use std::path::Path;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::crdt::{PnCounter, ReplicaId, Slot, StateDigest};
 use crate::replica::{Change, CommitBatch, Cursor, DurableState, IdempotencyRecord, Identity, Key};
@@ -126,6 +128,31 @@ fn run_suite(store: &impl Store) {
     assert!(store.recover(0).unwrap().idempotency.is_empty());
 }
 
+/// Opens `path` again once the store dropped just before has let go of its
+/// lock: sled's threads can hold it for a moment after the drop.
+fn reopen(path: &Path, fresh_id: u64) -> SledStore {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match SledStore::open(path, "eu", fresh_id, OnCorrupt::Refuse) {
+            Err(OpenError::Locked(_)) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            other => return other.unwrap(),
+        }
+    }
+}
+
+/// [`reopen`] for sled itself, to see or plant raw entries.
+fn open_raw(db: &Path) -> sled::Db {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match sled::Config::new().path(db).open() {
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            other => return other.unwrap(),
+        }
+    }
+}
+
 fn identity() -> Identity {
     Identity {
         replica: ReplicaId(5),
@@ -194,7 +221,7 @@ fn replica_numbers_survive_a_reopen_and_a_crash_forgets_unflushed_ones() {
         store.write(&batch(2, &[("b", two(7, 5))])).unwrap();
         store.flush().unwrap();
     }
-    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    let store = reopen(&path, 5);
     assert_eq!(store.load_counter("a").unwrap().unwrap().state, two(5, 6));
     assert_eq!(store.load_counter("b").unwrap().unwrap().state, two(7, 5));
     store.write(&batch(3, &[("c", two(9, 7))])).unwrap();
@@ -211,7 +238,7 @@ fn sled_keeps_its_identity_and_data_across_reopen() {
         store.write(&batch(1, &[("a", state(42, 3, 0))])).unwrap();
         store.flush().unwrap();
     }
-    let store = SledStore::open(&path, "eu", 99, OnCorrupt::Refuse).unwrap();
+    let store = reopen(&path, 99);
     assert_eq!(
         store.identity().replica,
         ReplicaId(42),
@@ -247,18 +274,18 @@ fn sled_rebuilds_the_change_log_at_open_and_removes_a_retired_one() {
     }
     {
         // What a build that kept the log in sled left behind.
-        let raw = sled::Config::new().path(path.join("db")).open().unwrap();
+        let raw = open_raw(&path.join("db"));
         raw.insert(b"l\0\0\0\0\0\0\0\x01a", &[]).unwrap();
         raw.flush().unwrap();
     }
-    let store = SledStore::open(&path, "eu", 99, OnCorrupt::Refuse).unwrap();
+    let store = reopen(&path, 99);
     assert_eq!(
         keys_after(&store, Cursor::default(), 10),
         vec![(1, "b".into()), (2, "a".into())],
         "each counter listed once, at the commit that last wrote it"
     );
     drop(store);
-    let raw = sled::Config::new().path(path.join("db")).open().unwrap();
+    let raw = open_raw(&path.join("db"));
     assert_eq!(raw.scan_prefix(b"l").count(), 0, "the retired log is gone");
 }
 
@@ -283,7 +310,7 @@ fn sled_reads_the_change_log_saved_at_a_clean_stop_only_while_it_matches() {
         super::encoding::encode_change_snapshot(2, &doctored),
     )
     .unwrap();
-    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    let store = reopen(&path, 42);
     assert_eq!(
         keys_after(&store, Cursor::default(), 10),
         vec![(2, "b".into())]
@@ -295,7 +322,7 @@ fn sled_reads_the_change_log_saved_at_a_clean_stop_only_while_it_matches() {
 
     // After a stop without close (a crash), an older saved log is ignored.
     std::fs::write(&saved, &at_stop).unwrap();
-    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    let store = reopen(&path, 42);
     assert_eq!(
         keys_after(&store, Cursor::default(), 10),
         vec![(2, "b".into()), (3, "a".into())]
@@ -304,7 +331,7 @@ fn sled_reads_the_change_log_saved_at_a_clean_stop_only_while_it_matches() {
 
     // So is a damaged one.
     std::fs::write(&saved, &at_stop[..at_stop.len() - 1]).unwrap();
-    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    let store = reopen(&path, 42);
     assert_eq!(keys_after(&store, Cursor::default(), 10).len(), 2);
 }
 
