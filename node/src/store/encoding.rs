@@ -379,17 +379,7 @@ struct Reader<'a> {
 
 impl<'a> Reader<'a> {
     fn versioned(bytes: &'a [u8], what: &'a str) -> Result<Self, StorageError> {
-        match bytes.first() {
-            Some(&VERSION) => Ok(Reader {
-                bytes: &bytes[1..],
-                what,
-            }),
-            Some(other) => Err(corrupt(
-                what,
-                &format!("unknown format version {other}; this build reads version {VERSION}"),
-            )),
-            None => Err(corrupt(what, "empty")),
-        }
+        Self::any_version(bytes, what, &[VERSION]).map(|(_, reader)| reader)
     }
 
     /// A reader of a value in one of `versions`, and the version it is in.
@@ -406,10 +396,16 @@ impl<'a> Reader<'a> {
                     what,
                 },
             )),
-            Some(other) => Err(corrupt(
-                what,
-                &format!("unknown format version {other}; this build reads versions {versions:?}"),
-            )),
+            Some(other) => {
+                let known = match versions {
+                    [one] => format!("version {one}"),
+                    many => format!("versions {many:?}"),
+                };
+                Err(corrupt(
+                    what,
+                    &format!("unknown format version {other}; this build reads {known}"),
+                ))
+            }
             None => Err(corrupt(what, "empty")),
         }
     }

@@ -105,13 +105,12 @@ where
     E: std::fmt::Display,
 {
     use encoding::*;
-    let io = |error: E| StorageError(error.to_string());
     let durable_seq = meta(META_DURABLE_SEQ)
-        .map_err(io)?
+        .map_err(scan_error)?
         .map(|v| decode_u64(&v, "durable sequence"))
         .transpose()?;
     let digest = meta(META_DIGEST)
-        .map_err(io)?
+        .map_err(scan_error)?
         .map(|v| decode_u64(&v, "digest"))
         .transpose()?;
     let mut recovered = Recovered {
@@ -120,20 +119,20 @@ where
         ..Default::default()
     };
     for item in scan(DIRECTORY) {
-        let (key, value) = item.map_err(io)?;
+        let (key, value) = item.map_err(scan_error)?;
         recovered.directory.push((
             decode_replica_key(&key)?,
             decode_text(&value, "directory entry")?,
         ));
     }
     for item in scan(WATERMARK) {
-        let (key, value) = item.map_err(io)?;
+        let (key, value) = item.map_err(scan_error)?;
         recovered
             .watermarks
             .push((decode_replica_key(&key)?, decode_cursor(&value)?));
     }
     for item in scan(IDEMPOTENCY) {
-        let (key, value) = item.map_err(io)?;
+        let (key, value) = item.map_err(scan_error)?;
         let (segment, records) = decode_idempotency(&key, &value)?;
         let live = records
             .into_iter()
@@ -145,6 +144,11 @@ where
     Ok(recovered)
 }
 
+/// A failed read of a store scan, as the core sees it.
+fn scan_error(error: impl std::fmt::Display) -> StorageError {
+    StorageError(error.to_string())
+}
+
 /// Rebuilds the change log from every counter record, read in key order.
 pub fn rebuild_changes<E>(
     counters: impl Iterator<Item = Result<(impl AsRef<[u8]>, impl AsRef<[u8]>), E>>,
@@ -154,7 +158,7 @@ where
 {
     let mut changes = ChangeIndex::new();
     for item in counters {
-        let (key, value) = item.map_err(|error| StorageError(error.to_string()))?;
+        let (key, value) = item.map_err(scan_error)?;
         let key = encoding::decode_counter_key(key.as_ref())?;
         changes.push_recovered(encoding::decode_counter_seq(value.as_ref())?, key);
     }
@@ -171,7 +175,7 @@ where
 {
     let mut ordinals = Ordinals::new();
     for item in entries {
-        let (key, value) = item.map_err(|error| StorageError(error.to_string()))?;
+        let (key, value) = item.map_err(scan_error)?;
         let (ordinal, replica) = encoding::decode_ordinal(key.as_ref(), value.as_ref())?;
         ordinals.recover(ordinal, replica)?;
     }
