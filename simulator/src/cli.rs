@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::faults::FaultPlan;
 use crate::network::LatencyMatrix;
 use crate::options::{BugName, FaultSet, SimOptions};
+use crate::replay::replay_command;
 use crate::shrink::shrink;
 use crate::sweep::{sweep, SweepSummary};
 use crate::world::{run, RunResult};
@@ -169,20 +170,6 @@ pub fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// The replay command of a seed.
-pub fn replay_command(seed: u64, options: &SimOptions, plan: Option<&FaultPlan>) -> String {
-    let mut command = format!("tally-sim run --seed {seed}");
-    let args = options.to_args();
-    if !args.is_empty() {
-        command.push(' ');
-        command.push_str(&args);
-    }
-    if let Some(plan) = plan {
-        command.push_str(&format!(" --plan '{}'", plan.one_line()));
-    }
-    command
 }
 
 fn load_plan(text: &str, options: &SimOptions) -> anyhow::Result<FaultPlan> {
@@ -366,5 +353,61 @@ impl SweepSummary {
     /// The first failing run, if any.
     pub fn first_failure(&self) -> Option<&RunResult> {
         self.results.iter().find(|r| !r.passed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Splits a command line as a shell would, for the one quoting that
+    /// `replay_command` uses (single quotes around the plan).
+    fn shell_words(line: &str) -> Vec<String> {
+        let mut words = Vec::new();
+        let mut word = String::new();
+        let mut quoted = false;
+        for c in line.chars() {
+            match c {
+                '\'' => quoted = !quoted,
+                ' ' if !quoted => {
+                    if !word.is_empty() {
+                        words.push(std::mem::take(&mut word));
+                    }
+                }
+                _ => word.push(c),
+            }
+        }
+        if !word.is_empty() {
+            words.push(word);
+        }
+        words
+    }
+
+    #[test]
+    fn the_replay_command_parses_back_into_the_same_run() {
+        let options = SimOptions {
+            regions: 4,
+            nodes_per_region: 2,
+            async_nodes: 1,
+            faults: "crash,partition".parse().unwrap(),
+            ..SimOptions::default()
+        };
+        let plan = FaultPlan::generate(7, &options);
+        assert!(
+            !plan.one_line().is_empty(),
+            "seed 7 should plan some faults"
+        );
+        let line = replay_command(7, &options, Some(&plan));
+        let mut words = shell_words(&line);
+        assert_eq!(words.remove(0), "tally-sim", "{line}");
+        let cli = Cli::try_parse_from(std::iter::once("tally-sim".to_string()).chain(words))
+            .unwrap_or_else(|e| panic!("{line}: {e}"));
+        let Command::Run(args) = cli.command else {
+            panic!("{line} is not a run command");
+        };
+        assert_eq!(args.seed, Some(7));
+        assert_eq!(args.sim.options(), options);
+        let replayed = load_plan(args.plan.as_deref().unwrap(), &options).unwrap();
+        assert_eq!(replayed, plan);
     }
 }

@@ -20,6 +20,7 @@ pub use options::{BugName, FaultSet, SimOptions};
 pub use world::{run, RunResult};
 pub mod chaos;
 pub mod cli;
+pub mod replay;
 pub mod report;
 pub mod shrink;
 pub mod sweep;

@@ -12,9 +12,9 @@ use std::path::Path;
 
 use anyhow::Context;
 
-use crate::cli::replay_command;
 use crate::faults::Op;
 use crate::options::SimOptions;
+use crate::replay::replay_command;
 use crate::sweep::{quantile, SweepSummary};
 use crate::world::{RunResult, Series};
 

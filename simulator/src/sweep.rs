@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::cli::replay_command;
 use crate::faults::FaultPlan;
 use crate::options::SimOptions;
+use crate::replay::replay_command;
 use crate::world::{run, RunResult};
 
 /// The results of a sweep.
