@@ -242,7 +242,9 @@ impl Replica {
             superseded_pending: Vec::new(),
             idempotency,
             idempotency_put: Vec::new(),
-            idempotency_delete: Vec::new(),
+            // Segments that expired while the node was down: deleted with the
+            // first commit (a tick's housekeeping, if nothing else comes).
+            idempotency_delete: recovered.expired_segments,
             housekeeping_due: false,
             peers: PeerBook::new(recovered.watermarks),
             config,
@@ -505,14 +507,24 @@ impl Replica {
     }
 
     /// The batch handed out by [`Self::poll_commit`] failed: everything in it
-    /// goes into the next one.
+    /// goes into the next one. The failed batch may still reach the disk (a
+    /// write that landed before its flush failed, flushed later), so the next
+    /// one also supersedes its change-log entries and deletes its idempotency
+    /// segment: nothing of the failed sequence is left behind.
     pub fn handle_commit_failed(&mut self, seq: u64) {
         let Some(batch) = self.in_flight.take_if(|batch| batch.seq == seq) else {
             return;
         };
         self.idempotency.unassign_segment(seq);
         let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
+        if !batch.idempotency_put.is_empty() {
+            self.idempotency_delete.push(seq);
+        }
         for (key, _) in batch.counters {
+            self.superseded_pending.push(Change {
+                seq,
+                key: key.clone(),
+            });
             if let Some(entry) = self.counters.get_mut(&key) {
                 entry.committing = false;
                 if !entry.dirty {
@@ -526,6 +538,14 @@ impl Replica {
         self.idempotency_delete.extend(batch.idempotency_delete);
         self.directory.restore_pending(batch.directory_put);
         self.peers.mark_watermarks_dirty();
+    }
+
+    /// What was handed out or changed but is not durable: counters waiting
+    /// for a commit or in the commit in flight, and the last sequence handed
+    /// out (everything above [`Self::durable_seq`] up to it is not durable).
+    pub fn uncommitted(&self) -> (usize, u64) {
+        let in_flight = self.in_flight.as_ref().map_or(0, |b| b.counters.len());
+        (self.dirty.len() + in_flight, self.last_seq)
     }
 
     /// Housekeeping: forgets expired idempotency keys and evicts clean

@@ -177,6 +177,9 @@ pub struct Recovered {
     pub directory: Vec<(ReplicaId, String)>,
     /// Unexpired idempotency records, with the segment that holds each.
     pub idempotency: Vec<(u64, IdempotencyRecord)>,
+    /// Idempotency segments whose records had all expired: the core deletes
+    /// them with its next commit (else they would stay on disk forever).
+    pub expired_segments: Vec<u64>,
 }
 
 /// A storage failure as the core sees it: a message for the log.

@@ -134,12 +134,16 @@ where
     for item in scan(IDEMPOTENCY) {
         let (key, value) = item.map_err(scan_error)?;
         let (segment, records) = decode_idempotency(&key, &value)?;
+        let before = recovered.idempotency.len();
         let live = records
             .into_iter()
             .filter(|record| record.expires_at_ms > now_ms);
         recovered
             .idempotency
             .extend(live.map(|record| (segment, record)));
+        if recovered.idempotency.len() == before {
+            recovered.expired_segments.push(segment);
+        }
     }
     Ok(recovered)
 }

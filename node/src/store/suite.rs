@@ -1,6 +1,8 @@
 //! One test suite, run against every [`Store`]: batches read back, the change
 //! log's order and cursor semantics, superseded entries, recovery, versioned
-//! encodings, and (for sled) identity and directory checks across reopen.
+//! encodings, nothing left behind by a failed flush or by idempotency records
+//! that expired while the node was down, and (for sled) identity and
+//! directory checks across reopen.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -370,4 +372,130 @@ fn damaged_sled_store_is_refused_or_moved_aside_never_a_panic() {
         "a store moved aside starts as a new replica"
     );
     assert!(store.moved_aside.as_ref().unwrap().exists());
+}
+
+/// A core over `store`, as a (re)start builds it at `now_ms`.
+fn core_over(store: &impl Store, now_ms: u64) -> crate::replica::Replica {
+    let config = crate::replica::ReplicaConfig {
+        idempotency_ttl_ms: 1_000,
+        ..Default::default()
+    };
+    let recovered = store.recover(now_ms).unwrap();
+    crate::replica::Replica::open(store.identity().clone(), config, recovered, now_ms)
+}
+
+fn keyed_add(core: &mut crate::replica::Replica, store: &impl Store, now_ms: u64, id: &str) {
+    let request = crate::replica::AddRequest {
+        key: "a",
+        delta: 1,
+        idempotency_key: Some(id),
+    };
+    core.handle_add(now_ms, store, request).unwrap();
+}
+
+/// Writes and flushes the core's next commit; returns its sequence.
+fn commit(core: &mut crate::replica::Replica, store: &impl Store) -> u64 {
+    let batch = core.poll_commit().expect("something to commit");
+    store.write(&batch).unwrap();
+    store.flush().unwrap();
+    core.handle_commit_done(batch.seq);
+    batch.seq
+}
+
+fn segments(store: &impl Store) -> Vec<u64> {
+    let recovered = store.recover(0).unwrap();
+    recovered.idempotency.iter().map(|(s, _)| *s).collect()
+}
+
+/// A commit whose write lands but whose flush fails, then its retry: the
+/// failed sequence leaves no change-log entry and no idempotency segment
+/// behind, even when its write reaches the disk with the retry's flush.
+fn failed_flush_leaves_no_orphans(store: &impl Store) -> u64 {
+    let mut core = core_over(store, 0);
+    keyed_add(&mut core, store, 0, "k1");
+    let failed = core.poll_commit().unwrap();
+    store.write(&failed).unwrap();
+    // The flush fails here (sled's ENOSPC, EIO): the runtime reports it.
+    let failed_seq = failed.seq;
+    drop(failed);
+    core.handle_commit_failed(failed_seq);
+    let retried = commit(&mut core, store);
+    assert!(retried > failed_seq);
+    assert_eq!(
+        keys_after(store, Cursor::default(), 10),
+        vec![(retried, "a".into())],
+        "the failed sequence's change-log entry is superseded"
+    );
+    assert_eq!(
+        segments(store),
+        vec![retried],
+        "the failed sequence's idempotency segment is deleted"
+    );
+    retried
+}
+
+#[test]
+fn memory_store_keeps_no_orphans_of_a_failed_flush() {
+    failed_flush_leaves_no_orphans(&MemoryStore::new(identity()));
+}
+
+#[test]
+fn sled_store_keeps_no_orphans_of_a_failed_flush_even_in_the_saved_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    let retried = failed_flush_leaves_no_orphans(&store);
+    store.close().unwrap();
+    drop(store);
+    let store = reopen(&path, 5);
+    assert_eq!(
+        keys_after(&store, Cursor::default(), 10),
+        vec![(retried, "a".into())],
+        "the change log saved at the stop has no orphan either"
+    );
+    assert_eq!(segments(&store), vec![retried]);
+}
+
+/// Records that all expired while the node was down: their segment is
+/// deleted by the first commit after the restart.
+fn expired_segment_is_deleted_after_restart(store: &impl Store) {
+    let mut before = core_over(store, 0);
+    keyed_add(&mut before, store, 0, "k1");
+    let written = commit(&mut before, store);
+    assert_eq!(segments(store), vec![written]);
+}
+
+fn restart_after_expiry(store: &impl Store) {
+    let now = 10_000;
+    let mut after = core_over(store, now);
+    after.tick(now);
+    // Nothing else to commit: the deletion goes alone, at a tick.
+    if let Some(batch) = after.poll_commit() {
+        store.write(&batch).unwrap();
+        store.flush().unwrap();
+        after.handle_commit_done(batch.seq);
+    }
+    assert!(
+        segments(store).is_empty(),
+        "the expired segment is deleted from the store"
+    );
+    assert!(store.recover(now).unwrap().expired_segments.is_empty());
+}
+
+#[test]
+fn memory_store_loses_expired_idempotency_segments_after_a_restart() {
+    let store = MemoryStore::new(identity());
+    expired_segment_is_deleted_after_restart(&store);
+    restart_after_expiry(&store);
+}
+
+#[test]
+fn sled_store_loses_expired_idempotency_segments_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    expired_segment_is_deleted_after_restart(&store);
+    drop(store);
+    let store = reopen(&path, 5);
+    restart_after_expiry(&store);
 }
