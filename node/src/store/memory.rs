@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::replica::{
     Change, CommitBatch, Cursor, DurableState, Identity, Recovered, StorageError, StoredCounter,
@@ -65,9 +65,14 @@ impl MemoryStore {
         }
     }
 
+    /// The layers, locked; a poisoned lock is taken over, as the sled store does.
+    fn layers(&self) -> MutexGuard<'_, Layers> {
+        self.layers.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Loses everything written since the last flush, as a crash would.
     pub fn crash(&self) {
-        let mut layers = self.layers.lock().expect("memory store lock");
+        let mut layers = self.layers();
         layers.pending.clear();
         layers.visible = layers.durable.clone();
         let changes = rebuild_changes(scan(&layers.visible, COUNTER));
@@ -78,13 +83,13 @@ impl MemoryStore {
 
     /// Writes not yet flushed.
     pub fn pending_batches(&self) -> usize {
-        self.layers.lock().expect("memory store lock").pending.len()
+        self.layers().pending.len()
     }
 }
 
 impl DurableState for MemoryStore {
     fn load_counter(&self, key: &str) -> Result<Option<StoredCounter>, StorageError> {
-        let layers = self.layers.lock().expect("memory store lock");
+        let layers = self.layers();
         layers
             .visible
             .get(&encoding::counter_key(key))
@@ -93,7 +98,7 @@ impl DurableState for MemoryStore {
     }
 
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
-        let layers = self.layers.lock().expect("memory store lock");
+        let layers = self.layers();
         Ok(layers.changes.after(after, limit))
     }
 }
@@ -104,7 +109,7 @@ impl Store for MemoryStore {
     }
 
     fn recover(&self, now_ms: u64) -> Result<Recovered, StorageError> {
-        let layers = self.layers.lock().expect("memory store lock");
+        let layers = self.layers();
         let space = &layers.visible;
         recover_from::<Infallible>(
             |key| Ok(space.get(key).cloned()),
@@ -116,7 +121,7 @@ impl Store for MemoryStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
-        let mut layers = self.layers.lock().expect("memory store lock");
+        let mut layers = self.layers();
         let new = layers.ordinals.plan(batch);
         let ops = batch_ops(batch, &layers.ordinals, &new);
         layers.ordinals.extend(&new);
@@ -127,7 +132,7 @@ impl Store for MemoryStore {
     }
 
     fn flush(&self) -> Result<(), StorageError> {
-        let mut layers = self.layers.lock().expect("memory store lock");
+        let mut layers = self.layers();
         let pending = std::mem::take(&mut layers.pending);
         for ops in &pending {
             apply(&mut layers.durable, ops);

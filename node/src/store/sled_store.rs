@@ -17,7 +17,7 @@
 //! removed at open.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::replica::{
     establish, Change, CommitBatch, Cursor, DurableState, Identity, IdentityError, Recovered,
@@ -216,6 +216,17 @@ impl SledStore {
     }
 }
 
+impl SledStore {
+    /// The change log, locked. A thread that panicked while holding the lock
+    /// (poisoning it) left the log as it was between two whole operations
+    /// (each is a few in-memory inserts and removals), so later readers go on
+    /// with it, as the engine does with the core's lock, rather than panic
+    /// on every read for the rest of the process.
+    fn changes(&self) -> MutexGuard<'_, ChangeIndex> {
+        self.changes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// The store's durable sequence (0 before the first commit).
 fn durable_seq(db: &sled::Db) -> Result<u64, StorageError> {
     db.get(META_DURABLE_SEQ)
@@ -370,18 +381,14 @@ impl DurableState for SledStore {
             .get(encoding::counter_key(key))
             .map_err(storage)?
             .map(|bytes| {
-                let ordinals = self.ordinals.read().expect("ordinals lock");
+                let ordinals = self.ordinals.read().unwrap_or_else(PoisonError::into_inner);
                 encoding::decode_counter(&bytes, |o| ordinals.replica(o))
             })
             .transpose()
     }
 
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
-        Ok(self
-            .changes
-            .lock()
-            .expect("change index lock")
-            .after(after, limit))
+        Ok(self.changes().after(after, limit))
     }
 }
 
@@ -405,7 +412,7 @@ impl Store for SledStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
-        let mut ordinals = self.ordinals.write().expect("ordinals lock");
+        let mut ordinals = self.ordinals.write().unwrap_or_else(PoisonError::into_inner);
         let new = ordinals.plan(batch);
         let mut sled_batch = sled::Batch::default();
         for op in batch_ops(batch, &ordinals, &new) {
@@ -417,7 +424,7 @@ impl Store for SledStore {
         self.db.apply_batch(sled_batch).map_err(storage)?;
         ordinals.extend(&new);
         drop(ordinals);
-        self.changes.lock().expect("change index lock").apply(batch);
+        self.changes().apply(batch);
         Ok(())
     }
 
@@ -429,7 +436,7 @@ impl Store for SledStore {
         self.flush()?;
         let durable_seq = durable_seq(&self.db)?;
         let bytes = {
-            let changes = self.changes.lock().expect("change index lock");
+            let changes = self.changes();
             encoding::encode_change_snapshot(durable_seq, &changes)
         };
         write_durably(&self.path.join(CHANGE_SNAPSHOT), &bytes)
@@ -438,5 +445,41 @@ impl Store for SledStore {
 
     fn size_on_disk(&self) -> Option<u64> {
         self.db.size_on_disk().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poisoned_lock_does_not_panic_later_reads_and_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(&dir.path().join("data"), "eu", 5, OnCorrupt::Refuse).unwrap();
+        std::thread::scope(|scope| {
+            let poisoner = scope.spawn(|| {
+                let _changes = store.changes.lock().unwrap();
+                let _ordinals = store.ordinals.write().unwrap();
+                panic!("a thread dies holding the store's locks");
+            });
+            assert!(poisoner.join().is_err());
+        });
+        assert!(store.changes.is_poisoned() && store.ordinals.is_poisoned());
+        let batch = CommitBatch {
+            seq: 1,
+            counters: vec![(
+                "a".into(),
+                crate::crdt::PnCounter::from_slots([(
+                    crate::crdt::ReplicaId(5),
+                    crate::crdt::Slot { p: 2, n: 0 },
+                )]),
+            )],
+            ..Default::default()
+        };
+        store.write(&batch).unwrap();
+        store.flush().unwrap();
+        assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
+        assert_eq!(store.changes_after(&Cursor::default(), 10).unwrap().len(), 1);
+        store.close().unwrap();
     }
 }
