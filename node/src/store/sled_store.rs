@@ -412,7 +412,10 @@ impl Store for SledStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
-        let mut ordinals = self.ordinals.write().unwrap_or_else(PoisonError::into_inner);
+        let mut ordinals = self
+            .ordinals
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         let new = ordinals.plan(batch);
         let mut sled_batch = sled::Batch::default();
         for op in batch_ops(batch, &ordinals, &new) {
@@ -479,7 +482,10 @@ mod tests {
         store.write(&batch).unwrap();
         store.flush().unwrap();
         assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
-        assert_eq!(store.changes_after(&Cursor::default(), 10).unwrap().len(), 1);
+        assert_eq!(
+            store.changes_after(&Cursor::default(), 10).unwrap().len(),
+            1
+        );
         store.close().unwrap();
     }
 }
