@@ -35,7 +35,7 @@ start=$SECONDS
 (
   cd "$root"
   RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target_dir" \
-    cargo build --profile "$profile" --target "$triple" -p tally-node -p tally-client \
+    cargo build --profile "$profile" --target "$triple" -p tally-node -p tally-cli \
     --bin tally-node --bin tally
 )
 log "cargo done in $((SECONDS - start)) s"

@@ -22,7 +22,7 @@ pub fn cli_binary() -> PathBuf {
     let path = node_binary().with_file_name("tally");
     if !path.exists() {
         let status = Command::new(env!("CARGO"))
-            .args(["build", "-p", "tally-client", "--bin", "tally"])
+            .args(["build", "-p", "tally-cli", "--bin", "tally"])
             .status()
             .expect("running cargo to build the tally CLI");
         assert!(status.success(), "building the tally CLI failed");

@@ -5,9 +5,6 @@
 //! status 1 (clap exits with 2 on bad usage). The commands and their output
 //! formats are described in `src/cli/mod.rs`.
 
-// The CLI's modules live in `src/cli/` rather than `src/bin/`, where cargo
-// would take each file for a binary of its own.
-#[path = "../cli/mod.rs"]
 mod cli;
 
 use std::process::ExitCode;

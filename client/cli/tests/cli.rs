@@ -1,6 +1,8 @@
 //! The `tally` binary against a fake node: its output formats, exit statuses
 //! and one-line errors, as documented in `src/cli/mod.rs`.
 
+// The fake node is shared with the library's tests.
+#[path = "../../tests/fake/mod.rs"]
 mod fake;
 
 use std::process::Output;
