@@ -67,14 +67,78 @@ pub enum OpenError {
     /// The identity does not fit the configuration.
     #[error(transparent)]
     Identity(#[from] IdentityError),
-    /// Any other IO failure.
-    #[error("cannot use data directory {path}: {source}")]
+    /// `--data-dir` names a file.
+    #[error("the data directory {0} is a file, not a directory; give --data-dir a directory (new, empty, or a Tally data directory)")]
+    IsAFile(PathBuf),
+    /// An IO failure that says nothing about the store's contents (a
+    /// permission, a full or read-only disk, a limit): the store is left as
+    /// it is, whatever `--on-corrupt` says, and the message says what to fix.
+    #[error("cannot use the data directory {path}: {cause}; {advice}. The store was left untouched, as this says nothing about its contents ({error})")]
     Io {
         /// The data directory.
         path: PathBuf,
-        /// The failure.
-        source: std::io::Error,
+        /// What went wrong, in words.
+        cause: &'static str,
+        /// What to do about it.
+        advice: &'static str,
+        /// The failure (not a `source`: its text is already in the message).
+        error: std::io::Error,
     },
+}
+
+/// The IO failures that are not damage, each with its cause and what to do
+/// (`None`: any other failure, which is left to the caller to judge).
+fn environment_cause(error: &std::io::Error) -> Option<(&'static str, &'static str)> {
+    use std::io::ErrorKind;
+    const EMFILE: i32 = 24;
+    const ENFILE: i32 = 23;
+    const EDQUOT: i32 = 122;
+    let found = match (error.kind(), error.raw_os_error()) {
+        (ErrorKind::PermissionDenied, _) => (
+            "permission denied",
+            "run tally-node as the user that owns the directory, or give that user read and write access to it and everything in it (chown -R / chmod)",
+        ),
+        (ErrorKind::ReadOnlyFilesystem, _) => (
+            "the file system is read-only",
+            "remount it read-write, or give --data-dir a writable place",
+        ),
+        (ErrorKind::StorageFull, _) | (_, Some(EDQUOT)) => (
+            "no space left on the device (or the disk quota is used up)",
+            "free some space on that file system, then start the node again",
+        ),
+        (_, Some(EMFILE | ENFILE)) => (
+            "too many open files",
+            "raise the open-files limit of the node's process (ulimit -n, or LimitNOFILE= in its systemd unit)",
+        ),
+        (ErrorKind::NotADirectory, _) => (
+            "a part of the path is a file, not a directory",
+            "give --data-dir a path made of directories",
+        ),
+        (ErrorKind::IsADirectory, _) => (
+            "a file of the store is a directory",
+            "remove what was put in the store's place",
+        ),
+        _ => return None,
+    };
+    Some(found)
+}
+
+/// An IO failure met while opening `path`: one of [`environment_cause`]'s,
+/// or `otherwise` (which decides whether the rest is damage).
+fn io_open_error(
+    path: &Path,
+    error: std::io::Error,
+    otherwise: impl FnOnce(std::io::Error) -> OpenError,
+) -> OpenError {
+    match environment_cause(&error) {
+        Some((cause, advice)) => OpenError::Io {
+            path: path.to_path_buf(),
+            cause,
+            advice,
+            error,
+        },
+        None => otherwise(error),
+    }
 }
 
 /// See the module documentation.
@@ -99,10 +163,15 @@ impl std::fmt::Debug for SledStore {
     }
 }
 
+/// An IO failure on the data directory itself (not inside the store).
 fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> OpenError + '_ {
-    move |source| OpenError::Io {
-        path: path.to_path_buf(),
-        source,
+    move |error| {
+        io_open_error(path, error, |error| OpenError::Io {
+            path: path.to_path_buf(),
+            cause: "an IO error",
+            advice: "check the disk and the path, then start the node again",
+            error,
+        })
     }
 }
 
@@ -183,7 +252,7 @@ impl SledStore {
             path: dir.to_path_buf(),
             reason,
         };
-        let stored = db.get(META_IDENTITY).map_err(|e| corrupt(e.to_string()))?;
+        let stored = db.get(META_IDENTITY).map_err(|e| classify(dir, e))?;
         let stored = stored_identity(stored.as_deref()).map_err(|e| corrupt(e.0))?;
         if stored.is_none() && initialised {
             // The marker is written only after the identity is durable, so a
@@ -198,11 +267,11 @@ impl SledStore {
         let identity = establish(stored, region, fresh_id)?;
         if is_new {
             db.insert(META_IDENTITY, encoding::encode_identity(&identity))
-                .map_err(|e| corrupt(e.to_string()))?;
-            db.flush().map_err(|e| corrupt(e.to_string()))?;
+                .map_err(|e| classify(dir, e))?;
+            db.flush().map_err(|e| classify(dir, e))?;
             write_marker(dir)?;
         }
-        remove_retired_change_log(&db).map_err(|e| corrupt(e.to_string()))?;
+        remove_retired_change_log(&db).map_err(|e| classify(dir, e))?;
         let changes = open_changes(dir, &db).map_err(|e| corrupt(e.0))?;
         let ordinals = recover_ordinals(db.scan_prefix([ORDINAL])).map_err(|e| corrupt(e.0))?;
         Ok(SledStore {
@@ -332,6 +401,9 @@ fn aside_path(dir: &Path) -> PathBuf {
 /// Checks that `dir` is a Tally data directory or may become one. Returns
 /// true when it already is one (its marker is present).
 fn prepare_dir(dir: &Path) -> Result<bool, OpenError> {
+    if dir.metadata().is_ok_and(|meta| !meta.is_dir()) {
+        return Err(OpenError::IsAFile(dir.to_path_buf()));
+    }
     std::fs::create_dir_all(dir).map_err(io_error(dir))?;
     if dir.join(MARKER_FILE).exists() {
         return Ok(true);
@@ -359,19 +431,24 @@ fn write_marker(dir: &Path) -> Result<(), OpenError> {
     Ok(())
 }
 
+/// What a sled error met while opening means: the directory in use, a
+/// failure of the environment ([`environment_cause`]), or damage. Only the
+/// last may be moved aside.
 fn classify(dir: &Path, error: sled::Error) -> OpenError {
     let text = error.to_string();
+    let corrupt = |reason: String| OpenError::Corrupt {
+        path: dir.to_path_buf(),
+        reason,
+    };
     match error {
         sled::Error::Io(io)
             if io.kind() == std::io::ErrorKind::WouldBlock || text.contains("lock") =>
         {
             OpenError::Locked(dir.to_path_buf())
         }
+        sled::Error::Io(io) => io_open_error(dir, io, |_| corrupt(text)),
         _ if text.contains("lock") => OpenError::Locked(dir.to_path_buf()),
-        _ => OpenError::Corrupt {
-            path: dir.to_path_buf(),
-            reason: text,
-        },
+        _ => corrupt(text),
     }
 }
 
@@ -487,5 +564,48 @@ mod tests {
             1
         );
         store.close().unwrap();
+    }
+
+    #[track_caller]
+    fn assert_environment(raw: std::io::Error, cause: &str) {
+        let error = classify(Path::new("/data/tally"), sled::Error::Io(raw));
+        let text = error.to_string();
+        assert!(matches!(error, OpenError::Io { .. }), "{text}");
+        assert!(
+            text.contains(cause) && text.contains("/data/tally"),
+            "{text}"
+        );
+        assert!(!text.contains("move-aside"), "{text}");
+    }
+
+    #[test]
+    fn failures_of_the_environment_are_not_damage() {
+        use std::io::{Error, ErrorKind};
+        assert_environment(
+            Error::from(ErrorKind::PermissionDenied),
+            "permission denied",
+        );
+        assert_environment(Error::from_raw_os_error(30), "read-only");
+        assert_environment(Error::from_raw_os_error(28), "no space left");
+        assert_environment(Error::from_raw_os_error(122), "quota");
+        assert_environment(Error::from_raw_os_error(24), "too many open files");
+        assert_environment(Error::from_raw_os_error(23), "too many open files");
+        assert_environment(Error::from_raw_os_error(20), "is a file");
+        let damage = classify(
+            Path::new("/d"),
+            sled::Error::Corruption { at: None, bt: () },
+        );
+        assert!(matches!(damage, OpenError::Corrupt { .. }), "{damage}");
+    }
+
+    #[test]
+    fn move_aside_leaves_a_store_it_may_not_use() {
+        let root = tempfile::tempdir().unwrap();
+        let file = root.path().join("data");
+        std::fs::write(&file, b"x").unwrap();
+        let error = SledStore::open(&file, "eu", 1, OnCorrupt::MoveAside).unwrap_err();
+        assert!(matches!(error, OpenError::IsAFile(_)), "{error}");
+        assert!(error.to_string().contains("is a file"), "{error}");
+        assert!(file.is_file(), "the file was moved");
     }
 }

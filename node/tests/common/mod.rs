@@ -142,7 +142,21 @@ impl NodeProcess {
 
     /// Starts the process and returns without waiting (for tests of start-up errors).
     pub fn spawn_raw(spec: &NodeSpec) -> std::process::Output {
-        Command::new(node_binary())
+        Self::spawn_raw_via(spec, &[])
+    }
+
+    /// [`NodeProcess::spawn_raw`] through a wrapper command (e.g. `setpriv`
+    /// to run as another user); the node's path and arguments follow it.
+    pub fn spawn_raw_via(spec: &NodeSpec, wrapper: &[&str]) -> std::process::Output {
+        let mut command = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(node_binary());
+                command
+            }
+            None => Command::new(node_binary()),
+        };
+        command
             .args(spec.args())
             .stdin(Stdio::null())
             .output()
