@@ -6,6 +6,7 @@ pub mod convert;
 pub mod counters;
 pub mod replication;
 pub mod serve;
+pub mod status_codes;
 
 pub use admin::{AdminService, NodeInfo};
 pub use counters::CountersService;

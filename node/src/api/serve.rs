@@ -1,7 +1,8 @@
 //! Assembles and runs the gRPC server: the three Tally services behind the
 //! token interceptor (Counters, Admin) or the peer-certificate check
 //! (Replication), plus the standard health service and server reflection
-//! (open, so probes and `grpcurl` work), over plain TCP or TLS.
+//! (open, so probes and `grpcurl` work), over plain TCP or TLS. Requests
+//! tonic cannot read get the conventional codes ([`super::status_codes`]).
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use tonic::service::interceptor::InterceptedService;
 use crate::engine::Engine;
 use crate::security::{AuthInterceptor, Security};
 
+use super::status_codes::ClientFaultCodes;
 use super::{AdminService, CountersService, NodeInfo, ReplicationService};
 
 /// The largest gRPC message a node accepts or sends.
@@ -52,9 +54,15 @@ pub async fn spawn_grpc(
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
-        .add_service(InterceptedService::new(counters, interceptor.clone()))
-        .add_service(replication)
-        .add_service(InterceptedService::new(admin, interceptor))
+        .add_service(ClientFaultCodes(InterceptedService::new(
+            counters,
+            interceptor.clone(),
+        )))
+        .add_service(ClientFaultCodes(replication))
+        .add_service(ClientFaultCodes(InterceptedService::new(
+            admin,
+            interceptor,
+        )))
         .add_service(health)
         .add_service(reflection);
     let task = match &security.tls {
