@@ -449,14 +449,18 @@ impl IdempotencyKey {
 }
 
 /// A fresh idempotency key: a UUID v7, ordered by its millisecond so that a
-/// server can expire old keys cheaply, with 74 random bits from the thread's
-/// generator (`uuid::Uuid::now_v7` takes a global lock and reads the OS's
-/// random source for each key, which showed in the profile of busy clients).
+/// server can expire old keys cheaply, with 74 random bits from
+/// [`crate::random`] (`uuid::Uuid::now_v7` takes a global lock and reads the
+/// OS's random source for each key, which showed in the profile of busy
+/// clients).
 fn new_idempotency_key() -> IdempotencyKey {
     let millis = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |since| since.as_millis() as u64);
-    let random: [u8; 10] = rand::random();
+    let mut random = [0; 16];
+    random[..8].copy_from_slice(&crate::random::random_u64().to_le_bytes());
+    random[8..].copy_from_slice(&crate::random::random_u64().to_le_bytes());
+    let random: [u8; 10] = random[..10].try_into().unwrap_or_default();
     let uuid = uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid();
     let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
     uuid.hyphenated().encode_lower(&mut text);

@@ -42,6 +42,7 @@ mod coalesce;
 mod config;
 mod error;
 mod format;
+mod random;
 mod retry;
 mod transport;
 mod types;

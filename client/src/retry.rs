@@ -116,7 +116,7 @@ impl RetryPolicy {
             if attempts > self.max_retries {
                 return Err(Error::after_retries(&status, attempts, self.deadline));
             }
-            let delay = self.backoff.delay(attempts, rand::random::<f64>());
+            let delay = self.backoff.delay(attempts, crate::random::jitter());
             if Instant::now() + delay >= deadline_at {
                 return Err(Error::after_retries(&status, attempts, self.deadline));
             }

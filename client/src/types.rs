@@ -2,20 +2,22 @@
 //! generated protobuf types (done here, once, so no prost type appears in the
 //! public API).
 //!
-//! Every value is `Serialize`/`Deserialize` for the CLI's `--json` output.
-//! In JSON, 64-bit ids and digests are 16-digit lowercase hex strings (a JSON
+//! With the `serde` feature (off by default; the `tally` CLI turns it on for
+//! its `--json` output) every value is `Serialize`/`Deserialize`. In JSON, 64-bit ids and digests are 16-digit lowercase hex strings (a JSON
 //! number loses precision past 2^53) and durations are whole milliseconds in a
 //! field whose name ends in `_ms` (`null` when absent).
 
 use std::time::Duration;
 
+#[cfg(feature = "serde")]
 use serde::{Deserialize, Serialize};
 use tally_proto::v1 as proto;
 
 use crate::Error;
 
 /// The answer to an add.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct AddOutcome {
     /// The counter's value on the answering node right after the add.
     pub value: i64,
@@ -25,7 +27,8 @@ pub struct AddOutcome {
 }
 
 /// A counter read with its per-region breakdown.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct Counter {
     /// The counter's key.
     pub key: String,
@@ -36,7 +39,8 @@ pub struct Counter {
 }
 
 /// One region's part of a counter, as the answering node knows it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct RegionValue {
     /// The region's name.
     pub region: String,
@@ -51,12 +55,16 @@ pub struct RegionValue {
     /// Time since the answering node last synced with a node of this region:
     /// how stale this part may be. `None` for the local region and for a
     /// region never synced with. JSON: `since_last_sync_ms`.
-    #[serde(rename = "since_last_sync_ms", with = "optional_millis")]
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "since_last_sync_ms", with = "optional_millis")
+    )]
     pub since_last_sync: Option<Duration>,
 }
 
 /// A key taking many operations on the answering node right now.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct HotKey {
     /// The counter.
     pub key: String,
@@ -67,7 +75,8 @@ pub struct HotKey {
 }
 
 /// The cluster as one node sees it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct ClusterStatus {
     /// The cluster's name; nodes of other clusters are refused.
     pub cluster_id: String,
@@ -79,7 +88,7 @@ pub struct ClusterStatus {
     /// the cluster has converged.
     pub converged: bool,
     /// The answering node's hottest keys, for adds and for gets, hottest first.
-    #[serde(default)]
+    #[cfg_attr(feature = "serde", serde(default))]
     pub hot_keys: Vec<HotKey>,
 }
 
@@ -91,7 +100,8 @@ impl ClusterStatus {
 }
 
 /// One node of the cluster.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(Serialize, Deserialize))]
 pub struct Member {
     /// The region the node belongs to.
     pub region: String,
@@ -99,7 +109,7 @@ pub struct Member {
     pub node_name: String,
     /// The node's replica id (new whenever its data directory is new).
     /// JSON: 16 hex digits.
-    #[serde(with = "hex_u64")]
+    #[cfg_attr(feature = "serde", serde(with = "hex_u64"))]
     pub replica: u64,
     /// Where the node serves gRPC.
     pub grpc_addr: String,
@@ -108,14 +118,17 @@ pub struct Member {
     /// Whether the failure detector holds the node alive.
     pub alive: bool,
     /// The node's published digest of its durable state. JSON: 16 hex digits.
-    #[serde(with = "hex_u64")]
+    #[cfg_attr(feature = "serde", serde(with = "hex_u64"))]
     pub digest: u64,
     /// The node's published durable sequence number.
     pub durable_seq: u64,
     /// Time since the answering node last completed a pull from this member;
     /// `None` if never (and for the answering node itself). JSON:
     /// `since_last_sync_ms`.
-    #[serde(rename = "since_last_sync_ms", with = "optional_millis")]
+    #[cfg_attr(
+        feature = "serde",
+        serde(rename = "since_last_sync_ms", with = "optional_millis")
+    )]
     pub since_last_sync: Option<Duration>,
     /// How many sequence numbers the answering node's watermark for this
     /// member trails the member's durable sequence.
@@ -209,6 +222,7 @@ fn member_from_proto(member: proto::Member) -> Member {
 }
 
 /// `Option<Duration>` as whole milliseconds, or `null`.
+#[cfg(feature = "serde")]
 mod optional_millis {
     use std::time::Duration;
 
@@ -235,6 +249,7 @@ mod optional_millis {
 }
 
 /// `u64` as 16 lowercase hex digits.
+#[cfg(feature = "serde")]
 mod hex_u64 {
     use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
 
@@ -295,6 +310,7 @@ mod tests {
         assert!(matches!(result, Err(Error::Protocol(_))));
     }
 
+    #[cfg(feature = "serde")]
     #[test]
     fn json_uses_hex_ids_and_millisecond_durations_and_round_trips() {
         let member = member_from_proto(proto_member("n1", u64::MAX));
@@ -306,6 +322,7 @@ mod tests {
         assert_eq!(back, member);
     }
 
+    #[cfg(feature = "serde")]
     #[test]
     fn region_without_a_sync_serializes_null() {
         let region = region_from_proto(proto::RegionValue {

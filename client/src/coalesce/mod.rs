@@ -125,7 +125,7 @@ async fn run(
         tokio::select! {
             biased;
             Some((id, outcome)) = calls.next(), if !calls.is_empty() => {
-                batcher.handle_batch_done(Instant::now().into_std(), id, outcome, rand::random());
+                batcher.handle_batch_done(Instant::now().into_std(), id, outcome, crate::random::jitter());
             }
             received = submit_rx.recv() => {
                 let Some(pending) = received else {
