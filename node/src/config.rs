@@ -14,7 +14,7 @@ use anyhow::{bail, Context};
 const MIN_STORE_CACHE_BYTES: u64 = 1 << 20;
 use serde::Deserialize;
 
-use crate::engine::Durability;
+use crate::engine::{Durability, FreeSpaceFloor};
 use crate::security::SecuritySettings;
 use crate::store::OnCorrupt;
 
@@ -112,6 +112,18 @@ pub struct RunArgs {
     /// Refuse to start unless TLS (--tls-cert, --tls-key, --tls-ca) and --auth-tokens are set.
     #[arg(long, env = "TALLY_SECURE", num_args = 0..=1, default_missing_value = "true")]
     pub secure: Option<bool>,
+    /// Free space the data directory's filesystem must keep: below it adds are refused
+    /// (RESOURCE_EXHAUSTED) while reads and replication go on. A size (1GiB, 512MiB) or a
+    /// share of the filesystem (5%); 0 turns it off. [default: 5%, at most 1GiB]
+    #[arg(long, env = "TALLY_MIN_FREE_DISK")]
+    pub min_free_disk: Option<String>,
+    /// How long a stop (SIGTERM, Ctrl-C) may take before the node exits anyway,
+    /// logging what it could not commit, e.g. 10s. [default: 10s]
+    #[arg(long, env = "TALLY_SHUTDOWN_GRACE")]
+    pub shutdown_grace: Option<String>,
+    /// Tests only: a file whose content (`fail`, `hang`) makes the store's flushes fail or hang.
+    #[arg(long, hide = true)]
+    pub test_store_fault_file: Option<PathBuf>,
 }
 
 /// The same settings, as a TOML file holds them.
@@ -145,6 +157,8 @@ struct FileSettings {
     rate_limit: Option<u32>,
     rate_burst: Option<u32>,
     secure: Option<bool>,
+    min_free_disk: Option<String>,
+    shutdown_grace: Option<String>,
 }
 
 /// Checked settings of one node.
@@ -195,6 +209,12 @@ pub struct Settings {
     pub json_logs: bool,
     /// TLS, tokens and rate limits.
     pub security: SecuritySettings,
+    /// See [`RunArgs`].
+    pub min_free_disk: FreeSpaceFloor,
+    /// See [`RunArgs`].
+    pub shutdown_grace: Duration,
+    /// See [`RunArgs`] (tests only).
+    pub test_store_fault_file: Option<PathBuf>,
 }
 
 impl Settings {
@@ -223,6 +243,9 @@ impl Settings {
             on_corrupt: OnCorrupt::Refuse,
             json_logs: false,
             security: SecuritySettings::default(),
+            min_free_disk: FreeSpaceFloor::Default,
+            shutdown_grace: Duration::from_secs(10),
+            test_store_fault_file: None,
         }
     }
 
@@ -341,6 +364,14 @@ impl Settings {
             rate_burst: take!(rate_burst).unwrap_or(rate_limit),
             secure: take!(secure).unwrap_or(false),
         };
+        if let Some(text) = take!(min_free_disk) {
+            settings.min_free_disk = FreeSpaceFloor::parse(&text)
+                .map_err(|error| anyhow::anyhow!("--min-free-disk {error}"))?;
+        }
+        if let Some(text) = take!(shutdown_grace) {
+            settings.shutdown_grace = parse_duration("--shutdown-grace", &text)?;
+        }
+        settings.test_store_fault_file = args.test_store_fault_file;
         if settings.sync_interval.is_zero() || settings.gossip_interval.is_zero() {
             bail!("--sync-interval and --gossip-interval must be above zero");
         }
@@ -504,6 +535,27 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("--peer-source-ip"), "{err}");
+    }
+
+    #[test]
+    fn min_free_disk_and_shutdown_grace_have_defaults_and_name_themselves() {
+        let defaults = Settings::resolve(RunArgs::default()).unwrap();
+        assert_eq!(defaults.min_free_disk, FreeSpaceFloor::Default);
+        assert_eq!(defaults.shutdown_grace, Duration::from_secs(10));
+        let settings = Settings::resolve(RunArgs {
+            min_free_disk: Some("5%".into()),
+            shutdown_grace: Some("3s".into()),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(settings.min_free_disk, FreeSpaceFloor::Percent(5.0));
+        assert_eq!(settings.shutdown_grace, Duration::from_secs(3));
+        let err = Settings::resolve(RunArgs {
+            min_free_disk: Some("plenty".into()),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("--min-free-disk"), "{err}");
     }
 
     #[test]

@@ -86,10 +86,39 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => {
             let settings = Settings::resolve(cli.run)?;
             init_logs(settings.json_logs);
+            let grace = settings.shutdown_grace;
             let node = tally_node::server::start(settings).await?;
-            tally_node::wait_for_shutdown_signal().await;
-            tracing::info!("shutting down: finishing the last commit");
-            node.shutdown().await;
+            let engine = node.engine.clone();
+            let failed = tokio::select! {
+                _ = tally_node::wait_for_shutdown_signal() => None,
+                cause = engine.store_failed() => Some(cause),
+            };
+            if failed.is_none() {
+                tracing::info!("shutting down: finishing the last commit");
+            }
+            // Whatever the store is doing (a hung flush), the process exits
+            // within the grace: what was not committed was never acknowledged.
+            let stopped = tokio::time::timeout(grace, node.shutdown()).await.is_ok();
+            if !stopped {
+                let durable = *engine.durable_seq().borrow();
+                let pending = match engine.try_uncommitted() {
+                    Some((counters, last_seq)) if last_seq > durable => format!(
+                        "{counters} counters changed in memory were not made durable (commits {}..={last_seq}); adds waiting on them were never acknowledged",
+                        durable + 1
+                    ),
+                    Some(_) => "nothing acknowledged is missing".to_string(),
+                    None => "the core was busy, so what was pending is unknown; no add waiting on it was acknowledged".to_string(),
+                };
+                anyhow::bail!(
+                    "the node did not stop within --shutdown-grace {} ms (the store did not finish its last commit; durable up to commit {durable}): exiting anyway; {pending}",
+                    grace.as_millis()
+                );
+            }
+            if let Some(cause) = failed {
+                anyhow::bail!(
+                    "the store failed and the node stopped: {cause}. Every acknowledged add is on disk; check the disk (free space, IO errors in dmesg) and restart the node"
+                );
+            }
             Ok(())
         }
     }

@@ -91,6 +91,12 @@ pub struct Metrics {
     pub tls_handshake_failures: Counter,
     /// Operations per second of the hottest keys (top 10 per operation).
     pub hot_key_rate: Family<HotKeyLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Bytes free on the data directory's filesystem (last sample).
+    pub disk_free_bytes: Gauge,
+    /// The `--min-free-disk` floor in bytes: adds are refused below it.
+    pub disk_free_floor_bytes: Gauge,
+    /// 1 once the node has given up on its store (fail-stop), else 0.
+    pub storage_failed: Gauge,
 }
 
 impl Metrics {
@@ -125,6 +131,9 @@ impl Metrics {
             auth_refusals: Family::default(),
             tls_handshake_failures: Counter::default(),
             hot_key_rate: Family::default(),
+            disk_free_bytes: Gauge::default(),
+            disk_free_floor_bytes: Gauge::default(),
+            storage_failed: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -253,6 +262,21 @@ impl Metrics {
             "hot_key_rate",
             "Operations per second of the hottest keys (top 10 per operation)",
             metrics.hot_key_rate.clone(),
+        );
+        registry.register(
+            "disk_free_bytes",
+            "Bytes free on the data directory's filesystem",
+            metrics.disk_free_bytes.clone(),
+        );
+        registry.register(
+            "disk_free_floor_bytes",
+            "The --min-free-disk floor in bytes; adds are refused while free bytes are below it",
+            metrics.disk_free_floor_bytes.clone(),
+        );
+        registry.register(
+            "storage_failed",
+            "1 once the node gave up on its store after failed commits and is stopping",
+            metrics.storage_failed.clone(),
         );
         Metrics {
             registry,

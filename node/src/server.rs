@@ -3,6 +3,8 @@
 //!
 //! Shutdown runs in the order that loses nothing: stop being ready, stop
 //! serving, stop pulling, commit and flush what is pending, leave the cluster.
+//! `/readyz` keeps answering "not ready" until the end. A store that failed
+//! (fail-stop) is not closed: nothing more is written to it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,13 +17,13 @@ use tokio::task::JoinHandle;
 use crate::api::serve::spawn_grpc;
 use crate::api::NodeInfo;
 use crate::config::Settings;
-use crate::engine::{CommitterHandle, Engine};
+use crate::engine::{CommitterHandle, Engine, StoreHealth};
 use crate::gossip::anti_entropy::{spawn_anti_entropy, AntiEntropyConfig, AntiEntropyHandle};
 use crate::gossip::membership::{MembershipConfig, MembershipHandle};
 use crate::metrics::Metrics;
 use crate::replica::ReplicaConfig;
 use crate::security::Security;
-use crate::store::{SledStore, Store};
+use crate::store::{FaultyStore, SledStore, Store};
 
 /// A running node.
 pub struct NodeHandle {
@@ -63,7 +65,13 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         tracing::warn!(to = %aside.display(), "the damaged store was moved aside; this node is a new replica and rebuilds from its peers");
     }
     let identity = store.identity().clone();
-    let store: Arc<dyn Store> = Arc::new(store);
+    let store: Arc<dyn Store> = match &settings.test_store_fault_file {
+        Some(file) => {
+            tracing::warn!(file = %file.display(), "test fault injection is on: this node's store fails or hangs when that file says so");
+            Arc::new(FaultyStore::new(store, file.clone()))
+        }
+        None => Arc::new(store),
+    };
     let metrics = Arc::new(Metrics::new());
     let replica_config = ReplicaConfig {
         cluster_id: settings.cluster_id.clone(),
@@ -81,6 +89,11 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
                 settings.data_dir.display()
             )
         })?;
+    engine.watch_disk(
+        settings.data_dir.clone(),
+        settings.min_free_disk,
+        settings.node_name.clone(),
+    );
 
     let grpc_listener = tokio::net::TcpListener::bind(settings.grpc_addr)
         .await
@@ -229,22 +242,26 @@ impl NodeHandle {
         if let Some(stop) = self.grpc_stop.take() {
             let _ = stop.send(());
         }
+        // Streams such as Watch would hold the server open; give them a moment.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.grpc_task).await;
+        self.anti_entropy.shutdown().await;
+        self.committer.shutdown().await;
+        if let StoreHealth::Failed(cause) = self.engine.store_health() {
+            tracing::warn!(%cause, "not closing the failed store: the next start recovers from what is durable");
+        } else {
+            let store = Arc::clone(self.engine.store());
+            match tokio::task::spawn_blocking(move || store.close()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "closing the store failed; the next start rebuilds what it would have saved")
+                }
+                Err(error) => tracing::warn!(%error, "closing the store failed"),
+            }
+        }
         if let Some(stop) = self.http_stop.take() {
             let _ = stop.send(());
         }
-        // Streams such as Watch would hold the server open; give them a moment.
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.grpc_task).await;
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.http_task).await;
-        self.anti_entropy.shutdown().await;
-        self.committer.shutdown().await;
-        let store = Arc::clone(self.engine.store());
-        match tokio::task::spawn_blocking(move || store.close()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "closing the store failed; the next start rebuilds what it would have saved")
-            }
-            Err(error) => tracing::warn!(%error, "closing the store failed"),
-        }
         self.membership_task.abort();
         let _ = self.membership_task.await;
         match Arc::try_unwrap(self.membership) {

@@ -30,6 +30,8 @@ pub fn code_of(error: &EngineError) -> Code {
         EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => Code::Unavailable,
         EngineError::OutOfRange(_) => Code::OutOfRange,
         EngineError::ShuttingDown => Code::Unavailable,
+        EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => Code::Unavailable,
+        EngineError::DiskFull { .. } => Code::ResourceExhausted,
     }
 }
 

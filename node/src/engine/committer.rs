@@ -6,14 +6,44 @@
 //! the next one, so the batch grows with the load and a hot key costs one
 //! write per flush however many adds it takes. Writes and flushes run on a
 //! blocking thread, outside the core's lock.
+//!
+//! A failed commit is retried a bounded number of times ([`COMMIT_ATTEMPTS`],
+//! with a doubling pause); the store is `Failing` meanwhile. When the retries
+//! do not help, or one commit does not finish within [`COMMIT_STALL_LIMIT`],
+//! or the committer itself dies, the engine fails stop: no commit after that,
+//! and every waiter is answered. (sled 0.34 keeps the first IO error it meets,
+//! so a retry in the same process rarely helps it: a restart does.)
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::{now_ms, Engine, HOUSEKEEPING_INTERVAL};
+use super::{now_ms, Engine, StoreHealth, HOUSEKEEPING_INTERVAL};
+
+/// Attempts at one commit (the first and the retries) before failing stop.
+pub const COMMIT_ATTEMPTS: u32 = 4;
+/// The longest one commit's write and flush may take before failing stop.
+pub const COMMIT_STALL_LIMIT: Duration = Duration::from_secs(60);
+
+/// Fails the engine stop if the committer ends without saying it stopped
+/// cleanly (a panic in the task), so that no waiter hangs forever.
+struct DiesLoudly {
+    engine: Arc<Engine>,
+    clean: bool,
+}
+
+impl Drop for DiesLoudly {
+    fn drop(&mut self) {
+        if self.clean {
+            self.engine.set_health(StoreHealth::Stopped);
+        } else {
+            self.engine
+                .fail_stop("the group committer stopped unexpectedly".into());
+        }
+    }
+}
 
 /// How many hot keys per operation the metrics show.
 const HOT_KEYS_IN_METRICS: usize = 10;
@@ -40,7 +70,12 @@ impl CommitterHandle {
 pub(super) fn spawn(engine: Arc<Engine>, on_commit: OnCommit) -> CommitterHandle {
     let (stop_tx, mut stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
+        let mut guard = DiesLoudly {
+            engine: engine.clone(),
+            clean: false,
+        };
         let mut last_housekeeping = Instant::now();
+        let mut failures = 0;
         loop {
             let stopping = tokio::select! {
                 _ = engine.commit_wakeup.notified() => false,
@@ -51,12 +86,17 @@ pub(super) fn spawn(engine: Arc<Engine>, on_commit: OnCommit) -> CommitterHandle
                 last_housekeeping = Instant::now();
                 housekeeping(&engine);
             }
-            commit_all(&engine, &on_commit).await;
+            if let Err(cause) = commit_all(&engine, &on_commit, &mut failures).await {
+                engine.fail_stop(cause);
+                guard.clean = true;
+                return;
+            }
             if stopping {
                 tracing::info!(
                     durable_seq = *engine.durable_tx.borrow(),
                     "committer stopped after a final commit"
                 );
+                guard.clean = true;
                 return;
             }
         }
@@ -91,25 +131,32 @@ fn housekeeping(engine: &Engine) {
     if let Some(bytes) = engine.store.size_on_disk() {
         engine.metrics.disk_bytes.set(bytes as i64);
     }
+    engine.sample_disk();
 }
 
-/// Commits until the core has nothing more to write.
-async fn commit_all(engine: &Arc<Engine>, on_commit: &OnCommit) {
+/// Commits until the core has nothing more to write. Err with the cause
+/// when the store failed for good.
+/// `failures` counts the failed attempts since the last commit that
+/// succeeded (kept across calls: a retried batch may wait for a tick).
+async fn commit_all(
+    engine: &Arc<Engine>,
+    on_commit: &OnCommit,
+    failures: &mut u32,
+) -> Result<(), Arc<str>> {
     loop {
         let Some(batch) = engine.core().poll_commit() else {
-            return;
+            return Ok(());
         };
         let seq = batch.seq;
         let counters = batch.counters.len();
         let started = Instant::now();
         let store = engine.store.clone();
-        let written = tokio::task::spawn_blocking(move || {
+        let task = tokio::task::spawn_blocking(move || {
             store.write(&batch)?;
             store.flush()
-        })
-        .await;
-        match written {
-            Ok(Ok(())) => {
+        });
+        let cause: Arc<str> = match tokio::time::timeout(COMMIT_STALL_LIMIT, task).await {
+            Ok(Ok(Ok(()))) => {
                 let digest = {
                     let mut core = engine.core();
                     core.handle_commit_done(seq);
@@ -126,19 +173,36 @@ async fn commit_all(engine: &Arc<Engine>, on_commit: &OnCommit) {
                     .commit_duration
                     .observe(started.elapsed().as_secs_f64());
                 on_commit(seq, digest);
+                if *failures > 0 {
+                    tracing::info!(seq, failures = *failures, "a group commit succeeded again");
+                    *failures = 0;
+                    engine.set_health(StoreHealth::Healthy);
+                }
+                continue;
             }
-            Ok(Err(error)) => {
+            Ok(Ok(Err(error))) => error.to_string().into(),
+            Ok(Err(join_error)) => format!("the commit task died: {join_error}").into(),
+            Err(_) => {
+                // The write may still land: no retry beside it, fail stop now.
                 engine.core().handle_commit_failed(seq);
                 engine.metrics.commit_errors.inc();
-                tracing::error!(seq, %error, "group commit failed; retrying");
-                tokio::time::sleep(HOUSEKEEPING_INTERVAL).await;
+                return Err(format!(
+                    "a group commit did not finish writing and flushing within {} s (is the disk hung?)",
+                    COMMIT_STALL_LIMIT.as_secs()
+                )
+                .into());
             }
-            Err(join_error) => {
-                engine.core().handle_commit_failed(seq);
-                engine.metrics.commit_errors.inc();
-                tracing::error!(seq, %join_error, "group commit task died; retrying");
-                tokio::time::sleep(HOUSEKEEPING_INTERVAL).await;
-            }
+        };
+        engine.core().handle_commit_failed(seq);
+        engine.metrics.commit_errors.inc();
+        *failures += 1;
+        if *failures >= COMMIT_ATTEMPTS {
+            tracing::error!(seq, attempts = *failures, %cause, "group commit failed; giving up");
+            return Err(cause);
         }
+        let pause = HOUSEKEEPING_INTERVAL * 2u32.pow(*failures - 1);
+        tracing::error!(seq, attempt = *failures, %cause, retry_in_ms = pause.as_millis() as u64, "group commit failed; refusing adds and reads while retrying");
+        engine.set_health(StoreHealth::Failing(cause));
+        tokio::time::sleep(pause).await;
     }
 }

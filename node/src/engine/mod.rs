@@ -7,8 +7,16 @@
 //! around the core is held for in-memory work only (plus a store read for a
 //! counter that is not cached); writes and flushes run outside it, in the
 //! committer, so a hot key costs one short critical section per add.
+//!
+//! Fail-stop (issue 17): while a commit is failing the node refuses adds and
+//! reads (a read could show adds that never become durable); once bounded
+//! retries have not helped, the store's health is [`StoreHealth::Failed`]:
+//! every waiting add is answered `UNAVAILABLE`, nothing more is served, and
+//! the binary exits so that a restart recovers from the durable state. Below
+//! the free-space floor ([`disk`]) adds are refused, reads are not.
 
 mod committer;
+pub mod disk;
 pub mod hot_keys;
 mod watchers;
 
@@ -26,6 +34,7 @@ use crate::replica::{
 use crate::store::Store;
 
 pub use committer::CommitterHandle;
+pub use disk::FreeSpaceFloor;
 use hot_keys::{HotKey, HotKeys, Op};
 use watchers::Watchers;
 
@@ -59,6 +68,35 @@ pub enum EngineError {
     /// The node is stopping.
     #[error("the node is shutting down; retry on another node or after it restarts")]
     ShuttingDown,
+    /// A commit failed and is being retried.
+    #[error("commits to this node's store are failing ({0}); retry on another node of the region")]
+    StoreFailing(Arc<str>),
+    /// The store failed for good and the node is stopping (fail-stop).
+    #[error("this node's store failed ({0}) and the node is stopping: the outcome of adds that were waiting is unknown; retry them with their idempotency key on another node of the region")]
+    StoreFailed(Arc<str>),
+    /// The data directory's filesystem is below the free-space floor.
+    #[error("disk nearly full on {node}: {free} bytes free, floor {floor} (--min-free-disk); adds resume by themselves once space is freed, reads go on")]
+    DiskFull {
+        /// The node's name.
+        node: String,
+        /// Bytes free at the last sample.
+        free: u64,
+        /// The floor in bytes.
+        floor: u64,
+    },
+}
+
+/// The store's health, as the committer found it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum StoreHealth {
+    /// Commits succeed.
+    Healthy,
+    /// The last commit failed (the cause) and is being retried.
+    Failing(Arc<str>),
+    /// Retries did not help: the node gave up on its store and stops.
+    Failed(Arc<str>),
+    /// The committer stopped after its last commit (the node is stopping).
+    Stopped,
 }
 
 /// A counter read.
@@ -88,6 +126,8 @@ pub struct Engine {
     watchers: Watchers,
     hot_keys: Mutex<HotKeys>,
     metrics: Arc<Metrics>,
+    health: watch::Sender<StoreHealth>,
+    disk: std::sync::OnceLock<disk::DiskGuard>,
 }
 
 impl Engine {
@@ -112,6 +152,8 @@ impl Engine {
             watchers: Watchers::default(),
             hot_keys: Mutex::new(HotKeys::default()),
             metrics,
+            health: watch::channel(StoreHealth::Healthy).0,
+            disk: std::sync::OnceLock::new(),
         }))
     }
 
@@ -137,6 +179,105 @@ impl Engine {
         self.durability
     }
 
+    /// Refuses adds while the filesystem of `dir` has less free space than
+    /// `floor` (sampled now and at every housekeeping tick). Set once.
+    pub fn watch_disk(&self, dir: std::path::PathBuf, floor: FreeSpaceFloor, node: String) {
+        let guard = self
+            .disk
+            .get_or_init(|| disk::DiskGuard::new(dir, floor, node));
+        guard.sample(&self.metrics);
+    }
+
+    fn sample_disk(&self) {
+        if let Some(guard) = self.disk.get() {
+            guard.sample(&self.metrics);
+        }
+    }
+
+    /// The store's health now.
+    pub fn store_health(&self) -> StoreHealth {
+        self.health.borrow().clone()
+    }
+
+    /// True while commits succeed: what `/readyz` reports.
+    pub fn is_ready(&self) -> bool {
+        *self.health.borrow() == StoreHealth::Healthy
+    }
+
+    /// Waits until the node has given up on its store; returns the cause.
+    pub async fn store_failed(&self) -> Arc<str> {
+        let mut health = self.health.subscribe();
+        loop {
+            if let StoreHealth::Failed(cause) = &*health.borrow_and_update() {
+                return cause.clone();
+            }
+            if health.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
+    fn set_health(&self, health: StoreHealth) {
+        self.health.send_if_modified(|current| {
+            // A failed store stays failed.
+            if matches!(current, StoreHealth::Failed(_)) || *current == health {
+                return false;
+            }
+            *current = health;
+            true
+        });
+    }
+
+    /// Gives up on the store: refuses everything from now on and answers
+    /// every waiting add; the binary exits on it.
+    fn fail_stop(&self, cause: Arc<str>) {
+        self.metrics.storage_failed.set(1);
+        let (uncommitted, last_seq) = self.core().uncommitted();
+        tracing::error!(
+            %cause,
+            durable_seq = *self.durable_tx.borrow(),
+            last_seq,
+            uncommitted_counters = uncommitted,
+            "the store failed and retries did not help: this node stops taking adds and serving reads, answers waiting adds UNAVAILABLE, and exits so that a restart recovers from its durable state"
+        );
+        self.set_health(StoreHealth::Failed(cause));
+    }
+
+    /// What was changed in memory but is not durable, when the core's lock is
+    /// free: (counters, last sequence handed out).
+    pub fn try_uncommitted(&self) -> Option<(usize, u64)> {
+        let core = match self.core.try_lock() {
+            Ok(core) => core,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(core.uncommitted())
+    }
+
+    /// Err unless the store is healthy: reads and adds are served only then.
+    fn check_serving(&self) -> Result<(), EngineError> {
+        match &*self.health.borrow() {
+            StoreHealth::Healthy => Ok(()),
+            StoreHealth::Failing(cause) => Err(EngineError::StoreFailing(cause.clone())),
+            StoreHealth::Failed(cause) => Err(EngineError::StoreFailed(cause.clone())),
+            StoreHealth::Stopped => Err(EngineError::ShuttingDown),
+        }
+    }
+
+    /// Err when adds must be refused: the store is not healthy, or the disk
+    /// is below the floor.
+    fn check_adds(&self) -> Result<(), EngineError> {
+        self.check_serving()?;
+        if let Some(guard) = self.disk.get() {
+            guard.check().map_err(|below| EngineError::DiskFull {
+                node: below.node,
+                free: below.free,
+                floor: below.floor,
+            })?;
+        }
+        Ok(())
+    }
+
     /// A receiver of the durable sequence.
     pub fn durable_seq(&self) -> watch::Receiver<u64> {
         self.durable_tx.subscribe()
@@ -150,7 +291,9 @@ impl Engine {
         idempotency_key: Option<&str>,
     ) -> Result<AddAccepted, EngineError> {
         let started = std::time::Instant::now();
-        let result = self.apply_add(key, delta, idempotency_key);
+        let result = self
+            .check_adds()
+            .and_then(|()| self.apply_add(key, delta, idempotency_key));
         let accepted = match result {
             Ok(accepted) => accepted,
             Err(error) => {
@@ -172,7 +315,12 @@ impl Engine {
         adds: impl IntoIterator<Item = (&'a [u8], i64, Option<&'a str>)>,
     ) -> Vec<Result<AddAccepted, EngineError>> {
         let started = std::time::Instant::now();
-        let results: Vec<Result<AddAccepted, EngineError>> = {
+        let results: Vec<Result<AddAccepted, EngineError>> = if self.check_adds().is_err() {
+            // Every item gets the refusal (read again: an error is not Clone).
+            adds.into_iter()
+                .map(|_| Err(self.check_adds().err().unwrap_or(EngineError::ShuttingDown)))
+                .collect()
+        } else {
             let now = now_ms();
             let mut core = self.core();
             adds.into_iter()
@@ -193,10 +341,19 @@ impl Engine {
         }
         if let Some(ticket) = ticket {
             self.commit_wakeup.notify_one();
-            if self.wait_durable(ticket).await.is_err() {
+            if let Err(error) = self.wait_durable(ticket).await {
+                let cause = match error {
+                    EngineError::StoreFailed(cause) => Some(cause),
+                    _ => None,
+                };
                 return results
                     .into_iter()
-                    .map(|r| r.and(Err(EngineError::ShuttingDown)))
+                    .map(|r| {
+                        r.and(Err(match &cause {
+                            Some(cause) => EngineError::StoreFailed(cause.clone()),
+                            None => EngineError::ShuttingDown,
+                        }))
+                    })
                     .collect();
             }
             self.metrics
@@ -266,6 +423,8 @@ impl Engine {
             EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => "storage",
             EngineError::OutOfRange(_) => "out_of_range",
             EngineError::ShuttingDown => "shutting_down",
+            EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => "storage_failed",
+            EngineError::DiskFull { .. } => "disk_full",
         };
         self.metrics
             .add_errors
@@ -280,11 +439,19 @@ impl Engine {
             return Ok(());
         }
         let mut durable = self.durable_tx.subscribe();
-        durable
-            .wait_for(|seq| *seq >= ticket)
-            .await
-            .map(|_| ())
-            .map_err(|_| EngineError::ShuttingDown)
+        let mut health = self.health.subscribe();
+        tokio::select! {
+            biased;
+            reached = durable.wait_for(|seq| *seq >= ticket) => {
+                reached.map(|_| ()).map_err(|_| EngineError::ShuttingDown)
+            }
+            ended = health.wait_for(|h| matches!(h, StoreHealth::Failed(_) | StoreHealth::Stopped)) => {
+                match ended.as_deref() {
+                    Ok(StoreHealth::Failed(cause)) => Err(EngineError::StoreFailed(cause.clone())),
+                    _ => Err(EngineError::ShuttingDown),
+                }
+            }
+        }
     }
 
     /// Waits, while more than `limit` changed counters wait for a commit,
@@ -305,6 +472,7 @@ impl Engine {
     /// Reads one counter.
     pub fn get(&self, key: &[u8], breakdown: bool) -> Result<CounterRead, EngineError> {
         let key = check_key(key)?;
+        self.check_serving()?;
         self.metrics.gets.inc();
         let mut core = self.core();
         let state = core.handle_get(now_ms(), &*self.store, key)?;
@@ -327,6 +495,7 @@ impl Engine {
         key: &[u8],
     ) -> Result<watch::Receiver<Result<i64, ValueOutOfRange>>, EngineError> {
         let key = check_key(key)?;
+        self.check_serving()?;
         let mut core = self.core();
         let state = core.handle_get(now_ms(), &*self.store, key)?;
         Ok(self.watchers.subscribe(key, state.value()))
@@ -334,6 +503,10 @@ impl Engine {
 
     /// Serves one chunk of a peer's pull.
     pub fn serve_pull(&self, request: &PullRequest) -> Result<PullChunk, PullRefused> {
+        // What the store returns after a failed flush may not be durable.
+        if let Err(error) = self.check_serving() {
+            return Err(PullRefused::Storage(StorageError(error.to_string())));
+        }
         self.core().handle_pull(&*self.store, request)
     }
 

@@ -51,3 +51,110 @@ async fn a_puller_waits_for_a_commit_only_while_the_backlog_is_over_the_limit() 
     committer.shutdown().await;
     assert_eq!(engine.core().dirty_counters(), 0);
 }
+
+/// An engine in `sync` durability over a memory store whose flushes fail or
+/// hang when `fault_file` says so.
+fn faulty_engine(fault_file: &std::path::Path) -> Arc<Engine> {
+    let store = MemoryStore::new(Identity {
+        replica: ReplicaId(1),
+        region: "eu".into(),
+    });
+    let store = crate::store::FaultyStore::new(store, fault_file.to_path_buf());
+    Engine::open(
+        Arc::new(store),
+        ReplicaConfig::default(),
+        Durability::Sync,
+        Arc::new(Metrics::new()),
+    )
+    .unwrap()
+}
+
+/// The bound on a wait that must end (never an expectation of speed).
+const GIVE_UP: Duration = Duration::from_secs(30);
+
+#[tokio::test]
+async fn waiting_adds_are_answered_unavailable_when_commits_keep_failing() {
+    let dir = tempfile::tempdir().unwrap();
+    let fault = dir.path().join("fault");
+    let engine = faulty_engine(&fault);
+    let committer = engine.spawn_committer(|_, _| {});
+    engine.add(b"a", 5, None).await.unwrap();
+    std::fs::write(&fault, "fail").unwrap();
+    let waiting = tokio::time::timeout(GIVE_UP, engine.add(b"a", 1, None))
+        .await
+        .expect("a waiting add is answered, not left hanging");
+    let error = waiting.unwrap_err();
+    assert!(
+        matches!(error, super::EngineError::StoreFailed(_)),
+        "{error}"
+    );
+    assert_eq!(
+        crate::api::convert::code_of(&error),
+        tonic::Code::Unavailable
+    );
+    assert!(error.to_string().contains("injected fault"), "{error}");
+    let cause = tokio::time::timeout(GIVE_UP, engine.store_failed())
+        .await
+        .unwrap();
+    assert!(cause.contains("injected fault"));
+    assert!(!engine.is_ready());
+    // Nothing is served that could include the add whose commit failed.
+    let read = engine.get(b"a", false).unwrap_err();
+    assert!(matches!(read, super::EngineError::StoreFailed(_)), "{read}");
+    assert!(matches!(
+        engine.add(b"b", 1, None).await,
+        Err(super::EngineError::StoreFailed(_))
+    ));
+    assert!(engine.metrics().encode().contains("tally_storage_failed 1"));
+    committer.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_commit_that_fails_for_a_while_is_retried_and_the_node_serves_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let fault = dir.path().join("fault");
+    let engine = faulty_engine(&fault);
+    let committer = engine.spawn_committer(|_, _| {});
+    std::fs::write(&fault, "fail").unwrap();
+    let add = tokio::spawn({
+        let engine = engine.clone();
+        async move { engine.add(b"a", 1, None).await.map(|a| a.value) }
+    });
+    let deadline = std::time::Instant::now() + GIVE_UP;
+    while !matches!(engine.store_health(), super::StoreHealth::Failing(_)) {
+        assert!(std::time::Instant::now() < deadline, "never failing");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!engine.is_ready());
+    let read = engine.get(b"a", false).unwrap_err();
+    assert!(matches!(read, super::EngineError::StoreFailing(_)), "{read}");
+    std::fs::remove_file(&fault).unwrap();
+    let value = tokio::time::timeout(GIVE_UP, add).await.unwrap().unwrap();
+    assert_eq!(value.unwrap(), 1, "the retried commit acknowledges the add");
+    assert!(engine.is_ready());
+    assert_eq!(engine.get(b"a", false).unwrap().value, 1);
+    committer.shutdown().await;
+}
+
+#[tokio::test]
+async fn below_the_disk_floor_adds_are_refused_and_reads_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = faulty_engine(&dir.path().join("no-fault"));
+    let committer = engine.spawn_committer(|_, _| {});
+    engine.add(b"a", 3, None).await.unwrap();
+    let (free, _) = super::disk::disk_space(dir.path()).unwrap();
+    let floor = super::FreeSpaceFloor::Bytes(free.saturating_mul(2));
+    engine.watch_disk(dir.path().into(), floor, "n1".into());
+    let error = engine.add(b"a", 1, None).await.unwrap_err();
+    assert_eq!(
+        crate::api::convert::code_of(&error),
+        tonic::Code::ResourceExhausted
+    );
+    assert!(
+        error.to_string().starts_with("disk nearly full on n1: "),
+        "{error}"
+    );
+    assert_eq!(engine.get(b"a", false).unwrap().value, 3);
+    assert!(engine.is_ready(), "reads are served: the node stays ready");
+    committer.shutdown().await;
+}

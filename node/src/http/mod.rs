@@ -1,5 +1,6 @@
 //! The HTTP endpoints: `/healthz` (the process answers), `/readyz` (the node
-//! serves: its store is open and it is not shutting down), `/metrics`
+//! serves: its store is open, its commits succeed, and it is not shutting
+//! down; the body says why not), `/metrics`
 //! (Prometheus text), and the status page `/status` (HTML) and `/status.json`.
 
 pub mod status_page;
@@ -38,10 +39,16 @@ pub fn router(state: HttpState) -> Router {
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
-    if state.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    use crate::engine::StoreHealth;
+    let unready = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why);
+    if !state.ready.load(Ordering::Acquire) {
+        return unready("not ready: shutting down\n".into());
+    }
+    match state.engine.store_health() {
+        StoreHealth::Healthy => (StatusCode::OK, "ready\n".into()),
+        StoreHealth::Failing(cause) => unready(format!("not ready: commits are failing: {cause}\n")),
+        StoreHealth::Failed(cause) => unready(format!("not ready: the store failed: {cause}\n")),
+        StoreHealth::Stopped => unready("not ready: shutting down\n".into()),
     }
 }
 

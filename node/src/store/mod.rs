@@ -12,6 +12,7 @@
 
 mod change_index;
 pub mod encoding;
+mod fault;
 mod memory;
 mod ordinals;
 mod sled_store;
@@ -20,6 +21,7 @@ use crate::crdt::ReplicaId;
 use crate::replica::{CommitBatch, DurableState, Identity, Recovered, StorageError};
 
 pub use change_index::ChangeIndex;
+pub use fault::FaultyStore;
 pub use memory::MemoryStore;
 pub use ordinals::Ordinals;
 pub use sled_store::{OnCorrupt, OpenError, SledStore, DEFAULT_CACHE_BYTES};
