@@ -132,7 +132,9 @@ impl DiskGuard {
         let floor = self.floor.bytes(total);
         self.free.store(free, Ordering::Relaxed);
         self.floor_bytes.store(floor, Ordering::Relaxed);
-        metrics.disk_free_bytes.set(free.min(i64::MAX as u64) as i64);
+        metrics
+            .disk_free_bytes
+            .set(free.min(i64::MAX as u64) as i64);
         metrics
             .disk_free_floor_bytes
             .set(floor.min(i64::MAX as u64) as i64);
@@ -146,7 +148,11 @@ impl DiskGuard {
                     "disk nearly full: refusing adds until space is freed (reads and replication go on); free space or raise the disk, or lower --min-free-disk"
                 );
             } else {
-                tracing::info!(free, floor, "disk space is back above the floor: taking adds again");
+                tracing::info!(
+                    free,
+                    floor,
+                    "disk space is back above the floor: taking adds again"
+                );
             }
         }
     }

@@ -127,7 +127,10 @@ async fn a_commit_that_fails_for_a_while_is_retried_and_the_node_serves_again() 
     }
     assert!(!engine.is_ready());
     let read = engine.get(b"a", false).unwrap_err();
-    assert!(matches!(read, super::EngineError::StoreFailing(_)), "{read}");
+    assert!(
+        matches!(read, super::EngineError::StoreFailing(_)),
+        "{read}"
+    );
     std::fs::remove_file(&fault).unwrap();
     let value = tokio::time::timeout(GIVE_UP, add).await.unwrap().unwrap();
     assert_eq!(value.unwrap(), 1, "the retried commit acknowledges the add");

@@ -41,12 +41,14 @@ pub fn router(state: HttpState) -> Router {
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     use crate::engine::StoreHealth;
     let unready = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why);
-    if !state.ready.load(Ordering::Acquire) {
-        return unready("not ready: shutting down\n".into());
-    }
     match state.engine.store_health() {
-        StoreHealth::Healthy => (StatusCode::OK, "ready\n".into()),
-        StoreHealth::Failing(cause) => unready(format!("not ready: commits are failing: {cause}\n")),
+        StoreHealth::Healthy if state.ready.load(Ordering::Acquire) => {
+            (StatusCode::OK, "ready\n".into())
+        }
+        StoreHealth::Healthy => unready("not ready: shutting down\n".into()),
+        StoreHealth::Failing(cause) => {
+            unready(format!("not ready: commits are failing: {cause}\n"))
+        }
         StoreHealth::Failed(cause) => unready(format!("not ready: the store failed: {cause}\n")),
         StoreHealth::Stopped => unready("not ready: shutting down\n".into()),
     }

@@ -456,3 +456,22 @@ pub fn free_port_block(count: u16) -> u16 {
     }
     panic!("no block of {count} free ports found");
 }
+
+impl NodeProcess {
+    /// Waits (at most `limit`) for the process to exit by itself; its exit
+    /// code, or `None` if it is still running at the limit (it keeps running).
+    pub fn wait_for_exit(&mut self, limit: Duration) -> Option<i32> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let child = self.child.as_mut()?;
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return Some(status.code().unwrap_or(-1));
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
