@@ -36,6 +36,7 @@ use crate::coalesce::reads::{spawn_read_coalescer, ReadCoalescerHandle};
 use crate::coalesce::wire::encode_add;
 use crate::coalesce::{spawn_coalescer, CoalescerHandle};
 use crate::retry::RetryPolicy;
+use crate::trace::{CallTrace, Subject};
 use crate::types::{counter_from_proto, status_from_proto};
 use crate::validate::{validate_delta, validate_idempotency_key, validate_key};
 use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
@@ -88,7 +89,8 @@ pub struct Client {
     admin: AdminClient<Transport>,
     health: HealthClient<Transport>,
     policy: RetryPolicy,
-    endpoint: Arc<str>,
+    /// `None` for a client over the caller's channel.
+    endpoint: Option<Arc<str>>,
     /// `None` when adds are not coalesced.
     coalescer: Option<CoalescerHandle>,
     /// `None` when reads are not coalesced (they are when adds are).
@@ -107,10 +109,23 @@ impl Client {
         ClientConfig::default().connect(endpoint).await
     }
 
-    pub(crate) fn from_channel(
+    /// Connects nothing: builds a client with the default [`ClientConfig`]
+    /// over a tonic channel the caller configured (its TLS, load balancing,
+    /// timeouts); retries and coalescing apply on top. See
+    /// [`ClientConfig::build_with_channel`] (which also takes a token) and
+    /// [`ClientConfig::build_with_service`] (any tower service, with the
+    /// caller's layers and interceptors).
+    ///
+    /// Must be called inside a tokio runtime.
+    pub fn from_channel(channel: tonic::transport::Channel) -> Client {
+        let config = ClientConfig::default();
+        Client::from_transport(Transport::new(channel, None), &config, None)
+    }
+
+    pub(crate) fn from_transport(
         channel: Transport,
         config: &ClientConfig,
-        endpoint: String,
+        endpoint: Option<String>,
     ) -> Client {
         let coalescer = config
             .batch_settings()
@@ -126,16 +141,17 @@ impl Client {
             admin: AdminClient::new(channel.clone()),
             health: HealthClient::new(channel),
             policy: config.retry_policy(),
-            endpoint: endpoint.into(),
+            endpoint: endpoint.map(Into::into),
             coalescer,
             read_coalescer,
             read_cache,
         }
     }
 
-    /// The endpoint this client talks to, normalised (`http://host:port`).
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
+    /// The endpoint this client talks to, normalised (`http://host:port`),
+    /// or `None` for a client built over the caller's channel or service.
+    pub fn endpoint(&self) -> Option<&str> {
+        self.endpoint.as_deref()
     }
 
     /// Adds `delta` (non-zero; negative to subtract) to the counter `key`,
@@ -150,7 +166,9 @@ impl Client {
     /// its own.
     pub async fn add(&self, key: &str, delta: i64) -> Result<AddOutcome, Error> {
         let idempotency_key = new_idempotency_key();
-        self.send_add(key, delta, idempotency_key.as_str()).await
+        CallTrace::start("add", Subject::Key(key.len()))
+            .run(self.send_add(key, delta, idempotency_key.as_str()))
+            .await
     }
 
     /// Like [`Client::add`], with an idempotency key the caller chose (1 to
@@ -163,8 +181,12 @@ impl Client {
         delta: i64,
         idempotency_key: &str,
     ) -> Result<AddOutcome, Error> {
-        validate_idempotency_key(idempotency_key)?;
-        self.send_add(key, delta, idempotency_key).await
+        CallTrace::start("add", Subject::Key(key.len()))
+            .run(async {
+                validate_idempotency_key(idempotency_key)?;
+                self.send_add(key, delta, idempotency_key).await
+            })
+            .await
     }
 
     async fn send_add(
@@ -233,6 +255,15 @@ impl Client {
                 })
             })
             .collect();
+        CallTrace::start("add_batch", Subject::Items(items.len()))
+            .run(self.send_add_batch(items))
+            .await
+    }
+
+    async fn send_add_batch(
+        &self,
+        items: Vec<Result<AddRequest, Error>>,
+    ) -> Result<Vec<Result<AddOutcome, Error>>, Error> {
         let request = AddBatchRequest {
             adds: items
                 .iter()
@@ -274,6 +305,12 @@ impl Client {
     /// come from it, up to its TTL old (but never older than this client's
     /// own answered adds).
     pub async fn get(&self, key: &str) -> Result<i64, Error> {
+        CallTrace::start("get", Subject::Key(key.len()))
+            .run(self.cached_get(key))
+            .await
+    }
+
+    async fn cached_get(&self, key: &str) -> Result<i64, Error> {
         let Some(cache) = &self.read_cache else {
             return Ok(self.read(key, false).await?.value);
         };
@@ -292,7 +329,9 @@ impl Client {
     /// Reads the counter `key` with its per-region breakdown and how stale
     /// each region's part may be.
     pub async fn get_with_breakdown(&self, key: &str) -> Result<Counter, Error> {
-        self.read(key, true).await
+        CallTrace::start("get_with_breakdown", Subject::Key(key.len()))
+            .run(self.read(key, true))
+            .await
     }
 
     async fn read(&self, key: &str, breakdown: bool) -> Result<Counter, Error> {
@@ -336,6 +375,15 @@ impl Client {
                 })
             })
             .collect();
+        CallTrace::start("get_batch", Subject::Items(items.len()))
+            .run(self.send_get_batch(items))
+            .await
+    }
+
+    async fn send_get_batch(
+        &self,
+        items: Vec<Result<GetRequest, Error>>,
+    ) -> Result<Vec<Result<i64, Error>>, Error> {
         let request = GetBatchRequest {
             gets: items
                 .iter()
@@ -365,6 +413,15 @@ impl Client {
     /// ends it, or with one `Err` if the connection fails; watching again is
     /// safe, since a new stream starts with the current value.
     pub async fn watch(
+        &self,
+        key: &str,
+    ) -> Result<impl Stream<Item = Result<i64, Error>> + Send + Unpin + 'static, Error> {
+        CallTrace::start("watch", Subject::Key(key.len()))
+            .run(self.open_watch(key))
+            .await
+    }
+
+    async fn open_watch(
         &self,
         key: &str,
     ) -> Result<impl Stream<Item = Result<i64, Error>> + Send + Unpin + 'static, Error> {
@@ -400,6 +457,12 @@ impl Client {
     /// answers, so `tally bench --op ping` measures with it what one bare
     /// unary RPC costs on this connection, client and server stack.
     pub async fn ping(&self) -> Result<(), Error> {
+        CallTrace::start("ping", Subject::Node)
+            .run(self.health_check())
+            .await
+    }
+
+    async fn health_check(&self) -> Result<(), Error> {
         let response = self
             .policy
             .run("ping", |timeout| {
@@ -425,6 +488,12 @@ impl Client {
     /// Asks the node for the cluster's membership, each member's digest and
     /// sync lag, and whether the cluster has converged.
     pub async fn status(&self) -> Result<ClusterStatus, Error> {
+        CallTrace::start("status", Subject::Node)
+            .run(self.cluster_status())
+            .await
+    }
+
+    async fn cluster_status(&self) -> Result<ClusterStatus, Error> {
         let response = self
             .policy
             .run("status", |timeout| {

@@ -4,7 +4,8 @@
 //!
 //! A [`ClientConfig`] is a plain value built with `with_*` methods; it turns
 //! into a client with [`ClientConfig::connect`] or
-//! [`ClientConfig::connect_lazy`].
+//! [`ClientConfig::connect_lazy`], or over a transport the caller built with
+//! [`ClientConfig::build_with_channel`] / [`ClientConfig::build_with_service`].
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use tonic::transport::{Endpoint, Uri};
 use crate::coalesce::reads::ReadSettings;
 use crate::coalesce::BatchSettings;
 use crate::retry::{Backoff, RetryPolicy};
-use crate::transport::{BearerToken, Transport};
+use crate::transport::{BoxError, Transport};
 use crate::{Client, Error};
 
 /// The most adds one `AddBatch` call may carry (the node's limit), and so the
@@ -250,7 +251,11 @@ impl ClientConfig {
                 endpoint: uri.clone(),
                 message: error_chain(&error),
             })?;
-        Ok(Client::from_channel(self.transport(channel)?, self, uri))
+        Ok(Client::from_transport(
+            self.transport(channel)?,
+            self,
+            Some(uri),
+        ))
     }
 
     /// Makes a client for `endpoint` without connecting: the connection is
@@ -260,7 +265,100 @@ impl ClientConfig {
     pub fn connect_lazy(&self, endpoint: impl Into<String>) -> Result<Client, Error> {
         let uri = normalize_endpoint(&endpoint.into())?;
         let channel = self.tonic_endpoint(&uri)?.connect_lazy();
-        Ok(Client::from_channel(self.transport(channel)?, self, uri))
+        Ok(Client::from_transport(
+            self.transport(channel)?,
+            self,
+            Some(uri),
+        ))
+    }
+
+    /// Builds a client over a tonic [`Channel`] the caller configured: its
+    /// own TLS (client certificates, system roots), load balancing
+    /// ([`Channel::balance_list`]), connect timeout, keep-alive and so on.
+    /// Nothing is connected here; the channel connects as it was told to.
+    ///
+    /// Everything else in this config still applies on top of the channel:
+    /// the per-call deadline, retries and backoff, the coalescing of adds and
+    /// reads, the read cache, and the token (added to every request when
+    /// set). Its TLS CA and connect timeout do not: those are the channel's.
+    /// Fails only on a token that is not printable ASCII.
+    ///
+    /// A channel-wide timeout (`Endpoint::timeout`) also cuts
+    /// [`Client::watch`] streams; prefer this config's deadline, which each
+    /// call carries as its gRPC timeout.
+    ///
+    /// Must be called inside a tokio runtime: the client starts its
+    /// coalescing tasks on it.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tonic::transport::Endpoint;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let channel = Endpoint::from_static("http://10.0.0.1:7100")
+    ///     .connect_timeout(Duration::from_secs(1))
+    ///     .http2_keep_alive_interval(Duration::from_secs(20))
+    ///     .connect()
+    ///     .await?;
+    /// let client = tally_client::ClientConfig::new()
+    ///     .with_token("s3cret")
+    ///     .build_with_channel(channel)?;
+    /// client.add("post:42:likes", 1).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// [`Channel`]: tonic::transport::Channel
+    /// [`Channel::balance_list`]: tonic::transport::Channel::balance_list
+    pub fn build_with_channel(&self, channel: tonic::transport::Channel) -> Result<Client, Error> {
+        self.build_with_service(channel)
+    }
+
+    /// Builds a client over any tower service that carries gRPC requests: a
+    /// tonic [`Channel`](tonic::transport::Channel) wrapped in the caller's
+    /// own layers (interceptors, metrics, rate limits, `tower::timeout`, ...),
+    /// or another HTTP/2 stack whose response bodies are
+    /// [`tonic::body::Body`] (wrap another body with `tonic::body::Body::new`).
+    ///
+    /// As with [`ClientConfig::build_with_channel`], the client's deadline,
+    /// retries, coalescing, read cache and token apply on top: a retried add
+    /// goes through the service again with the same idempotency key. An
+    /// error of the service (not a gRPC status) reaches the client as a
+    /// transport failure and is retried like a broken connection.
+    ///
+    /// ```no_run
+    /// use tonic::transport::Endpoint;
+    /// use tonic::service::interceptor::InterceptedService;
+    ///
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let channel = Endpoint::from_static("http://10.0.0.1:7100").connect_lazy();
+    /// // The service's own interceptor: tags every call with its caller.
+    /// let tagged = InterceptedService::new(channel, |mut request: tonic::Request<()>| {
+    ///     request.metadata_mut().insert("x-caller", "likes-service".parse().unwrap());
+    ///     Ok(request)
+    /// });
+    /// // InterceptedService wraps response bodies: give the client tonic's.
+    /// let service = tower::ServiceExt::map_response(tagged, |response: http::Response<_>| {
+    ///     response.map(tonic::body::Body::new)
+    /// });
+    /// let client = tally_client::ClientConfig::new().build_with_service(service)?;
+    /// client.add("post:42:likes", 1).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn build_with_service<S>(&self, service: S) -> Result<Client, Error>
+    where
+        S: tower::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<tonic::body::Body>,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        Ok(Client::from_transport(self.transport(service)?, self, None))
     }
 
     /// The retry policy of every call but a watch's stream.
@@ -299,14 +397,26 @@ impl ClientConfig {
         })
     }
 
-    fn transport(&self, channel: tonic::transport::Channel) -> Result<Transport, Error> {
+    /// Wraps `service` with the configured token.
+    fn transport<S>(&self, service: S) -> Result<Transport, Error>
+    where
+        S: tower::Service<
+                http::Request<tonic::body::Body>,
+                Response = http::Response<tonic::body::Body>,
+            > + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
         let token = match &self.token {
             Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
                 Error::InvalidArgument("the token must be printable ASCII".to_owned())
             })?),
             None => None,
         };
-        Ok(Transport::new(channel, BearerToken(token)))
+        Ok(Transport::new(service, token))
     }
 
     fn tonic_endpoint(&self, uri: &str) -> Result<Endpoint, Error> {

@@ -44,6 +44,7 @@ mod error;
 mod format;
 mod random;
 mod retry;
+mod trace;
 mod transport;
 mod types;
 mod validate;

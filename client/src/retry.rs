@@ -106,6 +106,7 @@ impl RetryPolicy {
                 });
             }
             attempts += 1;
+            crate::trace::record_attempts(attempts);
             let status = match send(remaining).await {
                 Ok(answer) => return Ok(answer),
                 Err(status) => status,

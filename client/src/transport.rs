@@ -1,26 +1,77 @@
-//! The connection a [`crate::Client`] talks over: a tonic channel, plain or
-//! TLS, that adds the client's bearer token to every request.
+//! The connection a [`crate::Client`] talks over: any gRPC-capable tower
+//! service (a tonic [`Channel`](tonic::transport::Channel) the client opened
+//! itself, or one the caller built with its own TLS, load balancing, layers
+//! and interceptors), behind one boxed, cloneable type, with the client's
+//! bearer token added to every request when one is configured.
+//!
+//! Invariant: everything the client sends goes through [`Transport`], so the
+//! retries, coalescing and tracing of [`crate::Client`] apply whatever the
+//! service underneath is.
 
-use tonic::metadata::{Ascii, MetadataValue};
-use tonic::service::interceptor::InterceptedService;
-use tonic::service::Interceptor;
-use tonic::transport::Channel;
-use tonic::{Request, Status};
+use std::fmt;
+use std::task::{Context, Poll};
 
-/// A channel that carries the bearer token.
-pub(crate) type Transport = InterceptedService<Channel, BearerToken>;
+use tonic::body::Body;
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceExt};
 
-/// Adds `authorization: Bearer TOKEN` when a token is set.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct BearerToken(pub(crate) Option<MetadataValue<Ascii>>);
+/// The error type of a transport: whatever the caller's service fails with.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-impl Interceptor for BearerToken {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(value) = &self.0 {
-            request
-                .metadata_mut()
-                .insert("authorization", value.clone());
-        }
-        Ok(request)
+/// The boxed service every generated stub of the client is built on.
+#[derive(Clone)]
+pub(crate) struct Transport {
+    service: BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError>,
+}
+
+impl Transport {
+    /// Wraps `service`, adding `authorization: <token>` to every request
+    /// when `token` is set (a previously present header is replaced).
+    pub(crate) fn new<S>(service: S, token: Option<http::HeaderValue>) -> Transport
+    where
+        S: Service<http::Request<Body>, Response = http::Response<Body>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
+        let service = service.map_err(Into::into);
+        let service = match token {
+            None => BoxCloneSyncService::new(service),
+            Some(token) => BoxCloneSyncService::new(service.map_request(
+                move |mut request: http::Request<Body>| {
+                    request
+                        .headers_mut()
+                        .insert(http::header::AUTHORIZATION, token.clone());
+                    request
+                },
+            )),
+        };
+        Transport { service }
+    }
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("Transport")
+    }
+}
+
+impl Service<http::Request<Body>> for Transport {
+    type Response = http::Response<Body>;
+    type Error = BoxError;
+    type Future =
+        <BoxCloneSyncService<http::Request<Body>, http::Response<Body>, BoxError> as Service<
+            http::Request<Body>,
+        >>::Future;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.service.poll_ready(context)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        self.service.call(request)
     }
 }

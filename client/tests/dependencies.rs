@@ -39,6 +39,11 @@ const DIRECT: &[(&str, &str)] = &[
     ("thiserror", "the Error enum"),
     ("uuid", "idempotency keys (UUID v7)"),
     ("tracing", "a span per call"),
+    (
+        "tower",
+        "the caller's own transport (ClientConfig::build_with_service)",
+    ),
+    ("http", "the request and response types of that transport"),
 ];
 
 /// The names of the crates in the library's normal (non-dev, non-build)

@@ -38,8 +38,9 @@ pub(crate) trait Waiter {
     /// True when nobody waits for the answer any more (the caller's future
     /// was dropped): the add need not be sent.
     fn is_closed(&self) -> bool;
-    /// Delivers the answer.
-    fn answer(self, result: Result<AddOutcome, Error>);
+    /// Delivers the answer, and how many times the add was sent (for the
+    /// caller's tracing span).
+    fn answer(self, result: Result<AddOutcome, Error>, attempts: u32);
 }
 
 /// How adds are gathered and retried.
@@ -183,10 +184,13 @@ impl<W: Waiter> Batcher<W> {
                     return false;
                 }
                 if item.deadline <= now {
-                    waiter.answer(Err(Error::Timeout {
-                        deadline,
-                        attempts: item.attempts,
-                    }));
+                    waiter.answer(
+                        Err(Error::Timeout {
+                            deadline,
+                            attempts: item.attempts,
+                        }),
+                        item.attempts,
+                    );
                     return false;
                 }
                 item.waiter = Some(waiter);
@@ -253,10 +257,13 @@ impl<W: Waiter> Batcher<W> {
                 let sent = batch.items.len();
                 for item in batch.items {
                     if let Some(waiter) = item.waiter {
-                        waiter.answer(Err(Error::Protocol(format!(
-                            "sent {sent} adds in one batch but got {} results",
-                            results.len()
-                        ))));
+                        waiter.answer(
+                            Err(Error::Protocol(format!(
+                                "sent {sent} adds in one batch but got {} results",
+                                results.len()
+                            ))),
+                            item.attempts,
+                        );
                     }
                 }
             }
@@ -268,7 +275,7 @@ impl<W: Waiter> Batcher<W> {
             Err(status) => {
                 for item in batch.items {
                     if let Some(waiter) = item.waiter {
-                        waiter.answer(Err(Error::from_status(&status)));
+                        waiter.answer(Err(Error::from_status(&status)), item.attempts);
                     }
                 }
             }
@@ -285,15 +292,18 @@ impl<W: Waiter> Batcher<W> {
                 let Some(waiter) = item.waiter else {
                     return;
                 };
-                waiter.answer(match answer {
-                    AddAnswer::Ok(outcome) => Ok(outcome),
-                    AddAnswer::Error { code, message } => {
-                        Err(Error::from_code(Code::from_i32(code), message))
-                    }
-                    AddAnswer::Empty => Err(Error::Protocol(
-                        "a batch result has neither a value nor an error".to_owned(),
-                    )),
-                });
+                waiter.answer(
+                    match answer {
+                        AddAnswer::Ok(outcome) => Ok(outcome),
+                        AddAnswer::Error { code, message } => {
+                            Err(Error::from_code(Code::from_i32(code), message))
+                        }
+                        AddAnswer::Empty => Err(Error::Protocol(
+                            "a batch result has neither a value nor an error".to_owned(),
+                        )),
+                    },
+                    item.attempts,
+                );
             }
         }
     }
@@ -307,11 +317,14 @@ impl<W: Waiter> Batcher<W> {
         };
         let delay = self.settings.backoff.delay(item.attempts, jitter);
         if item.attempts > self.settings.max_retries || now + delay >= item.deadline {
-            waiter.answer(Err(Error::after_retries(
-                status,
+            waiter.answer(
+                Err(Error::after_retries(
+                    status,
+                    item.attempts,
+                    self.settings.deadline,
+                )),
                 item.attempts,
-                self.settings.deadline,
-            )));
+            );
             return;
         }
         tracing::debug!(
@@ -351,10 +364,13 @@ impl<W: Waiter> Batcher<W> {
                 }
                 if item.deadline <= now {
                     if let Some(waiter) = item.waiter.take() {
-                        waiter.answer(Err(Error::Timeout {
-                            deadline: self.settings.deadline,
-                            attempts: item.attempts,
-                        }));
+                        waiter.answer(
+                            Err(Error::Timeout {
+                                deadline: self.settings.deadline,
+                                attempts: item.attempts,
+                            }),
+                            item.attempts,
+                        );
                     }
                 } else {
                     earliest = Some(earliest.map_or(item.deadline, |e| e.min(item.deadline)));
@@ -396,7 +412,7 @@ impl<W: Waiter> Batcher<W> {
 
     fn answer_timeout(&self, mut item: Item<W>) {
         if let Some(waiter) = item.waiter.take() {
-            waiter.answer(Err(self.timeout(&item)));
+            waiter.answer(Err(self.timeout(&item)), item.attempts);
         }
     }
 
@@ -471,7 +487,7 @@ mod tests {
         fn is_closed(&self) -> bool {
             self.closed
         }
-        fn answer(self, result: Result<AddOutcome, Error>) {
+        fn answer(self, result: Result<AddOutcome, Error>, _attempts: u32) {
             self.answers.0.borrow_mut().push((self.number, result));
         }
     }

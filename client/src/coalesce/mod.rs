@@ -41,17 +41,18 @@ use wire::{AddAnswer, AddBatchCodec, EncodedAdd};
 
 use crate::{AddOutcome, Error};
 
-/// Where the task sends an add's answer.
-type ReplyTx = oneshot::Sender<Result<AddOutcome, Error>>;
+/// Where the task sends an add's answer, with the number of times it sent
+/// the add.
+type ReplyTx = oneshot::Sender<(Result<AddOutcome, Error>, u32)>;
 
 impl Waiter for ReplyTx {
     fn is_closed(&self) -> bool {
         oneshot::Sender::is_closed(self)
     }
 
-    fn answer(self, result: Result<AddOutcome, Error>) {
+    fn answer(self, result: Result<AddOutcome, Error>, attempts: u32) {
         // The caller may have gone away meanwhile; then nobody wants it.
-        let _ = self.send(result);
+        let _ = self.send((result, attempts));
     }
 }
 
@@ -71,7 +72,8 @@ pub(crate) fn spawn_coalescer(channel: Transport, settings: BatchSettings) -> Co
 
 impl CoalescerHandle {
     /// Sends one encoded add with the rest of its batch, and waits for its
-    /// answer, which comes within the configured deadline.
+    /// answer, which comes within the configured deadline. The number of
+    /// times the add was sent goes to the caller's tracing span.
     pub(crate) async fn add(&self, body: EncodedAdd) -> Result<AddOutcome, Error> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let pending = PendingAdd {
@@ -81,7 +83,13 @@ impl CoalescerHandle {
         if self.submit_tx.send(pending).is_err() {
             return Err(task_stopped());
         }
-        reply_rx.await.unwrap_or_else(|_| Err(task_stopped()))
+        match reply_rx.await {
+            Ok((result, attempts)) => {
+                crate::trace::record_attempts(attempts);
+                result
+            }
+            Err(_) => Err(task_stopped()),
+        }
     }
 }
 
@@ -214,7 +222,7 @@ mod tests {
         // Nothing listens on port 1: the lazy channel never connects.
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
         let before = metrics.num_alive_tasks();
-        let handle = spawn_coalescer(Transport::new(channel, Default::default()), settings());
+        let handle = spawn_coalescer(Transport::new(channel, None), settings());
         let clone = handle.clone();
         assert_eq!(metrics.num_alive_tasks(), before + 1);
         drop(handle);
@@ -234,7 +242,7 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_node_fails_the_add_within_its_deadline() {
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
-        let handle = spawn_coalescer(Transport::new(channel, Default::default()), settings());
+        let handle = spawn_coalescer(Transport::new(channel, None), settings());
         let body = wire::encode_add(b"k", 1, b"key");
         let deadline = Instant::now() + Duration::from_millis(200);
         let error = handle.add(body).await.unwrap_err();

@@ -25,6 +25,7 @@ use tally_proto::v1::{
 };
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tonic::metadata::MetadataMap;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
@@ -60,6 +61,8 @@ pub struct FakeState {
     pub fail_next_reads: u32,
     /// Wait this long after reading the values, before answering a read.
     pub read_delay: Duration,
+    /// The request metadata (headers) of every `Add`/`AddBatch` call.
+    pub add_metadata: Vec<MetadataMap>,
 }
 
 /// The services' shared state.
@@ -99,6 +102,21 @@ impl FakeNode {
     /// How many single `Add` calls arrived.
     pub fn single_adds(&self) -> u32 {
         self.state().single_adds
+    }
+
+    /// The value of header `name` on each add call so far (`None` where a
+    /// call lacked it).
+    pub fn add_header(&self, name: &str) -> Vec<Option<String>> {
+        self.state()
+            .add_metadata
+            .iter()
+            .map(|metadata| {
+                metadata
+                    .get(name)
+                    .and_then(|value| value.to_str().ok())
+                    .map(str::to_owned)
+            })
+            .collect()
     }
 
     /// Records a request's keys, and fails it if told to.
@@ -200,6 +218,7 @@ fn item_error(status: Status) -> tally_proto::v1::Error {
 #[tonic::async_trait]
 impl Counters for FakeNode {
     async fn add(&self, request: Request<AddRequest>) -> Result<Response<AddResponse>, Status> {
+        self.state().add_metadata.push(request.metadata().clone());
         let request = request.into_inner();
         self.state().single_adds += 1;
         self.admit_add([request.idempotency_key.clone()]).await?;
@@ -210,6 +229,7 @@ impl Counters for FakeNode {
         &self,
         request: Request<AddBatchRequest>,
     ) -> Result<Response<AddBatchResponse>, Status> {
+        self.state().add_metadata.push(request.metadata().clone());
         let request = request.into_inner();
         let keys: Vec<String> = request
             .adds
