@@ -7,10 +7,12 @@
 //! one test suite runs against both. Both keep the change log in memory
 //! ([`ChangeIndex`], rebuilt from the counter records by [`rebuild_changes`])
 //! and number replicas for their counter records ([`Ordinals`]). Writes become
-//! durable only at [`Store::flush`]; the group committer ([`crate::engine`])
+//! durable only at [`Store::flush`] (for sled, after an `fdatasync` of its
+//! files: see `disk_sync`); the group committer ([`crate::engine`])
 //! calls it once per batch.
 
 mod change_index;
+mod disk_sync;
 pub mod encoding;
 mod fault;
 mod memory;

@@ -4,7 +4,11 @@
 //! Invariant 3 of DESIGN.md: a fresh (or wiped) directory gets a new replica
 //! id, written and flushed before anything else; an existing one keeps its id.
 //! sled flushes only when asked (`flush_every_ms(None)`), so a batch is durable
-//! exactly when [`Store::flush`] returns. A store that cannot be opened never
+//! exactly when [`Store::flush`] returns: sled's own flush, then
+//! [`DiskSync::after_flush`] (`fdatasync` of its log, `fsync` of new blobs and
+//! changed directories), which survives power loss and not just `kill -9`.
+//! Tally's own files (the marker, `changes.snapshot`) are synced, and so is
+//! their directory after each create, rename or removal. A store that cannot be opened never
 //! panics the node: it is refused with a message that says what to do, or, with
 //! [`OnCorrupt::MoveAside`], moved aside so that the node starts as a new
 //! replica and rebuilds from its peers.
@@ -24,6 +28,7 @@ use crate::replica::{
     StorageError, StoredCounter,
 };
 
+use super::disk_sync::{sync_dir, DiskSync};
 use super::encoding::{self, COUNTER, META_DURABLE_SEQ, META_IDENTITY, ORDINAL, RETIRED_CHANGE};
 use super::{
     batch_ops, rebuild_changes, recover_from, recover_ordinals, stored_identity, ChangeIndex, Op,
@@ -144,6 +149,7 @@ fn io_open_error(
 /// See the module documentation.
 pub struct SledStore {
     db: sled::Db,
+    disk: DiskSync,
     changes: Mutex<ChangeIndex>,
     /// Held for writing from before a batch is applied until its new
     /// numbers are taken, so a reader never meets a record it cannot name.
@@ -208,6 +214,9 @@ impl SledStore {
             Err(OpenError::Corrupt { path, reason }) if on_corrupt == OnCorrupt::MoveAside => {
                 let aside = aside_path(dir);
                 std::fs::rename(dir, &aside).map_err(io_error(dir))?;
+                if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    sync_dir(parent).map_err(io_error(dir))?;
+                }
                 tracing::warn!(from = %path.display(), to = %aside.display(), %reason, "moved a damaged store aside; starting as a new replica");
                 let mut store = Self::open_once(dir, region, fresh_id, cache_bytes)?;
                 store.moved_aside = Some(aside);
@@ -252,6 +261,12 @@ impl SledStore {
             path: dir.to_path_buf(),
             reason,
         };
+        // sled never syncs `db/conf`, nor the directories it creates.
+        let disk = DiskSync::open(dir).map_err(io_error(dir))?;
+        let flush = |db: &sled::Db| -> Result<(), OpenError> {
+            db.flush().map_err(|e| classify(dir, e))?;
+            disk.after_flush().map_err(io_error(dir))
+        };
         let stored = db.get(META_IDENTITY).map_err(|e| classify(dir, e))?;
         let stored = stored_identity(stored.as_deref()).map_err(|e| corrupt(e.0))?;
         if stored.is_none() && initialised {
@@ -268,14 +283,17 @@ impl SledStore {
         if is_new {
             db.insert(META_IDENTITY, encoding::encode_identity(&identity))
                 .map_err(|e| classify(dir, e))?;
-            db.flush().map_err(|e| classify(dir, e))?;
+            flush(&db)?;
             write_marker(dir)?;
         }
-        remove_retired_change_log(&db).map_err(|e| classify(dir, e))?;
+        if remove_retired_change_log(&db).map_err(|e| classify(dir, e))? {
+            flush(&db)?;
+        }
         let changes = open_changes(dir, &db).map_err(|e| corrupt(e.0))?;
         let ordinals = recover_ordinals(db.scan_prefix([ORDINAL])).map_err(|e| corrupt(e.0))?;
         Ok(SledStore {
             db,
+            disk,
             changes: Mutex::new(changes),
             ordinals: RwLock::new(ordinals),
             identity,
@@ -311,7 +329,13 @@ fn open_changes(dir: &Path, db: &sled::Db) -> Result<ChangeIndex, StorageError> 
     let path = dir.join(CHANGE_SNAPSHOT);
     match std::fs::read(&path) {
         Ok(bytes) => {
-            let _ = std::fs::remove_file(&path);
+            // Used once: its removal is made durable, so that a power loss
+            // cannot bring it back (its sequence check would refuse it anyway).
+            if std::fs::remove_file(&path).is_ok() {
+                if let Err(error) = sync_dir(dir) {
+                    tracing::warn!(%error, "cannot sync the data directory after removing the saved change log");
+                }
+            }
             let durable_seq = durable_seq(db)?;
             match encoding::decode_change_snapshot(&bytes) {
                 Ok((seq, changes)) if seq == durable_seq => {
@@ -353,15 +377,16 @@ fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::io::Write::write_all(&mut &file, bytes)?;
     file.sync_all()?;
     std::fs::rename(&temporary, path)?;
-    if let Some(parent) = path.parent() {
-        std::fs::File::open(parent)?.sync_all()?;
+    match path.parent() {
+        Some(parent) => sync_dir(parent),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Deletes the change-log entries that builds before the in-memory change log
-/// wrote, a thousand per batch, and makes that durable.
-fn remove_retired_change_log(db: &sled::Db) -> sled::Result<()> {
+/// wrote, a thousand per batch. True when it removed any (then the caller
+/// makes that durable).
+fn remove_retired_change_log(db: &sled::Db) -> sled::Result<bool> {
     let mut removed = 0usize;
     loop {
         let mut batch = sled::Batch::default();
@@ -377,13 +402,12 @@ fn remove_retired_change_log(db: &sled::Db) -> sled::Result<()> {
         removed += taken;
     }
     if removed > 0 {
-        db.flush()?;
         tracing::info!(
             removed,
             "removed the change log that an older build kept on disk"
         );
     }
-    Ok(())
+    Ok(removed > 0)
 }
 
 fn aside_path(dir: &Path) -> PathBuf {
@@ -425,10 +449,7 @@ fn write_marker(dir: &Path) -> Result<(), OpenError> {
     let file = std::fs::File::create(&marker).map_err(io_error(dir))?;
     std::io::Write::write_all(&mut &file, MARKER_TEXT.as_bytes()).map_err(io_error(dir))?;
     file.sync_all().map_err(io_error(dir))?;
-    if let Ok(parent) = std::fs::File::open(dir) {
-        let _ = parent.sync_all();
-    }
-    Ok(())
+    sync_dir(dir).map_err(io_error(dir))
 }
 
 /// What a sled error met while opening means: the directory in use, a
@@ -509,7 +530,13 @@ impl Store for SledStore {
     }
 
     fn flush(&self) -> Result<(), StorageError> {
-        self.db.flush().map(|_| ()).map_err(storage)
+        self.db.flush().map_err(storage)?;
+        self.disk.after_flush().map_err(|error| {
+            StorageError(format!(
+                "cannot sync the store's files to disk in {}: {error}",
+                self.path.display()
+            ))
+        })
     }
 
     fn close(&self) -> Result<(), StorageError> {

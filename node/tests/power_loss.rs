@@ -1,0 +1,218 @@
+//! Power loss: a real `tally-node` in `sync` mode on a disk that forgets
+//! everything not synced ([`lazyfs`], a FUSE filesystem in this process).
+//!
+//! What it checks (DESIGN.md, invariants 3 and 4, across power loss and not
+//! only `kill -9`): the node is killed under a load of adds, the power goes
+//! out (every write, create or rename not covered by an `fsync`/`fdatasync`
+//! is thrown away, and the kernel's caches with it by unmounting), and the
+//! restarted node has its replica id and every acknowledged add. A first start
+//! and a clean stop are followed by a power loss too.
+//!
+//! It needs root, `/dev/fuse` and `fusermount3` (`.ci/run` installs `fuse3`).
+//! Without them it says so loudly and passes, unless
+//! `TALLY_REQUIRE_POWER_LOSS=1` (set by `.ci/run`) turns that into a failure.
+
+mod common;
+#[path = "common/lazyfs.rs"]
+mod lazyfs;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{NodeProcess, NodeSpec};
+use lazyfs::{LazyFs, Mounted};
+use tally_client::{Client, ClientConfig};
+
+const CYCLES: usize = 4;
+const TASKS: usize = 8;
+const COLD_KEYS: usize = 10;
+const GIVE_UP: Duration = Duration::from_secs(20);
+
+#[derive(Default)]
+struct KeyTally {
+    acked: AtomicU64,
+    failed: AtomicU64,
+}
+
+type Tallies = Arc<BTreeMap<String, KeyTally>>;
+
+/// True when the test can run here; otherwise says why, loudly, and fails
+/// when `TALLY_REQUIRE_POWER_LOSS=1`.
+fn can_run(test: &str) -> bool {
+    let Some(why) = lazyfs::unavailable() else {
+        return true;
+    };
+    let message = format!("power-loss test {test} cannot run: {why}");
+    if std::env::var("TALLY_REQUIRE_POWER_LOSS").as_deref() == Ok("1") {
+        panic!("{message} (and TALLY_REQUIRE_POWER_LOSS=1 requires it)");
+    }
+    eprintln!("\n{}\nSKIPPED: {message}\n{}\n", "!".repeat(72), "!".repeat(72));
+    false
+}
+
+async fn connect(node: &NodeProcess) -> Client {
+    // No retries: an add that fails at the kill must not land later.
+    ClientConfig::new()
+        .with_max_retries(0)
+        .with_deadline(Duration::from_secs(10))
+        .connect(node.endpoint())
+        .await
+        .expect("connecting to the node")
+}
+
+async fn replica_id(client: &Client) -> u64 {
+    client.status().await.expect("status").node.replica
+}
+
+async fn read_all(client: &Client, keys: &[String]) -> Vec<i64> {
+    let values = client.get_batch(keys).await.expect("reading the counters");
+    values
+        .into_iter()
+        .map(|value| value.expect("a counter read"))
+        .collect()
+}
+
+/// One closed-loop task: the hot key and a cold one, until the first error.
+async fn load(client: Client, task: usize, keys: Arc<Vec<String>>, tallies: Tallies) {
+    for round in 0usize.. {
+        let cold = &keys[1 + (task * 3 + round) % COLD_KEYS];
+        for key in [&keys[0], cold] {
+            let tally = &tallies[key.as_str()];
+            match client.add(key, 1).await {
+                Ok(_) => tally.acked.fetch_add(1, Ordering::SeqCst),
+                Err(_) => {
+                    tally.failed.fetch_add(1, Ordering::SeqCst);
+                    return;
+                }
+            };
+        }
+    }
+}
+
+/// The power goes out under a stopped (or killed) node: unmount, forget
+/// everything unsynced, mount again, start the node on what survived.
+fn power_cycle(fs: &LazyFs, mounted: Mounted, node: &mut NodeProcess) -> Mounted {
+    assert!(!node.is_running(), "stop or kill the node first");
+    mounted.unmount();
+    fs.power_loss();
+    let mounted = fs.mount(&node.spec.data_dir);
+    if let Err(log) = node.try_restart() {
+        panic!("the node did not start after a power loss:\n{log}");
+    }
+    mounted
+}
+
+fn spec(root: &Path) -> NodeSpec {
+    // The data directory is the mount point; the node's log goes next to it,
+    // on the real disk, so it survives the power loss for whoever debugs.
+    let spec = NodeSpec::new(root, "eu", "powered");
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
+    spec
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn power_loss_loses_no_acknowledged_add() {
+    if !can_run("power_loss_loses_no_acknowledged_add") {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let spec = spec(root.path());
+    let fs = LazyFs::new();
+    let mut mounted = fs.mount(&spec.data_dir);
+    let mut node = NodeProcess::start(spec);
+    let replica = replica_id(&connect(&node).await).await;
+
+    // A first start is durable once the node is ready.
+    node.kill9();
+    mounted = power_cycle(&fs, mounted, &mut node);
+    assert_eq!(
+        replica_id(&connect(&node).await).await,
+        replica,
+        "a power loss right after the first start changed the replica id"
+    );
+
+    let keys: Arc<Vec<String>> = Arc::new(
+        std::iter::once("hot".to_string())
+            .chain((0..COLD_KEYS).map(|i| format!("c{i}")))
+            .collect(),
+    );
+    let mut baseline = vec![0i64; keys.len()];
+    let mut lost = Vec::new();
+    let mut checked = 0u64;
+    for cycle in 1..=CYCLES {
+        let client = connect(&node).await;
+        let tallies: Tallies = Arc::new(
+            keys.iter()
+                .map(|k| (k.clone(), KeyTally::default()))
+                .collect(),
+        );
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|task| tokio::spawn(load(client.clone(), task, keys.clone(), tallies.clone())))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300 + 150 * cycle as u64)).await;
+        node.kill9();
+        for task in tasks {
+            tokio::time::timeout(GIVE_UP, task)
+                .await
+                .expect("a load task did not stop after the kill")
+                .unwrap();
+        }
+        drop(client);
+        mounted = power_cycle(&fs, mounted, &mut node);
+
+        let client = connect(&node).await;
+        assert_eq!(
+            replica_id(&client).await,
+            replica,
+            "cycle {cycle}: the replica id changed after a power loss"
+        );
+        let values = read_all(&client, &keys).await;
+        let mut cycle_acked = 0;
+        for (index, key) in keys.iter().enumerate() {
+            let acked = tallies[key.as_str()].acked.load(Ordering::SeqCst);
+            let failed = tallies[key.as_str()].failed.load(Ordering::SeqCst);
+            cycle_acked += acked;
+            let low = baseline[index] + acked as i64;
+            let high = low + failed as i64;
+            if !(low..=high).contains(&values[index]) {
+                lost.push(format!(
+                    "cycle {cycle}: {key} = {}, expected {low}..={high} (before {}, acknowledged {acked}, unacknowledged {failed})",
+                    values[index], baseline[index]
+                ));
+            }
+        }
+        println!(
+            "cycle {cycle}: {cycle_acked} acknowledged, hot = {}, {:?}",
+            values[0],
+            fs.counts()
+        );
+        checked += cycle_acked;
+        baseline = values;
+    }
+    assert!(checked > 0, "no add was acknowledged in any cycle");
+    assert!(
+        lost.is_empty(),
+        "acknowledged adds were lost to a power loss:\n{}",
+        lost.join("\n")
+    );
+
+    // A clean stop saves the change log; a power loss after it must leave a
+    // store that opens with every add (saved log or rebuilt).
+    assert_eq!(node.stop(), Some(0));
+    mounted = power_cycle(&fs, mounted, &mut node);
+    let client = connect(&node).await;
+    assert_eq!(replica_id(&client).await, replica);
+    assert_eq!(
+        read_all(&client, &keys).await,
+        baseline,
+        "a power loss after a clean stop changed the counters"
+    );
+    drop(client);
+    assert_eq!(node.stop(), Some(0));
+    mounted.unmount();
+    let counts = fs.counts();
+    println!("power loss: {checked} acknowledged adds checked; {counts:?}");
+}
