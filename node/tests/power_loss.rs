@@ -49,7 +49,11 @@ fn can_run(test: &str) -> bool {
     if std::env::var("TALLY_REQUIRE_POWER_LOSS").as_deref() == Ok("1") {
         panic!("{message} (and TALLY_REQUIRE_POWER_LOSS=1 requires it)");
     }
-    eprintln!("\n{}\nSKIPPED: {message}\n{}\n", "!".repeat(72), "!".repeat(72));
+    eprintln!(
+        "\n{}\nSKIPPED: {message}\n{}\n",
+        "!".repeat(72),
+        "!".repeat(72)
+    );
     false
 }
 

@@ -155,7 +155,12 @@ mod tests {
         let sync = DiskSync::open(dir.path()).unwrap();
         std::fs::write(db.join("blobs").join("42"), b"blob").unwrap();
         sync.after_flush().unwrap();
-        assert!(sync.synced.lock().unwrap().blobs.contains(&OsString::from("42")));
+        assert!(sync
+            .synced
+            .lock()
+            .unwrap()
+            .blobs
+            .contains(&OsString::from("42")));
         std::fs::remove_file(db.join("blobs").join("42")).unwrap();
         std::fs::write(db.join("snap.0000000000000001"), b"snap").unwrap();
         sync.after_flush().unwrap();

@@ -29,7 +29,10 @@ const TTL: Duration = Duration::from_secs(1);
 const ROOT: u64 = 1;
 
 enum Body {
-    File { data: Vec<u8>, synced: Vec<u8> },
+    File {
+        data: Vec<u8>,
+        synced: Vec<u8>,
+    },
     Dir {
         entries: BTreeMap<OsString, u64>,
         synced: BTreeMap<OsString, u64>,
@@ -103,7 +106,9 @@ pub fn unavailable() -> Option<String> {
         return Some("not running as root (mounting a FUSE filesystem needs it)".into());
     }
     if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse does not exist (no FUSE support in this kernel or container)".into());
+        return Some(
+            "/dev/fuse does not exist (no FUSE support in this kernel or container)".into(),
+        );
     }
     let found = std::env::var_os("PATH")
         .map(|path| std::env::split_paths(&path).any(|dir| dir.join("fusermount3").exists()))
@@ -140,8 +145,12 @@ impl LazyFs {
             MountOption::FSName("tally-lazyfs".into()),
             MountOption::DefaultPermissions,
         ];
-        let session = fuser::spawn_mount(self.clone(), mountpoint, &config)
-            .unwrap_or_else(|e| panic!("mounting the lazy filesystem on {}: {e}", mountpoint.display()));
+        let session = fuser::spawn_mount(self.clone(), mountpoint, &config).unwrap_or_else(|e| {
+            panic!(
+                "mounting the lazy filesystem on {}: {e}",
+                mountpoint.display()
+            )
+        });
         Mounted {
             session: Some(session),
         }
