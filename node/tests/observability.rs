@@ -1,6 +1,7 @@
 //! Observability with real processes: the status page and its JSON, hot keys
 //! in metrics and in `Admin.Status`, gRPC server reflection (what `grpcurl`
-//! uses) and the gRPC health service, and JSON logs.
+//! uses, v1 and v1alpha) and the gRPC health service for every service, and
+//! JSON logs.
 
 mod common;
 
@@ -142,13 +143,59 @@ async fn reflection_and_health_answer_and_logs_can_be_json() {
     assert!(probe(node.spec.http.to_string()));
     assert!(!probe("127.0.0.1:1".to_string()));
 
+    // The Python reflection client (grpcio-reflection) speaks only v1alpha.
+    let names = list_services_v1alpha(channel.clone()).await;
+    for service in [
+        "tally.v1.Counters",
+        "tally.v1.Replication",
+        "tally.v1.Admin",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ] {
+        assert!(
+            names.iter().any(|n| n == service),
+            "{service} not in the v1alpha list {names:?}"
+        );
+    }
+
+    // Every service served answers SERVING, the overall status ("") too.
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let request = tonic_health::pb::HealthCheckRequest {
-        service: "tally.v1.Counters".into(),
+    for service in std::iter::once("").chain(names.iter().map(String::as_str)) {
+        let request = tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        };
+        let status = match health.check(request).await {
+            Ok(answer) => answer.into_inner().status,
+            Err(status) => panic!("health of {service:?}: {status:?}"),
+        };
+        assert_eq!(
+            status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "health of {service:?}"
+        );
+    }
+}
+
+/// The services a v1alpha reflection client sees.
+async fn list_services_v1alpha(channel: tonic::transport::Channel) -> Vec<String> {
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
     };
-    let status = health.check(request).await.unwrap().into_inner().status;
-    assert_eq!(
-        status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    let mut responses = ServerReflectionClient::new(channel)
+        .server_reflection_info(futures::stream::iter([request]))
+        .await
+        .expect("v1alpha reflection answers")
+        .into_inner();
+    let response = responses.message().await.unwrap().unwrap();
+    let Some(MessageResponse::ListServicesResponse(list)) = response.message_response else {
+        panic!("unexpected v1alpha reflection answer: {response:?}");
+    };
+    list.service.into_iter().map(|s| s.name).collect()
 }

@@ -1,8 +1,10 @@
 //! Assembles and runs the gRPC server: the three Tally services behind the
 //! token interceptor (Counters, Admin) or the peer-certificate check
-//! (Replication), plus the standard health service and server reflection
-//! (open, so probes and `grpcurl` work), over plain TCP or TLS. Requests
-//! tonic cannot read get the conventional codes ([`super::status_codes`]).
+//! (Replication), plus the standard health service (`SERVING` for every
+//! service in [`SERVED_SERVICES`]) and server reflection in both versions,
+//! v1 and v1alpha (open, so probes, `grpcurl` and Python's `grpcio-reflection`
+//! work), over plain TCP or TLS. Requests tonic cannot read get the
+//! conventional codes ([`super::status_codes`]).
 
 use std::sync::Arc;
 
@@ -24,6 +26,24 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// The most concurrent streams one connection may open.
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 
+/// Every gRPC service a node serves, by its full name: each one answers
+/// `SERVING` in the health service.
+pub const SERVED_SERVICES: [&str; 6] = [
+    "tally.v1.Counters",
+    "tally.v1.Admin",
+    "tally.v1.Replication",
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+];
+
+/// Reflection over Tally's and the health service's descriptors.
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tally_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
 /// Serves gRPC on `listener` until `stop` resolves.
 pub async fn spawn_grpc(
     engine: Arc<Engine>,
@@ -44,13 +64,21 @@ pub async fn spawn_grpc(
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let admin = AdminServer::new(AdminService::new(engine.clone(), info));
     let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<CountersServer<CountersService>>()
-        .await;
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(tally_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    // Every served service answers SERVING (probes ask for a service by
+    // name, and `NOT_FOUND` for one that is served misleads them).
+    for service in SERVED_SERVICES {
+        health_reporter
+            .set_service_status(service, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    // Both reflection versions: `grpcurl` speaks v1, the common Python
+    // client (`grpcio-reflection`) only v1alpha.
+    let reflection_v1 = reflection_builder()
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
         .build_v1()?;
+    let reflection_v1alpha = reflection_builder()
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
@@ -64,7 +92,8 @@ pub async fn spawn_grpc(
             interceptor,
         )))
         .add_service(health)
-        .add_service(reflection);
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha);
     let task = match &security.tls {
         Some(tls) => {
             let (incoming, accept_task) = crate::security::tls::accept_tls(
@@ -88,4 +117,22 @@ pub async fn spawn_grpc(
         }
     };
     Ok(task)
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::server::NamedService;
+
+    use super::*;
+
+    #[test]
+    fn the_health_list_names_every_served_service() {
+        for name in [
+            <CountersServer<CountersService> as NamedService>::NAME,
+            <AdminServer<AdminService> as NamedService>::NAME,
+            <ReplicationServer<ReplicationService> as NamedService>::NAME,
+        ] {
+            assert!(SERVED_SERVICES.contains(&name), "{name}");
+        }
+    }
 }
