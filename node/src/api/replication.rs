@@ -61,14 +61,7 @@ impl Replication for ReplicationService {
         }
         let mut pull = pull_request_from(request.into_inner(), MAX_PULL_BYTES)?;
         let engine = self.engine.clone();
-        let labels = PeerLabels {
-            peer: pull.caller.to_string(),
-            region: engine
-                .core()
-                .region_of(pull.caller)
-                .unwrap_or("unknown")
-                .to_string(),
-        };
+        let labels = caller_labels(&engine, pull.caller);
         let remaining = pull.max_bytes;
         pull.max_bytes = remaining.min(CHUNK_BYTES);
         // The first chunk is computed now, so a refusal is the call's status.
@@ -112,6 +105,24 @@ impl Replication for ReplicationService {
             }
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+/// The metric labels of a pull's caller: its replica id and region when it
+/// is a current member, `unknown` for both otherwise. The caller chooses
+/// the id it sends, so labelling by anything else would let anyone who can
+/// reach the port grow the metrics without bound.
+fn caller_labels(engine: &Engine, caller: crate::crdt::ReplicaId) -> PeerLabels {
+    let core = engine.core();
+    match core.peers().peer(caller) {
+        Some(member) => PeerLabels {
+            peer: caller.to_string(),
+            region: member.member.region.clone(),
+        },
+        None => PeerLabels {
+            peer: "unknown".to_string(),
+            region: "unknown".to_string(),
+        },
     }
 }
 
