@@ -8,9 +8,10 @@
 //!   on): a node refuses a peer without one, and the TLS handshake of a peer
 //!   whose certificate comes from another CA fails, logged and counted.
 //!
-//! Health checks and reflection stay open. With `--secure`, a node refuses to
-//! start unless TLS and tokens are both configured; without security, it logs a
-//! warning at start.
+//! Health checks and reflection stay open. Tokens without TLS are refused at
+//! start: Replication would be open to anyone (its credential is the node
+//! certificate). With `--secure`, a node refuses to start unless TLS and tokens
+//! are both configured; without security, it logs a warning at start.
 
 pub mod auth;
 pub mod tls;
@@ -73,6 +74,19 @@ impl Security {
             }
             None => None,
         };
+        if auth.is_some() && tls.is_none() {
+            // Tokens guard Counters and Admin, but Replication answers peers,
+            // and without TLS a peer has no credential to check: anyone who
+            // reaches the port could pull every counter. Refuse rather than
+            // look protected.
+            bail!(
+                "--auth-tokens is set but TLS is not: without TLS, Replication has no node \
+                 certificate to check, so anyone who reaches the gRPC port could pull every \
+                 counter (and tokens would cross the network in clear text). Set --tls-cert, \
+                 --tls-key and --tls-ca as well (deploy/tls/make-certs.sh makes a test set), or \
+                 remove --auth-tokens"
+            );
+        }
         if settings.secure {
             let mut missing = Vec::new();
             if tls.is_none() {
