@@ -160,6 +160,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         engine: engine.clone(),
         ready: ready.clone(),
         info,
+        auth: security.auth.clone(),
     });
     let http_task = tokio::spawn(async move {
         axum::serve(http_listener, router)

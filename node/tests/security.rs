@@ -407,3 +407,83 @@ fn the_cli_speaks_tls_with_a_token() {
     assert_eq!(code, Some(1));
     assert!(stderr.contains("--tls-ca"), "{stderr}");
 }
+
+/// Tokens without TLS would leave Replication open to anyone: the node
+/// refuses to start and says why and what to set.
+#[test]
+fn tokens_without_tls_are_refused_at_start() {
+    let root = tempfile::tempdir().unwrap();
+    let tokens = root.path().join("tokens");
+    std::fs::write(&tokens, format!("web {TOKEN}\n")).unwrap();
+    let mut spec = NodeSpec::new(root.path(), "eu", "eu-1");
+    spec.extra = vec!["--auth-tokens".into(), tokens.display().to_string()];
+    let (code, stderr) = run_bounded(&spec, Duration::from_secs(30));
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--auth-tokens")
+            && stderr.contains("Replication")
+            && stderr.contains("--tls-cert"),
+        "{stderr}"
+    );
+}
+
+/// With tokens on, the status page and its JSON (members, addresses, hot
+/// key names) need the same token as `Admin`; health and metrics stay open.
+#[test]
+fn the_status_page_needs_a_token_when_tokens_are_on() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = Ca::new("status CA");
+    let node = NodeProcess::start(secure_spec(root.path(), "eu", "eu-1", &ca, &[]));
+    let http = node.spec.http;
+    let get = |path: &str, authorization: Option<&str>| {
+        common::http_get_with(http, path, authorization).unwrap()
+    };
+    for path in ["/status", "/status.json"] {
+        let (code, body) = get(path, None);
+        assert_eq!(code, 401, "{path} without a token: {body}");
+        assert!(
+            !body.contains("eu-1"),
+            "{path} leaks without a token: {body}"
+        );
+        assert!(body.contains("token"), "{path}: {body}");
+        let (code, body) = get(path, Some("Bearer not-the-token-at-all"));
+        assert_eq!(code, 401, "{path} with a wrong token: {body}");
+        let (code, body) = get(path, Some(&format!("Bearer {TOKEN}")));
+        assert_eq!(code, 200, "{path} with the token: {body}");
+        assert!(body.contains("eu-1"), "{path}: {body}");
+    }
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        assert_eq!(get(path, None).0, 200, "{path} stays open");
+    }
+}
+
+/// Runs the node with `spec`'s arguments until it exits, or kills it after
+/// `limit` (a node that starts when it should refuse is a failure, not a
+/// hang): (exit code, None if killed; stderr).
+fn run_bounded(spec: &NodeSpec, limit: Duration) -> (Option<i32>, String) {
+    let stderr_path = spec.data_dir.with_extension("stderr");
+    std::fs::create_dir_all(spec.data_dir.parent().unwrap()).unwrap();
+    let mut child = std::process::Command::new(common::node_binary())
+        .args(spec.args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        code,
+        std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+    )
+}

@@ -2,6 +2,11 @@
 //! serves: its store is open, its commits succeed, and it is not shutting
 //! down; the body says why not), `/metrics`
 //! (Prometheus text), and the status page `/status` (HTML) and `/status.json`.
+//!
+//! With tokens on (`--auth-tokens`), the status page and its JSON require the
+//! same `Authorization: Bearer TOKEN` as the gRPC `Admin` service (they show
+//! members, addresses and hot key names); health, readiness and metrics stay
+//! open for probes and scrapers.
 
 pub mod status_page;
 
@@ -9,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 
@@ -25,6 +30,8 @@ pub struct HttpState {
     pub ready: Arc<AtomicBool>,
     /// What the node tells about itself.
     pub info: crate::api::NodeInfo,
+    /// The client tokens, when on: the status page requires one.
+    pub auth: Option<Arc<crate::security::Auth>>,
 }
 
 /// The router.
@@ -64,12 +71,62 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
     )
 }
 
-async fn status_html(State(state): State<HttpState>) -> impl IntoResponse {
+async fn status_html(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorize(&state, &headers) {
+        return refused;
+    }
     let status = crate::api::admin::status(&state.engine, &state.info);
-    axum::response::Html(status_page::render(&status))
+    axum::response::Html(status_page::render(&status)).into_response()
 }
 
-async fn status_json(State(state): State<HttpState>) -> impl IntoResponse {
+async fn status_json(State(state): State<HttpState>, headers: HeaderMap) -> Response {
+    if let Err(refused) = authorize(&state, &headers) {
+        return refused;
+    }
     let status = crate::api::admin::status(&state.engine, &state.info);
-    axum::Json(status_page::to_json(&status))
+    axum::Json(status_page::to_json(&status)).into_response()
+}
+
+/// Checks the bearer token as the gRPC interceptor does (same tokens, same
+/// rate limit, same refusal counter); `Err` is the answer to send instead.
+fn authorize(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
+    let Some(auth) = &state.auth else {
+        return Ok(());
+    };
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
+    let refused = match auth.check(authorization) {
+        Ok(_) => return Ok(()),
+        Err(refused) => refused,
+    };
+    let limited = refused.code() == tonic::Code::ResourceExhausted;
+    state
+        .engine
+        .metrics()
+        .auth_refusals
+        .get_or_create(&crate::metrics::ReasonLabels {
+            reason: if limited {
+                "rate_limited"
+            } else {
+                "unauthenticated"
+            }
+            .into(),
+        })
+        .inc();
+    let code = if limited {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::UNAUTHORIZED
+    };
+    Err((
+        code,
+        [(header::WWW_AUTHENTICATE, "Bearer realm=\"tally\"")],
+        format!(
+            "{}\nThis node requires a client token for the status page: send \
+             `Authorization: Bearer TOKEN` (e.g. curl -H 'Authorization: Bearer TOKEN').\n",
+            refused.message()
+        ),
+    )
+        .into_response())
 }

@@ -81,7 +81,7 @@ impl NodeSpec {
         }
     }
 
-    fn args(&self) -> Vec<String> {
+    pub fn args(&self) -> Vec<String> {
         let mut args = vec![
             "--data-dir".into(),
             self.data_dir.display().to_string(),
@@ -309,12 +309,24 @@ pub fn send_signal(pid: u32, signal: &str) {
 
 /// A minimal HTTP/1.1 GET on loopback: (status code, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    http_get_with(addr, path, None)
+}
+
+/// [`http_get`] with an `Authorization` header, when given.
+pub fn http_get_with(
+    addr: SocketAddr,
+    path: &str,
+    authorization: Option<&str>,
+) -> std::io::Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let header = authorization
+        .map(|value| format!("Authorization: {value}\r\n"))
+        .unwrap_or_default();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{header}Connection: close\r\n\r\n"
     )?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
