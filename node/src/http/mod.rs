@@ -72,7 +72,7 @@ async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn status_html(State(state): State<HttpState>, headers: HeaderMap) -> Response {
-    if let Err(refused) = authorize(&state, &headers) {
+    if let Some(refused) = refusal(&state, &headers) {
         return refused;
     }
     let status = crate::api::admin::status(&state.engine, &state.info);
@@ -80,7 +80,7 @@ async fn status_html(State(state): State<HttpState>, headers: HeaderMap) -> Resp
 }
 
 async fn status_json(State(state): State<HttpState>, headers: HeaderMap) -> Response {
-    if let Err(refused) = authorize(&state, &headers) {
+    if let Some(refused) = refusal(&state, &headers) {
         return refused;
     }
     let status = crate::api::admin::status(&state.engine, &state.info);
@@ -88,16 +88,14 @@ async fn status_json(State(state): State<HttpState>, headers: HeaderMap) -> Resp
 }
 
 /// Checks the bearer token as the gRPC interceptor does (same tokens, same
-/// rate limit, same refusal counter); `Err` is the answer to send instead.
-fn authorize(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
-    let Some(auth) = &state.auth else {
-        return Ok(());
-    };
+/// rate limit, same refusal counter); `Some` is the answer to send instead.
+fn refusal(state: &HttpState, headers: &HeaderMap) -> Option<Response> {
+    let auth = state.auth.as_ref()?;
     let authorization = headers
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok());
     let refused = match auth.check(authorization) {
-        Ok(_) => return Ok(()),
+        Ok(_) => return None,
         Err(refused) => refused,
     };
     let limited = refused.code() == tonic::Code::ResourceExhausted;
@@ -119,14 +117,16 @@ fn authorize(state: &HttpState, headers: &HeaderMap) -> Result<(), Response> {
     } else {
         StatusCode::UNAUTHORIZED
     };
-    Err((
-        code,
-        [(header::WWW_AUTHENTICATE, "Bearer realm=\"tally\"")],
-        format!(
-            "{}\nThis node requires a client token for the status page: send \
+    Some(
+        (
+            code,
+            [(header::WWW_AUTHENTICATE, "Bearer realm=\"tally\"")],
+            format!(
+                "{}\nThis node requires a client token for the status page: send \
              `Authorization: Bearer TOKEN` (e.g. curl -H 'Authorization: Bearer TOKEN').\n",
-            refused.message()
-        ),
+                refused.message()
+            ),
+        )
+            .into_response(),
     )
-        .into_response())
 }
