@@ -504,6 +504,38 @@ impl Client {
             .await?;
         status_from_proto(response)
     }
+
+    /// Opens the node's backup stream (`Admin.Backup`): a consistent
+    /// snapshot of its durable state, taken while it keeps serving. The
+    /// messages come as the node reads them: a header, counters, and a
+    /// trailer last; a stream that ends without the trailer is incomplete.
+    /// `tally admin backup` writes them to a file with
+    /// [`tally_proto::backup::BackupWriter`].
+    ///
+    /// Opening is retried and bounded like any call; the stream has no deadline.
+    pub async fn backup(
+        &self,
+    ) -> Result<
+        impl Stream<Item = Result<tally_proto::v1::BackupChunk, Error>> + Send + Unpin + 'static,
+        Error,
+    > {
+        let chunks = self
+            .policy
+            .run("backup", |timeout| {
+                let mut admin = self.admin.clone();
+                let request = tonic::Request::new(tally_proto::v1::BackupRequest {});
+                async move {
+                    match tokio::time::timeout(timeout, admin.backup(request)).await {
+                        Ok(opened) => opened.map(Response::into_inner),
+                        Err(_elapsed) => Err(Status::deadline_exceeded(
+                            "the backup stream did not open in time",
+                        )),
+                    }
+                }
+            })
+            .await?;
+        Ok(chunks.map(|chunk| chunk.map_err(|status| Error::from_stream_status(&status))))
+    }
 }
 
 /// A generated idempotency key: a UUID v7 in its 36-character text form,

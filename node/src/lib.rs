@@ -4,7 +4,8 @@
 //!   The node's runtime and the simulator (`tally-sim`) drive the same code.
 //! - [`store`] keeps counters on disk behind the narrow [`store::Store`] trait.
 //! - the rest is the runtime: group commit, the gRPC services, membership and
-//!   the anti-entropy loop, the HTTP endpoints.
+//!   the anti-entropy loop, the HTTP endpoints; [`restore`] makes a new
+//!   replica from a backup.
 
 pub mod api;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod gossip;
 pub mod http;
 pub mod metrics;
 pub mod replica;
+pub mod restore;
 pub mod server;
 pub mod store;
 

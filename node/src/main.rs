@@ -20,6 +20,8 @@ struct Cli {
 enum Command {
     /// Runs a whole multi-region cluster on loopback (one process), and prints each region's endpoint.
     Dev(DevArgs),
+    /// Creates a NEW replica's data directory from a backup (`tally admin backup`), then exits; start the node on it.
+    Restore(tally_node::restore::RestoreArgs),
     /// Exits 0 when the node's HTTP endpoint answers 200 (for container healthchecks, where no curl exists).
     Healthcheck(HealthcheckArgs),
 }
@@ -79,6 +81,21 @@ fn init_logs(json: bool) {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Healthcheck(args)) => healthcheck(&args),
+        Some(Command::Restore(args)) => {
+            init_logs(false);
+            let restored = tally_node::restore::run(args).await?;
+            println!(
+                "restored {} counters of replica {} (region {}) at its sequence {} into a new replica {} (region {}); start tally-node on that --data-dir with --cluster-id {}",
+                restored.counters,
+                restored.from_replica,
+                restored.from_region,
+                restored.from_seq,
+                restored.replica,
+                restored.region,
+                restored.cluster_id
+            );
+            Ok(())
+        }
         Some(Command::Dev(args)) => {
             init_logs(false);
             tally_node::dev::run(args).await

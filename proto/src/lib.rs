@@ -2,7 +2,8 @@
 //!
 //! `Counters` is the public API, `Replication` the node-to-node anti-entropy
 //! API and `Admin` the operator API. Conversions to the node's core types live
-//! in the node (`tally_node::api`), never here.
+//! in the node (`tally_node::api`), never here. [`backup`] frames the
+//! `Admin.Backup` stream as a file.
 
 #![allow(missing_docs)]
 
@@ -10,6 +11,8 @@
 /// reflection (so that `grpcurl` works without the .proto files).
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/tally_descriptor.bin"));
+
+pub mod backup;
 
 /// Package `tally.v1`.
 pub mod v1 {

@@ -232,6 +232,18 @@ async fn failures_print_one_error_line_and_exit_non_zero() {
         "{line}"
     );
 
+    let dir = tempfile::tempdir().unwrap();
+    let to = dir.path().join("b");
+    let cut = tally(
+        &server.endpoint(),
+        &["admin", "backup", "--to", to.to_str().unwrap()],
+    )
+    .await;
+    let line = single_error_line(&cut, 1);
+    assert!(line.contains("ended before its trailer"), "{line}");
+    let left: Vec<_> = std::fs::read_dir(&to).unwrap().collect();
+    assert!(left.is_empty(), "a failed backup leaves no file: {left:?}");
+
     let usage = tally(&server.endpoint(), &["add"]).await;
     assert_eq!(usage.status.code(), Some(2), "bad usage exits 2");
     server.shutdown();

@@ -304,9 +304,30 @@ impl Counters for FakeNode {
     }
 }
 
-/// A fixed two-member cluster.
+/// A fixed two-member cluster; a backup stream that stops before its
+/// trailer (as when the node dies mid-backup).
 #[tonic::async_trait]
 impl Admin for FakeNode {
+    type BackupStream =
+        tokio_stream::Iter<std::vec::IntoIter<Result<tally_proto::v1::BackupChunk, Status>>>;
+
+    async fn backup(
+        &self,
+        _request: Request<tally_proto::v1::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        use tally_proto::v1::backup_chunk::Part;
+        let header = tally_proto::v1::BackupHeader {
+            format_version: tally_proto::backup::FORMAT_VERSION,
+            cluster_id: "fake".to_owned(),
+            replica: 7,
+            ..Default::default()
+        };
+        let chunks = vec![Ok(tally_proto::v1::BackupChunk {
+            part: Some(Part::Header(header)),
+        })];
+        Ok(Response::new(tokio_stream::iter(chunks)))
+    }
+
     async fn status(
         &self,
         _request: Request<StatusRequest>,

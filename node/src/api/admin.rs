@@ -1,5 +1,6 @@
 //! The `Admin` gRPC service: the cluster as this node sees it, for
-//! `tally status` and the status page.
+//! `tally status` and the status page, and the backup stream of
+//! `tally admin backup` ([`super::backup`]).
 
 use std::sync::Arc;
 
@@ -102,6 +103,18 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
 
 #[tonic::async_trait]
 impl Admin for AdminService {
+    type BackupStream = super::backup::BackupStream;
+
+    async fn backup(
+        &self,
+        _request: Request<pb::BackupRequest>,
+    ) -> Result<Response<Self::BackupStream>, Status> {
+        Ok(Response::new(super::backup::backup_stream(
+            self.engine.clone(),
+            &self.info,
+        )))
+    }
+
     async fn status(
         &self,
         _request: Request<pb::StatusRequest>,

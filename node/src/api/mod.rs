@@ -2,6 +2,7 @@
 //! `Admin` (operators). The prost <-> core conversions live in [`convert`] only.
 
 pub mod admin;
+pub mod backup;
 pub mod convert;
 pub mod counters;
 pub mod replication;

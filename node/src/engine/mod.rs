@@ -510,6 +510,18 @@ impl Engine {
         self.core().handle_pull(&*self.store, request)
     }
 
+    /// Serves one chunk of a backup: a pull's chunk, with the durable
+    /// sequence and digest read under the same lock, so that the last chunk
+    /// of a full scan says exactly which state the backup holds.
+    pub fn serve_backup_chunk(
+        &self,
+        request: &PullRequest,
+    ) -> Result<(PullChunk, u64, crate::crdt::StateDigest), PullRefused> {
+        let core = self.core();
+        let chunk = core.handle_pull(&*self.store, request)?;
+        Ok((chunk, core.durable_seq(), core.digest()))
+    }
+
     /// Merges one chunk pulled from `peer` and wakes watchers of what changed.
     pub fn merge_chunk(
         &self,

@@ -57,12 +57,22 @@
 //!     "read_cache","duration_s","warmup_s","ops","errors","ops_per_sec",
 //!     "p50_ms","p99_ms","p999_ms","max_ms","mean_ms",
 //!     "client_cpu_us_per_op"(or null),"first_error"(or null)}`.
+//! - `tally admin backup --to DIR`: streams a consistent snapshot of the
+//!   node's durable state into `DIR/backup.tally` (restore it with
+//!   `tally-node restore --from DIR --data-dir NEW`) and writes
+//!   `DIR/manifest.json`:
+//!   - text: `backup of replica HEX (region R, node N) at seq S: C counters,
+//!     B bytes in DIR/backup.tally`;
+//!   - JSON: the manifest: `{"format_version","file","cluster_id","replica",
+//!     "region","node_name","seq","digest","counters","bytes",
+//!     "started_at_unix_ms","finished_at_unix_ms"}`.
 //!
 //! On failure nothing is printed to stdout, one line `error: MESSAGE` goes to
 //! stderr and the exit status is 1 (2 for bad usage, with clap's message).
 //! The one exception is `bench`, which prints its report first and then fails
 //! only if every request failed.
 
+mod backup;
 mod bench;
 mod commands;
 mod duration;
@@ -118,6 +128,21 @@ pub enum Command {
     Status,
     /// Load-test a node with a closed loop of adds and/or gets.
     Bench(BenchArgs),
+    /// Operator commands: `tally admin backup --to DIR`.
+    #[command(subcommand)]
+    Admin(AdminCommand),
+}
+
+/// `tally admin ...`.
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Stream a consistent snapshot of the node's durable state into DIR
+    /// (the node keeps serving); restore with `tally-node restore --from DIR`.
+    Backup {
+        /// A new (or empty) directory for the backup.
+        #[arg(long, value_name = "DIR")]
+        to: std::path::PathBuf,
+    },
 }
 
 /// `tally add`.
@@ -180,6 +205,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Watch(args) => commands::watch(&target, &args, json).await,
         Command::Status => commands::status(&target, json).await,
         Command::Bench(args) => bench::run(&target, &args, json).await,
+        Command::Admin(AdminCommand::Backup { to }) => backup::backup(&target, &to, json).await,
     }
 }
 
