@@ -66,7 +66,7 @@ async fn take(target: &Target, dir: &Path, partial: &Path, json: bool) -> anyhow
     let client = target.connect().await?;
     let mut chunks = client.backup().await?;
     let file =
-        File::create(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+        File::create(partial).with_context(|| format!("cannot create {}", partial.display()))?;
     let mut writer = BackupWriter::new(BufWriter::new(file))?;
     let mut header = None;
     let mut trailer = None;
