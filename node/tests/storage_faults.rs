@@ -325,3 +325,96 @@ async fn below_the_free_space_floor_adds_are_refused_and_resume_when_space_retur
     drop(node);
     drop(tmpfs);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_full_disk_without_a_floor_makes_the_node_fail_stop_and_a_restart_keeps_every_acknowledged_add(
+) {
+    let root = tempfile::tempdir().unwrap();
+    let Some(tmpfs) = Tmpfs::mount(&root.path().join("full-disk"), "40m") else {
+        eprintln!(
+            "SKIPPED a_real_full_disk_without_a_floor_makes_the_node_fail_stop: \
+             it needs root to mount a 40 MiB tmpfs"
+        );
+        return;
+    };
+    let mut spec = NodeSpec::new(&tmpfs.0, "eu", "full");
+    spec.extra = vec!["--min-free-disk".into(), "0".into()];
+    let mut node = NodeProcess::start(spec);
+    let mut raw = connect(&node).await;
+    for _ in 0..5 {
+        add(&mut raw, "acked", 1).await.unwrap();
+    }
+    // Fill the disk to the last byte: sled meets ENOSPC on its next segments.
+    let ballast = tmpfs.0.join("ballast");
+    let fill = free_bytes(&tmpfs.0);
+    std::fs::write(&ballast, vec![7u8; fill as usize]).ok();
+
+    // Writers on many long keys until the node refuses or goes away; each
+    // counts what was acknowledged.
+    let mut writers = Vec::new();
+    for writer in 0..16 {
+        let mut raw = raw.clone();
+        writers.push(tokio::spawn(async move {
+            let mut acknowledged = Vec::new();
+            let deadline = Instant::now() + GIVE_UP;
+            for i in 0u64.. {
+                let key = format!("{writer}:{i}:{}", "x".repeat(200));
+                match add(&mut raw, &key, 1).await {
+                    Ok(_) => acknowledged.push(key),
+                    Err(status) => return (acknowledged, Some(status)),
+                }
+                if Instant::now() > deadline {
+                    break;
+                }
+            }
+            (acknowledged, None)
+        }));
+    }
+    let mut acknowledged = Vec::new();
+    let mut refusals = Vec::new();
+    for writer in writers {
+        let (keys, refusal) = writer.await.unwrap();
+        acknowledged.extend(keys);
+        refusals.extend(refusal);
+    }
+    assert!(!refusals.is_empty(), "the full disk never stopped the adds");
+    let exit = node.wait_for_exit(GIVE_UP);
+    assert!(
+        matches!(exit, Some(code) if code != 0),
+        "the node exits non-zero by itself, got {exit:?}"
+    );
+    let log = node.log_text();
+    let last = log.lines().last().unwrap_or_default();
+    assert!(
+        last.starts_with("error: the store failed and the node stopped: ")
+            && last.contains("No space left on device"),
+        "one clear last message naming the cause: {last:?}"
+    );
+    // Writers answered before the process went away were told why; the
+    // others saw the connection drop.
+    assert!(
+        refusals
+            .iter()
+            .any(|status| status.code() == Code::Unavailable
+                && status.message().contains("No space left on device")),
+        "no add was answered UNAVAILABLE naming the cause: {refusals:?}"
+    );
+
+    std::fs::remove_file(&ballast).unwrap();
+    node.restart();
+    let mut raw = connect(&node).await;
+    assert_eq!(get(&mut raw, "acked").await.unwrap(), 5);
+    for key in &acknowledged {
+        assert_eq!(
+            get(&mut raw, key).await.unwrap(),
+            1,
+            "acknowledged add lost"
+        );
+    }
+    add(&mut raw, "acked", 1)
+        .await
+        .expect("the restarted node takes adds");
+    assert_eq!(node.stop(), Some(0));
+    drop(node);
+    drop(tmpfs);
+}
