@@ -99,6 +99,10 @@ pub struct IdempotencyTable {
     hasher: RandomState,
     /// Records still remembered per segment.
     segments: BTreeMap<u64, usize>,
+    /// Segments emptied outside [`Self::expire`] (their last record replaced
+    /// by a newer one of its id): the next `expire` hands them out for
+    /// deletion, or they would stay on disk forever.
+    emptied: Vec<u64>,
     ttl_ms: u64,
     capacity: usize,
 }
@@ -119,6 +123,7 @@ impl IdempotencyTable {
             positions: HashTable::new(),
             hasher: RandomState::new(),
             segments: BTreeMap::new(),
+            emptied: Vec::new(),
             ttl_ms,
             capacity: capacity.max(1),
         }
@@ -186,7 +191,7 @@ impl IdempotencyTable {
         };
         if let Some(old) = replaced {
             let segment = self.slot(old).segment;
-            self.release(segment, &mut Vec::new());
+            self.release_later(segment);
         }
     }
 
@@ -224,7 +229,7 @@ impl IdempotencyTable {
             if let Some(position) = self.position(&split(id)) {
                 let slot = self.slot_mut(position);
                 let previous = std::mem::replace(&mut slot.segment, seq);
-                self.release(previous, &mut Vec::new());
+                self.release_later(previous);
                 *self.segments.entry(seq).or_default() += 1;
             }
         }
@@ -237,6 +242,13 @@ impl IdempotencyTable {
                 slot.segment = 0;
             }
         }
+    }
+
+    /// [`Self::release`], keeping an emptied segment for the next `expire`.
+    fn release_later(&mut self, segment: u64) {
+        let mut emptied = std::mem::take(&mut self.emptied);
+        self.release(segment, &mut emptied);
+        self.emptied = emptied;
     }
 
     /// One record fewer in `segment` (0: none yet).
@@ -253,7 +265,7 @@ impl IdempotencyTable {
     /// Forgets expired records and, past the capacity, the oldest ones; at
     /// most `budget` of them. Returns the segments left empty, to delete from disk.
     pub fn expire(&mut self, now_ms: u64, budget: usize) -> Vec<u64> {
-        let mut emptied = Vec::new();
+        let mut emptied = std::mem::take(&mut self.emptied);
         let mut spent = 0;
         while let Some(slot) = self.queue.front() {
             if spent >= budget || (slot.expires_at_ms > now_ms && self.len() <= self.capacity) {
@@ -310,6 +322,25 @@ mod tests {
             "the segment is emptied"
         );
         assert!(table.is_empty());
+    }
+
+    #[test]
+    fn a_segment_emptied_by_a_newer_record_of_its_id_is_handed_out_for_deletion() {
+        let mut table = IdempotencyTable::new(1_000, 10);
+        let id = idempotency_id("retry-1");
+        table.insert(id, 1, 5, 1, 0);
+        table.assign_segment(1, [id].into_iter());
+        // Expired but not forgotten yet: the same key applies again.
+        assert!(table.get(id, 1_500).is_none());
+        table.insert(id, 1, 6, 2, 1_500);
+        table.assign_segment(2, [id].into_iter());
+        assert_eq!(
+            table.expire(1_500, usize::MAX),
+            vec![1],
+            "segment 1 lost its only record: it must be deleted from disk"
+        );
+        assert_eq!(table.get(id, 1_500).map(|r| r.value), Some(6));
+        assert!(table.expire(1_500, usize::MAX).is_empty());
     }
 
     #[test]
