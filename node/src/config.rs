@@ -124,6 +124,10 @@ pub struct RunArgs {
     /// Tests only: a file whose content (`fail`, `hang`) makes the store's flushes fail or hang.
     #[arg(long, hide = true)]
     pub test_store_fault_file: Option<PathBuf>,
+    /// For tests only: pose as a build whose newest protocol version is this
+    /// (announce it, write no newer format, refuse a newer data directory).
+    #[arg(long, hide = true)]
+    pub test_announce_protocol_version: Option<u32>,
 }
 
 /// The same settings, as a TOML file holds them.
@@ -215,6 +219,9 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// See [`RunArgs`] (tests only).
     pub test_store_fault_file: Option<PathBuf>,
+    /// The newest protocol version the node speaks and writes: this build's
+    /// own, unless a test makes it pose as an older build.
+    pub protocol_newest: u32,
 }
 
 impl Settings {
@@ -246,6 +253,7 @@ impl Settings {
             min_free_disk: FreeSpaceFloor::Default,
             shutdown_grace: Duration::from_secs(10),
             test_store_fault_file: None,
+            protocol_newest: crate::replica::version::NEWEST,
         }
     }
 
@@ -372,6 +380,13 @@ impl Settings {
             settings.shutdown_grace = parse_duration("--shutdown-grace", &text)?;
         }
         settings.test_store_fault_file = args.test_store_fault_file;
+        if let Some(version) = args.test_announce_protocol_version {
+            use crate::replica::version::{NEWEST, OLDEST};
+            if !(OLDEST..=NEWEST).contains(&version) {
+                bail!("--test-announce-protocol-version {version} is not a version this build speaks: use {OLDEST} to {NEWEST}");
+            }
+            settings.protocol_newest = version;
+        }
         if settings.sync_interval.is_zero() || settings.gossip_interval.is_zero() {
             bail!("--sync-interval and --gossip-interval must be above zero");
         }

@@ -19,6 +19,7 @@ pub mod replica;
 pub mod restore;
 pub mod server;
 pub mod store;
+pub mod upgrade;
 
 /// Waits for Ctrl-C or SIGTERM.
 pub async fn wait_for_shutdown_signal() {

@@ -21,9 +21,11 @@ use crate::engine::{CommitterHandle, Engine, StoreHealth};
 use crate::gossip::anti_entropy::{spawn_anti_entropy, AntiEntropyConfig, AntiEntropyHandle};
 use crate::gossip::membership::{MembershipConfig, MembershipHandle};
 use crate::metrics::Metrics;
+use crate::replica::version::ProtocolWindow;
 use crate::replica::ReplicaConfig;
 use crate::security::Security;
 use crate::store::{FaultyStore, SledStore, Store};
+use crate::upgrade::{spawn_upgrade_keeper, UpgradeConfig};
 
 /// A running node.
 pub struct NodeHandle {
@@ -42,6 +44,7 @@ pub struct NodeHandle {
     http_task: JoinHandle<std::io::Result<()>>,
     membership: Arc<MembershipHandle>,
     membership_task: JoinHandle<()>,
+    upgrade_task: JoinHandle<()>,
     anti_entropy: AntiEntropyHandle,
     committer: CommitterHandle,
 }
@@ -56,8 +59,16 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     let region = settings.region.clone();
     let on_corrupt = settings.on_corrupt;
     let cache_bytes = settings.store_cache_bytes;
+    let newest = settings.protocol_newest;
     let store = tokio::task::spawn_blocking(move || {
-        SledStore::open_with_cache(&data_dir, &region, rand::random(), on_corrupt, cache_bytes)
+        SledStore::open_versioned(
+            &data_dir,
+            &region,
+            rand::random(),
+            on_corrupt,
+            cache_bytes,
+            newest,
+        )
     })
     .await
     .context("the store opener died")??;
@@ -65,6 +76,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         tracing::warn!(to = %aside.display(), "the damaged store was moved aside; this node is a new replica and rebuilds from its peers");
     }
     let identity = store.identity().clone();
+    let protocol = ProtocolWindow::at(store.format(), newest);
     let store: Arc<dyn Store> = match &settings.test_store_fault_file {
         Some(file) => {
             tracing::warn!(file = %file.display(), "test fault injection is on: this node's store fails or hangs when that file says so");
@@ -94,6 +106,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         settings.min_free_disk,
         settings.node_name.clone(),
     );
+    engine.core().peers_mut().set_own_protocol(protocol);
 
     let grpc_listener = tokio::net::TcpListener::bind(settings.grpc_addr)
         .await
@@ -119,6 +132,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         grpc_advertise: advertise_grpc.clone(),
         seeds: settings.seeds.clone(),
         gossip_interval: settings.gossip_interval,
+        protocol,
     })
     .await
     .with_context(|| {
@@ -129,6 +143,15 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     })?;
     let membership = Arc::new(membership);
     let membership_task = spawn_membership_feed(engine.clone(), membership.clone());
+    let upgrade_task = spawn_upgrade_keeper(
+        engine.clone(),
+        membership.clone(),
+        UpgradeConfig::for_gossip_interval(
+            newest,
+            settings.gossip_interval,
+            !settings.seeds.is_empty(),
+        ),
+    );
     let committer = engine.spawn_committer(|_, _| {});
     let mut anti_entropy_config =
         AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval);
@@ -178,6 +201,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         http = %http_addr,
         gossip = %settings.gossip_addr,
         durability = ?settings.durability,
+        protocol = %protocol,
         data_dir = %settings.data_dir.display(),
         "tally-node started"
     );
@@ -193,6 +217,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         http_task,
         membership,
         membership_task,
+        upgrade_task,
         anti_entropy,
         committer,
     })
@@ -265,6 +290,8 @@ impl NodeHandle {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.http_task).await;
         self.membership_task.abort();
         let _ = self.membership_task.await;
+        self.upgrade_task.abort();
+        let _ = self.upgrade_task.await;
         match Arc::try_unwrap(self.membership) {
             Ok(membership) => {
                 if let Err(error) = membership.shutdown().await {

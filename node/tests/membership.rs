@@ -63,6 +63,7 @@ impl Spec {
             grpc_advertise: self.grpc_addr(),
             seeds: seeds.iter().map(|seed| seed.gossip.to_string()).collect(),
             gossip_interval: GOSSIP_INTERVAL,
+            protocol: Default::default(),
         }
     }
 

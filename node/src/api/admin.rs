@@ -55,6 +55,9 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         since_last_sync_ms: None,
         seq_lag: 0,
         gossip_addr: info.gossip_addr.clone(),
+        protocol_version: core.peers().own_protocol().newest,
+        protocol_oldest: core.peers().own_protocol().oldest,
+        refused: false,
     };
     let members: Vec<pb::Member> = core
         .peers()
@@ -75,6 +78,9 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
                     .durable_seq
                     .saturating_sub(watermark.complete_seq()),
                 gossip_addr: peer.member.gossip_addr.clone(),
+                protocol_version: peer.member.protocol.newest,
+                protocol_oldest: peer.member.protocol.oldest,
+                refused: !core.peers().talks_with(&peer.member),
             }
         })
         .collect();
@@ -88,6 +94,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         members,
         converged,
         cluster_id: info.cluster_id.clone(),
+        cluster_version: engine.store().format(),
         hot_keys: engine
             .hot_keys(HOT_KEYS_IN_STATUS)
             .into_iter()

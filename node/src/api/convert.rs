@@ -7,6 +7,7 @@ use tonic::{Code, Status};
 
 use crate::crdt::{PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
+use crate::replica::version::ProtocolWindow;
 use crate::replica::{
     parse_key, AddRefused, Cursor, PullChunk, PullRefused, PullRequest, MAX_CHUNK_COUNTERS,
 };
@@ -48,6 +49,7 @@ pub fn pull_status(refused: &PullRefused) -> Status {
     let code = match refused {
         PullRefused::WrongCluster { .. } => Code::PermissionDenied,
         PullRefused::WrongReplica { .. } => Code::FailedPrecondition,
+        PullRefused::IncompatibleProtocol { .. } => Code::FailedPrecondition,
         PullRefused::Storage(_) => Code::Unavailable,
     };
     Status::new(code, refused.to_string())
@@ -92,6 +94,7 @@ pub fn pull_request_from(
         after,
         max_bytes: asked.min(max_bytes_cap),
         directory_digest: request.directory_digest,
+        protocol: ProtocolWindow::announced(request.protocol_oldest, request.protocol_version),
     })
 }
 
@@ -104,6 +107,8 @@ pub fn pull_request_to(request: &PullRequest) -> pb::PullRequest {
         after: Some(cursor_to(&request.after)),
         max_bytes: request.max_bytes.min(u32::MAX as usize) as u32,
         directory_digest: request.directory_digest,
+        protocol_version: request.protocol.newest,
+        protocol_oldest: request.protocol.oldest,
     }
 }
 

@@ -130,6 +130,7 @@ fn refusal_reason(refused: &crate::replica::PullRefused) -> &'static str {
     match refused {
         crate::replica::PullRefused::WrongCluster { .. } => "wrong_cluster",
         crate::replica::PullRefused::WrongReplica { .. } => "wrong_replica",
+        crate::replica::PullRefused::IncompatibleProtocol { .. } => "incompatible_protocol",
         crate::replica::PullRefused::Storage(_) => "storage",
     }
 }

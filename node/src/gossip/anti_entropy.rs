@@ -85,11 +85,16 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                 _ = &mut stop_rx => break,
             }
             while pulls.try_join_next().is_some() {}
-            let (plans, own) = {
+            let (plans, own, protocol) = {
                 let mut core = engine.core();
                 let region = core.identity().region.clone();
                 let own = core.identity().replica;
-                (core.peers_mut().poll_pulls(now_ms(), &region), own)
+                let protocol = core.peers().own_protocol();
+                (
+                    core.peers_mut().poll_pulls(now_ms(), &region),
+                    own,
+                    protocol,
+                )
             };
             update_lag_metrics(&engine);
             for plan in plans {
@@ -108,6 +113,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     after: plan.after.clone(),
                     max_bytes: config.max_bytes,
                     directory_digest: plan.directory_digest,
+                    protocol,
                 };
                 pulls.spawn(pull_once(
                     engine.clone(),

@@ -43,6 +43,7 @@ use tokio::time::MissedTickBehavior;
 use tracing::{debug, error, info};
 
 use crate::crdt::ReplicaId;
+use crate::replica::version::ProtocolWindow;
 use crate::replica::Member;
 
 const KEY_REGION: &str = "region";
@@ -51,6 +52,10 @@ const KEY_REPLICA: &str = "replica";
 const KEY_GRPC_ADDR: &str = "grpc_addr";
 const KEY_DURABLE_SEQ: &str = "durable_seq";
 const KEY_DIGEST: &str = "digest";
+/// The newest protocol version the node speaks (absent: 1, a build before versions).
+const KEY_PROTOCOL: &str = "protocol";
+/// The oldest protocol version the node speaks (it rises with the cluster version).
+const KEY_PROTOCOL_OLDEST: &str = "protocol_oldest";
 /// Set (to `true`) by a node that is shutting down.
 const KEY_LEAVING: &str = "leaving";
 
@@ -87,6 +92,8 @@ pub struct MembershipConfig {
     pub seeds: Vec<String>,
     /// The gossip round period (100 ms in practice).
     pub gossip_interval: Duration,
+    /// The protocol versions this node speaks at start.
+    pub protocol: ProtocolWindow,
 }
 
 /// What [`MembershipHandle::publish`] last received.
@@ -94,6 +101,8 @@ pub struct MembershipConfig {
 struct Published {
     durable_seq: u64,
     digest: u64,
+    /// Set once the protocol window changed (the cluster version moved).
+    protocol: Option<ProtocolWindow>,
 }
 
 /// A running membership: the chitchat server and a task that applies
@@ -160,6 +169,11 @@ impl MembershipHandle {
             (KEY_GRPC_ADDR.to_string(), config.grpc_advertise.clone()),
             (KEY_DURABLE_SEQ.to_string(), "0".to_string()),
             (KEY_DIGEST.to_string(), hex(0)),
+            (KEY_PROTOCOL.to_string(), config.protocol.newest.to_string()),
+            (
+                KEY_PROTOCOL_OLDEST.to_string(),
+                config.protocol.oldest.to_string(),
+            ),
         ];
         let chitchat_handle = spawn_chitchat(chitchat_config, initial_key_values, transport)
             .await
@@ -205,13 +219,20 @@ impl MembershipHandle {
     /// blocks: only the latest values are kept, and they reach chitchat at the
     /// next gossip round.
     pub fn publish(&self, durable_seq: u64, digest: u64) {
-        let next = Published {
-            durable_seq,
-            digest,
-        };
         self.publish_tx.send_if_modified(|current| {
-            let changed = *current != next;
-            *current = next;
+            let changed = (current.durable_seq, current.digest) != (durable_seq, digest);
+            current.durable_seq = durable_seq;
+            current.digest = digest;
+            changed
+        });
+    }
+
+    /// Publishes the protocol versions this node speaks from now on (after
+    /// the cluster version moved), at the next gossip round.
+    pub fn publish_protocol(&self, protocol: ProtocolWindow) {
+        self.publish_tx.send_if_modified(|current| {
+            let changed = current.protocol != Some(protocol);
+            current.protocol = Some(protocol);
             changed
         });
     }
@@ -316,6 +337,10 @@ impl Refresher {
                     let state = chitchat.self_node_state();
                     state.set(KEY_DURABLE_SEQ, published.durable_seq);
                     state.set(KEY_DIGEST, hex(published.digest));
+                    if let Some(protocol) = published.protocol {
+                        state.set(KEY_PROTOCOL, protocol.newest);
+                        state.set(KEY_PROTOCOL_OLDEST, protocol.oldest);
+                    }
                 }
                 self.collect_members(&chitchat)
             };
@@ -368,6 +393,14 @@ fn parse_member<'a>(
         parse_hex(text).ok_or_else(|| format!("`{key}` is not 16 hex digits: {text:?}"))
     };
     let durable_seq = field(KEY_DURABLE_SEQ)?;
+    // Absent in builds before versions: they speak version 1 only.
+    let version = |key: &str| -> Result<u32, String> {
+        get(key).map_or(Ok(0), |text| {
+            text.parse()
+                .map_err(|_| format!("`{key}` is not a number: {text:?}"))
+        })
+    };
+    let protocol = ProtocolWindow::announced(version(KEY_PROTOCOL_OLDEST)?, version(KEY_PROTOCOL)?);
     Ok(Member {
         replica: ReplicaId(hex_field(KEY_REPLICA)?),
         region: field(KEY_REGION)?.to_string(),
@@ -379,6 +412,7 @@ fn parse_member<'a>(
             .parse()
             .map_err(|_| format!("`{KEY_DURABLE_SEQ}` is not a number: {durable_seq:?}"))?,
         digest: hex_field(KEY_DIGEST)?,
+        protocol,
     })
 }
 
@@ -471,6 +505,20 @@ mod tests {
         assert_eq!(member.gossip_addr, "127.0.0.1:7000");
         assert_eq!((member.durable_seq, member.digest), (7, 0xabc));
         assert!(member.alive);
+        assert_eq!(member.protocol, ProtocolWindow::default(), "announces none");
+    }
+
+    #[test]
+    fn parses_the_announced_protocol_versions() {
+        let mut announcing = values(1);
+        announcing.insert(KEY_PROTOCOL, "2".to_string());
+        announcing.insert(KEY_PROTOCOL_OLDEST, "2".to_string());
+        assert_eq!(
+            parse(&announcing, true).unwrap().protocol,
+            ProtocolWindow::at(2, 2)
+        );
+        announcing.insert(KEY_PROTOCOL, "two".to_string());
+        assert!(parse(&announcing, true).is_err());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The status page (`/status`): one self-contained HTML page, rendered on the
 //! server with no script and no build step, refreshing itself every two
 //! seconds: the members with their region, liveness, last sync and sequence
-//! lag, whether their digests agree, and this node's hottest keys. The same
+//! lag, whether their digests agree, the protocol versions each speaks (and
+//! which are refused), the cluster version, and this node's hottest keys. The same
 //! facts as JSON at `/status.json`.
 //!
 //! Keys are user input: everything shown is HTML-escaped.
@@ -52,10 +53,11 @@ pub fn render(status: &pb::StatusResponse) -> String {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"2\">\
          <title>Tally · {node}</title><style>{STYLE}</style></head><body>\
          <h1>Tally · {node} <span class=\"sub\">({region})</span></h1>\
-         <div class=\"sub\">cluster <code>{cluster}</code> · replica <code>{replica:016x}</code> · durable sequence {seq} · digest <code>{digest:016x}</code></div>",
+         <div class=\"sub\">cluster <code>{cluster}</code> · cluster version {version} · replica <code>{replica:016x}</code> · durable sequence {seq} · digest <code>{digest:016x}</code></div>",
         node = escape(&own.node_name),
         region = escape(&own.region),
         cluster = escape(&status.cluster_id),
+        version = status.cluster_version,
         replica = own.replica,
         seq = own.durable_seq,
         digest = own.digest,
@@ -72,14 +74,14 @@ pub fn render(status: &pb::StatusResponse) -> String {
     );
     html.push_str(
         "<h2>Members</h2><table><tr><th>region</th><th>node</th><th>replica</th><th>gRPC address</th>\
-         <th>alive</th><th>last sync</th><th>sequence lag</th><th>digest</th></tr>",
+         <th>alive</th><th>last sync</th><th>sequence lag</th><th>digest</th><th>protocol</th></tr>",
     );
     let row = |html: &mut String, member: &pb::Member, is_self: bool| {
         let same = member.digest == own.digest;
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{}{}</td><td><code>{:016x}</code></td><td>{}</td><td class=\"{}\">{}</td>\
-             <td>{}</td><td>{}</td><td class=\"{}\"><code>{:016x}</code></td></tr>",
+             <td>{}</td><td>{}</td><td class=\"{}\"><code>{:016x}</code></td><td class=\"{}\">{}..{}{}</td></tr>",
             escape(&member.region),
             escape(&member.node_name),
             if is_self { " (this node)" } else { "" },
@@ -91,6 +93,10 @@ pub fn render(status: &pb::StatusResponse) -> String {
             member.seq_lag,
             if same { "ok" } else { "bad" },
             member.digest,
+            if member.refused { "bad" } else { "ok" },
+            member.protocol_oldest,
+            member.protocol_version,
+            if member.refused { " refused" } else { "" },
         );
     };
     row(&mut html, &own, true);
@@ -126,6 +132,8 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
             "grpc_addr": m.grpc_addr, "gossip_addr": m.gossip_addr, "alive": m.alive,
             "digest": format!("{:016x}", m.digest), "durable_seq": m.durable_seq,
             "since_last_sync_ms": m.since_last_sync_ms, "seq_lag": m.seq_lag,
+            "protocol_version": m.protocol_version, "protocol_oldest": m.protocol_oldest,
+            "refused": m.refused,
         })
     };
     serde_json::json!({
@@ -133,6 +141,7 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
         "node": status.self_.as_ref().map(member),
         "members": status.members.iter().map(member).collect::<Vec<_>>(),
         "converged": status.converged,
+        "cluster_version": status.cluster_version,
         "hot_keys": status.hot_keys.iter().map(|h| serde_json::json!({
             "key": String::from_utf8_lossy(&h.key), "op": h.op, "rate_per_sec": h.rate_per_sec, "count": h.count,
         })).collect::<Vec<_>>(),
@@ -156,8 +165,12 @@ mod tests {
                 region: "us".into(),
                 node_name: "us-1".into(),
                 alive: false,
+                protocol_version: 1,
+                protocol_oldest: 1,
+                refused: true,
                 ..Default::default()
             }],
+            cluster_version: 2,
             converged: false,
             cluster_id: "c".into(),
             hot_keys: vec![pb::HotKey {
@@ -171,6 +184,8 @@ mod tests {
         assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
         assert!(!html.contains("<script>"));
         assert!(html.contains("us-1") && html.contains("down") && html.contains("not converged"));
+        assert!(html.contains("cluster version 2") && html.contains("1..1 refused"));
+        assert_eq!(to_json(&status)["members"][0]["refused"], true);
         assert_eq!(to_json(&status)["hot_keys"][0]["key"], "<script>x</script>");
     }
 }

@@ -19,6 +19,7 @@ mod identity;
 mod protocol;
 mod sync;
 mod types;
+pub mod version;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

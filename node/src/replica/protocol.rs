@@ -8,11 +8,13 @@
 //! counter that is not cached cannot be in a commit being written, so what the
 //! store returns for it is durable. Because the log is stamped per commit and
 //! every commit rewrites each counter it holds, the hottest key is shipped in
-//! every round, never starved. A refused message merges nothing.
+//! every round, never starved. A refused message merges nothing. A pull from
+//! a node that shares no protocol version with this one is refused.
 
 use crate::crdt::{Crdt, PnCounter, ReplicaId};
 
 use super::types::{Cursor, DurableState, Key, StorageError};
+use super::version::ProtocolWindow;
 use super::Replica;
 
 /// The most counters one chunk may carry.
@@ -35,6 +37,8 @@ pub struct PullRequest {
     /// the whole directory ([`PullChunk::directory_digest`]): while it is the
     /// source's current one, chunks leave `replicas` out.
     pub directory_digest: Option<u64>,
+    /// The protocol versions the caller speaks.
+    pub protocol: ProtocolWindow,
 }
 
 /// Part of the answer to a pull.
@@ -85,6 +89,14 @@ pub enum PullRefused {
         expected: ReplicaId,
         /// Who answered.
         actual: ReplicaId,
+    },
+    /// The caller and this node share no protocol version.
+    #[error("pull refused: the caller speaks protocol versions {theirs}, this node speaks {ours}; upgrade the older of the two (see \"Upgrading\" in the README)")]
+    IncompatibleProtocol {
+        /// Ours.
+        ours: ProtocolWindow,
+        /// The caller's.
+        theirs: ProtocolWindow,
     },
     /// The change log could not be read.
     #[error(transparent)]
@@ -159,6 +171,13 @@ impl Replica {
             return Err(PullRefused::WrongCluster {
                 ours: self.config.cluster_id.clone(),
                 theirs: request.cluster_id.clone(),
+            });
+        }
+        let ours = self.peers().own_protocol();
+        if !ours.talks_with(&request.protocol) {
+            return Err(PullRefused::IncompatibleProtocol {
+                ours,
+                theirs: request.protocol,
             });
         }
         if let Some(expected) = request

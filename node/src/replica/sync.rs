@@ -5,13 +5,16 @@
 //! included when it has other nodes, rotating among a region's nodes. A peer
 //! already being pulled from is skipped (one slow peer never stalls the rest),
 //! and a failing one is retried with a growing back-off. Membership comes in as
-//! events ([`PeerBook::handle_membership`]); nothing here reads a clock.
+//! events ([`PeerBook::handle_membership`]); nothing here reads a clock. A
+//! peer that shares no protocol version with this node
+//! ([`ProtocolWindow::talks_with`]) is listed but never pulled from.
 
 use std::collections::BTreeMap;
 
 use crate::crdt::ReplicaId;
 
 use super::types::Cursor;
+use super::version::{ProtocolWindow, NEWEST, OLDEST};
 
 /// Another node as membership sees it.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
@@ -32,6 +35,8 @@ pub struct Member {
     pub durable_seq: u64,
     /// Its published digest.
     pub digest: u64,
+    /// The protocol versions it announces (1..=1 when it announces none).
+    pub protocol: ProtocolWindow,
 }
 
 /// A pull to start now.
@@ -74,6 +79,8 @@ pub struct PeerBook {
     /// directory (in memory only: after a restart the first pull gets the
     /// directory again).
     directories: BTreeMap<ReplicaId, u64>,
+    /// The protocol versions this node speaks now.
+    own_protocol: Option<ProtocolWindow>,
 }
 
 /// The longest a failing peer waits before it is tried again.
@@ -86,6 +93,25 @@ impl PeerBook {
             watermarks: watermarks.into_iter().collect(),
             ..Default::default()
         }
+    }
+
+    /// The protocol versions this node speaks now (by default, every
+    /// version of this build).
+    pub fn own_protocol(&self) -> ProtocolWindow {
+        self.own_protocol
+            .unwrap_or(ProtocolWindow::at(OLDEST, NEWEST))
+    }
+
+    /// Sets the protocol versions this node speaks (when the cluster version
+    /// moves, or when the node poses as an older build in a test).
+    pub fn set_own_protocol(&mut self, window: ProtocolWindow) {
+        self.own_protocol = Some(window);
+    }
+
+    /// Whether this node and `member` share a protocol version (if not, the
+    /// member is never pulled from, and its pulls are refused).
+    pub fn talks_with(&self, member: &Member) -> bool {
+        self.own_protocol().talks_with(&member.protocol)
     }
 
     /// Replaces the membership view (every other node, alive or not).
@@ -103,7 +129,11 @@ impl PeerBook {
     pub fn poll_pulls(&mut self, now_ms: u64, own_region: &str) -> Vec<PullPlan> {
         self.rotation = self.rotation.wrapping_add(1);
         let mut by_region: BTreeMap<&str, Vec<&PeerState>> = BTreeMap::new();
+        let own_protocol = self.own_protocol();
         for peer in self.peers.values() {
+            if !own_protocol.talks_with(&peer.member.protocol) {
+                continue;
+            }
             by_region
                 .entry(peer.member.region.as_str())
                 .or_default()
@@ -276,6 +306,29 @@ mod tests {
         book.handle_pull_failed(0, ReplicaId(2), 200);
         assert!(book.poll_pulls(100, "eu").is_empty());
         assert_eq!(book.poll_pulls(400, "eu").len(), 1);
+    }
+
+    #[test]
+    fn a_peer_outside_the_protocol_window_is_never_pulled_from() {
+        let mut book = PeerBook::default();
+        book.set_own_protocol(ProtocolWindow::at(2, 2));
+        let old = member(1, "us"); // announces nothing: version 1 only
+        let mut current = member(2, "ap");
+        current.protocol = ProtocolWindow::at(1, 2);
+        book.handle_membership(vec![old.clone(), current]);
+        assert!(!book.talks_with(&old));
+        let plans = book.poll_pulls(0, "eu");
+        assert_eq!(
+            plans.iter().map(|p| p.peer).collect::<Vec<_>>(),
+            vec![ReplicaId(2)]
+        );
+        // Before the cluster version moved, the old node was a peer like any.
+        book.set_own_protocol(ProtocolWindow::at(1, 2));
+        assert_eq!(
+            book.poll_pulls(1, "eu").len(),
+            1,
+            "the old node, ap in flight"
+        );
     }
 
     #[test]

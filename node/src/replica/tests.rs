@@ -4,6 +4,7 @@
 use super::*;
 use crate::crdt::Slot;
 use crate::store::{MemoryStore, Store};
+use version::ProtocolWindow;
 
 struct Node {
     replica: Replica,
@@ -86,6 +87,7 @@ impl Node {
                 after: self.replica.peers().watermark(peer),
                 max_bytes,
                 directory_digest: self.replica.peers().directory_digest(peer),
+                protocol: self.replica.peers().own_protocol(),
             };
             let chunk = source.replica.handle_pull(&source.store, &request).unwrap();
             let complete = chunk.complete;
@@ -360,6 +362,7 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
         after: Cursor::default(),
         max_bytes: 1000,
         directory_digest: None,
+        protocol: ProtocolWindow::default(),
     };
     assert!(matches!(
         node.replica.handle_pull(&node.store, &request),
@@ -371,6 +374,32 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
         node.replica.handle_pull(&node.store, &request),
         Err(PullRefused::WrongReplica { .. })
     ));
+}
+
+#[test]
+fn pulls_from_a_node_without_a_shared_protocol_version_are_refused() {
+    let mut node = Node::new(1, "eu");
+    let mut request = PullRequest {
+        cluster_id: CLUSTER.into(),
+        caller: ReplicaId(2),
+        expected: None,
+        after: Cursor::default(),
+        max_bytes: 1000,
+        directory_digest: None,
+        protocol: ProtocolWindow::default(),
+    };
+    assert!(node.replica.handle_pull(&node.store, &request).is_ok());
+    // The cluster version moved to 2: a version-1 caller is refused...
+    node.replica
+        .peers_mut()
+        .set_own_protocol(ProtocolWindow::at(2, 2));
+    assert!(matches!(
+        node.replica.handle_pull(&node.store, &request),
+        Err(PullRefused::IncompatibleProtocol { .. })
+    ));
+    // ...and one that speaks 2 is served.
+    request.protocol = ProtocolWindow::at(1, 2);
+    assert!(node.replica.handle_pull(&node.store, &request).is_ok());
 }
 
 #[test]
@@ -529,6 +558,7 @@ fn the_directory_is_sent_only_until_the_caller_holds_it_as_it_is() {
             after: eu.replica.peers().watermark(us_id),
             max_bytes: 1 << 20,
             directory_digest: eu.replica.peers().directory_digest(us_id),
+            protocol: eu.replica.peers().own_protocol(),
         };
         us.replica.handle_pull(&us.store, &request).unwrap()
     };

@@ -113,6 +113,21 @@ pub fn encode_counter(
     out
 }
 
+/// Encodes a counter record in format 1 (each slot's replica id inline),
+/// which every build reads: written until the cluster version reaches 2.
+pub fn encode_counter_v1(seq: u64, state: &PnCounter) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + state.slots().len() * 14);
+    out.push(1);
+    put_varint(&mut out, seq);
+    put_varint(&mut out, state.slots().len() as u64);
+    for (replica, slot) in state.slots() {
+        out.extend_from_slice(&replica.0.to_le_bytes());
+        put_varint(&mut out, slot.p);
+        put_varint(&mut out, slot.n);
+    }
+    out
+}
+
 /// The commit that wrote a counter record, read without the slots.
 pub fn decode_counter_seq(bytes: &[u8]) -> Result<u64, StorageError> {
     let (_, mut reader) = Reader::any_version(bytes, "counter record", &[1, COUNTER_VERSION])?;
@@ -191,6 +206,22 @@ pub fn encode_idempotency(segment: u64, records: &[IdempotencyRecord]) -> Vec<u8
         put_varint(&mut out, zigzag(record.value));
         put_varint(&mut out, zigzag(record.seq.wrapping_sub(segment) as i64));
         put_varint(&mut out, record.expires_at_ms - base_expiry);
+    }
+    out
+}
+
+/// Encodes idempotency records in format 1 (fixed 8-byte fields), which
+/// every build reads: written until the cluster version reaches 2.
+pub fn encode_idempotency_v1(records: &[IdempotencyRecord]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + records.len() * 48);
+    out.push(1);
+    put_varint(&mut out, records.len() as u64);
+    for record in records {
+        out.extend_from_slice(&record.id.to_be_bytes());
+        out.extend_from_slice(&record.fingerprint.to_le_bytes());
+        out.extend_from_slice(&(record.value as u64).to_le_bytes());
+        out.extend_from_slice(&record.seq.to_le_bytes());
+        out.extend_from_slice(&record.expires_at_ms.to_le_bytes());
     }
     out
 }
@@ -401,6 +432,13 @@ impl<'a> Reader<'a> {
                     [one] => format!("version {one}"),
                     many => format!("versions {many:?}"),
                 };
+                if versions.iter().all(|known| other > known) {
+                    // Not damage: a newer build wrote it (see "Upgrading").
+                    return Err(StorageError(format!(
+                        "{what} in format {other}, written by a newer Tally build; this build \
+                         reads {known}: run the newer build (or one at least as new)"
+                    )));
+                }
                 Err(corrupt(
                     what,
                     &format!("unknown format version {other}; this build reads {known}"),
@@ -496,6 +534,40 @@ mod tests {
     }
 
     #[test]
+    fn format_1_writers_round_trip_through_the_readers() {
+        let state = PnCounter::from_slots([
+            (ReplicaId(u64::MAX), Slot { p: 300, n: 2 }),
+            (ReplicaId(3), Slot { p: 0, n: u64::MAX }),
+        ]);
+        let bytes = encode_counter_v1(9, &state);
+        assert_eq!(bytes[0], 1);
+        let read = decode_counter(&bytes, |_| None).unwrap();
+        assert_eq!((read.seq, read.state), (9, state));
+        let records = [IdempotencyRecord {
+            id: u128::MAX - 5,
+            fingerprint: 77,
+            value: -12,
+            seq: 40,
+            expires_at_ms: 1_000_000,
+        }];
+        let bytes = encode_idempotency_v1(&records);
+        assert_eq!(bytes[0], 1);
+        assert_eq!(
+            decode_idempotency(&idempotency_key(40), &bytes).unwrap(),
+            (40, records.to_vec())
+        );
+    }
+
+    #[test]
+    fn a_record_of_a_newer_format_is_not_called_corrupt() {
+        let error = decode_counter(&[COUNTER_VERSION + 1, 1, 0], |_| None).unwrap_err();
+        assert!(!error.0.contains("corrupt"), "{error}");
+        assert!(error.0.contains("newer"), "{error}");
+        let error = decode_counter(&[0, 1, 0], |_| None).unwrap_err();
+        assert!(error.0.contains("corrupt"), "{error}");
+    }
+
+    #[test]
     fn version_1_records_with_inline_replica_ids_still_read() {
         let mut v1 = vec![1, 7, 1];
         v1.extend_from_slice(&u64::MAX.to_le_bytes());
@@ -521,7 +593,7 @@ mod tests {
         assert!(decode_counter(&future, replica_of)
             .unwrap_err()
             .0
-            .contains("unknown format version 9"));
+            .contains("in format 9, written by a newer Tally build"));
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(decode_counter(&longer, replica_of).is_err());
@@ -614,7 +686,7 @@ mod tests {
         assert!(decode_idempotency(&idempotency_key(500), &future)
             .unwrap_err()
             .0
-            .contains("unknown format version 3"));
+            .contains("in format 3, written by a newer Tally build"));
     }
 
     #[test]

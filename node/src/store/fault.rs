@@ -80,4 +80,12 @@ impl<S: Store> Store for FaultyStore<S> {
     fn size_on_disk(&self) -> Option<u64> {
         self.inner.size_on_disk()
     }
+
+    fn format(&self) -> u32 {
+        self.inner.format()
+    }
+
+    fn raise_format(&self, format: u32) -> Result<(), StorageError> {
+        self.inner.raise_format(format)
+    }
 }

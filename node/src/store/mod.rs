@@ -47,6 +47,17 @@ pub trait Store: DurableState + Send + Sync + 'static {
     fn size_on_disk(&self) -> Option<u64> {
         None
     }
+    /// The record format the store writes: the cluster version as last
+    /// persisted (see [`crate::replica::version`]).
+    fn format(&self) -> u32 {
+        crate::replica::version::NEWEST
+    }
+    /// Moves to record format `format`: records it durably first, then
+    /// writes in it. Never moves back.
+    fn raise_format(&self, format: u32) -> Result<(), StorageError> {
+        let _ = format;
+        Ok(())
+    }
 }
 
 /// One write of a batch.
@@ -59,8 +70,17 @@ pub enum Op {
 }
 
 /// The puts and deletes that write `batch`, in order, with the replica
-/// numbers in `ordinals` and the batch's `new` ones (from [`Ordinals::plan`]).
-pub fn batch_ops(batch: &CommitBatch, ordinals: &Ordinals, new: &[(u32, ReplicaId)]) -> Vec<Op> {
+/// numbers in `ordinals` and the batch's `new` ones (from [`Ordinals::plan`]),
+/// in record format `format` (the cluster version: 1 writes counter records
+/// and idempotency segments in format 1, which every build reads; 2 and up
+/// in format 2). Replica numbers are written in every format, so that a
+/// later format-2 record never names a number the store has not kept.
+pub fn batch_ops(
+    batch: &CommitBatch,
+    ordinals: &Ordinals,
+    new: &[(u32, ReplicaId)],
+    format: u32,
+) -> Vec<Op> {
     use encoding::*;
     let mut ops = Vec::with_capacity(batch.counters.len() + new.len() + 8);
     for (ordinal, replica) in new {
@@ -68,16 +88,20 @@ pub fn batch_ops(batch: &CommitBatch, ordinals: &Ordinals, new: &[(u32, ReplicaI
     }
     for (key, state) in &batch.counters {
         let ordinal_of = |replica| ordinals::ordinal_in(ordinals, new, replica);
-        ops.push(Op::Put(
-            counter_key(key),
-            encode_counter(batch.seq, state, ordinal_of),
-        ));
+        let value = if format < 2 {
+            encode_counter_v1(batch.seq, state)
+        } else {
+            encode_counter(batch.seq, state, ordinal_of)
+        };
+        ops.push(Op::Put(counter_key(key), value));
     }
     if !batch.idempotency_put.is_empty() {
-        ops.push(Op::Put(
-            idempotency_key(batch.seq),
-            encode_idempotency(batch.seq, &batch.idempotency_put),
-        ));
+        let value = if format < 2 {
+            encode_idempotency_v1(&batch.idempotency_put)
+        } else {
+            encode_idempotency(batch.seq, &batch.idempotency_put)
+        };
+        ops.push(Op::Put(idempotency_key(batch.seq), value));
     }
     for segment in &batch.idempotency_delete {
         ops.push(Op::Delete(idempotency_key(*segment)));
@@ -195,5 +219,7 @@ pub fn stored_identity(bytes: Option<&[u8]>) -> Result<Option<Identity>, Storage
     bytes.map(encoding::decode_identity).transpose()
 }
 
+#[cfg(test)]
+mod format_tests;
 #[cfg(test)]
 mod suite;

@@ -19,8 +19,15 @@
 //! otherwise rebuilds it by reading every counter record once (after a crash,
 //! and the first time). The log entries that older builds kept in sled are
 //! removed at open.
+//!
+//! The marker file also records the directory's format: the cluster version
+//! ([`crate::replica::version`]) as last persisted. A build that cannot write
+//! that format refuses to open the directory ([`OpenError::NewerFormat`]),
+//! and [`Store::raise_format`] rewrites the marker durably before the first
+//! record of a newer format is written.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
 use crate::replica::{
@@ -37,7 +44,7 @@ use super::{
 
 /// The marker file that makes a directory a Tally data directory.
 pub const MARKER_FILE: &str = "TALLY_DATA_DIR";
-const MARKER_TEXT: &str = "tally data directory, format 1\n";
+const MARKER_TEXT: &str = "tally data directory, format ";
 /// The change log saved by a clean stop.
 const CHANGE_SNAPSHOT: &str = "changes.snapshot";
 
@@ -58,6 +65,17 @@ pub enum OpenError {
     /// The directory holds files but is not a Tally data directory.
     #[error("{0} is not empty and is not a Tally data directory (no {MARKER_FILE} file); give --data-dir an empty or new directory")]
     NotTally(PathBuf),
+    /// The directory is in a newer format than this build writes: a newer
+    /// build wrote it after its upgrade was finalized.
+    #[error("the data directory {path} is in format {found}, written by a newer Tally build after the cluster's upgrade was finalized; this build writes formats up to {newest}. Run a build that speaks protocol version {found} or later (see \"Upgrading\" in the README); rolling back past a finalized upgrade needs a backup taken before it")]
+    NewerFormat {
+        /// The data directory.
+        path: PathBuf,
+        /// The format its marker records.
+        found: u32,
+        /// The newest this build writes.
+        newest: u32,
+    },
     /// Another process has the store open.
     #[error("the data directory {0} is in use by another process (is another tally-node running on it?)")]
     Locked(PathBuf),
@@ -156,6 +174,10 @@ pub struct SledStore {
     ordinals: RwLock<Ordinals>,
     identity: Identity,
     path: PathBuf,
+    /// The record format written now (the persisted cluster version).
+    format: AtomicU32,
+    /// The newest format this build may write.
+    newest_format: u32,
     /// Where a damaged store was moved, when it was.
     pub moved_aside: Option<PathBuf>,
 }
@@ -210,7 +232,23 @@ impl SledStore {
         on_corrupt: OnCorrupt,
         cache_bytes: u64,
     ) -> Result<SledStore, OpenError> {
-        match Self::open_once(dir, region, fresh_id, cache_bytes) {
+        let newest = crate::replica::version::NEWEST;
+        Self::open_versioned(dir, region, fresh_id, on_corrupt, cache_bytes, newest)
+    }
+
+    /// [`SledStore::open_with_cache`] by a build that writes formats up to
+    /// `newest_format` (lower than this build's own only when a test makes
+    /// the node pose as an older build).
+    pub fn open_versioned(
+        dir: &Path,
+        region: &str,
+        fresh_id: u64,
+        on_corrupt: OnCorrupt,
+        cache_bytes: u64,
+        newest_format: u32,
+    ) -> Result<SledStore, OpenError> {
+        let open_once = |dir| Self::open_once(dir, region, fresh_id, cache_bytes, newest_format);
+        match open_once(dir) {
             Err(OpenError::Corrupt { path, reason }) if on_corrupt == OnCorrupt::MoveAside => {
                 let aside = aside_path(dir);
                 std::fs::rename(dir, &aside).map_err(io_error(dir))?;
@@ -218,7 +256,7 @@ impl SledStore {
                     sync_dir(parent).map_err(io_error(dir))?;
                 }
                 tracing::warn!(from = %path.display(), to = %aside.display(), %reason, "moved a damaged store aside; starting as a new replica");
-                let mut store = Self::open_once(dir, region, fresh_id, cache_bytes)?;
+                let mut store = open_once(dir)?;
                 store.moved_aside = Some(aside);
                 Ok(store)
             }
@@ -231,8 +269,21 @@ impl SledStore {
         region: &str,
         fresh_id: u64,
         cache_bytes: u64,
+        newest_format: u32,
     ) -> Result<SledStore, OpenError> {
         let initialised = prepare_dir(dir)?;
+        let format = if initialised {
+            read_format(dir)?
+        } else {
+            crate::replica::version::OLDEST
+        };
+        if format > newest_format {
+            return Err(OpenError::NewerFormat {
+                path: dir.to_path_buf(),
+                found: format,
+                newest: newest_format,
+            });
+        }
         let db_path = dir.join("db");
         let config = sled::Config::new()
             .path(&db_path)
@@ -284,7 +335,7 @@ impl SledStore {
             db.insert(META_IDENTITY, encoding::encode_identity(&identity))
                 .map_err(|e| classify(dir, e))?;
             flush(&db)?;
-            write_marker(dir)?;
+            write_marker(dir, format)?;
         }
         if remove_retired_change_log(&db).map_err(|e| classify(dir, e))? {
             flush(&db)?;
@@ -298,6 +349,8 @@ impl SledStore {
             ordinals: RwLock::new(ordinals),
             identity,
             path: dir.to_path_buf(),
+            format: AtomicU32::new(format),
+            newest_format,
             moved_aside: None,
         })
     }
@@ -443,11 +496,32 @@ fn prepare_dir(dir: &Path) -> Result<bool, OpenError> {
     Ok(false)
 }
 
-/// Marks `dir` as a Tally data directory, durably.
-fn write_marker(dir: &Path) -> Result<(), OpenError> {
+/// The format that the marker of `dir` records.
+fn read_format(dir: &Path) -> Result<u32, OpenError> {
+    let marker = dir.join(MARKER_FILE);
+    let text = std::fs::read_to_string(&marker).map_err(io_error(dir))?;
+    text.trim_end()
+        .strip_prefix(MARKER_TEXT)
+        .and_then(|number| number.parse().ok())
+        .ok_or_else(|| OpenError::Corrupt {
+            path: dir.to_path_buf(),
+            reason: format!(
+                "its marker {} does not say which format the directory is in: {text:?}",
+                marker.display()
+            ),
+        })
+}
+
+/// The marker's text for format `format`.
+fn marker_text(format: u32) -> String {
+    format!("{MARKER_TEXT}{format}\n")
+}
+
+/// Marks `dir` as a Tally data directory in format `format`, durably.
+fn write_marker(dir: &Path, format: u32) -> Result<(), OpenError> {
     let marker = dir.join(MARKER_FILE);
     let file = std::fs::File::create(&marker).map_err(io_error(dir))?;
-    std::io::Write::write_all(&mut &file, MARKER_TEXT.as_bytes()).map_err(io_error(dir))?;
+    std::io::Write::write_all(&mut &file, marker_text(format).as_bytes()).map_err(io_error(dir))?;
     file.sync_all().map_err(io_error(dir))?;
     sync_dir(dir).map_err(io_error(dir))
 }
@@ -516,7 +590,8 @@ impl Store for SledStore {
             .unwrap_or_else(PoisonError::into_inner);
         let new = ordinals.plan(batch);
         let mut sled_batch = sled::Batch::default();
-        for op in batch_ops(batch, &ordinals, &new) {
+        let format = self.format.load(Ordering::Acquire);
+        for op in batch_ops(batch, &ordinals, &new, format) {
             match op {
                 Op::Put(key, value) => sled_batch.insert(key, value),
                 Op::Delete(key) => sled_batch.remove(key),
@@ -552,6 +627,33 @@ impl Store for SledStore {
 
     fn size_on_disk(&self) -> Option<u64> {
         self.db.size_on_disk().ok()
+    }
+
+    fn format(&self) -> u32 {
+        self.format.load(Ordering::Acquire)
+    }
+
+    fn raise_format(&self, format: u32) -> Result<(), StorageError> {
+        if format <= self.format() {
+            return Ok(());
+        }
+        if format > self.newest_format {
+            return Err(StorageError(format!(
+                "cannot move the data directory to format {format}: this build writes formats up to {}",
+                self.newest_format
+            )));
+        }
+        // Persisted before acted on: once the marker says `format`, an
+        // older build refuses the directory instead of misreading it.
+        write_durably(&self.path.join(MARKER_FILE), marker_text(format).as_bytes()).map_err(
+            |error| {
+                StorageError(format!(
+                    "cannot record format {format} in {MARKER_FILE}: {error}"
+                ))
+            },
+        )?;
+        self.format.store(format, Ordering::Release);
+        Ok(())
     }
 }
 

@@ -45,6 +45,9 @@ pub async fn read_state(
             expected_replica: 0,
             after: after.clone(),
             max_bytes: 16 << 20,
+            // The checker reads like a node of this build.
+            protocol_version: tally_node::replica::version::NEWEST,
+            protocol_oldest: tally_node::replica::version::OLDEST,
             ..Default::default()
         };
         let mut stream = client.pull(request).await?.into_inner();

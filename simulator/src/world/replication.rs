@@ -148,6 +148,7 @@ impl World<'_> {
                 after: plan.after,
                 max_bytes: self.options.pull_budget_bytes,
                 directory_digest: plan.directory_digest,
+                protocol: self.nodes[node].replica.peers().own_protocol(),
             };
             self.send(node, peer_node, NetMsg::Pull { pull, request });
             self.schedule(timeout, Event::PullTimeout(node as u16, epoch, pull));

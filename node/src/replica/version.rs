@@ -1,0 +1,148 @@
+//! Protocol versions and the cluster version: what lets a cluster be
+//! upgraded one node (one region) at a time and rolled back before the
+//! upgrade is finalized. Pure: membership comes in as [`Member`]s.
+//!
+//! - Each build speaks a window of protocol versions, [`OLDEST`] to
+//!   [`NEWEST`]. A version names on-disk record formats and wire formats
+//!   together: version 1 is what every build wrote before versions existed
+//!   (counter records and idempotency segments in their format 1); version 2
+//!   writes both in format 2 (replica ordinals, varints). A node that
+//!   announces nothing (a build before versions) counts as `1..=1`.
+//! - The **cluster version** is the newest version this node may *write*. It
+//!   starts at [`OLDEST`] in a new data directory, is persisted in the data
+//!   directory before anything of it is written, and only rises: to the
+//!   newest version that this node and every member it knows (every region,
+//!   live or not) speak ([`next_cluster_version`]). Once it has risen, the
+//!   node's window starts there, so a build that cannot read what is now
+//!   written is refused.
+//!
+//! Invariant: two nodes exchange state only when their windows overlap
+//! ([`ProtocolWindow::talks_with`]), and a node never writes a format newer
+//! than a member it knows can read, so a half-upgraded cluster keeps working
+//! and any node can be rolled back until the cluster version moves.
+
+use super::Member;
+
+/// The oldest protocol version this build speaks (and the cluster version of
+/// a new data directory).
+pub const OLDEST: u32 = 1;
+/// The newest protocol version this build speaks and can write.
+pub const NEWEST: u32 = 2;
+
+/// The protocol versions a node speaks, oldest to newest (inclusive).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct ProtocolWindow {
+    /// The oldest version it still reads and answers.
+    pub oldest: u32,
+    /// The newest version it speaks.
+    pub newest: u32,
+}
+
+impl Default for ProtocolWindow {
+    /// The window of a node that announces none: a build before versions.
+    fn default() -> Self {
+        ProtocolWindow {
+            oldest: OLDEST,
+            newest: OLDEST,
+        }
+    }
+}
+
+impl ProtocolWindow {
+    /// This build's window at cluster version `cluster_version`, when it
+    /// speaks versions up to `newest` (this build's [`NEWEST`], or lower when
+    /// told to pose as an older build in a test).
+    pub fn at(cluster_version: u32, newest: u32) -> Self {
+        ProtocolWindow {
+            oldest: cluster_version.min(newest),
+            newest,
+        }
+    }
+
+    /// A window as announced on the wire or in gossip, where 0 (a field a
+    /// build before versions does not send) means version 1.
+    pub fn announced(oldest: u32, newest: u32) -> Self {
+        let newest = newest.max(OLDEST);
+        ProtocolWindow {
+            oldest: oldest.clamp(OLDEST, newest),
+            newest,
+        }
+    }
+
+    /// Whether a node with this window and one with `other` share a version.
+    pub fn talks_with(&self, other: &ProtocolWindow) -> bool {
+        self.oldest <= other.newest && other.oldest <= self.newest
+    }
+}
+
+impl std::fmt::Display for ProtocolWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}..={}", self.oldest, self.newest)
+    }
+}
+
+/// The cluster version to move to from `current`: the newest version that
+/// this node (speaking up to `own_newest`) and every one of `members` speak,
+/// never below `current`. Members this node refuses (no shared version) do
+/// not hold it back: they cannot take part either way.
+pub fn next_cluster_version(current: u32, own_newest: u32, members: &[Member]) -> u32 {
+    let own = ProtocolWindow::at(current, own_newest);
+    members
+        .iter()
+        .filter(|member| own.talks_with(&member.protocol))
+        .map(|member| member.protocol.newest)
+        .fold(own_newest, u32::min)
+        .max(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(oldest: u32, newest: u32) -> Member {
+        Member {
+            protocol: ProtocolWindow { oldest, newest },
+            ..Member::default()
+        }
+    }
+
+    #[test]
+    fn windows_talk_when_they_share_a_version() {
+        let this = ProtocolWindow::at(1, 2);
+        assert!(this.talks_with(&ProtocolWindow::default()));
+        assert!(this.talks_with(&ProtocolWindow::at(2, 3)));
+        assert!(!this.talks_with(&ProtocolWindow::at(3, 4)));
+        let finalized = ProtocolWindow::at(2, 2);
+        assert!(!finalized.talks_with(&ProtocolWindow::default()));
+    }
+
+    #[test]
+    fn a_window_that_announces_nothing_is_version_one() {
+        assert_eq!(ProtocolWindow::announced(0, 0), ProtocolWindow::default());
+        assert_eq!(
+            ProtocolWindow::announced(0, 2),
+            ProtocolWindow {
+                oldest: 1,
+                newest: 2
+            }
+        );
+    }
+
+    #[test]
+    fn the_cluster_version_waits_for_the_oldest_member() {
+        let members = [member(1, 2), member(1, 1)];
+        assert_eq!(next_cluster_version(1, 2, &members), 1);
+        assert_eq!(next_cluster_version(1, 2, &members[..1]), 2);
+        assert_eq!(next_cluster_version(1, 2, &[]), 2);
+        // A node posing as version 1 never moves past it.
+        assert_eq!(next_cluster_version(1, 1, &members[..1]), 1);
+    }
+
+    #[test]
+    fn the_cluster_version_never_goes_back_and_ignores_refused_members() {
+        // Finalized at 2: a version-1 node appearing now is refused, not obeyed.
+        assert_eq!(next_cluster_version(2, 2, &[member(1, 1)]), 2);
+        // A node that speaks only newer versions does not hold us back.
+        assert_eq!(next_cluster_version(1, 2, &[member(3, 4)]), 2);
+    }
+}

@@ -1,0 +1,146 @@
+//! Rolling upgrades with real processes: a cluster with a node that poses as
+//! an older build (`--test-announce-protocol-version 1`) keeps replicating
+//! and stays at cluster version 1; once that node runs the current version
+//! the cluster version moves to 2 (persisted in each data directory's
+//! marker); then the old version is refused, both as a binary opening the
+//! upgraded data directory and as a peer.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::{cli, http_get, wait_until, NodeProcess, NodeSpec};
+
+const POSE_AS_VERSION_1: [&str; 2] = ["--test-announce-protocol-version", "1"];
+
+fn status(node: &NodeProcess) -> Option<serde_json::Value> {
+    let (code, body) = http_get(node.spec.http, "/status.json").ok()?;
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+fn cluster_version(node: &NodeProcess) -> Option<u64> {
+    status(node)?["cluster_version"].as_u64()
+}
+
+/// The member named `name` in `node`'s status.
+fn member(node: &NodeProcess, name: &str) -> Option<serde_json::Value> {
+    status(node)?["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["node_name"] == name)
+        .cloned()
+}
+
+fn marker(data_dir: &Path) -> String {
+    std::fs::read_to_string(data_dir.join("TALLY_DATA_DIR")).unwrap_or_default()
+}
+
+fn add(node: &NodeProcess, key: &str, delta: &str) {
+    let (code, _, stderr) = cli(&node.endpoint(), &["add", key, delta]);
+    assert_eq!(code, 0, "add on {}: {stderr}", node.spec.node_name);
+}
+
+fn value(node: &NodeProcess, key: &str) -> Option<i64> {
+    let (code, stdout, _) = cli(&node.endpoint(), &["get", key]);
+    (code == 0).then(|| stdout.trim().parse().ok())?
+}
+
+#[track_caller]
+fn wait_for_value(node: &NodeProcess, key: &str, expected: i64) {
+    let what = format!("{} to read {key} = {expected}", node.spec.node_name);
+    wait_until(Duration::from_secs(30), &what, || {
+        (value(node, key) == Some(expected)).then_some(())
+    });
+}
+
+#[test]
+fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_the_old_one() {
+    let root = tempfile::tempdir().unwrap();
+    let eu = NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"));
+    let mut old_spec = NodeSpec::new(root.path(), "us", "us-1");
+    old_spec.seeds = vec![eu.spec.gossip];
+    old_spec.extra = POSE_AS_VERSION_1.map(String::from).to_vec();
+    let mut us = NodeProcess::start(old_spec);
+
+    // Half upgraded: both replicate, and the version stays at the old one.
+    add(&eu, "likes", "5");
+    add(&us, "likes", "7");
+    wait_for_value(&eu, "likes", 12);
+    wait_for_value(&us, "likes", 12);
+    wait_until(Duration::from_secs(10), "eu to see us-1 as 1..1", || {
+        let us = member(&eu, "us-1")?;
+        (us["protocol_version"] == 1 && us["refused"] == false).then_some(())
+    });
+    // Well past the settle time (2 s), eu still writes format 1.
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(4) {
+        assert_eq!(
+            cluster_version(&eu),
+            Some(1),
+            "eu moved with us-1 at version 1"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(marker(&eu.spec.data_dir).ends_with("format 1\n"));
+    assert!(marker(&us.spec.data_dir).ends_with("format 1\n"));
+
+    // us-1 is upgraded (runs the current version on the same data): the
+    // cluster version moves to 2 on both, persisted in both directories.
+    us.stop();
+    us.spec.extra.clear();
+    us.restart();
+    for node in [&eu, &us] {
+        let what = format!("{} at cluster version 2", node.spec.node_name);
+        wait_until(Duration::from_secs(30), &what, || {
+            (cluster_version(node) == Some(2)).then_some(())
+        });
+        assert!(marker(&node.spec.data_dir).ends_with("format 2\n"));
+    }
+    add(&us, "likes", "1");
+    wait_for_value(&eu, "likes", 13);
+    assert!(eu.log_text().contains("cluster version moved"));
+
+    // A rollback now is refused by the binary itself, naming both versions.
+    us.stop();
+    us.spec.extra = POSE_AS_VERSION_1.map(String::from).to_vec();
+    let log = us
+        .try_restart()
+        .expect_err("a version-1 build opened a format-2 directory");
+    assert!(
+        log.contains("format 2") && log.contains("up to 1"),
+        "the refusal names both versions:\n{log}"
+    );
+    assert!(!log.contains("corrupt"), "an upgrade is not damage:\n{log}");
+    assert!(marker(&us.spec.data_dir).ends_with("format 2\n"));
+
+    // A new node of the old version joins: it shares no version with eu, so
+    // eu refuses it (and says so in its status and its log), and nothing of
+    // it is merged.
+    let mut late_spec = NodeSpec::new(root.path(), "ap", "ap-1");
+    late_spec.seeds = vec![eu.spec.gossip];
+    late_spec.extra = POSE_AS_VERSION_1.map(String::from).to_vec();
+    let late = NodeProcess::start(late_spec);
+    wait_until(Duration::from_secs(20), "eu to refuse ap-1", || {
+        let ap = member(&eu, "ap-1")?;
+        (ap["refused"] == true && ap["protocol_version"] == 1).then_some(())
+    });
+    wait_until(Duration::from_secs(10), "eu to log the refusal", || {
+        eu.log_text().contains("refusing a peer").then_some(())
+    });
+    add(&late, "likes", "100");
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(2) {
+        assert_eq!(
+            value(&eu, "likes"),
+            Some(13),
+            "eu merged state from a refused peer"
+        );
+        assert_eq!(
+            value(&late, "likes"),
+            Some(100),
+            "ap-1 merged from a refused peer"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
