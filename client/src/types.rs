@@ -280,6 +280,7 @@ mod tests {
             since_last_sync_ms: Some(1500),
             seq_lag: 3,
             gossip_addr: "10.0.0.1:7200".to_owned(),
+            ..Default::default()
         }
     }
 

@@ -343,6 +343,7 @@ impl Admin for FakeNode {
             since_last_sync_ms,
             seq_lag: 0,
             gossip_addr: "127.0.0.1:7200".to_owned(),
+            ..Default::default()
         };
         Ok(Response::new(StatusResponse {
             self_: Some(member("n1", 1, None)),

@@ -137,6 +137,7 @@ impl Membership {
                 alive,
                 durable_seq: node.replica.durable_seq(),
                 digest: node.replica.digest().0,
+                protocol: node.replica.peers().own_protocol(),
             });
         }
         nodes[observer]
