@@ -38,9 +38,10 @@ enum Stage {
 /// The backup of `engine`'s durable state, as a stream that reads a chunk
 /// each time the caller asks for the next message.
 pub fn backup_stream(engine: Arc<Engine>, info: &NodeInfo) -> BackupStream {
-    let (identity, start_seq) = {
+    let (identity, start_seq, protocol) = {
         let core = engine.core();
-        (core.identity().clone(), core.durable_seq())
+        let protocol = core.peers().own_protocol();
+        (core.identity().clone(), core.durable_seq(), protocol)
     };
     tracing::info!(start_seq, "backup started");
     let header = pb::BackupHeader {
@@ -59,6 +60,8 @@ pub fn backup_stream(engine: Arc<Engine>, info: &NodeInfo) -> BackupStream {
         after: Cursor::default(),
         max_bytes: CHUNK_BYTES,
         directory_digest: None,
+        // The node reads itself: always in its own window.
+        protocol,
     };
     let sent = 0u64;
     let stream = futures::stream::unfold(
