@@ -13,15 +13,12 @@
 //! add is reported to it.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::transport::Transport;
 use futures::{Stream, StreamExt};
-use prost::bytes::Bytes;
 use tally_proto::v1::{
-    add_result, admin_client::AdminClient, counters_client::CountersClient, get_result,
-    AddBatchRequest, AddRequest, AddResult, GetBatchRequest, GetRequest, GetResult, StatusRequest,
-    WatchRequest,
+    add_result, admin_client::AdminClient, counters_client::CountersClient, AddBatchRequest,
+    AddRequest, GetBatchRequest, GetRequest, StatusRequest, WatchRequest,
 };
 use tonic::{Response, Status};
 
@@ -35,6 +32,9 @@ const COUNTERS_SERVICE: &str = "tally.v1.Counters";
 use crate::coalesce::reads::{spawn_read_coalescer, ReadCoalescerHandle};
 use crate::coalesce::wire::encode_add;
 use crate::coalesce::{spawn_coalescer, CoalescerHandle};
+use crate::request::{
+    add_result_outcome, get_result_value, key_bytes, merge_batch, new_idempotency_key, with_timeout,
+};
 use crate::retry::RetryPolicy;
 use crate::trace::{CallTrace, Subject};
 use crate::types::{counter_from_proto, status_from_proto};
@@ -49,6 +49,32 @@ use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
 /// ([`ClientConfig::with_coalescing`]), so a busy service gets the most from
 /// one client shared by all its tasks. The client's background task stops
 /// when the last clone is dropped.
+///
+/// # Deadlines and cancellation
+///
+/// Every call has one deadline ([`ClientConfig::with_deadline`], 5 s by
+/// default) that covers all its attempts and the waits between them; each
+/// attempt carries the time that remains as its gRPC timeout, so the node
+/// gives up on it too. A call that runs out of time fails with
+/// [`Error::Timeout`]. To give one call less time, wrap its future in
+/// `tokio::time::timeout`: dropping the future is the way to cancel a call.
+///
+/// What a dropped (or timed-out) call did depends on the call, and each
+/// method says it. Reads change nothing. An add whose future is dropped may
+/// still be applied, once: its request may already be on its way to the
+/// node. The node applies an idempotency key once (for 24 h by default, per
+/// node), so the safe way to retry an add whose outcome is unknown is
+/// [`Client::add_with_key`] with the same key: it is counted once, however
+/// many times it is sent.
+///
+/// # Tracing
+///
+/// Each call runs in a `tally.call` span (INFO level) with its `operation`,
+/// `key_len` (or `items` for a batch), `attempts`, `outcome` (`ok`, the
+/// error's kind, or `cancelled` when its future was dropped) and
+/// `latency_us`, so a service's tracing subscriber sees every call to Tally;
+/// retries log DEBUG events inside it. Filter them with the target
+/// `tally_client`.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -164,6 +190,14 @@ impl Client {
     /// the add may travel in one `AddBatch` call with other adds made on this
     /// client at the same time; its answer, its error and its deadline stay
     /// its own.
+    ///
+    /// **Deadline:** the config's, for all attempts; past it,
+    /// [`Error::Timeout`], and the add may or may not have been applied.
+    /// **Cancellation:** if the future is dropped before the add was sent
+    /// (a coalesced add still waiting for its batch), it is not sent; after,
+    /// it may still be applied, once. Its generated key goes with the
+    /// future, so an add whose outcome must be known is made with
+    /// [`Client::add_with_key`] instead.
     pub async fn add(&self, key: &str, delta: i64) -> Result<AddOutcome, Error> {
         let idempotency_key = new_idempotency_key();
         CallTrace::start("add", Subject::Key(key.len()))
@@ -175,6 +209,12 @@ impl Client {
     /// 128 bytes). Sending the same key, counter and delta again (after a
     /// timeout, or from another process) is applied once; the repeat comes
     /// back with [`AddOutcome::duplicate`] set.
+    ///
+    /// **Deadline:** as [`Client::add`]. **Cancellation:** a dropped or
+    /// timed-out call may still be applied, once; calling again with the same
+    /// `idempotency_key`, counter and delta is then safe: the node counts it
+    /// once (while it remembers the key: 24 h by default, on the node that
+    /// took the first call) and answers with the first call's value.
     pub async fn add_with_key(
         &self,
         key: &str,
@@ -238,6 +278,12 @@ impl Client {
     /// inner `Err` is one item's, such as [`Error::OutOfRange`]. Items are not
     /// retried one by one. The batch is sent as it is, never coalesced with
     /// other adds.
+    ///
+    /// **Deadline:** one for the whole batch, retries included.
+    /// **Cancellation:** a dropped or timed-out batch may have been applied,
+    /// in whole or in part; each add in it is applied at most once. Its
+    /// generated keys go with the future: for adds whose outcome must be
+    /// known, use [`Client::add_with_key`].
     pub async fn add_batch<K: AsRef<str>>(
         &self,
         adds: impl IntoIterator<Item = (K, i64)>,
@@ -304,6 +350,9 @@ impl Client {
     /// With a read cache ([`ClientConfig::with_read_cache`]) the value may
     /// come from it, up to its TTL old (but never older than this client's
     /// own answered adds).
+    ///
+    /// **Deadline:** the config's, retries included. **Cancellation:**
+    /// dropping the future changes nothing (a read has no effect).
     pub async fn get(&self, key: &str) -> Result<i64, Error> {
         CallTrace::start("get", Subject::Key(key.len()))
             .run(self.cached_get(key))
@@ -327,7 +376,9 @@ impl Client {
     }
 
     /// Reads the counter `key` with its per-region breakdown and how stale
-    /// each region's part may be.
+    /// each region's part may be. Never coalesced, never cached.
+    ///
+    /// **Deadline** and **cancellation:** as [`Client::get`].
     pub async fn get_with_breakdown(&self, key: &str) -> Result<Counter, Error> {
         CallTrace::start("get_with_breakdown", Subject::Key(key.len()))
             .run(self.read(key, true))
@@ -360,6 +411,9 @@ impl Client {
 
     /// Reads many counters in one request; each gets its own result, in the
     /// order given. The outer `Err` is a failure of the whole request.
+    ///
+    /// **Deadline** and **cancellation:** as [`Client::get`], one deadline for
+    /// the whole batch.
     pub async fn get_batch<K: AsRef<str>>(
         &self,
         keys: impl IntoIterator<Item = K>,
@@ -412,6 +466,10 @@ impl Client {
     /// deadline; the stream itself has no deadline. It ends when the server
     /// ends it, or with one `Err` if the connection fails; watching again is
     /// safe, since a new stream starts with the current value.
+    ///
+    /// **Deadline:** bounds opening the stream only. **Cancellation:**
+    /// dropping the future, or later the stream, closes the stream; the
+    /// node stops sending.
     pub async fn watch(
         &self,
         key: &str,
@@ -456,6 +514,8 @@ impl Client {
     /// transient failures like any call. It is the cheapest call a node
     /// answers, so `tally bench --op ping` measures with it what one bare
     /// unary RPC costs on this connection, client and server stack.
+    ///
+    /// **Deadline** and **cancellation:** as [`Client::get`].
     pub async fn ping(&self) -> Result<(), Error> {
         CallTrace::start("ping", Subject::Node)
             .run(self.health_check())
@@ -487,6 +547,8 @@ impl Client {
 
     /// Asks the node for the cluster's membership, each member's digest and
     /// sync lag, and whether the cluster has converged.
+    ///
+    /// **Deadline** and **cancellation:** as [`Client::get`].
     pub async fn status(&self) -> Result<ClusterStatus, Error> {
         CallTrace::start("status", Subject::Node)
             .run(self.cluster_status())
@@ -535,151 +597,5 @@ impl Client {
             })
             .await?;
         Ok(chunks.map(|chunk| chunk.map_err(|status| Error::from_stream_status(&status))))
-    }
-}
-
-/// A generated idempotency key: a UUID v7 in its 36-character text form,
-/// kept on the stack.
-pub(crate) struct IdempotencyKey([u8; uuid::fmt::Hyphenated::LENGTH]);
-
-impl IdempotencyKey {
-    pub(crate) fn as_str(&self) -> &str {
-        // `encode_lower` writes ASCII hex digits and hyphens only.
-        std::str::from_utf8(&self.0).unwrap_or_default()
-    }
-}
-
-/// A fresh idempotency key: a UUID v7, ordered by its millisecond so that a
-/// server can expire old keys cheaply, with 74 random bits from
-/// [`crate::random`] (`uuid::Uuid::now_v7` takes a global lock and reads the
-/// OS's random source for each key, which showed in the profile of busy
-/// clients).
-fn new_idempotency_key() -> IdempotencyKey {
-    let millis = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_millis() as u64);
-    let mut random = [0; 16];
-    random[..8].copy_from_slice(&crate::random::random_u64().to_le_bytes());
-    random[8..].copy_from_slice(&crate::random::random_u64().to_le_bytes());
-    let random: [u8; 10] = random[..10].try_into().unwrap_or_default();
-    let uuid = uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid();
-    let mut text = [0; uuid::fmt::Hyphenated::LENGTH];
-    uuid.hyphenated().encode_lower(&mut text);
-    IdempotencyKey(text)
-}
-
-fn key_bytes(key: &str) -> Bytes {
-    Bytes::copy_from_slice(key.as_bytes())
-}
-
-/// Wraps a message in a request whose gRPC timeout is what remains of the
-/// call's deadline; tonic sends it to the server and enforces it here too.
-fn with_timeout<T>(message: T, timeout: Duration) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(timeout);
-    request
-}
-
-/// Puts a batch's answers back in the places of the items that were sent;
-/// items that failed validation keep their error.
-fn merge_batch<R, A, T>(
-    items: Vec<Result<R, Error>>,
-    answers: Vec<A>,
-    convert: impl Fn(A) -> Result<T, Error>,
-) -> Result<Vec<Result<T, Error>>, Error> {
-    let sent = items.iter().filter(|item| item.is_ok()).count();
-    if answers.len() != sent {
-        return Err(Error::Protocol(format!(
-            "sent {sent} batch items but got {} results",
-            answers.len()
-        )));
-    }
-    let mut answers = answers.into_iter();
-    Ok(items
-        .into_iter()
-        .map(|item| {
-            item.and_then(|_| match answers.next() {
-                Some(answer) => convert(answer),
-                None => Err(Error::Protocol("batch result missing".to_owned())),
-            })
-        })
-        .collect())
-}
-
-fn add_result_outcome(result: AddResult) -> Result<AddOutcome, Error> {
-    match result.outcome {
-        Some(add_result::Outcome::Ok(response)) => Ok(response.into()),
-        Some(add_result::Outcome::Error(error)) => Err(Error::from_item(error)),
-        None => Err(Error::Protocol(
-            "a batch result has neither a value nor an error".to_owned(),
-        )),
-    }
-}
-
-fn get_result_value(result: GetResult) -> Result<i64, Error> {
-    match result.outcome {
-        Some(get_result::Outcome::Ok(response)) => Ok(response.value),
-        Some(get_result::Outcome::Error(error)) => Err(Error::from_item(error)),
-        None => Err(Error::Protocol(
-            "a batch result has neither a value nor an error".to_owned(),
-        )),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tally_proto::v1::AddResponse;
-
-    #[test]
-    fn idempotency_keys_are_fresh_uuid_v7() {
-        let first = new_idempotency_key();
-        let second = new_idempotency_key();
-        assert_ne!(first.as_str(), second.as_str());
-        let parsed = uuid::Uuid::parse_str(first.as_str()).unwrap();
-        assert_eq!(parsed.get_version_num(), 7);
-        assert_eq!(parsed.get_variant(), uuid::Variant::RFC4122);
-        assert_eq!(first.as_str(), parsed.hyphenated().to_string());
-        assert!(first.as_str().len() <= crate::MAX_IDEMPOTENCY_KEY_BYTES);
-        let millis = parsed.get_timestamp().unwrap().to_unix();
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-        assert!(
-            now.as_secs().abs_diff(millis.0) <= 1,
-            "{millis:?} vs {now:?}"
-        );
-    }
-
-    #[test]
-    fn batch_answers_go_back_to_the_items_that_were_sent() {
-        let items = vec![
-            Ok(()),
-            Err(Error::InvalidArgument("empty key".to_owned())),
-            Ok(()),
-        ];
-        let answers = vec![
-            AddResult {
-                outcome: Some(add_result::Outcome::Ok(AddResponse {
-                    value: 5,
-                    duplicate: false,
-                })),
-            },
-            AddResult {
-                outcome: Some(add_result::Outcome::Error(tally_proto::v1::Error {
-                    code: tonic::Code::OutOfRange as i32,
-                    message: "overflow".to_owned(),
-                })),
-            },
-        ];
-        let merged = merge_batch(items, answers, add_result_outcome).unwrap();
-        assert_eq!(merged[0].as_ref().unwrap().value, 5);
-        assert!(matches!(merged[1], Err(Error::InvalidArgument(_))));
-        assert!(matches!(merged[2], Err(Error::OutOfRange(_))));
-    }
-
-    #[test]
-    fn batch_with_the_wrong_number_of_answers_is_a_protocol_error() {
-        let items: Vec<Result<(), Error>> = vec![Ok(()), Ok(())];
-        let merged = merge_batch(items, vec![AddResult { outcome: None }], add_result_outcome);
-        assert!(matches!(merged, Err(Error::Protocol(_))));
     }
 }

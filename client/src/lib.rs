@@ -23,7 +23,22 @@
 //!   of hot counters locally for a short TTL, and shows a client its own
 //!   answered adds.
 //!
+//! - A client can run over the caller's own transport: a tonic channel with
+//!   its TLS, load balancing and timeouts
+//!   ([`ClientConfig::build_with_channel`]), or any tower service with the
+//!   caller's layers and interceptors ([`ClientConfig::build_with_service`]);
+//!   the guarantees above hold on top of it.
+//! - Every call runs in a `tally.call` tracing span (operation, key length,
+//!   attempts, outcome, latency). Each method of [`Client`] says what its
+//!   deadline covers and what dropping its future does.
+//!
 //! [`format_count`] renders a count the way a page shows it ("40.2K").
+//!
+//! Features: `serde` (off by default) derives `Serialize`/`Deserialize` for
+//! the values the client returns. The crate depends on no command-line,
+//! benchmark or server crate; the `tally` command line is the `tally-cli`
+//! crate. Runnable examples are in `examples/` (an idempotent add with
+//! retries, a watch rendering "40.2K", a batch, TLS with a token).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), tally_client::Error> {
@@ -40,9 +55,11 @@ mod cache;
 mod client;
 mod coalesce;
 mod config;
+mod endpoint;
 mod error;
 mod format;
 mod random;
+mod request;
 mod retry;
 mod trace;
 mod transport;

@@ -5,7 +5,7 @@
 //! in the node (`tally_node::api`), never here. [`backup`] frames the
 //! `Admin.Backup` stream as a file.
 
-#![allow(missing_docs)]
+#![deny(missing_docs)]
 
 /// The encoded `FileDescriptorSet` of every Tally proto, for gRPC server
 /// reflection (so that `grpcurl` works without the .proto files).
