@@ -2,6 +2,12 @@
 //!
 //! Names follow Prometheus conventions: `tally_` prefix, `_total` on counters,
 //! base units (`_seconds`, `_bytes`) in the name.
+//!
+//! Two encodings: OpenMetrics ([`Metrics::encode`], what Prometheus asks
+//! for), and the classic text format ([`Metrics::encode_text`], for every
+//! other scraper and for `promtool check metrics`), where a counter family is
+//! named with its `_total` suffix so that its help and type apply to its
+//! samples.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -77,8 +83,8 @@ pub struct Metrics {
     pub sync_sent_counters: Family<PeerLabels, Counter>,
     /// How many sequence numbers our watermark trails a peer's published durable sequence.
     pub sync_lag_seq: Family<PeerLabels, Gauge>,
-    /// Milliseconds since the last completed pull from a peer.
-    pub sync_age_ms: Family<PeerLabels, Gauge>,
+    /// Seconds since the last completed pull from a peer.
+    pub sync_age_seconds: Family<PeerLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Counters changed by merges.
     pub merge_changes: Counter,
     /// Messages refused (wrong cluster, malformed, unknown replica ...), by reason.
@@ -97,6 +103,10 @@ pub struct Metrics {
     pub disk_free_floor_bytes: Gauge,
     /// 1 once the node has given up on its store (fail-stop), else 0.
     pub storage_failed: Gauge,
+    /// Idempotency records held.
+    pub idempotency_records: Gauge,
+    /// The most idempotency records held (`--idempotency-capacity`).
+    pub idempotency_capacity: Gauge,
 }
 
 impl Metrics {
@@ -124,7 +134,7 @@ impl Metrics {
             sync_sent_bytes: Family::default(),
             sync_sent_counters: Family::default(),
             sync_lag_seq: Family::default(),
-            sync_age_ms: Family::default(),
+            sync_age_seconds: Family::default(),
             merge_changes: Counter::default(),
             refused_messages: Family::default(),
             live_members: Gauge::default(),
@@ -134,6 +144,8 @@ impl Metrics {
             disk_free_bytes: Gauge::default(),
             disk_free_floor_bytes: Gauge::default(),
             storage_failed: Gauge::default(),
+            idempotency_records: Gauge::default(),
+            idempotency_capacity: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -228,10 +240,11 @@ impl Metrics {
             "Sequence numbers our watermark trails a peer's durable sequence",
             metrics.sync_lag_seq.clone(),
         );
-        registry.register(
-            "sync_age_milliseconds",
-            "Milliseconds since the last completed pull from a peer",
-            metrics.sync_age_ms.clone(),
+        registry.register_with_unit(
+            "sync_age",
+            "Time since the last completed pull from a peer",
+            prometheus_client::registry::Unit::Seconds,
+            metrics.sync_age_seconds.clone(),
         );
         registry.register(
             "merge_changes",
@@ -278,6 +291,16 @@ impl Metrics {
             "1 once the node gave up on its store after failed commits and is stopping",
             metrics.storage_failed.clone(),
         );
+        registry.register(
+            "idempotency_records",
+            "Idempotency records held; at the capacity, the oldest are forgotten before their TTL",
+            metrics.idempotency_records.clone(),
+        );
+        registry.register(
+            "idempotency_capacity",
+            "The most idempotency records held (--idempotency-capacity)",
+            metrics.idempotency_capacity.clone(),
+        );
         Metrics {
             registry,
             ..metrics
@@ -292,6 +315,14 @@ impl Metrics {
         out
     }
 
+    /// The classic Prometheus text format (`text/plain; version=0.0.4`):
+    /// the OpenMetrics text with each counter family's `# HELP` and `# TYPE`
+    /// named as its samples are (`tally_adds_total`), and without the
+    /// OpenMetrics-only `# UNIT` and `# EOF` lines.
+    pub fn encode_text(&self) -> String {
+        openmetrics_to_text(&self.encode())
+    }
+
     /// Counts a refused message.
     pub fn refused(&self, reason: &str) {
         self.refused_messages
@@ -302,8 +333,69 @@ impl Metrics {
     }
 }
 
+/// See [`Metrics::encode_text`].
+fn openmetrics_to_text(openmetrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let comment = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find(|prefix| line.starts_with(prefix));
+        match comment {
+            Some(prefix) => {
+                let rest = &line[prefix.len()..];
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) && !name.ends_with("_total") {
+                    out.push_str(&format!("{prefix}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_format_names_counter_families_as_their_samples() {
+        let metrics = Metrics::new();
+        metrics.adds.inc();
+        metrics.disk_free_bytes.set(5);
+        let text = metrics.encode_text();
+        assert!(
+            text.contains("# HELP tally_adds_total Adds applied."),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE tally_adds_total counter\ntally_adds_total 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE tally_disk_free_bytes gauge\n"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
     }
 }

@@ -114,6 +114,14 @@ fn housekeeping(engine: &Engine) {
         .metrics
         .cached_counters
         .set(core.cached_counters() as i64);
+    engine
+        .metrics
+        .idempotency_records
+        .set(core.idempotency_records() as i64);
+    engine
+        .metrics
+        .idempotency_capacity
+        .set(core.config().idempotency_capacity as i64);
     drop(core);
     engine.watchers.prune();
     engine.metrics.hot_key_rate.clear();

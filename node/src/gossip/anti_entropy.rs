@@ -314,9 +314,9 @@ fn update_lag_metrics(engine: &Engine) {
         if let Some(at) = peer.last_success_ms {
             engine
                 .metrics()
-                .sync_age_ms
+                .sync_age_seconds
                 .get_or_create(&labels)
-                .set(now.saturating_sub(at) as i64);
+                .set(now.saturating_sub(at) as f64 / 1000.0);
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The HTTP endpoints: `/healthz` (the process answers), `/readyz` (the node
 //! serves: its store is open, its commits succeed, and it is not shutting
 //! down; the body says why not), `/metrics`
-//! (Prometheus text), and the status page `/status` (HTML) and `/status.json`.
+//! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
+//! Prometheus text otherwise), and the status page `/status` (HTML) and `/status.json`.
 //!
 //! With tokens on (`--auth-tokens`), the status page and its JSON require the
 //! same `Authorization: Bearer TOKEN` as the gRPC `Admin` service (they show
@@ -61,14 +62,31 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(state): State<HttpState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.engine.metrics().encode(),
-    )
+/// OpenMetrics for a scraper that asks for it (Prometheus does), the
+/// classic text format otherwise (curl, `promtool check metrics`).
+async fn metrics(State(state): State<HttpState>, headers: HeaderMap) -> impl IntoResponse {
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            state.engine.metrics().encode(),
+        )
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            state.engine.metrics().encode_text(),
+        )
+    }
 }
 
 async fn status_html(State(state): State<HttpState>, headers: HeaderMap) -> Response {

@@ -272,6 +272,12 @@ impl Replica {
         self.digest
     }
 
+    /// Idempotency records held (at most the configured capacity; past it
+    /// the oldest are forgotten before their time).
+    pub fn idempotency_records(&self) -> usize {
+        self.idempotency.len()
+    }
+
     /// Counters changed since they were last put in a commit.
     pub fn dirty_counters(&self) -> usize {
         self.dirty.len()
