@@ -141,6 +141,24 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
             settings.gossip_addr
         )
     })?;
+    // A second process with this node's name must not start: it would
+    // look like the same node to every tally status reader (issue #10, item 1).
+    let holders = membership.wait_for_name_holders().await;
+    if let Some(holder) = holders.first() {
+        let _ = membership.shutdown().await;
+        anyhow::bail!(
+            "--node-name {name} is already used by another live node: replica {replica} in \
+             region {region}, gRPC {grpc}, gossip {gossip}. Node names must be unique in the \
+             cluster: start this node with another --node-name, or stop the other process \
+             first (this node served nothing; its data directory {dir} is unchanged)",
+            name = settings.node_name,
+            replica = holder.replica,
+            region = holder.region,
+            grpc = holder.grpc_addr,
+            gossip = holder.gossip_addr,
+            dir = settings.data_dir.display(),
+        );
+    }
     let membership = Arc::new(membership);
     let membership_task = spawn_membership_feed(engine.clone(), membership.clone());
     let upgrade_task = spawn_upgrade_keeper(

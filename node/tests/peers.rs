@@ -1,11 +1,13 @@
 //! What peers and strangers can do to a node, with real processes: a caller
-//! of `Replication` cannot grow the metrics with ids of its choosing.
+//! of `Replication` cannot grow the metrics with ids of its choosing, and a
+//! second process with an existing node name never cuts the first out of
+//! replication.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{http_get, wait_until, Cluster};
+use common::{http_get, wait_until, Cluster, NodeProcess, NodeSpec};
 use tally_proto::v1::replication_client::ReplicationClient;
 
 /// `sync_sent_*` is labelled with the caller's replica id only when the
@@ -63,4 +65,155 @@ async fn pulls_from_strangers_are_labelled_unknown_in_the_metrics() {
         "{metrics}"
     );
     assert!(metrics.contains(&member_label), "{metrics}");
+}
+
+/// The value of `key` on every node, in order.
+async fn values(nodes: &[&NodeProcess], key: &str) -> Vec<Option<i64>> {
+    let mut seen = Vec::new();
+    for node in nodes {
+        let value = match tally_client::Client::connect(&node.endpoint()).await {
+            Ok(client) => client.get(key).await.ok(),
+            Err(_) => None,
+        };
+        seen.push(value);
+    }
+    seen
+}
+
+/// Waits (at most 30 s) until every node reads exactly `expected` for `key`.
+async fn wait_all_read(nodes: &[&NodeProcess], key: &str, expected: i64, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let seen = values(nodes, key).await;
+        if seen.iter().all(|value| *value == Some(expected)) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: expected {expected} on every node, read {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn status_json(node: &NodeProcess) -> serde_json::Value {
+    let (code, body) = http_get(node.spec.http, "/status.json").unwrap();
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+/// Issue #10, item 1, with real processes: a second process started with an
+/// existing `--node-name` refuses to start; one that could not see the first
+/// at start (it had no seeds) and meets it later never hides it: both are
+/// pulled, every node reads the exact total, both log an error, and the
+/// status shows the problem; once the newcomer is gone every node still
+/// reaches the full total.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_with_an_existing_name_never_cuts_the_first_out() {
+    let cluster = Cluster::spawn(&[("eu-west", 1), ("us-east", 1), ("ap-south", 1)], "sync").await;
+    let root = cluster.root.path().to_path_buf();
+    let (eu, us, ap) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
+    let eu_replica = status_json(eu)["node"]["replica"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The issue's scenario: same --node-name, same --seeds. It refuses to start.
+    let mut twin = NodeSpec::new(&root, "eu-west", "eu-west-1");
+    twin.data_dir = root.join("eu-west-1-twin");
+    twin.seeds = vec![eu.spec.gossip, us.spec.gossip];
+    let spec = twin.clone();
+    let (code, stderr) =
+        tokio::task::spawn_blocking(move || common::run_bounded(&spec, Duration::from_secs(60)))
+            .await
+            .unwrap();
+    assert_eq!(code, Some(1), "the twin must refuse to start: {stderr}");
+    assert!(
+        stderr.contains("--node-name eu-west-1") && stderr.contains(&eu_replica),
+        "the refusal names the setting and the holder: {stderr}"
+    );
+
+    // A twin that saw nobody at start (no seeds), then is bridged to the
+    // cluster by a node that seeds from both sides.
+    twin.seeds = Vec::new();
+    let twin = tokio::task::spawn_blocking(move || NodeProcess::start(twin))
+        .await
+        .unwrap();
+    let twin_client = tally_client::Client::connect(&twin.endpoint())
+        .await
+        .unwrap();
+    twin_client.add("dup:name", 100).await.unwrap();
+    let eu_client = tally_client::Client::connect(&eu.endpoint()).await.unwrap();
+    eu_client.add("dup:name", 1).await.unwrap();
+    let mut bridge = NodeSpec::new(&root, "sa-east", "sa-east-1");
+    bridge.seeds = vec![twin.spec.gossip, us.spec.gossip];
+    let bridge = tokio::task::spawn_blocking(move || NodeProcess::start(bridge))
+        .await
+        .unwrap();
+
+    let everyone = [eu, us, ap, &twin, &bridge];
+    wait_all_read(
+        &everyone,
+        "dup:name",
+        101,
+        "both holders of the name are pulled",
+    )
+    .await;
+    let (status, _) = wait_until(Duration::from_secs(20), "us lists both eu-west-1", || {
+        let status = status_json(us);
+        let live_twins = status["members"]
+            .as_array()?
+            .iter()
+            .filter(|m| m["node_name"] == "eu-west-1" && m["alive"] == true)
+            .count();
+        (live_twins == 2).then_some(status)
+    });
+    let problems = status["problems"].as_array().unwrap();
+    assert!(
+        problems.len() == 1 && problems[0].as_str().unwrap().contains("eu-west-1"),
+        "{status}"
+    );
+    for node in [eu, &twin] {
+        let log = node.log_text();
+        wait_until(
+            Duration::from_secs(20),
+            "the name conflict in the log",
+            || {
+                node.log_text()
+                    .contains("another live node uses this node's name")
+                    .then_some(())
+            },
+        );
+        assert!(!log.is_empty());
+    }
+    let endpoint = us.endpoint();
+    let (code, stdout, stderr) =
+        tokio::task::spawn_blocking(move || common::cli(&endpoint, &["status"]))
+            .await
+            .unwrap();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("problem: node name eu-west-1"),
+        "tally status shows the conflict: {stdout}"
+    );
+
+    // The twin leaves; the first eu-west-1 keeps being pulled.
+    let mut twin = twin;
+    assert_eq!(twin.stop(), Some(0));
+    eu_client.add("dup:name", 1000).await.unwrap();
+    wait_all_read(
+        &[eu, us, ap, &bridge],
+        "dup:name",
+        1101,
+        "after the twin left",
+    )
+    .await;
+    wait_until(
+        Duration::from_secs(20),
+        "us converged without problems",
+        || {
+            let status = status_json(us);
+            (status["converged"] == true && status["problems"].as_array()?.is_empty()).then_some(())
+        },
+    );
 }

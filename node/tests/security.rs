@@ -417,7 +417,7 @@ fn tokens_without_tls_are_refused_at_start() {
     std::fs::write(&tokens, format!("web {TOKEN}\n")).unwrap();
     let mut spec = NodeSpec::new(root.path(), "eu", "eu-1");
     spec.extra = vec!["--auth-tokens".into(), tokens.display().to_string()];
-    let (code, stderr) = run_bounded(&spec, Duration::from_secs(30));
+    let (code, stderr) = common::run_bounded(&spec, Duration::from_secs(30));
     assert_eq!(code, Some(1), "{stderr}");
     assert!(
         stderr.contains("--auth-tokens")
@@ -455,35 +455,4 @@ fn the_status_page_needs_a_token_when_tokens_are_on() {
     for path in ["/healthz", "/readyz", "/metrics"] {
         assert_eq!(get(path, None).0, 200, "{path} stays open");
     }
-}
-
-/// Runs the node with `spec`'s arguments until it exits, or kills it after
-/// `limit` (a node that starts when it should refuse is a failure, not a
-/// hang): (exit code, None if killed; stderr).
-fn run_bounded(spec: &NodeSpec, limit: Duration) -> (Option<i32>, String) {
-    let stderr_path = spec.data_dir.with_extension("stderr");
-    std::fs::create_dir_all(spec.data_dir.parent().unwrap()).unwrap();
-    let mut child = std::process::Command::new(common::node_binary())
-        .args(spec.args())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
-        .spawn()
-        .unwrap();
-    let deadline = std::time::Instant::now() + limit;
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    (
-        code,
-        std::fs::read_to_string(&stderr_path).unwrap_or_default(),
-    )
 }

@@ -8,16 +8,22 @@
 //! here.
 //!
 //! Invariants of [`MembershipHandle::members`]:
-//! - it never lists this node, nor any incarnation of it (same node name or
-//!   same replica id);
-//! - it lists at most one member per node name and per replica id: a
-//!   restarted node (chitchat generation id = its start time in ms) supersedes
-//!   its older incarnations, which are dropped at once, so a node restarted
-//!   with a wiped disk shows up under its new replica id only;
+//! - it never lists this node, nor any incarnation of it with its replica id;
+//! - it lists at most one member per replica id, and every live replica: two
+//!   live processes that claim one node name are both listed (and pulled
+//!   from), never one in place of the other. A restarted node (chitchat
+//!   generation id = its start time in ms) supersedes its older incarnations
+//!   once they are not alive, so a node restarted with a wiped disk shows up
+//!   under its new replica id only;
 //! - a node whose key-values are missing or unparsable is skipped;
 //! - a node of another cluster is never listed: that refusal is chitchat's own
 //!   check (a SYN with another cluster id is answered `BadCluster` and nothing
 //!   of it is recorded), not re-done here.
+//!
+//! Node names: a node that finds its name held by another live replica at
+//! start refuses to start ([`MembershipHandle::wait_for_name_holders`]);
+//! one that meets such a holder later logs an error at once and every
+//! [`NAME_CONFLICT_LOG_PERIOD`] while it lasts.
 //!
 //! Liveness: a node that leaves through [`MembershipHandle::shutdown`] gossips
 //! a `leaving` key first and is listed as not alive as soon as that arrives. A
@@ -26,7 +32,7 @@
 //! a 100 ms gossip interval), and is forgotten [`DEAD_NODE_GRACE_PERIOD`]
 //! later.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -68,6 +74,8 @@ const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(2);
 pub const DEAD_NODE_GRACE_PERIOD: Duration = Duration::from_secs(60 * 60);
 /// How long tombstoned keys are kept (this module deletes none).
 const TOMBSTONE_GRACE_PERIOD: Duration = Duration::from_secs(60 * 60);
+/// How often a node repeats its error while another live replica holds its name.
+pub const NAME_CONFLICT_LOG_PERIOD: Duration = Duration::from_secs(60);
 /// The longest [`MembershipHandle::shutdown`] waits for its leave to spread.
 const MAX_LEAVE_ANNOUNCEMENT: Duration = Duration::from_secs(1);
 
@@ -114,6 +122,8 @@ pub struct MembershipHandle {
     members_rx: watch::Receiver<Vec<Member>>,
     refresh_task: JoinHandle<()>,
     gossip_interval: Duration,
+    node_name: String,
+    has_seeds: bool,
 }
 
 impl MembershipHandle {
@@ -195,6 +205,7 @@ impl MembershipHandle {
         let (members_tx, members_rx) = watch::channel(Vec::new());
         let refresher = Refresher {
             self_id: chitchat_id,
+            name_conflict_logged_at: None,
             self_replica: config.replica,
             publish_rx,
             members_tx,
@@ -212,6 +223,8 @@ impl MembershipHandle {
             members_rx,
             refresh_task,
             gossip_interval: config.gossip_interval,
+            node_name: config.node_name.clone(),
+            has_seeds: !config.seeds.is_empty(),
         })
     }
 
@@ -241,6 +254,59 @@ impl MembershipHandle {
     /// replica id; at most one gossip round old.
     pub fn members(&self) -> Vec<Member> {
         self.members_rx.borrow().clone()
+    }
+
+    /// At start: waits until this node knows whether another live replica
+    /// holds its node name, and returns those holders (empty when none).
+    ///
+    /// A holder counts once it has stayed alive for two seconds (twenty
+    /// rounds if longer): an earlier incarnation of this node that died
+    /// just before (a crash, then a restart with a wiped disk) can look alive
+    /// for a moment from relayed heartbeats, but the failure detector marks
+    /// it dead well within that. Without seeds there is no one to ask; if no
+    /// other node answers within five seconds (fifty rounds if longer), the
+    /// node starts, and a holder met later is logged by the refresher.
+    pub async fn wait_for_name_holders(&self) -> Vec<Member> {
+        if !self.has_seeds {
+            return Vec::new();
+        }
+        let round = self.gossip_interval;
+        let confirm = (round * 20).max(Duration::from_secs(2));
+        let quiet = round * 10;
+        let started = tokio::time::Instant::now();
+        let give_up = (round * 50).max(Duration::from_secs(5));
+        let mut first_contact = None;
+        let mut alive_since: BTreeMap<ReplicaId, tokio::time::Instant> = BTreeMap::new();
+        loop {
+            let now = tokio::time::Instant::now();
+            let members = self.members();
+            if !members.is_empty() {
+                first_contact.get_or_insert(now);
+            }
+            let holders: Vec<Member> = members
+                .into_iter()
+                .filter(|member| member.alive && member.node_name == self.node_name)
+                .collect();
+            alive_since.retain(|replica, _| holders.iter().any(|h| h.replica == *replica));
+            for holder in &holders {
+                alive_since.entry(holder.replica).or_insert(now);
+            }
+            let confirmed: Vec<Member> = holders
+                .into_iter()
+                .filter(|holder| now.duration_since(alive_since[&holder.replica]) >= confirm)
+                .collect();
+            if !confirmed.is_empty() {
+                return confirmed;
+            }
+            // A holder seen alive is followed until it is confirmed or dies.
+            let settled = alive_since.is_empty()
+                && (first_contact.is_some_and(|at| now.duration_since(at) >= quiet)
+                    || now.duration_since(started) >= give_up);
+            if settled {
+                return Vec::new();
+            }
+            tokio::time::sleep(round).await;
+        }
     }
 
     /// A watch channel updated whenever the member list (liveness or
@@ -302,6 +368,8 @@ struct Refresher {
     members_tx: watch::Sender<Vec<Member>>,
     /// Nodes already reported as skipped (to log each once).
     skipped: HashSet<ChitchatId>,
+    /// When the error about another live holder of our name was last logged.
+    name_conflict_logged_at: Option<tokio::time::Instant>,
 }
 
 impl Refresher {
@@ -344,6 +412,7 @@ impl Refresher {
                 }
                 self.collect_members(&chitchat)
             };
+            self.log_name_conflict(&members);
             self.members_tx.send_if_modified(|current| {
                 let changed = *current != members;
                 if changed {
@@ -352,6 +421,36 @@ impl Refresher {
                 changed
             });
         }
+    }
+
+    /// Logs an error, at once and then every [`NAME_CONFLICT_LOG_PERIOD`],
+    /// while another live replica holds this node's name.
+    fn log_name_conflict(&mut self, members: &[Member]) {
+        let name = &*self.self_id.node_id;
+        let holders: Vec<String> = members
+            .iter()
+            .filter(|member| member.alive && member.node_name == name)
+            .map(|member| format!("replica {} at {}", member.replica, member.grpc_addr))
+            .collect();
+        if holders.is_empty() {
+            self.name_conflict_logged_at = None;
+            return;
+        }
+        let now = tokio::time::Instant::now();
+        if self
+            .name_conflict_logged_at
+            .is_some_and(|at| now.duration_since(at) < NAME_CONFLICT_LOG_PERIOD)
+        {
+            return;
+        }
+        self.name_conflict_logged_at = Some(now);
+        error!(
+            node = %name,
+            replica = %self.self_replica,
+            others = ?holders,
+            "another live node uses this node's name; both are replicated, but node names \
+             must be unique: stop the other process or restart it with another --node-name"
+        );
     }
 
     fn collect_members(&mut self, chitchat: &Chitchat) -> Vec<Member> {
@@ -416,33 +515,42 @@ fn parse_member<'a>(
     })
 }
 
-/// Keeps the newest incarnation of each other node: drops this node's own
-/// incarnations, then, per node name and then per replica id, all but the
-/// highest generation. Sorted by replica id.
+/// Resolves chitchat's incarnations into members, by replica id: a name
+/// alone never hides a replica, so two live processes that claim one node
+/// name are both members and both are pulled from (issue #10, item 1).
+/// - This node's own incarnations (its chitchat id or its replica id) are
+///   dropped.
+/// - An incarnation that is not alive is dropped when a newer one of the same
+///   name exists (this node included): that node restarted, perhaps with a
+///   wiped disk and so a new replica id.
+/// - Per replica id, the highest generation is kept (a node restarted on the
+///   same disk, perhaps under another name).
+///
+/// Sorted by replica id.
 fn resolve_members(
     self_id: &ChitchatId,
     self_replica: ReplicaId,
     candidates: Vec<(ChitchatId, Member)>,
 ) -> Vec<Member> {
-    let mut by_name: BTreeMap<&str, (u64, Member)> = BTreeMap::new();
+    let mut newest_by_name: HashMap<&str, u64> = HashMap::new();
+    newest_by_name.insert(&self_id.node_id, self_id.generation_id);
+    for (chitchat_id, _) in &candidates {
+        let newest = newest_by_name.entry(&chitchat_id.node_id).or_default();
+        *newest = (*newest).max(chitchat_id.generation_id);
+    }
+    let mut by_replica: BTreeMap<ReplicaId, (u64, Member)> = BTreeMap::new();
     for (chitchat_id, member) in &candidates {
-        if chitchat_id.node_id == self_id.node_id || member.replica == self_replica {
+        if chitchat_id == self_id || member.replica == self_replica {
             continue;
         }
         let generation = chitchat_id.generation_id;
-        match by_name.get(&*chitchat_id.node_id) {
-            Some((newest, _)) if *newest >= generation => {}
-            _ => {
-                by_name.insert(&chitchat_id.node_id, (generation, member.clone()));
-            }
+        if !member.alive && newest_by_name[&*chitchat_id.node_id] > generation {
+            continue;
         }
-    }
-    let mut by_replica: BTreeMap<ReplicaId, (u64, Member)> = BTreeMap::new();
-    for (generation, member) in by_name.into_values() {
         match by_replica.get(&member.replica) {
             Some((newest, _)) if *newest >= generation => {}
             _ => {
-                by_replica.insert(member.replica, (generation, member));
+                by_replica.insert(member.replica, (generation, member.clone()));
             }
         }
     }
@@ -539,6 +647,41 @@ mod tests {
         let mut not_a_number = values(1);
         not_a_number.insert(KEY_DURABLE_SEQ, "-1".to_string());
         assert!(parse(&not_a_number, true).is_err());
+    }
+
+    fn alive(name: &str, replica: u64) -> Member {
+        Member {
+            alive: true,
+            ..member(name, replica)
+        }
+    }
+
+    #[test]
+    fn live_holders_of_one_name_are_all_members() {
+        let replicas = |candidates| {
+            resolve_members(&id("me", 5), ReplicaId(100), candidates)
+                .iter()
+                .map(|m| m.replica.0)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            replicas(vec![
+                (id("x", 1), alive("x", 1)),   // the first x
+                (id("x", 2), alive("x", 2)),   // a second process named x
+                (id("me", 7), alive("me", 7)), // a live process with our name
+            ]),
+            [1, 2, 7],
+            "a name never hides a live replica"
+        );
+        assert_eq!(
+            replicas(vec![
+                (id("x", 1), alive("x", 1)), // the first x, still alive
+                (id("x", 2), member("x", 2)), // the second x left
+                (id("me", 3), member("me", 3)), // our own earlier, wiped incarnation
+            ]),
+            [1, 2],
+            "a newer incarnation that is gone stays listed (down); an older one that is gone is dropped"
+        );
     }
 
     #[test]

@@ -2,8 +2,9 @@
 //! server with no script and no build step, refreshing itself every two
 //! seconds: the members with their region, liveness, last sync and sequence
 //! lag, whether their digests agree, the protocol versions each speaks (and
-//! which are refused), the cluster version, and this node's hottest keys. The same
-//! facts as JSON at `/status.json`.
+//! which are refused), the cluster version, problems to act on (a node name
+//! held by two live replicas), and this node's hottest keys. The same facts
+//! as JSON at `/status.json`.
 //!
 //! Keys are user input: everything shown is HTML-escaped.
 
@@ -44,6 +45,34 @@ th{background:#eef1f5;font-weight:600}.ok{color:#127a3a;font-weight:600}.bad{col
 .badge{display:inline-block;padding:.2rem .6rem;border-radius:1rem;color:#fff}.badge.ok{background:#127a3a}\
 .badge.bad{background:#b3261e}code{font-size:.9em}";
 
+/// The problems an operator must act on: node names held by more than one
+/// live replica (each is replicated, but `tally status` readers and the
+/// partition owners tell nodes apart by name).
+pub fn problems(status: &pb::StatusResponse) -> Vec<String> {
+    let mut by_name: std::collections::BTreeMap<&str, Vec<u64>> = Default::default();
+    for member in status.self_.iter().chain(&status.members) {
+        if member.alive {
+            by_name
+                .entry(&member.node_name)
+                .or_default()
+                .push(member.replica);
+        }
+    }
+    by_name
+        .into_iter()
+        .filter(|(_, replicas)| replicas.len() > 1)
+        .map(|(name, replicas)| {
+            let replicas: Vec<String> = replicas.iter().map(|r| format!("{r:016x}")).collect();
+            format!(
+                "node name {name} is used by {} live replicas ({}): node names must be unique; \
+                 stop one of them or restart it with another --node-name",
+                replicas.len(),
+                replicas.join(", ")
+            )
+        })
+        .collect()
+}
+
 /// Renders the page from a status.
 pub fn render(status: &pb::StatusResponse) -> String {
     let own = status.self_.clone().unwrap_or_default();
@@ -72,6 +101,13 @@ pub fn render(status: &pb::StatusResponse) -> String {
             format!("<span class=\"badge bad\">not converged</span> the {live} live members hold different digests (normal while adds are flowing)")
         }
     );
+    for problem in problems(status) {
+        let _ = write!(
+            html,
+            "<p><span class=\"badge bad\">problem</span> {}</p>",
+            escape(&problem)
+        );
+    }
     html.push_str(
         "<h2>Members</h2><table><tr><th>region</th><th>node</th><th>replica</th><th>gRPC address</th>\
          <th>alive</th><th>last sync</th><th>sequence lag</th><th>digest</th><th>protocol</th></tr>",
@@ -142,6 +178,7 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
         "members": status.members.iter().map(member).collect::<Vec<_>>(),
         "converged": status.converged,
         "cluster_version": status.cluster_version,
+        "problems": problems(status),
         "hot_keys": status.hot_keys.iter().map(|h| serde_json::json!({
             "key": String::from_utf8_lossy(&h.key), "op": h.op, "rate_per_sec": h.rate_per_sec, "count": h.count,
         })).collect::<Vec<_>>(),
@@ -187,5 +224,31 @@ mod tests {
         assert!(html.contains("cluster version 2") && html.contains("1..1 refused"));
         assert_eq!(to_json(&status)["members"][0]["refused"], true);
         assert_eq!(to_json(&status)["hot_keys"][0]["key"], "<script>x</script>");
+        assert!(problems(&status).is_empty());
+    }
+
+    #[test]
+    fn a_name_held_by_two_live_replicas_is_a_problem() {
+        let member = |name: &str, replica: u64, alive: bool| pb::Member {
+            node_name: name.into(),
+            replica,
+            alive,
+            ..Default::default()
+        };
+        let mut status = pb::StatusResponse {
+            self_: Some(member("eu-1", 1, true)),
+            members: vec![member("eu-1", 2, true), member("us-1", 3, true)],
+            ..Default::default()
+        };
+        let found = problems(&status);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].contains("eu-1") && found[0].contains("0000000000000002"));
+        assert!(render(&status).contains("badge bad\">problem"));
+        assert_eq!(to_json(&status)["problems"][0], found[0]);
+        status.members[0].alive = false;
+        assert!(
+            problems(&status).is_empty(),
+            "a holder that left is no problem"
+        );
     }
 }

@@ -487,3 +487,34 @@ impl NodeProcess {
         }
     }
 }
+
+/// Runs the node with `spec`'s arguments until it exits, or kills it after
+/// `limit` (a node that starts when it should refuse is a failure, not a
+/// hang): (exit code, None if killed; stderr).
+pub fn run_bounded(spec: &NodeSpec, limit: Duration) -> (Option<i32>, String) {
+    let stderr_path = spec.data_dir.with_extension("stderr");
+    std::fs::create_dir_all(spec.data_dir.parent().unwrap()).unwrap();
+    let mut child = Command::new(node_binary())
+        .args(spec.args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + limit;
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    (
+        code,
+        std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+    )
+}

@@ -141,6 +141,9 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     print_line(format_args!("cluster: {}", status.cluster_id))?;
     print_line(members_table(&status).trim_end())?;
     print_line(convergence_line(&status))?;
+    for problem in name_problems(&status) {
+        print_line(problem)?;
+    }
     if !status.hot_keys.is_empty() {
         let rows: Vec<Vec<String>> = status
             .hot_keys
@@ -206,6 +209,30 @@ fn members_table(status: &ClusterStatus) -> String {
     )
 }
 
+/// `problem: ...` for every node name that more than one live replica uses
+/// (both are replicated, but names must be unique for people to tell them apart).
+fn name_problems(status: &ClusterStatus) -> Vec<String> {
+    let mut by_name: std::collections::BTreeMap<&str, Vec<String>> = Default::default();
+    for member in status.all_members().filter(|member| member.alive) {
+        by_name
+            .entry(&member.node_name)
+            .or_default()
+            .push(member.replica_hex());
+    }
+    by_name
+        .into_iter()
+        .filter(|(_, replicas)| replicas.len() > 1)
+        .map(|(name, replicas)| {
+            format!(
+                "problem: node name {name} is used by {} live replicas ({}); stop one of them \
+                 or restart it with another --node-name",
+                replicas.len(),
+                replicas.join(", ")
+            )
+        })
+        .collect()
+}
+
 /// `converged: yes|no (...)`: the server's verdict, and the digests behind it.
 fn convergence_line(status: &ClusterStatus) -> String {
     let live: Vec<_> = status.all_members().filter(|member| member.alive).collect();
@@ -255,6 +282,21 @@ mod tests {
             converged,
             hot_keys: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_name_used_by_two_live_replicas_is_a_problem() {
+        let mut twin = member("n1", true, 7);
+        twin.replica = 0xbeef;
+        let mut twins = status(true, vec![twin, member("n3", true, 7)]);
+        let problems = name_problems(&twins);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("problem: node name n1"),
+            "{problems:?}"
+        );
+        twins.members[0].alive = false;
+        assert!(name_problems(&twins).is_empty());
     }
 
     #[test]
