@@ -16,6 +16,8 @@
 //! is a hash table of queue positions, 8 bytes (plus a control byte) per
 //! bucket. A map from id to record, with a separate expiry queue, took about
 //! twice as much.
+//!
+//! Ids are keyed hashes of the clients' keys ([`IdHasher`]).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
@@ -26,11 +28,50 @@ use crate::crdt::stable_hash;
 
 use super::types::IdempotencyRecord;
 
-/// The hash of an idempotency key, as remembered.
-pub fn idempotency_id(key: &str) -> u128 {
+/// The id that builds before keyed ids gave an idempotency key: two unkeyed
+/// 64-bit hashes, so a client could craft two keys with one id and have a
+/// real add dropped as a "duplicate". Still computed to recognise retries of
+/// records written by those builds, until the last of them expires.
+pub fn legacy_idempotency_id(key: &str) -> u128 {
     let high = stable_hash(0x7461_6c6c_795f_6964, &[key.as_bytes()]);
     let low = stable_hash(0x6964_656d_706f_7465, &[key.as_bytes()]);
     (u128::from(high) << 64) | u128::from(low)
+}
+
+/// How an idempotency key becomes the id that is remembered: SipHash-1-3
+/// with a 128-bit output under the store's secret key (random, created with
+/// the store and kept in it, so ids are stable across restarts and nobody
+/// outside can aim two keys at one id). Records of older builds carry
+/// unkeyed ids ([`legacy_idempotency_id`]); those are also looked for until
+/// the last of them has expired.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdHasher {
+    key: u128,
+    legacy_until_ms: u64,
+}
+
+impl IdHasher {
+    /// Ids under `key`; records with unkeyed ids may be remembered until
+    /// `legacy_until_ms` (0: none are).
+    pub fn new(key: u128, legacy_until_ms: u64) -> Self {
+        IdHasher {
+            key,
+            legacy_until_ms,
+        }
+    }
+
+    /// The id of an idempotency key, as this build remembers it.
+    pub fn id(&self, idempotency_key: &str) -> u128 {
+        siphasher::sip128::SipHasher13::new_with_key(&self.key.to_le_bytes())
+            .hash(idempotency_key.as_bytes())
+            .as_u128()
+    }
+
+    /// The id older builds gave the key, while records of theirs may still
+    /// be remembered.
+    fn legacy_id(&self, idempotency_key: &str, now_ms: u64) -> Option<u128> {
+        (now_ms < self.legacy_until_ms).then(|| legacy_idempotency_id(idempotency_key))
+    }
 }
 
 /// The hash of what an add asks for, to tell a retry from a reused key.
@@ -105,6 +146,7 @@ pub struct IdempotencyTable {
     emptied: Vec<u64>,
     ttl_ms: u64,
     capacity: usize,
+    ids: IdHasher,
 }
 
 /// The table's hash of an id. Ids are hashes of what clients send, but not
@@ -115,9 +157,10 @@ fn hash(hasher: &RandomState, id: &Id) -> u64 {
 }
 
 impl IdempotencyTable {
-    /// An empty table.
-    pub fn new(ttl_ms: u64, capacity: usize) -> Self {
+    /// An empty table whose ids are keyed with `ids`.
+    pub fn new(ttl_ms: u64, capacity: usize, ids: IdHasher) -> Self {
         IdempotencyTable {
+            ids,
             queue: VecDeque::new(),
             front: 0,
             positions: HashTable::new(),
@@ -134,10 +177,11 @@ impl IdempotencyTable {
     pub fn recovered(
         ttl_ms: u64,
         capacity: usize,
+        ids: IdHasher,
         mut records: Vec<(u64, IdempotencyRecord)>,
         now_ms: u64,
     ) -> Self {
-        let mut table = Self::new(ttl_ms, capacity);
+        let mut table = Self::new(ttl_ms, capacity, ids);
         records.retain(|(_, record)| record.expires_at_ms > now_ms);
         records.sort_by_key(|(_, record)| record.expires_at_ms);
         table.queue.reserve_exact(records.len());
@@ -193,6 +237,21 @@ impl IdempotencyTable {
             let segment = self.slot(old).segment;
             self.release_later(segment);
         }
+    }
+
+    /// The id an idempotency key is remembered under from now on.
+    pub fn id_of(&self, idempotency_key: &str) -> u128 {
+        self.ids.id(idempotency_key)
+    }
+
+    /// The live record of an idempotency key, if any: under its id, or
+    /// under the id an older build gave it.
+    pub fn lookup(&self, idempotency_key: &str, now_ms: u64) -> Option<IdempotencyRecord> {
+        self.get(self.ids.id(idempotency_key), now_ms).or_else(|| {
+            self.ids
+                .legacy_id(idempotency_key, now_ms)
+                .and_then(|id| self.get(id, now_ms))
+        })
     }
 
     /// The live record for `id`, if any.
@@ -305,8 +364,8 @@ mod tests {
 
     #[test]
     fn records_expire_after_the_ttl() {
-        let mut table = IdempotencyTable::new(1_000, 10);
-        let id = idempotency_id("retry-1");
+        let mut table = IdempotencyTable::new(1_000, 10, IdHasher::default());
+        let id = IdHasher::default().id("retry-1");
         table.insert(id, 1, 5, 1, 0);
         table.assign_segment(1, [id].into_iter());
         assert_eq!(table.get(id, 999).map(|r| r.value), Some(5));
@@ -326,8 +385,8 @@ mod tests {
 
     #[test]
     fn a_segment_emptied_by_a_newer_record_of_its_id_is_handed_out_for_deletion() {
-        let mut table = IdempotencyTable::new(1_000, 10);
-        let id = idempotency_id("retry-1");
+        let mut table = IdempotencyTable::new(1_000, 10, IdHasher::default());
+        let id = IdHasher::default().id("retry-1");
         table.insert(id, 1, 5, 1, 0);
         table.assign_segment(1, [id].into_iter());
         // Expired but not forgotten yet: the same key applies again.
@@ -345,8 +404,10 @@ mod tests {
 
     #[test]
     fn the_oldest_records_go_past_the_capacity() {
-        let mut table = IdempotencyTable::new(1_000_000, 2);
-        let ids: Vec<u128> = (0..3).map(|i| idempotency_id(&format!("k{i}"))).collect();
+        let mut table = IdempotencyTable::new(1_000_000, 2, IdHasher::default());
+        let ids: Vec<u128> = (0..3)
+            .map(|i| IdHasher::default().id(&format!("k{i}")))
+            .collect();
         for (at, id) in ids.iter().enumerate() {
             table.insert(*id, 0, 0, 1, at as u64);
         }
@@ -376,14 +437,20 @@ mod tests {
             seq: 1,
             expires_at_ms: 5,
         };
-        let table = IdempotencyTable::recovered(100, 10, vec![(3, live), (2, dead)], 10);
+        let table = IdempotencyTable::recovered(
+            100,
+            10,
+            IdHasher::default(),
+            vec![(3, live), (2, dead)],
+            10,
+        );
         assert_eq!(table.len(), 1);
         assert!(table.get(1, 10).is_some());
     }
 
     #[test]
     fn a_failed_commit_returns_its_records_to_the_next_segment() {
-        let mut table = IdempotencyTable::new(1_000, 10);
+        let mut table = IdempotencyTable::new(1_000, 10, IdHasher::default());
         table.insert(9, 0, 0, 1, 0);
         table.assign_segment(1, [9].into_iter());
         table.unassign_segment(1);
@@ -400,7 +467,7 @@ mod tests {
 
     #[test]
     fn positions_survive_the_front_moving_and_a_replaced_record() {
-        let mut table = IdempotencyTable::new(100, 1_000);
+        let mut table = IdempotencyTable::new(100, 1_000, IdHasher::default());
         for i in 0..50u128 {
             table.insert(i, i as u64, i as i64, 1, i as u64);
         }
@@ -426,8 +493,46 @@ mod tests {
     }
 
     #[test]
+    fn ids_are_keyed_and_stable() {
+        let (one, other) = (IdHasher::new(7, 0), IdHasher::new(8, 0));
+        assert_eq!(one.id("retry-1"), IdHasher::new(7, 0).id("retry-1"));
+        assert_ne!(
+            one.id("retry-1"),
+            other.id("retry-1"),
+            "the id ignores the key"
+        );
+        assert_ne!(one.id("retry-1"), legacy_idempotency_id("retry-1"));
+        // Pinned: a change of the hash would forget every remembered add.
+        assert_eq!(
+            IdHasher::new(0x0123_4567_89ab_cdef_fedc_ba98_7654_3210, 0).id("retry-1"),
+            0xfe2d_2a25_84a8_9569_9294_0c30_d754_761d
+        );
+    }
+
+    #[test]
+    fn records_of_older_builds_are_found_until_they_expire() {
+        let ids = IdHasher::new(99, 1_000);
+        let old = IdempotencyRecord {
+            id: legacy_idempotency_id("retry-1"),
+            fingerprint: 4,
+            value: 3,
+            seq: 1,
+            expires_at_ms: 1_000,
+        };
+        let table = IdempotencyTable::recovered(1_000, 10, ids, vec![(1, old)], 0);
+        assert_eq!(table.lookup("retry-1", 999).map(|r| r.value), Some(3));
+        assert!(table.lookup("retry-2", 999).is_none());
+        assert!(table.lookup("retry-1", 1_000).is_none());
+        let mut table = IdempotencyTable::new(1_000, 10, ids);
+        let id = table.id_of("retry-1");
+        table.insert(id, 4, 5, 2, 0);
+        assert_eq!(table.lookup("retry-1", 10).map(|r| r.value), Some(5));
+    }
+
+    #[test]
     fn ids_and_fingerprints_differ_by_input() {
-        assert_ne!(idempotency_id("a"), idempotency_id("b"));
+        let ids = IdHasher::new(1, 0);
+        assert_ne!(ids.id("a"), ids.id("b"));
         assert_ne!(request_fingerprint("a", 1), request_fingerprint("a", 2));
         assert_ne!(request_fingerprint("a", 1), request_fingerprint("b", 1));
     }

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use crate::crdt::{AddError, PnCounter, ReplicaId, StateDigest};
 use directory::Directory;
 
-pub use idempotency::{idempotency_id, request_fingerprint, IdempotencyTable};
+pub use idempotency::{legacy_idempotency_id, request_fingerprint, IdHasher, IdempotencyTable};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
 pub use protocol::{
     ChunkRefused, MergeReport, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
@@ -228,6 +228,10 @@ impl Replica {
         let idempotency = IdempotencyTable::recovered(
             config.idempotency_ttl_ms,
             config.idempotency_capacity,
+            IdHasher::new(
+                recovered.idempotency_hash_key,
+                recovered.legacy_idempotency_until_ms,
+            ),
             recovered.idempotency,
             now_ms,
         );
@@ -348,9 +352,9 @@ impl Replica {
                 return Err(AddRefused::IdempotencyKeyTooLong(key.len()))
             }
             Some(key) => {
-                let id = idempotency_id(key);
+                let id = self.idempotency.id_of(key);
                 let fingerprint = request_fingerprint(request.key, request.delta);
-                let known = self.idempotency.get(id, now_ms);
+                let known = self.idempotency.lookup(key, now_ms);
                 #[cfg(feature = "planted-bugs")]
                 let known =
                     known.filter(|_| self.config.planted_bug != Some(PlantedBug::ApplyRetryTwice));

@@ -28,7 +28,7 @@ impl Node {
         };
         let store = MemoryStore::new(identity.clone());
         Node {
-            replica: Replica::open(identity, config(), Recovered::default(), 0),
+            replica: Replica::open(identity, config(), store.recover(0).unwrap(), 0),
             store,
         }
     }

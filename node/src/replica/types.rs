@@ -120,7 +120,7 @@ pub struct Identity {
 /// A remembered idempotent add.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct IdempotencyRecord {
-    /// 128-bit hash of the idempotency key.
+    /// 128-bit keyed hash of the idempotency key ([`super::IdHasher`]).
     pub id: u128,
     /// Hash of the request (counter key and delta), to spot a key reused for another request.
     pub fingerprint: u64,
@@ -180,6 +180,11 @@ pub struct Recovered {
     /// Idempotency segments whose records had all expired: the core deletes
     /// them with its next commit (else they would stay on disk forever).
     pub expired_segments: Vec<u64>,
+    /// The store's secret key for idempotency ids ([`super::IdHasher`]).
+    pub idempotency_hash_key: u128,
+    /// When the last unexpired record written by an older build (with an
+    /// unkeyed id) expires; 0 when there is none.
+    pub legacy_idempotency_until_ms: u64,
 }
 
 /// A storage failure as the core sees it: a message for the log.

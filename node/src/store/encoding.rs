@@ -44,6 +44,8 @@ pub const META_IDENTITY: &[u8] = b"mid";
 pub const META_DURABLE_SEQ: &[u8] = b"mseq";
 /// Digest.
 pub const META_DIGEST: &[u8] = b"mdigest";
+/// The idempotency hash key ([`HashKey`]).
+pub const META_IDEMPOTENCY_HASH_KEY: &[u8] = b"midkey";
 
 /// The store key of a counter.
 pub fn counter_key(key: &str) -> Vec<u8> {
@@ -296,6 +298,40 @@ pub fn encode_text(text: &str) -> Vec<u8> {
 pub fn decode_text(bytes: &[u8], what: &str) -> Result<String, StorageError> {
     let reader = Reader::versioned(bytes, what)?;
     String::from_utf8(reader.rest().to_vec()).map_err(|_| corrupt(what, "not UTF-8"))
+}
+
+/// The secret key of idempotency ids, and the first commit (segment) whose
+/// records carry ids under it: segments before it were written by builds
+/// with unkeyed ids ([`crate::replica::legacy_idempotency_id`]). Kept in the
+/// store's meta, not in the segments, so that the segment formats (which the
+/// cluster version gates) stay what every build of a format reads.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct HashKey {
+    /// The secret key.
+    pub key: u128,
+    /// The first segment keyed with it.
+    pub keyed_from: u64,
+}
+
+/// Encodes the idempotency hash key.
+pub fn encode_hash_key(hash_key: &HashKey) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    out.extend_from_slice(&hash_key.key.to_le_bytes());
+    out.extend_from_slice(&hash_key.keyed_from.to_le_bytes());
+    out
+}
+
+/// Decodes the idempotency hash key.
+pub fn decode_hash_key(bytes: &[u8]) -> Result<HashKey, StorageError> {
+    let mut reader = Reader::versioned(bytes, "idempotency hash key")?;
+    let low = reader.u64()?;
+    let high = reader.u64()?;
+    let keyed_from = reader.u64()?;
+    reader.finish()?;
+    Ok(HashKey {
+        key: u128::from(high) << 64 | u128::from(low),
+        keyed_from,
+    })
 }
 
 /// Encodes a u64 meta value.
@@ -687,6 +723,17 @@ mod tests {
             .unwrap_err()
             .0
             .contains("in format 3, written by a newer Tally build"));
+    }
+
+    #[test]
+    fn the_hash_key_round_trips() {
+        let hash_key = HashKey {
+            key: u128::MAX - 7,
+            keyed_from: 42,
+        };
+        let bytes = encode_hash_key(&hash_key);
+        assert_eq!(decode_hash_key(&bytes).unwrap(), hash_key);
+        assert!(decode_hash_key(&bytes[..bytes.len() - 1]).is_err());
     }
 
     #[test]

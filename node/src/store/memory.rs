@@ -57,11 +57,28 @@ fn apply(space: &mut Space, ops: &[Op]) {
 }
 
 impl MemoryStore {
-    /// An empty store for `identity`.
+    /// An empty store for `identity`. Its idempotency hash key is derived
+    /// from the replica id, so a simulation replays exactly (a real store's
+    /// is random).
     pub fn new(identity: Identity) -> Self {
+        let hash_key = u128::from(identity.replica.0) << 64
+            | u128::from(crate::crdt::stable_hash(
+                0x6b6579,
+                &[&identity.replica.0.to_le_bytes()],
+            ));
+        let mut layers = Layers::default();
+        let entry = (
+            encoding::META_IDEMPOTENCY_HASH_KEY.to_vec(),
+            encoding::encode_hash_key(&encoding::HashKey {
+                key: hash_key,
+                keyed_from: 0,
+            }),
+        );
+        layers.visible.insert(entry.0.clone(), entry.1.clone());
+        layers.durable.insert(entry.0, entry.1);
         MemoryStore {
             identity,
-            layers: Mutex::new(Layers::default()),
+            layers: Mutex::new(layers),
         }
     }
 

@@ -20,7 +20,9 @@ mod ordinals;
 mod sled_store;
 
 use crate::crdt::ReplicaId;
-use crate::replica::{CommitBatch, DurableState, Identity, Recovered, StorageError};
+use crate::replica::{
+    CommitBatch, DurableState, IdempotencyRecord, Identity, Recovered, StorageError,
+};
 
 pub use change_index::ChangeIndex;
 pub use fault::FaultyStore;
@@ -141,9 +143,14 @@ where
         .map_err(scan_error)?
         .map(|v| decode_u64(&v, "digest"))
         .transpose()?;
+    let hash_key = meta(META_IDEMPOTENCY_HASH_KEY)
+        .map_err(scan_error)?
+        .ok_or_else(|| StorageError("the store has no idempotency hash key".into()))?;
+    let hash_key = decode_hash_key(&hash_key)?;
     let mut recovered = Recovered {
         durable_seq: durable_seq.unwrap_or(0),
         digest: crate::crdt::StateDigest(digest.unwrap_or(0)),
+        idempotency_hash_key: hash_key.key,
         ..Default::default()
     };
     for item in scan(DIRECTORY) {
@@ -162,13 +169,20 @@ where
     for item in scan(IDEMPOTENCY) {
         let (key, value) = item.map_err(scan_error)?;
         let (segment, records) = decode_idempotency(&key, &value)?;
+        let keyed = segment >= hash_key.keyed_from;
         let before = recovered.idempotency.len();
-        let live = records
+        let live: Vec<IdempotencyRecord> = records
             .into_iter()
-            .filter(|record| record.expires_at_ms > now_ms);
+            .filter(|record| record.expires_at_ms > now_ms)
+            .collect();
+        if !keyed {
+            let last = live.iter().map(|record| record.expires_at_ms).max();
+            recovered.legacy_idempotency_until_ms =
+                recovered.legacy_idempotency_until_ms.max(last.unwrap_or(0));
+        }
         recovered
             .idempotency
-            .extend(live.map(|record| (segment, record)));
+            .extend(live.into_iter().map(|record| (segment, record)));
         if recovered.idempotency.len() == before {
             recovered.expired_segments.push(segment);
         }

@@ -337,6 +337,9 @@ impl SledStore {
             flush(&db)?;
             write_marker(dir, format)?;
         }
+        if ensure_hash_key(&db).map_err(|e| corrupt(e.0))? {
+            flush(&db)?;
+        }
         if remove_retired_change_log(&db).map_err(|e| classify(dir, e))? {
             flush(&db)?;
         }
@@ -365,6 +368,32 @@ impl SledStore {
     fn changes(&self) -> MutexGuard<'_, ChangeIndex> {
         self.changes.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Gives the store its secret key of idempotency ids, once: at its creation,
+/// or at the first open by a build that keys them. Flushed by the caller
+/// before any record is written with it.
+/// Returns true when it wrote the key (the caller flushes it).
+fn ensure_hash_key(db: &sled::Db) -> Result<bool, StorageError> {
+    if db
+        .get(encoding::META_IDEMPOTENCY_HASH_KEY)
+        .map_err(storage)?
+        .is_some()
+    {
+        return Ok(false);
+    }
+    // Segments are keyed by their commit's sequence, and every later commit
+    // has a higher one than the durable sequence now.
+    let hash_key = encoding::HashKey {
+        key: rand::random(),
+        keyed_from: durable_seq(db)? + 1,
+    };
+    db.insert(
+        encoding::META_IDEMPOTENCY_HASH_KEY,
+        encoding::encode_hash_key(&hash_key),
+    )
+    .map_err(storage)?;
+    Ok(true)
 }
 
 /// The store's durable sequence (0 before the first commit).
@@ -736,5 +765,86 @@ mod tests {
         assert!(matches!(error, OpenError::IsAFile(_)), "{error}");
         assert!(error.to_string().contains("is a file"), "{error}");
         assert!(file.is_file(), "the file was moved");
+    }
+}
+
+#[cfg(test)]
+mod idempotency_id_tests {
+    use super::*;
+    use crate::replica::{legacy_idempotency_id, AddRequest, IdempotencyRecord, Replica};
+
+    fn core_over(store: &SledStore, now_ms: u64) -> Replica {
+        let recovered = store.recover(now_ms).unwrap();
+        Replica::open(
+            store.identity().clone(),
+            Default::default(),
+            recovered,
+            now_ms,
+        )
+    }
+
+    fn retry(key: &str) -> AddRequest<'_> {
+        AddRequest {
+            key: "votes",
+            delta: 2,
+            idempotency_key: Some(key),
+        }
+    }
+
+    /// The secret key is created with the store and kept: ids are stable
+    /// across restarts, and another store has another key.
+    #[test]
+    fn the_hash_key_is_random_per_store_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let first = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+        let key = first.recover(0).unwrap().idempotency_hash_key;
+        drop(first);
+        let again = crate::store::suite::reopen(&path, 5);
+        assert_eq!(again.recover(0).unwrap().idempotency_hash_key, key);
+        let other = SledStore::open(&dir.path().join("other"), "eu", 5, OnCorrupt::Refuse).unwrap();
+        assert_ne!(other.recover(0).unwrap().idempotency_hash_key, key);
+    }
+
+    /// A store of a build before keyed ids (no hash key, a segment with an
+    /// unkeyed id) opened by this one: the key is created, later segments
+    /// are keyed, and the old record still makes its retry a duplicate.
+    #[test]
+    fn records_of_an_older_build_still_catch_retries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("data");
+        let now = 1_000_000;
+        let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+        let record = IdempotencyRecord {
+            id: legacy_idempotency_id("old"),
+            fingerprint: crate::replica::request_fingerprint("votes", 2),
+            value: 40,
+            seq: 7,
+            expires_at_ms: now + 60_000,
+        };
+        let db = &store.db;
+        db.remove(encoding::META_IDEMPOTENCY_HASH_KEY).unwrap();
+        db.insert(encoding::META_DURABLE_SEQ, encoding::encode_u64(7))
+            .unwrap();
+        db.insert(
+            encoding::idempotency_key(7),
+            encoding::encode_idempotency(7, &[record]),
+        )
+        .unwrap();
+        db.flush().unwrap();
+        drop(store);
+        let store = crate::store::suite::reopen(&path, 5);
+        let mut core = core_over(&store, now);
+        let first = core.handle_add(now, &store, retry("new")).unwrap();
+
+        let recovered = store.recover(now).unwrap();
+        assert_eq!(recovered.legacy_idempotency_until_ms, now + 60_000);
+        let mut core = core_over(&store, now);
+        let old = core.handle_add(now + 1, &store, retry("old")).unwrap();
+        assert!(old.duplicate && old.value == 40, "{old:?}");
+        assert!(!first.duplicate);
+        // Once it has expired, the old key is a new add.
+        let later = core.handle_add(now + 60_000, &store, retry("old")).unwrap();
+        assert!(!later.duplicate, "{later:?}");
     }
 }

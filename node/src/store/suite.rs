@@ -132,7 +132,7 @@ fn run_suite(store: &impl Store) {
 
 /// Opens `path` again once the store dropped just before has let go of its
 /// lock: sled's threads can hold it for a moment after the drop.
-fn reopen(path: &Path, fresh_id: u64) -> SledStore {
+pub(super) fn reopen(path: &Path, fresh_id: u64) -> SledStore {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match SledStore::open(path, "eu", fresh_id, OnCorrupt::Refuse) {

@@ -179,11 +179,8 @@ fn open_fresh(
 ) -> (Replica, MemoryStore) {
     let identity = establish(None, region, fresh_id).expect("simulated region names are valid");
     let store = MemoryStore::new(identity.clone());
-    let replica = Replica::open(
-        identity,
-        replica_config(options),
-        Recovered::default(),
-        now_ms,
-    );
+    // A new store holds its idempotency hash key already.
+    let recovered = store.recover(now_ms).expect("a new memory store recovers");
+    let replica = Replica::open(identity, replica_config(options), recovered, now_ms);
     (replica, store)
 }
