@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tally_node::crdt::ReplicaId;
-use tally_node::replica::{establish, CommitBatch, PullChunk, Recovered, Replica, ReplicaConfig};
+use tally_node::replica::{establish, CommitBatch, PullChunk, Replica, ReplicaConfig};
 use tally_node::store::{MemoryStore, Store};
 
 use super::Event;
