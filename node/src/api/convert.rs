@@ -9,7 +9,8 @@ use crate::crdt::{PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
 use crate::replica::version::ProtocolWindow;
 use crate::replica::{
-    parse_key, AddRefused, Cursor, PullChunk, PullRefused, PullRequest, MAX_CHUNK_COUNTERS,
+    check_name, parse_key, AddRefused, Cursor, PullChunk, PullRefused, PullRequest,
+    MAX_CHUNK_COUNTERS,
 };
 
 /// The gRPC status of an engine error: a code a client can act on and the
@@ -146,9 +147,35 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
     }
 }
 
+/// The most slots (writer replicas) a counter from the wire may have. Every
+/// node incarnation that ever wrote a counter has a slot in it; a counter
+/// with more is refused rather than kept in memory and on disk forever.
+pub const MAX_COUNTER_SLOTS: usize = 4_096;
+/// The most replica-to-region entries one chunk may carry (the entries are
+/// kept forever).
+pub const MAX_CHUNK_REPLICAS: usize = 16_384;
+
 /// A chunk from the wire. A malformed chunk is refused whole, with a reason
-/// for the log and a short label for the metric.
+/// for the log and a short label for the metric: too many counters, slots
+/// or directory entries, a bad key, a zero or repeated replica, a region
+/// name the node would refuse for itself.
 pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, String)> {
+    if chunk.replicas.len() > MAX_CHUNK_REPLICAS {
+        return Err((
+            "oversized",
+            format!(
+                "{} replica entries in one chunk; the limit is {MAX_CHUNK_REPLICAS}",
+                chunk.replicas.len()
+            ),
+        ));
+    }
+    for entry in &chunk.replicas {
+        if entry.replica == 0 {
+            return Err(("malformed", "a replica entry has the id 0".to_string()));
+        }
+        check_name("region", &entry.region)
+            .map_err(|e| ("malformed", format!("replica {:016x}: {e}", entry.replica)))?;
+    }
     if chunk.counters.len() > MAX_CHUNK_COUNTERS {
         return Err((
             "oversized",
@@ -162,15 +189,25 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
     for counter in chunk.counters {
         let key =
             parse_key(&counter.key).map_err(|e| ("malformed", format!("bad counter key: {e}")))?;
-        let mut seen = std::collections::BTreeSet::new();
+        if counter.slots.len() > MAX_COUNTER_SLOTS {
+            return Err((
+                "oversized",
+                format!(
+                    "counter {key:?} has {} slots; the limit is {MAX_COUNTER_SLOTS}",
+                    counter.slots.len()
+                ),
+            ));
+        }
+        let mut ids: Vec<u64> = counter.slots.iter().map(|slot| slot.replica).collect();
+        ids.sort_unstable();
+        if ids.first() == Some(&0) || ids.windows(2).any(|pair| pair[0] == pair[1]) {
+            return Err((
+                "malformed",
+                format!("counter {key:?} has a zero or repeated replica id"),
+            ));
+        }
         let mut slots = Vec::with_capacity(counter.slots.len());
         for slot in counter.slots {
-            if slot.replica == 0 || !seen.insert(slot.replica) {
-                return Err((
-                    "malformed",
-                    format!("counter {key:?} has a zero or repeated replica id"),
-                ));
-            }
             slots.push((
                 ReplicaId(slot.replica),
                 Slot {
@@ -242,5 +279,56 @@ mod tests {
             },
         ];
         assert_eq!(chunk_from(wire).unwrap_err().0, "malformed");
+    }
+
+    fn slots(count: u64) -> Vec<pb::Slot> {
+        (1..=count)
+            .rev()
+            .map(|replica| pb::Slot {
+                replica,
+                p: replica,
+                n: 0,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn counters_with_too_many_slots_are_refused() {
+        let mut wire = chunk_to(&PullChunk::default());
+        wire.counters.push(pb::CounterState {
+            key: b"big".to_vec().into(),
+            slots: slots(MAX_COUNTER_SLOTS as u64),
+        });
+        let chunk = chunk_from(wire.clone()).expect("a counter at the limit");
+        let counter = &chunk.counters[0].1;
+        assert_eq!(counter.slots().len(), MAX_COUNTER_SLOTS);
+        assert!(counter.slots().windows(2).all(|w| w[0].0 < w[1].0));
+        wire.counters[0].slots = slots(MAX_COUNTER_SLOTS as u64 + 1);
+        let (label, reason) = chunk_from(wire).unwrap_err();
+        assert_eq!(label, "oversized", "{reason}");
+        assert!(reason.contains("slots"), "{reason}");
+    }
+
+    #[test]
+    fn directory_entries_are_checked_as_the_node_checks_its_own() {
+        let entry = |replica: u64, region: &str| pb::ReplicaInfo {
+            replica,
+            region: region.into(),
+        };
+        let mut wire = chunk_to(&PullChunk::default());
+        wire.replicas = vec![entry(1, "eu-west-1")];
+        assert!(chunk_from(wire.clone()).is_ok());
+        for bad in ["", "a b", "x\u{0}y", &"r".repeat(65), "<script>"] {
+            wire.replicas = vec![entry(1, bad)];
+            let (label, reason) = chunk_from(wire.clone()).unwrap_err();
+            assert_eq!(label, "malformed", "{bad:?}: {reason}");
+            assert!(reason.contains("region"), "{reason}");
+        }
+        wire.replicas = vec![entry(0, "eu")];
+        assert_eq!(chunk_from(wire.clone()).unwrap_err().0, "malformed");
+        wire.replicas = (1..=MAX_CHUNK_REPLICAS as u64 + 1)
+            .map(|replica| entry(replica, "eu"))
+            .collect();
+        assert_eq!(chunk_from(wire).unwrap_err().0, "oversized");
     }
 }

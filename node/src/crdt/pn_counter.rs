@@ -72,13 +72,25 @@ impl PnCounter {
         Self::default()
     }
 
-    /// Builds a counter from slots in any order; a replica named twice keeps the max of each sum.
+    /// Builds a counter from slots in any order; a replica named twice keeps
+    /// the max of each sum, and empty slots are dropped. One sort and one
+    /// pass: inserting the slots one by one into the sorted list was
+    /// quadratic, which a peer could use to burn CPU with one large counter.
     pub fn from_slots(slots: impl IntoIterator<Item = (ReplicaId, Slot)>) -> Self {
-        let mut counter = Self::new();
+        let mut slots: Vec<(ReplicaId, Slot)> = slots.into_iter().collect();
+        slots.sort_unstable_by_key(|(replica, _)| *replica);
+        let mut merged: Vec<(ReplicaId, Slot)> = Vec::with_capacity(slots.len());
         for (replica, slot) in slots {
-            counter.merge_slot(replica, slot);
+            match merged.last_mut() {
+                Some((last, mine)) if *last == replica => {
+                    mine.p = mine.p.max(slot.p);
+                    mine.n = mine.n.max(slot.n);
+                }
+                _ => merged.push((replica, slot)),
+            }
         }
-        counter
+        merged.retain(|(_, slot)| *slot != Slot::default());
+        PnCounter { slots: merged }
     }
 
     /// The slots, sorted by replica id.
@@ -176,12 +188,51 @@ impl PnCounter {
 }
 
 impl Crdt for PnCounter {
+    /// Both slot lists are sorted: one pass over the two when `other` brings
+    /// replicas `self` lacks (inserting each was quadratic), slot by slot
+    /// in place when it brings none.
     fn merge(&mut self, other: &Self) -> bool {
-        let mut changed = false;
-        for (replica, slot) in &other.slots {
-            changed |= self.merge_slot(*replica, *slot);
+        let known = other
+            .slots
+            .iter()
+            .filter(|(_, slot)| *slot != Slot::default())
+            .all(|(replica, _)| {
+                self.slots
+                    .binary_search_by_key(replica, |(id, _)| *id)
+                    .is_ok()
+            });
+        if known {
+            let mut changed = false;
+            for (replica, slot) in &other.slots {
+                changed |= self.merge_slot(*replica, *slot);
+            }
+            return changed;
         }
-        changed
+        let mut merged = Vec::with_capacity(self.slots.len() + other.slots.len());
+        let (mut mine, mut theirs) = (self.slots.iter().peekable(), other.slots.iter().peekable());
+        loop {
+            let next = match (mine.peek(), theirs.peek()) {
+                (Some((a, x)), Some((b, y))) if a == b => {
+                    let slot = Slot {
+                        p: x.p.max(y.p),
+                        n: x.n.max(y.n),
+                    };
+                    mine.next();
+                    theirs.next();
+                    (*a, slot)
+                }
+                (Some((a, _)), Some((b, _))) if a < b => *mine.next().unwrap(),
+                (_, Some(_)) => *theirs.next().unwrap(),
+                (Some(_), None) => *mine.next().unwrap(),
+                (None, None) => break,
+            };
+            if next.1 != Slot::default() {
+                merged.push(next);
+            }
+        }
+        // Some slot of `other` is new and non-empty, so the state changed.
+        self.slots = merged;
+        true
     }
 }
 

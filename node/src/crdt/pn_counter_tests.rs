@@ -27,7 +27,29 @@ fn merged(a: &PnCounter, b: &PnCounter) -> PnCounter {
     out
 }
 
+/// What merge and from_slots must equal: one slot at a time.
+fn slot_by_slot(base: &PnCounter, slots: &[(ReplicaId, Slot)]) -> (PnCounter, bool) {
+    let mut out = base.clone();
+    let mut changed = false;
+    for (replica, slot) in slots {
+        changed |= out.merge_slot(*replica, *slot);
+    }
+    (out, changed)
+}
+
 proptest! {
+    #[test]
+    fn merge_and_from_slots_equal_one_slot_at_a_time(
+        a in counter_strategy(),
+        slots in prop::collection::vec(slot_strategy(), 0..12),
+    ) {
+        let b = PnCounter::from_slots(slots.clone());
+        prop_assert_eq!(&b, &slot_by_slot(&PnCounter::new(), &slots).0);
+        let mut fast = a.clone();
+        let changed = fast.merge(&b);
+        prop_assert_eq!((fast, changed), slot_by_slot(&a, b.slots()));
+    }
+
     #[test]
     fn merge_is_commutative(a in counter_strategy(), b in counter_strategy()) {
         prop_assert_eq!(merged(&a, &b), merged(&b, &a));
