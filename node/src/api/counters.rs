@@ -12,6 +12,7 @@ use tally_proto::v1::counters_server::Counters;
 use tonic::{Request, Response, Status};
 
 use crate::engine::{now_ms, CounterRead, Engine};
+use crate::security::ItemCharge;
 
 use super::convert::{item_error, status_of};
 
@@ -64,6 +65,14 @@ fn get_response(key: prost::bytes::Bytes, read: CounterRead) -> pb::GetResponse 
     }
 }
 
+/// A batch counts as one request per item for its token's rate limit (the
+/// interceptor charged the first).
+fn charge_items<T>(request: &Request<T>, items: usize) {
+    if let Some(charge) = request.extensions().get::<ItemCharge>() {
+        charge.charge(items.saturating_sub(1));
+    }
+}
+
 fn check_batch_size(items: usize) -> Result<(), Status> {
     if items > MAX_BATCH_ITEMS {
         return Err(Status::invalid_argument(format!(
@@ -97,6 +106,7 @@ impl Counters for CountersService {
         &self,
         request: Request<pb::AddBatchRequest>,
     ) -> Result<Response<pb::AddBatchResponse>, Status> {
+        charge_items(&request, request.get_ref().adds.len());
         let adds = request.into_inner().adds;
         check_batch_size(adds.len())?;
         let results = self
@@ -140,6 +150,7 @@ impl Counters for CountersService {
         &self,
         request: Request<pb::GetBatchRequest>,
     ) -> Result<Response<pb::GetBatchResponse>, Status> {
+        charge_items(&request, request.get_ref().gets.len());
         let gets = request.into_inner().gets;
         check_batch_size(gets.len())?;
         let results = gets

@@ -315,19 +315,27 @@ impl Engine {
         adds: impl IntoIterator<Item = (&'a [u8], i64, Option<&'a str>)>,
     ) -> Vec<Result<AddAccepted, EngineError>> {
         let started = std::time::Instant::now();
+        let adds: Vec<_> = adds.into_iter().collect();
         let results: Vec<Result<AddAccepted, EngineError>> = if self.check_adds().is_err() {
             // Every item gets the refusal (read again: an error is not Clone).
-            adds.into_iter()
+            adds.iter()
                 .map(|_| Err(self.check_adds().err().unwrap_or(EngineError::ShuttingDown)))
                 .collect()
         } else {
-            let now = now_ms();
-            let mut core = self.core();
-            adds.into_iter()
-                .map(|(key, delta, idempotency_key)| {
+            // In slices, each with its cold counters read from the store
+            // before the lock is taken: a batch of thousands of cold keys
+            // held the core lock through every disk read, and every other
+            // request waited behind it.
+            let mut results = Vec::with_capacity(adds.len());
+            for slice in adds.chunks(BATCH_SLICE) {
+                self.warm_cold_counters(slice.iter().map(|(key, _, _)| *key));
+                let now = now_ms();
+                let mut core = self.core();
+                results.extend(slice.iter().map(|&(key, delta, idempotency_key)| {
                     self.apply_add_locked(&mut core, now, key, delta, idempotency_key)
-                })
-                .collect()
+                }));
+            }
+            results
         };
         let ticket = results
             .iter()
@@ -372,6 +380,23 @@ impl Engine {
         let now = now_ms();
         let mut core = self.core();
         self.apply_add_locked(&mut core, now, key, delta, idempotency_key)
+    }
+
+    /// Reads the counters of `keys` that the core does not hold in memory,
+    /// without the core lock, so that the store's cache has them when the
+    /// core asks under the lock. Only a warm-up: what the core reads under
+    /// the lock is what counts (a record read here could be stale by then).
+    fn warm_cold_counters<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) {
+        let keys: Vec<&str> = keys.filter_map(|key| check_key(key).ok()).collect();
+        let cold: Vec<&str> = {
+            let core = self.core();
+            keys.into_iter()
+                .filter(|key| !core.is_cached(key))
+                .collect()
+        };
+        for key in cold {
+            let _ = self.store.load_counter(key);
+        }
     }
 
     fn apply_add_locked(
@@ -562,6 +587,10 @@ impl Engine {
 
 /// How long the committer sleeps when nothing wakes it (housekeeping interval).
 pub const HOUSEKEEPING_INTERVAL: Duration = Duration::from_millis(100);
+
+/// How many adds of a batch are applied under one hold of the core lock;
+/// other requests get the lock between slices.
+pub const BATCH_SLICE: usize = 256;
 
 #[cfg(test)]
 mod tests;

@@ -307,6 +307,11 @@ impl Replica {
         self.directory.get(&replica).map(String::as_str)
     }
 
+    /// True when the counter is in memory (a read of it needs no store read).
+    pub fn is_cached(&self, key: &str) -> bool {
+        self.counters.contains_key(key)
+    }
+
     fn entry(
         &mut self,
         store: &(impl DurableState + ?Sized),

@@ -34,6 +34,25 @@ struct Bucket {
 #[derive(Clone, Debug)]
 pub struct Caller(pub String);
 
+/// The rate limit of the caller's token, put in the request's extensions
+/// when tokens are on: a batch charges its items beyond the first (the
+/// interceptor took one for the request).
+#[derive(Clone)]
+pub struct ItemCharge {
+    auth: Arc<Auth>,
+    name: String,
+}
+
+impl ItemCharge {
+    /// Charges `items` more requests to the token. The bucket may go below
+    /// zero: the batch is served, and the token's next requests wait until
+    /// it has paid back, so its rate counts items, whatever the batch size
+    /// (a batch larger than the burst would otherwise never pass).
+    pub fn charge(&self, items: usize) {
+        self.auth.charge(&self.name, items);
+    }
+}
+
 impl Auth {
     /// Reads the tokens file.
     pub fn load(path: &Path, rate_per_sec: u32, burst: u32) -> anyhow::Result<Auth> {
@@ -103,6 +122,25 @@ impl Auth {
         Ok(name.clone())
     }
 
+    /// Takes `items` from `name`'s bucket, into debt if need be.
+    fn charge(&self, name: &str, items: usize) {
+        if self.rate_per_sec == 0 || items == 0 {
+            return;
+        }
+        let now = Instant::now();
+        let rate = f64::from(self.rate_per_sec);
+        let burst = f64::from(self.burst);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        let bucket = buckets.entry(name.to_string()).or_insert(Bucket {
+            available: burst,
+            updated: now,
+        });
+        bucket.available =
+            (bucket.available + now.duration_since(bucket.updated).as_secs_f64() * rate).min(burst)
+                - items as f64;
+        bucket.updated = now;
+    }
+
     /// Takes one request from `name`'s bucket; `Some(wait in ms)` when empty.
     fn take(&self, name: &str) -> Option<u64> {
         if self.rate_per_sec == 0 {
@@ -153,6 +191,10 @@ impl tonic::service::Interceptor for AuthInterceptor {
             .and_then(|v| v.to_str().ok());
         match auth.check(header) {
             Ok(name) => {
+                request.extensions_mut().insert(ItemCharge {
+                    auth: auth.clone(),
+                    name: name.clone(),
+                });
                 request.extensions_mut().insert(Caller(name));
                 Ok(request)
             }
@@ -216,6 +258,40 @@ mod tests {
         );
         assert!(refused.metadata().get("retry-after-ms").is_some());
         // Another token has its own bucket.
+        auth.check(Some("Bearer fedcba9876543210fedc")).unwrap();
+    }
+
+    /// A batch pays per item: the interceptor lets it in with one token
+    /// and hands the handler the charge for the rest, and the token's next
+    /// request waits until the batch is paid for.
+    #[test]
+    fn a_batch_counts_as_one_request_per_item() {
+        use tonic::service::Interceptor;
+        let auth = Arc::new(Auth::parse(FILE, 1, 5).unwrap());
+        let mut interceptor = AuthInterceptor::new(Some(auth.clone()), Arc::new(Metrics::new()));
+        let mut request = Request::new(());
+        request.metadata_mut().insert(
+            "authorization",
+            "Bearer 0123456789abcdef0123".parse().unwrap(),
+        );
+        let request = interceptor.call(request).unwrap();
+        let charge = request
+            .extensions()
+            .get::<ItemCharge>()
+            .expect("the request carries its token's charge");
+        charge.charge(49);
+        let refused = auth.check(Some("Bearer 0123456789abcdef0123")).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+        // About 45 s of debt at 1 request/s (50 items, 5 of burst).
+        let wait: u64 = refused
+            .metadata()
+            .get("retry-after-ms")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(wait > 40_000, "{wait} ms");
         auth.check(Some("Bearer fedcba9876543210fedc")).unwrap();
     }
 
