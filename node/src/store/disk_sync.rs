@@ -40,6 +40,11 @@ pub struct DiskSync {
 struct Synced {
     db_entries: BTreeSet<OsString>,
     blobs: BTreeSet<OsString>,
+    /// The first failure, repeated by every later call: after a failed
+    /// `fsync` Linux may mark the unwritten pages clean, so a retry can
+    /// succeed without the data ever reaching the disk ("fsyncgate"). Only
+    /// reopening the store (a restart) makes a sync trustworthy again.
+    failed: Option<(io::ErrorKind, String)>,
 }
 
 /// `fsync` of a directory, which makes its entries (created, renamed or
@@ -99,7 +104,11 @@ impl DiskSync {
             log,
             db_dir,
             blobs_dir,
-            synced: Mutex::new(Synced { db_entries, blobs }),
+            synced: Mutex::new(Synced {
+                db_entries,
+                blobs,
+                failed: None,
+            }),
         })
     }
 
@@ -107,8 +116,23 @@ impl DiskSync {
     /// new blobs and their directory, sled's log, and `db/` when its entries
     /// changed (a snapshot renamed into place). Call it after every flush
     /// whose writes may be acknowledged.
+    /// After a failure every later call fails the same way.
     pub fn after_flush(&self) -> io::Result<()> {
         let mut synced = self.synced.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((kind, text)) = &synced.failed {
+            return Err(io::Error::new(
+                *kind,
+                format!("{text} (an earlier sync failed; restart the node to reopen its store)"),
+            ));
+        }
+        let result = self.sync_changes(&mut synced);
+        if let Err(error) = &result {
+            synced.failed = Some((error.kind(), error.to_string()));
+        }
+        result
+    }
+
+    fn sync_changes(&self, synced: &mut Synced) -> io::Result<()> {
         let blobs = entries(&self.blobs_dir)?;
         let mut new_blob = false;
         for name in blobs.difference(&synced.blobs) {
@@ -169,5 +193,22 @@ mod tests {
         assert!(synced
             .db_entries
             .contains(&OsString::from("snap.0000000000000001")));
+    }
+
+    #[test]
+    fn a_failed_sync_fails_every_later_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("db");
+        std::fs::create_dir_all(db.join("blobs")).unwrap();
+        std::fs::write(db.join("db"), b"log").unwrap();
+        let sync = DiskSync::open(dir.path()).unwrap();
+        // The blobs directory turned into a file: listing it fails.
+        std::fs::remove_dir(db.join("blobs")).unwrap();
+        std::fs::write(db.join("blobs"), b"not a directory").unwrap();
+        assert!(sync.after_flush().is_err());
+        std::fs::remove_file(db.join("blobs")).unwrap();
+        std::fs::create_dir(db.join("blobs")).unwrap();
+        let again = sync.after_flush().unwrap_err();
+        assert!(again.to_string().contains("restart"), "{again}");
     }
 }
