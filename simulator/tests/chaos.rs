@@ -78,3 +78,38 @@ fn kills_stops_cuts_and_wipes_pass() {
     let stdout = chaos(&["--seed", "2", "--faults", "kill,stop,cut,wipe"]);
     assert!(stdout.contains("schedule ("), "{stdout}");
 }
+
+/// The number printed before `label` on the line that starts with `prefix`.
+fn count_before(stdout: &str, prefix: &str, label: &str) -> u64 {
+    let line = stdout
+        .lines()
+        .find(|line| line.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line:\n{stdout}"));
+    let before = line
+        .split(label)
+        .next()
+        .unwrap_or_else(|| panic!("no {label:?} in {line:?}"));
+    before
+        .split_whitespace()
+        .last()
+        .and_then(|number| number.parse().ok())
+        .unwrap_or_else(|| panic!("no count before {label:?} in {line:?}"))
+}
+
+/// Overlapping faults (a partition while a node is down, the node restarted
+/// inside it) and clients cut off mid-add, whose retries with the same
+/// idempotency key must be counted once: the exact check passes, and the
+/// run really dropped answers and really retried.
+#[test]
+fn a_partition_while_a_node_is_down_and_clients_cut_off_mid_add_pass() {
+    let stdout = chaos(&["--seed", "1", "--faults", "overlap,client"]);
+    assert!(stdout.contains("while it is down"), "{stdout}");
+    assert!(stdout.contains("is back inside the partition"), "{stdout}");
+    assert!(stdout.contains("clients off mid-add"), "{stdout}");
+    let dropped = count_before(&stdout, "client cuts:", "answers dropped");
+    let retried = count_before(&stdout, "client cuts:", "adds answered only after a retry");
+    assert!(
+        dropped > 0 && retried > 0,
+        "no add was cut off and retried:\n{stdout}"
+    );
+}

@@ -9,7 +9,11 @@
 //! (`links.rs`), with a WAN delay between regions. Faults, drawn from the seed
 //! as a schedule (`schedule.rs`) and printed before the run: `kill -9` and
 //! restart on the same disk, SIGSTOP/SIGCONT, partitions of several shapes,
-//! and wipes (kill -9, delete the data directory, restart as a new replica).
+//! wipes (kill -9, delete the data directory, restart as a new replica), a
+//! partition while a node is down (the node restarts inside it), and clients
+//! cut off from their node mid-add (a third proxy, in front of the node for
+//! its clients, drops answers; `tcp_proxy.rs`), whose retries with the same
+//! idempotency key must count once.
 //!
 //! Invariants checked after the heal, as in the simulation (`check.rs`): every
 //! node holds the same state slot by slot for every key; each live replica's
@@ -42,7 +46,7 @@ use check::AddTimes;
 use links::{Links, Topology};
 use node::{assign_ports, node_ip, wait_ready, NodeProc};
 use schedule::{Fault, ScheduledFault};
-use tcp_proxy::{spawn_tcp_proxy, ProxyRules, TcpProxyHandle};
+use tcp_proxy::{spawn_client_proxy, spawn_tcp_proxy, ProxyRules, TcpProxyHandle};
 use udp_proxy::{spawn_udp_proxy, UdpProxyHandle};
 use workload::{client_loop, Book, Shared};
 
@@ -78,8 +82,9 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 16)]
     keys: usize,
     /// Faults: a comma list of kill, stop, cut (isolate one node), partition
-    /// (a shape drawn from the seed), wipe; or none.
-    #[arg(long, default_value = "kill,stop,partition,wipe")]
+    /// (a shape drawn from the seed), wipe, overlap (a partition while a node
+    /// is down), client (a node's clients cut off mid-add); or none.
+    #[arg(long, default_value = "kill,stop,partition,wipe,overlap,client")]
     faults: String,
     /// WAN delay the proxies add between regions (ms, one way).
     #[arg(long, default_value_t = 30)]
@@ -166,7 +171,9 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     let advertised_gossip: Vec<String> = (0..n)
         .map(|i| format!("{}:{}", node_ip(i), ports[i].gossip_proxy))
         .collect();
-    let mut proxies: Vec<(TcpProxyHandle, UdpProxyHandle)> = Vec::new();
+    let mut proxies: Vec<(TcpProxyHandle, UdpProxyHandle, TcpProxyHandle)> = Vec::new();
+    let answers_dropped = Arc::new(AtomicU64::new(0));
+    let mut client_cuts = Vec::new();
     let mut nodes = Vec::new();
     for (i, port) in ports.iter().enumerate() {
         let ip = node_ip(i);
@@ -185,7 +192,16 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             rules.clone(),
         )
         .await?;
-        proxies.push((tcp, udp));
+        let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
+        client_cuts.push(cut_tx);
+        let client_proxy = spawn_client_proxy(
+            &format!("{ip}:{}", port.client_proxy),
+            format!("{ip}:{}", port.grpc),
+            cut_rx,
+            answers_dropped.clone(),
+        )
+        .await?;
+        proxies.push((tcp, udp, client_proxy));
         let data_dir = dir.join(format!("n{i}"));
         let node_args: Vec<String> = [
             ("--data-dir", data_dir.display().to_string()),
@@ -212,13 +228,26 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             log: dir.join(format!("n{i}.log")),
             child: None,
             endpoint: format!("http://{ip}:{}", port.grpc),
+            client_endpoint: format!("http://{ip}:{}", port.client_proxy),
             replica: ReplicaId(0),
         };
         node.spawn(&bin)?;
         nodes.push(node);
     }
+    let clients = ClientCuts {
+        cuts: &client_cuts,
+        dropped: &answers_dropped,
+    };
     let outcome = tokio::select! {
-        outcome = drive(&args, &bin, &mut nodes, &plan, &topology, &rules.links) => outcome,
+        outcome = drive(
+            &args,
+            &bin,
+            &mut nodes,
+            &plan,
+            &topology,
+            &rules.links,
+            &clients,
+        ) => outcome,
         signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
     for node in &mut nodes {
@@ -247,6 +276,12 @@ async fn interrupted() -> &'static str {
     }
 }
 
+/// The switches of the client proxies, and how many answers they dropped.
+struct ClientCuts<'a> {
+    cuts: &'a [tokio::sync::watch::Sender<bool>],
+    dropped: &'a AtomicU64,
+}
+
 async fn drive(
     args: &ChaosArgs,
     bin: &Path,
@@ -254,6 +289,7 @@ async fn drive(
     plan: &[ScheduledFault],
     topology: &Topology,
     links: &Links,
+    clients: &ClientCuts<'_>,
 ) -> anyhow::Result<bool> {
     let n = nodes.len();
     let cluster = format!("chaos-{}", args.seed);
@@ -291,6 +327,7 @@ async fn drive(
                 }
             })
             .collect(),
+        retried: AtomicU64::new(0),
     });
     // History of each node's replica ids, in order (for adds across a wipe).
     let mut incarnations: Vec<Vec<ReplicaId>> = nodes.iter().map(|n| vec![n.replica]).collect();
@@ -299,7 +336,7 @@ async fn drive(
     for (i, node) in nodes.iter().enumerate() {
         for c in 0..per_node {
             let client_id = (i * per_node + c) as u32;
-            let endpoint = node.endpoint.clone();
+            let endpoint = node.client_endpoint.clone();
             let shared = shared.clone();
             let seed = args.seed ^ (u64::from(client_id) << 32);
             tasks.push(tokio::spawn(async move {
@@ -375,6 +412,44 @@ async fn drive(
                 tokio::time::sleep(hold).await;
                 links.heal();
             }
+            Fault::PartitionWhileDown { down, shape } => {
+                let down = *down;
+                nodes[down].kill();
+                tokio::time::sleep(hold / 3).await;
+                links.set(shape.cut_pairs(topology));
+                tokio::time::sleep(hold / 3).await;
+                nodes[down].spawn(bin)?;
+                let node = &nodes[down];
+                let id = wait_ready(
+                    &node.endpoint,
+                    &cluster,
+                    &node.name,
+                    Duration::from_secs(30),
+                )
+                .await?;
+                println!(
+                    "           {} is back inside the partition at {:.1} s",
+                    node.name,
+                    started.elapsed().as_secs_f64()
+                );
+                if id != node.replica {
+                    checker.violate(
+                        0,
+                        "replica id changed",
+                        format!(
+                            "{} came back from kill -9 as {id}, not {}",
+                            node.name, node.replica
+                        ),
+                    );
+                }
+                tokio::time::sleep(hold / 3).await;
+                links.heal();
+            }
+            Fault::CutClients(target) => {
+                clients.cuts[*target].send_replace(true);
+                tokio::time::sleep(hold).await;
+                clients.cuts[*target].send_replace(false);
+            }
         }
     }
     let remaining = deadline.saturating_duration_since(Instant::now());
@@ -441,6 +516,11 @@ async fn drive(
     println!(
         "workload: {} adds ({} on the hot key), {} acked, {} abandoned; slots checked {}, unacknowledged applied {}, lost {}",
         w.adds, w.hot_adds, w.acked, w.abandoned, slots.slots, slots.unacked_applied, slots.unacked_lost
+    );
+    println!(
+        "client cuts: {} answers dropped mid-add, {} adds answered only after a retry with their idempotency key",
+        clients.dropped.load(Ordering::SeqCst),
+        shared.retried.load(Ordering::SeqCst)
     );
     if wiped.slots > 0 {
         println!(

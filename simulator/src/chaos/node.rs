@@ -28,6 +28,8 @@ pub struct NodePorts {
     pub grpc_proxy: u16,
     /// The UDP proxy in front of gossip (advertised).
     pub gossip_proxy: u16,
+    /// The TCP proxy in front of gRPC for the node's clients.
+    pub client_proxy: u16,
 }
 
 /// The loopback IP of node `index`.
@@ -61,13 +63,13 @@ pub fn assign_ports(nodes: usize, base: Option<u16>) -> anyhow::Result<Vec<NodeP
                 if first + 6 > u16::MAX as u32 {
                     bail!("--base-port {base} leaves no room for {nodes} nodes");
                 }
-                [0, 1, 2, 5, 6]
+                [0, 1, 2, 5, 6, 3]
                     .map(|offset| (first + offset) as u16)
                     .to_vec()
             }
             None => {
                 let mut picked = Vec::new();
-                while picked.len() < 5 {
+                while picked.len() < 6 {
                     let listener = std::net::TcpListener::bind((ip, 0))?;
                     let port = listener.local_addr()?.port();
                     drop(listener);
@@ -92,6 +94,7 @@ pub fn assign_ports(nodes: usize, base: Option<u16>) -> anyhow::Result<Vec<NodeP
             http: ports[2],
             grpc_proxy: ports[3],
             gossip_proxy: ports[4],
+            client_proxy: ports[5],
         });
     }
     Ok(all)
@@ -111,8 +114,10 @@ pub struct NodeProc {
     pub log: PathBuf,
     /// The running process.
     pub child: Option<Child>,
-    /// Its real gRPC endpoint (clients and the checker; no proxy).
+    /// Its real gRPC endpoint (the checker; no proxy).
     pub endpoint: String,
+    /// Where its clients connect: the client proxy in front of `endpoint`.
+    pub client_endpoint: String,
     /// Its current replica id.
     pub replica: ReplicaId,
 }

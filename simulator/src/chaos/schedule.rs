@@ -1,7 +1,9 @@
 //! The chaos fault schedule: a value drawn from the seed before the run and
 //! printed one fault a line, so a failing run shows a script a person can
 //! read. Faults run one after the other; each is undone (restart, SIGCONT,
-//! heal) before the next one starts, so the final heal only waits.
+//! heal) before the next one starts, so the final heal only waits. Faults
+//! overlap inside one step: `overlap` partitions the cluster while a node is
+//! down and brings the node back inside the partition.
 //!
 //! Times in the schedule are nominal: a restart waits for the node to answer,
 //! which shifts what follows. The run prints the actual start of each fault.
@@ -14,7 +16,15 @@ use super::links::{Partition, Topology};
 use crate::rng::{between, stream, Subsystem};
 
 /// The fault names `--faults` accepts.
-pub const FAULT_NAMES: &[&str] = &["kill", "stop", "cut", "partition", "wipe"];
+pub const FAULT_NAMES: &[&str] = &[
+    "kill",
+    "stop",
+    "cut",
+    "partition",
+    "wipe",
+    "overlap",
+    "client",
+];
 
 /// One fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +37,20 @@ pub enum Fault {
     Wipe(usize),
     /// Cut the links of a partition shape, then heal them.
     Partition(Partition),
+    /// Two faults at once: `kill -9` of `down`; a third of the hold later the
+    /// partition `shape` (which may or may not involve `down`); at two thirds
+    /// `down` restarts, inside the partition; at the end the partition heals.
+    PartitionWhileDown {
+        /// The node killed and restarted.
+        down: usize,
+        /// The partition cut while it is down.
+        shape: Partition,
+    },
+    /// The clients of a node are cut off from it mid-add: their requests
+    /// still reach it, but every answer is dropped with its connection, so
+    /// the adds apply and the clients do not learn it. Each client retries
+    /// with the same idempotency key until it gets an answer.
+    CutClients(usize),
 }
 
 /// A fault with its place in the schedule.
@@ -49,6 +73,13 @@ impl fmt::Display for Fault {
             Fault::Stop(node) => write!(f, "SIGSTOP n{node}, then SIGCONT"),
             Fault::Wipe(node) => write!(f, "wipe n{node}: kill -9, delete its data, restart"),
             Fault::Partition(shape) => write!(f, "partition {shape}"),
+            Fault::PartitionWhileDown { down, shape } => write!(
+                f,
+                "overlap: kill -9 n{down}, partition {shape} while it is down, restart it inside the partition"
+            ),
+            Fault::CutClients(node) => {
+                write!(f, "cut n{node}'s clients off mid-add (answers dropped)")
+            }
         }
     }
 }
@@ -113,6 +144,17 @@ pub fn draw(
                 Some(shape) => (Fault::Partition(shape), between(&mut rng, 1_000, 5_000)),
                 None => continue,
             },
+            "overlap" => match Partition::draw(&mut rng, topology) {
+                Some(shape) => (
+                    Fault::PartitionWhileDown {
+                        down: target,
+                        shape,
+                    },
+                    between(&mut rng, 1_500, 4_500),
+                ),
+                None => continue,
+            },
+            "client" => (Fault::CutClients(target), between(&mut rng, 300, 3_000)),
             _ => continue,
         };
         if now + gap_ms >= duration_ms {
@@ -145,6 +187,29 @@ mod tests {
         assert!(draw(5, &partitions, &topology, 20_000)
             .iter()
             .all(|f| matches!(f.fault, Fault::Partition(_))));
+    }
+
+    #[test]
+    fn overlapping_and_client_faults_are_drawn_and_printed() {
+        let faults = parse_faults("overlap,client").unwrap();
+        let topology = Topology::new(3, 1);
+        let schedule = draw(3, &faults, &topology, 30_000);
+        assert!(schedule
+            .iter()
+            .any(|f| matches!(f.fault, Fault::PartitionWhileDown { .. })));
+        assert!(schedule
+            .iter()
+            .any(|f| matches!(f.fault, Fault::CutClients(_))));
+        let text: Vec<String> = schedule.iter().map(|f| f.to_string()).collect();
+        assert!(
+            text.iter().any(|line| line.contains("while it is down")),
+            "{text:?}"
+        );
+        // One node: nothing to partition, but its clients can be cut off.
+        let alone = draw(3, &faults, &Topology::new(1, 1), 30_000);
+        assert!(alone
+            .iter()
+            .all(|f| matches!(f.fault, Fault::CutClients(0))));
     }
 
     #[test]

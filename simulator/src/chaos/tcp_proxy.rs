@@ -11,14 +11,21 @@
 //! proxy: new connections from `a` are closed at once and open ones are
 //! dropped when the rule changes. Connections from an unknown source (not a
 //! chaos node) are forwarded without a rule or a delay.
+//!
+//! The client proxy ([`spawn_client_proxy`]) stands between a node and its
+//! clients. While its cut flag is set, requests still reach the node but
+//! the first byte of any answer closes the connection instead: the add was
+//! applied and its client does not know (cut off mid-add).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::links::Links;
@@ -86,6 +93,63 @@ pub async fn spawn_tcp_proxy(
         }
     });
     Ok(TcpProxyHandle { task })
+}
+
+/// Starts the client proxy of a node on `listen`, forwarding to `target`;
+/// `cut` says whether answers are being dropped, `dropped` counts the
+/// connections closed on an answer.
+pub async fn spawn_client_proxy(
+    listen: &str,
+    target: String,
+    cut: watch::Receiver<bool>,
+    dropped: Arc<AtomicU64>,
+) -> anyhow::Result<TcpProxyHandle> {
+    let listener = TcpListener::bind(listen).await?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((inbound, _)) = listener.accept().await else {
+                continue;
+            };
+            let Ok(outbound) = TcpStream::connect(&target).await else {
+                continue;
+            };
+            let _ = inbound.set_nodelay(true);
+            let _ = outbound.set_nodelay(true);
+            let (in_read, in_write) = inbound.into_split();
+            let (out_read, out_write) = outbound.into_split();
+            let up = pump(in_read, out_write, Duration::ZERO);
+            let down = answers_unless_cut(out_read, in_write, cut.clone(), dropped.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = up => {}
+                    _ = down => {}
+                }
+            });
+        }
+    });
+    Ok(TcpProxyHandle { task })
+}
+
+/// Copies a node's answers to its client, until the cut flag is set when
+/// an answer arrives: then the answer is dropped with the connection.
+async fn answers_unless_cut(
+    mut from: impl AsyncReadExt + Unpin,
+    mut to: impl AsyncWriteExt + Unpin,
+    cut: watch::Receiver<bool>,
+    dropped: Arc<AtomicU64>,
+) -> std::io::Result<()> {
+    let mut buffer = vec![0u8; 16 << 10];
+    loop {
+        let n = from.read(&mut buffer).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        if *cut.borrow() {
+            dropped.fetch_add(1, Ordering::SeqCst);
+            return Ok(());
+        }
+        to.write_all(&buffer[..n]).await?;
+    }
 }
 
 async fn relay(

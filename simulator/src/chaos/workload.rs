@@ -6,7 +6,11 @@
 //! lock, and answered under it again, so the clock orders issues and answers
 //! exactly as the lanes were held; an answer that comes back across a wipe of
 //! its node (the epoch changed) is recorded as unknown at every incarnation
-//! from the one it was sent to.
+//! from the one it was sent to. An add that fails (a transient error: its
+//! node is down, stopped, or its answers are cut off) is retried with the
+//! same idempotency key until it is answered, so an add applied while its
+//! answer was lost must be counted once; only the end of the load or a wipe
+//! of its node makes the client give up on it (its fate is then unknown).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,6 +49,8 @@ pub struct Shared {
     pub stop: AtomicBool,
     /// The keys' names (key 0 is the hot post).
     pub names: Vec<String>,
+    /// Adds answered only after a retry with their idempotency key.
+    pub retried: AtomicU64,
 }
 
 /// One client: adds until `shared.stop`, against node `node` at `endpoint`.
@@ -97,11 +103,29 @@ pub async fn client_loop(
             continue;
         };
         let idempotency_key = format!("chaos-{seed:x}-{add}");
-        let result = client
-            .as_ref()
-            .expect("connected above")
-            .add_with_key(&shared.names[key], delta, &idempotency_key)
-            .await;
+        let connected = client.as_ref().expect("connected above");
+        let mut failures = 0u32;
+        let result = loop {
+            let result = connected
+                .add_with_key(&shared.names[key], delta, &idempotency_key)
+                .await;
+            let retry = match &result {
+                Ok(_) => false,
+                Err(error) => {
+                    error.is_transient()
+                        && !shared.stop.load(Ordering::SeqCst)
+                        && shared.epochs[node].load(Ordering::SeqCst) == epoch
+                }
+            };
+            if !retry {
+                break result;
+            }
+            failures += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        if result.is_ok() && failures > 0 {
+            shared.retried.fetch_add(1, Ordering::SeqCst);
+        }
         {
             let mut book = shared.book.lock().expect("book lock");
             book.clock += 1;
