@@ -17,6 +17,7 @@ mod common;
 mod lazyfs;
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -49,11 +50,10 @@ fn can_run(test: &str) -> bool {
     if std::env::var("TALLY_REQUIRE_POWER_LOSS").as_deref() == Ok("1") {
         panic!("{message} (and TALLY_REQUIRE_POWER_LOSS=1 requires it)");
     }
-    eprintln!(
-        "\n{}\nSKIPPED: {message}\n{}\n",
-        "!".repeat(72),
-        "!".repeat(72)
-    );
+    // Straight to the process's stderr, not through `eprintln!`, which the
+    // test harness captures and hides for a test that passes.
+    let bar = "!".repeat(72);
+    let _ = writeln!(std::io::stderr(), "\n{bar}\nSKIPPED: {message}\n{bar}\n");
     false
 }
 
