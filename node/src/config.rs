@@ -24,7 +24,7 @@ pub struct RunArgs {
     /// A TOML file with any of the settings below (snake_case names, e.g. `data_dir`).
     #[arg(long, env = "TALLY_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Where the node keeps its data; created if missing. A new or wiped directory is a new replica.
+    /// Where the node keeps its data; created if missing. A new or wiped directory is a new replica. [default: tally-data]
     #[arg(long, env = "TALLY_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// The region this node serves (fixed for the life of its data directory). [default: local]
@@ -283,27 +283,41 @@ impl Settings {
                 args.$name.or(file.$name)
             };
         }
+        // Where a setting's value comes from, for its error messages: read
+        // before `take!` moves the value.
+        let config = args.config.clone();
+        macro_rules! source {
+            ($name:ident) => {
+                source_of(stringify!($name), args.$name.is_some(), config.as_deref())
+            };
+        }
+        let region_source = source!(region);
+        let node_name_source = source!(node_name);
         if let Some(region) = take!(region) {
             settings.region = region;
         }
         if let Some(name) = take!(node_name) {
             settings.node_name = name;
         }
-        crate::replica::check_name("--region", &settings.region)?;
-        crate::replica::check_name("--node-name", &settings.node_name)?;
+        crate::replica::check_name(&region_source, &settings.region)?;
+        crate::replica::check_name(&node_name_source, &settings.node_name)?;
+        let grpc_source = source!(grpc_addr);
         if let Some(addr) = take!(grpc_addr) {
-            settings.grpc_addr = parse_addr("--grpc-addr", &addr)?;
+            settings.grpc_addr = parse_addr(&grpc_source, &addr)?;
         }
         settings.advertise_grpc_addr =
             take!(advertise_grpc_addr).unwrap_or_else(|| settings.grpc_addr.to_string());
+        let http_source = source!(http_addr);
         if let Some(addr) = take!(http_addr) {
-            settings.http_addr = parse_addr("--http-addr", &addr)?;
+            settings.http_addr = parse_addr(&http_source, &addr)?;
         }
+        let gossip_source = source!(gossip_addr);
         if let Some(addr) = take!(gossip_addr) {
-            settings.gossip_addr = parse_addr("--gossip-addr", &addr)?;
+            settings.gossip_addr = parse_addr(&gossip_source, &addr)?;
         }
+        let advertise_source = source!(advertise_gossip_addr);
         settings.advertise_gossip_addr = match take!(advertise_gossip_addr) {
-            Some(addr) => parse_addr("--advertise-gossip-addr", &addr)?,
+            Some(addr) => parse_addr(&advertise_source, &addr)?,
             None => settings.gossip_addr,
         };
         if let Some(text) = take!(peer_source_ip) {
@@ -330,11 +344,13 @@ impl Settings {
         if let Some(durability) = take!(durability) {
             settings.durability = durability;
         }
+        let sync_source = source!(sync_interval);
         if let Some(text) = take!(sync_interval) {
-            settings.sync_interval = parse_duration("--sync-interval", &text)?;
+            settings.sync_interval = parse_duration(&sync_source, &text)?;
         }
+        let gossip_interval_source = source!(gossip_interval);
         if let Some(text) = take!(gossip_interval) {
-            settings.gossip_interval = parse_duration("--gossip-interval", &text)?;
+            settings.gossip_interval = parse_duration(&gossip_interval_source, &text)?;
         }
         if let Some(capacity) = take!(cache_capacity) {
             settings.cache_capacity = capacity.max(1);
@@ -348,8 +364,9 @@ impl Settings {
             }
             settings.store_cache_bytes = bytes;
         }
+        let ttl_source = source!(idempotency_ttl);
         if let Some(text) = take!(idempotency_ttl) {
-            settings.idempotency_ttl = parse_duration("--idempotency-ttl", &text)?;
+            settings.idempotency_ttl = parse_duration(&ttl_source, &text)?;
         }
         if let Some(capacity) = take!(idempotency_capacity) {
             settings.idempotency_capacity = capacity.max(1);
@@ -357,10 +374,11 @@ impl Settings {
         if let Some(on_corrupt) = take!(on_corrupt) {
             settings.on_corrupt = on_corrupt;
         }
+        let log_format_source = source!(log_format);
         settings.json_logs = match take!(log_format).as_deref() {
             None | Some("text") => false,
             Some("json") => true,
-            Some(other) => bail!("--log-format {other:?} is not valid: use text or json"),
+            Some(other) => bail!("{log_format_source} {other:?} is not valid: use text or json"),
         };
         let rate_limit = take!(rate_limit).unwrap_or(0);
         settings.security = SecuritySettings {
@@ -376,8 +394,9 @@ impl Settings {
             settings.min_free_disk = FreeSpaceFloor::parse(&text)
                 .map_err(|error| anyhow::anyhow!("--min-free-disk {error}"))?;
         }
+        let grace_source = source!(shutdown_grace);
         if let Some(text) = take!(shutdown_grace) {
-            settings.shutdown_grace = parse_duration("--shutdown-grace", &text)?;
+            settings.shutdown_grace = parse_duration(&grace_source, &text)?;
         }
         settings.test_store_fault_file = args.test_store_fault_file;
         if let Some(version) = args.test_announce_protocol_version {
@@ -391,6 +410,29 @@ impl Settings {
             bail!("--sync-interval and --gossip-interval must be above zero");
         }
         Ok(settings)
+    }
+}
+
+/// Where the value of setting `name` came from, as its error messages name
+/// it: `--grpc-addr` (the command line), `TALLY_GRPC_ADDR` (the
+/// environment: clap fills the flag's field from it too) or `grpc_addr in
+/// FILE` (the config file).
+fn source_of(name: &str, from_args: bool, config: Option<&std::path::Path>) -> String {
+    let flag = format!("--{}", name.replace('_', "-"));
+    if from_args {
+        let env = format!("TALLY_{}", name.to_uppercase());
+        let on_command_line = std::env::args_os().any(|arg| {
+            let arg = arg.to_string_lossy();
+            arg == flag || arg.starts_with(&format!("{flag}="))
+        });
+        if !on_command_line && std::env::var_os(&env).is_some() {
+            return env;
+        }
+        return flag;
+    }
+    match config {
+        Some(path) => format!("{name} in {}", path.display()),
+        None => flag,
     }
 }
 

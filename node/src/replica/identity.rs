@@ -29,15 +29,15 @@ pub enum IdentityError {
     /// A region or node name that is empty, too long or has odd characters.
     #[error("{setting} {value:?} is not valid: use 1 to {MAX_NAME_BYTES} characters from a-z, A-Z, 0-9, '-', '_' and '.'")]
     BadName {
-        /// The setting's name.
-        setting: &'static str,
+        /// The setting's name, and where its value came from.
+        setting: String,
         /// The value given.
         value: String,
     },
 }
 
 /// Checks a region or node name.
-pub fn check_name(setting: &'static str, value: &str) -> Result<(), IdentityError> {
+pub fn check_name(setting: &str, value: &str) -> Result<(), IdentityError> {
     let ok = !value.is_empty()
         && value.len() <= MAX_NAME_BYTES
         && value
@@ -47,7 +47,7 @@ pub fn check_name(setting: &'static str, value: &str) -> Result<(), IdentityErro
         Ok(())
     } else {
         Err(IdentityError::BadName {
-            setting,
+            setting: setting.to_string(),
             value: value.to_string(),
         })
     }
