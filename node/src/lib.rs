@@ -14,6 +14,7 @@ pub mod dev;
 pub mod engine;
 pub mod gossip;
 pub mod http;
+pub mod log_flood;
 pub mod metrics;
 pub mod replica;
 pub mod restore;

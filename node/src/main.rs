@@ -71,10 +71,15 @@ fn init_logs(json: bool) {
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
+    // Chitchat warns once per garbage datagram or foreign message: the
+    // guard keeps the first of each kind and a summary a minute.
+    let flood_guard = tally_node::log_flood::FloodGuard::spawn();
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     if json {
-        builder.json().init();
+        builder.json().finish().with(flood_guard).init();
     } else {
-        builder.init();
+        builder.finish().with(flood_guard).init();
     }
 }
 

@@ -217,3 +217,48 @@ async fn a_second_node_with_an_existing_name_never_cuts_the_first_out() {
         },
     );
 }
+
+/// Issue #10, item 16: garbage on the gossip port and gossip from a node of
+/// another cluster give one warning each (then one summary a minute), not
+/// one per datagram, on both sides.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gossip_from_strangers_is_warned_about_once() {
+    let root = tempfile::tempdir().unwrap();
+    let spec = NodeSpec::new(root.path(), "eu", "eu-1");
+    let node = tokio::task::spawn_blocking(move || NodeProcess::start(spec))
+        .await
+        .unwrap();
+    let garbage = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for i in 0..300u32 {
+        garbage
+            .send_to(format!("garbage {i}").as_bytes(), node.spec.gossip)
+            .unwrap();
+    }
+    let mut foreign = NodeSpec::new(root.path(), "us", "us-1");
+    foreign.cluster_id = "another-cluster".into();
+    foreign.seeds = vec![node.spec.gossip];
+    let foreign = tokio::task::spawn_blocking(move || NodeProcess::start(foreign))
+        .await
+        .unwrap();
+    let count = |log: &str, text: &str| log.lines().filter(|line| line.contains(text)).count();
+    // The foreign node gossips ten times a second: wait for plenty of it.
+    wait_until(
+        Duration::from_secs(30),
+        "gossip refused on both sides",
+        || {
+            let ours = node.log_text();
+            let theirs = foreign.log_text();
+            (count(&ours, "different cluster") > 0 && count(&theirs, "wrong cluster") > 0)
+                .then_some(())
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (ours, theirs) = (node.log_text(), foreign.log_text());
+    assert_eq!(count(&ours, "invalid-chitchat-payload"), 1, "{ours}");
+    assert_eq!(count(&ours, "different cluster"), 1, "{ours}");
+    assert_eq!(count(&theirs, "wrong cluster"), 1, "{theirs}");
+    assert!(
+        ours.lines().filter(|line| line.contains("WARN")).count() < 10,
+        "{ours}"
+    );
+}
