@@ -92,12 +92,15 @@ async fn reflection_and_health_answer_and_logs_can_be_json() {
     let node = tokio::task::spawn_blocking(move || common::NodeProcess::start(spec))
         .await
         .unwrap();
-    let log = node.log_text();
-    let started = log
-        .lines()
-        .find(|line| line.contains("tally-node started"))
-        .expect("a start line");
-    let line: serde_json::Value = serde_json::from_str(started).expect("JSON log lines");
+    // /readyz can answer a moment before the start line is written.
+    let started = wait_until(Duration::from_secs(10), "a start line", || {
+        node.log_text()
+            .lines()
+            .find(|line| line.contains("tally-node started"))
+            .map(str::to_string)
+    })
+    .0;
+    let line: serde_json::Value = serde_json::from_str(&started).expect("JSON log lines");
     assert_eq!(line["fields"]["region"], "eu", "{line}");
 
     let channel = tonic::transport::Channel::from_shared(node.endpoint())
