@@ -7,11 +7,10 @@
 //! `retry-after-ms` header and the wait in the message.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{bail, Context};
 use tonic::{Request, Status};
 
 use crate::metrics::{Metrics, ReasonLabels};
@@ -53,40 +52,91 @@ impl ItemCharge {
     }
 }
 
+/// Why a tokens file (`--auth-tokens`) was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum TokensError {
+    /// The file could not be read.
+    #[error("--auth-tokens {path}: cannot read the file: {error}")]
+    Unreadable {
+        /// The file.
+        path: PathBuf,
+        /// The failure (not a `source`: its text is in the message).
+        error: std::io::Error,
+    },
+    /// A problem inside the file, with the file named.
+    #[error("--auth-tokens {path}: {problem}")]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// The problem (not a `source`: its text is in the message).
+        problem: Box<TokensError>,
+    },
+    /// A line that is not two words.
+    #[error("line {line}: expected `NAME TOKEN`")]
+    NotNameAndToken {
+        /// The line number, from 1.
+        line: usize,
+    },
+    /// A token too short to be a secret.
+    #[error("line {line}: the token of {name:?} is shorter than {MIN_TOKEN_CHARS} characters")]
+    ShortToken {
+        /// The line number, from 1.
+        line: usize,
+        /// The token's name.
+        name: String,
+    },
+    /// A token given twice.
+    #[error("line {line}: the same token appears twice")]
+    RepeatedToken {
+        /// The line number, from 1.
+        line: usize,
+    },
+    /// No token at all.
+    #[error("the file holds no token")]
+    Empty,
+}
+
+/// The shortest token accepted.
+pub const MIN_TOKEN_CHARS: usize = 16;
+
 impl Auth {
     /// Reads the tokens file.
-    pub fn load(path: &Path, rate_per_sec: u32, burst: u32) -> anyhow::Result<Auth> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("--auth-tokens {}: cannot read the file", path.display()))?;
-        let auth = Auth::parse(&text, rate_per_sec, burst)
-            .with_context(|| format!("--auth-tokens {}", path.display()))?;
-        Ok(auth)
+    pub fn load(path: &Path, rate_per_sec: u32, burst: u32) -> Result<Auth, TokensError> {
+        let text = std::fs::read_to_string(path).map_err(|error| TokensError::Unreadable {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        Auth::parse(&text, rate_per_sec, burst).map_err(|problem| TokensError::InFile {
+            path: path.to_path_buf(),
+            problem: Box::new(problem),
+        })
     }
 
     /// Parses the tokens file's text.
-    pub fn parse(text: &str, rate_per_sec: u32, burst: u32) -> anyhow::Result<Auth> {
+    pub fn parse(text: &str, rate_per_sec: u32, burst: u32) -> Result<Auth, TokensError> {
         let mut tokens = HashMap::new();
         for (number, line) in text.lines().enumerate() {
+            let line_number = number + 1;
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
                 continue;
             }
             let mut words = line.split_whitespace();
             let (Some(name), Some(token), None) = (words.next(), words.next(), words.next()) else {
-                bail!("line {}: expected `NAME TOKEN`", number + 1);
+                return Err(TokensError::NotNameAndToken { line: line_number });
             };
-            if token.len() < 16 {
-                bail!(
-                    "line {}: the token of {name:?} is shorter than 16 characters",
-                    number + 1
-                );
+            if token.len() < MIN_TOKEN_CHARS {
+                return Err(TokensError::ShortToken {
+                    line: line_number,
+                    name: name.to_string(),
+                });
             }
             if tokens.insert(token.to_string(), name.to_string()).is_some() {
-                bail!("line {}: the same token appears twice", number + 1);
+                return Err(TokensError::RepeatedToken { line: line_number });
             }
         }
         if tokens.is_empty() {
-            bail!("the file holds no token");
+            return Err(TokensError::Empty);
         }
         Ok(Auth {
             tokens,
@@ -293,6 +343,38 @@ mod tests {
             .unwrap();
         assert!(wait > 40_000, "{wait} ms");
         auth.check(Some("Bearer fedcba9876543210fedc")).unwrap();
+    }
+
+    #[test]
+    fn bad_files_are_typed_errors_that_name_the_file_and_line() {
+        assert!(matches!(
+            Auth::parse("web short\n", 0, 0),
+            Err(TokensError::ShortToken { line: 1, .. })
+        ));
+        assert!(matches!(
+            Auth::parse(
+                "# a\nweb 0123456789abcdef0123\nweb 0123456789abcdef0123\n",
+                0,
+                0
+            ),
+            Err(TokensError::RepeatedToken { line: 3 })
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "one two three\n").unwrap();
+        let error = Auth::load(&path, 0, 0).err().unwrap();
+        assert!(matches!(&error, TokensError::InFile { problem, .. }
+            if matches!(**problem, TokensError::NotNameAndToken { line: 1 })));
+        let text = error.to_string();
+        assert!(
+            text.contains(&*path.to_string_lossy()) && text.contains("line 1"),
+            "{text}"
+        );
+        let missing = Auth::load(&dir.path().join("nope"), 0, 0).err().unwrap();
+        assert!(
+            matches!(missing, TokensError::Unreadable { .. }),
+            "{missing}"
+        );
     }
 
     #[test]

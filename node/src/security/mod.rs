@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use anyhow::bail;
 
-pub use auth::{Auth, AuthInterceptor, ItemCharge};
+pub use auth::{Auth, AuthInterceptor, ItemCharge, TokensError};
 pub use tls::TlsMaterial;
 
 /// The security settings of a node, as given.
