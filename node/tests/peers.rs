@@ -10,10 +10,16 @@ use std::time::Duration;
 use common::{http_get, wait_until, Cluster, NodeProcess, NodeSpec};
 use tally_proto::v1::replication_client::ReplicationClient;
 
+/// The tests here start up to five nodes each: one at a time, so that their
+/// free-port picks (probed, then released until the node binds) cannot
+/// collide with each other's.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `sync_sent_*` is labelled with the caller's replica id only when the
 /// caller is a member; any other id a caller sends is counted as `unknown`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pulls_from_strangers_are_labelled_unknown_in_the_metrics() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::spawn(&[("eu", 1), ("us", 1)], "sync").await;
     let endpoints = cluster.endpoints();
     common::load::quick_client(&endpoints[0])
@@ -110,6 +116,7 @@ fn status_json(node: &NodeProcess) -> serde_json::Value {
 /// reaches the full total.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_node_with_an_existing_name_never_cuts_the_first_out() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let cluster = Cluster::spawn(&[("eu-west", 1), ("us-east", 1), ("ap-south", 1)], "sync").await;
     let root = cluster.root.path().to_path_buf();
     let (eu, us, ap) = (&cluster.nodes[0], &cluster.nodes[1], &cluster.nodes[2]);
@@ -223,6 +230,7 @@ async fn a_second_node_with_an_existing_name_never_cuts_the_first_out() {
 /// one per datagram, on both sides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gossip_from_strangers_is_warned_about_once() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().unwrap();
     let spec = NodeSpec::new(root.path(), "eu", "eu-1");
     let node = tokio::task::spawn_blocking(move || NodeProcess::start(spec))
