@@ -90,6 +90,10 @@ pub struct ClusterStatus {
     /// The answering node's hottest keys, for adds and for gets, hottest first.
     #[cfg_attr(feature = "serde", serde(default))]
     pub hot_keys: Vec<HotKey>,
+    /// The cluster version the answering node has persisted: the newest
+    /// record format it writes (see "Upgrading" in the README).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub cluster_version: u32,
 }
 
 impl ClusterStatus {
@@ -133,6 +137,17 @@ pub struct Member {
     /// How many sequence numbers the answering node's watermark for this
     /// member trails the member's durable sequence.
     pub seq_lag: u64,
+    /// The newest protocol version the member announces (1 for a build that
+    /// announces none).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub protocol_version: u32,
+    /// The oldest protocol version the member still speaks.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub protocol_oldest: u32,
+    /// True when the member shares no protocol version with the answering
+    /// node: the two exchange no state until the older one is upgraded.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub refused: bool,
 }
 
 impl Member {
@@ -194,6 +209,7 @@ pub(crate) fn status_from_proto(response: proto::StatusResponse) -> Result<Clust
             .map(member_from_proto)
             .collect(),
         converged: response.converged,
+        cluster_version: response.cluster_version,
         hot_keys: response
             .hot_keys
             .into_iter()
@@ -218,6 +234,9 @@ fn member_from_proto(member: proto::Member) -> Member {
         durable_seq: member.durable_seq,
         since_last_sync: member.since_last_sync_ms.map(Duration::from_millis),
         seq_lag: member.seq_lag,
+        protocol_version: member.protocol_version,
+        protocol_oldest: member.protocol_oldest,
+        refused: member.refused,
     }
 }
 

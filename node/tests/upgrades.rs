@@ -128,6 +128,13 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
     wait_until(Duration::from_secs(10), "eu to log the refusal", || {
         eu.log_text().contains("refusing a peer").then_some(())
     });
+    let (code, stdout, stderr) = cli(&eu.endpoint(), &["status"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("cluster version: 2"), "{stdout}");
+    assert!(
+        stdout.contains("problem: ap-1 (ap") && stdout.contains("versions 1..1, this node 2..2"),
+        "tally status names the refused peer:\n{stdout}"
+    );
     add(&late, "likes", "100");
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(2) {

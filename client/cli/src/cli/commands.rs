@@ -139,9 +139,16 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
         return print_json(&status);
     }
     print_line(format_args!("cluster: {}", status.cluster_id))?;
+    print_line(format_args!(
+        "cluster version: {} (this node speaks protocol versions {}..{})",
+        status.cluster_version, status.node.protocol_oldest, status.node.protocol_version
+    ))?;
     print_line(members_table(&status).trim_end())?;
     print_line(convergence_line(&status))?;
-    for problem in name_problems(&status) {
+    for problem in name_problems(&status)
+        .into_iter()
+        .chain(version_problems(&status))
+    {
         print_line(problem)?;
     }
     if !status.hot_keys.is_empty() {
@@ -233,6 +240,31 @@ fn name_problems(status: &ClusterStatus) -> Vec<String> {
         .collect()
 }
 
+/// One line per member that shares no protocol version with the answering
+/// node (see "Upgrading" in the README).
+fn version_problems(status: &ClusterStatus) -> Vec<String> {
+    let own = &status.node;
+    status
+        .members
+        .iter()
+        .filter(|member| member.refused)
+        .map(|member| {
+            format!(
+                "problem: {} ({}, replica {}) is refused: it speaks protocol versions {}..{}, \
+                 this node {}..{}; no state is exchanged with it until the older of the two \
+                 is upgraded",
+                member.node_name,
+                member.region,
+                member.replica_hex(),
+                member.protocol_oldest,
+                member.protocol_version,
+                own.protocol_oldest,
+                own.protocol_version
+            )
+        })
+        .collect()
+}
+
 /// `converged: yes|no (...)`: the server's verdict, and the digests behind it.
 fn convergence_line(status: &ClusterStatus) -> String {
     let live: Vec<_> = status.all_members().filter(|member| member.alive).collect();
@@ -271,6 +303,9 @@ mod tests {
             durable_seq: 9,
             since_last_sync: Some(Duration::from_millis(1_250)),
             seq_lag: 2,
+            protocol_version: 2,
+            protocol_oldest: 1,
+            refused: false,
         }
     }
 
@@ -281,7 +316,26 @@ mod tests {
             members,
             converged,
             hot_keys: Vec::new(),
+            cluster_version: 1,
         }
+    }
+
+    #[test]
+    fn a_refused_member_is_a_problem_that_names_both_windows() {
+        let mut old = member("n2", true, 7);
+        old.protocol_version = 1;
+        old.protocol_oldest = 1;
+        let mut cluster = status(true, vec![old, member("n3", true, 7)]);
+        assert!(version_problems(&cluster).is_empty(), "shares version 1");
+        cluster.members[0].refused = true;
+        cluster.node.protocol_oldest = 2;
+        let problems = version_problems(&cluster);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("problem: n2 (eu-west")
+                && problems[0].contains("versions 1..1, this node 2..2"),
+            "{problems:?}"
+        );
     }
 
     #[test]
