@@ -37,7 +37,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::{bail, Context};
 use chitchat::transport::{Transport, UdpTransport};
 use chitchat::{
     spawn_chitchat, Chitchat, ChitchatConfig, ChitchatHandle, ChitchatId, FailureDetectorConfig,
@@ -126,9 +125,31 @@ pub struct MembershipHandle {
     has_seeds: bool,
 }
 
+/// Why membership could not start or stop cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum MembershipError {
+    /// A gossip interval of zero.
+    #[error("the gossip interval must be above zero (--gossip-interval)")]
+    ZeroGossipInterval,
+    /// The clock, which orders a node's incarnations, is unusable.
+    #[error("the system clock is before 1970: set the clock, then start the node")]
+    ClockBeforeEpoch,
+    /// chitchat could not start on the gossip address.
+    #[error("cannot start gossip on {addr}/UDP: {reason}; is the port free (--gossip-addr)?")]
+    Start {
+        /// The gossip listen address.
+        addr: SocketAddr,
+        /// What chitchat said.
+        reason: String,
+    },
+    /// The gossip task failed while stopping.
+    #[error("the gossip task failed while leaving the cluster: {0}")]
+    Stop(String),
+}
+
 impl MembershipHandle {
     /// Binds UDP and starts gossiping.
-    pub async fn spawn(config: MembershipConfig) -> anyhow::Result<MembershipHandle> {
+    pub async fn spawn(config: MembershipConfig) -> Result<MembershipHandle, MembershipError> {
         Self::spawn_with_transport(config, &UdpTransport).await
     }
 
@@ -137,14 +158,14 @@ impl MembershipHandle {
     pub async fn spawn_with_transport(
         config: MembershipConfig,
         transport: &dyn Transport,
-    ) -> anyhow::Result<MembershipHandle> {
+    ) -> Result<MembershipHandle, MembershipError> {
         if config.gossip_interval.is_zero() {
-            bail!("the gossip interval must be positive");
+            return Err(MembershipError::ZeroGossipInterval);
         }
         // The start time orders a node's incarnations: a restart supersedes.
         let generation_id = SystemTime::now()
             .duration_since(UNIX_EPOCH)
-            .context("the system clock is before 1970")?
+            .map_err(|_| MembershipError::ClockBeforeEpoch)?
             .as_millis() as u64;
         let chitchat_id = ChitchatId::new(
             config.node_name.clone(),
@@ -187,11 +208,9 @@ impl MembershipHandle {
         ];
         let chitchat_handle = spawn_chitchat(chitchat_config, initial_key_values, transport)
             .await
-            .with_context(|| {
-                format!(
-                    "cannot start gossip on {}/UDP: is the port free?",
-                    config.gossip_listen
-                )
+            .map_err(|error| MembershipError::Start {
+                addr: config.gossip_listen,
+                reason: format!("{error:#}"),
             })?;
         info!(
             node = %config.node_name,
@@ -318,7 +337,7 @@ impl MembershipHandle {
     /// Leaves the cluster (tells the live nodes that are not leaving
     /// themselves, waiting at most [`MAX_LEAVE_ANNOUNCEMENT`] for it to spread)
     /// and stops the gossip task.
-    pub async fn shutdown(self) -> anyhow::Result<()> {
+    pub async fn shutdown(self) -> Result<(), MembershipError> {
         let MembershipHandle {
             chitchat_handle,
             refresh_task,
@@ -354,7 +373,7 @@ impl MembershipHandle {
         chitchat_handle
             .shutdown()
             .await
-            .context("the gossip task failed")?;
+            .map_err(|error| MembershipError::Stop(format!("{error:#}")))?;
         info!(node = ?self_id, "left the cluster");
         Ok(())
     }
@@ -602,6 +621,39 @@ mod tests {
             node_name: name.to_string(),
             ..Member::default()
         }
+    }
+
+    fn config(gossip_listen: SocketAddr, gossip_interval: Duration) -> MembershipConfig {
+        MembershipConfig {
+            cluster_id: "c".into(),
+            node_name: "eu-1".into(),
+            region: "eu".into(),
+            replica: ReplicaId(1),
+            gossip_listen,
+            gossip_advertise: gossip_listen,
+            grpc_advertise: "127.0.0.1:7100".into(),
+            seeds: Vec::new(),
+            gossip_interval,
+            protocol: ProtocolWindow::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn start_failures_are_typed_and_name_the_setting() {
+        let addr: SocketAddr = ([127, 0, 0, 1], 0).into();
+        let zero = MembershipHandle::spawn(config(addr, Duration::ZERO)).await;
+        assert!(matches!(zero, Err(MembershipError::ZeroGossipInterval)));
+        let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let busy = taken.local_addr().unwrap();
+        let error = MembershipHandle::spawn(config(busy, Duration::from_millis(100)))
+            .await
+            .err()
+            .expect("a busy gossip port");
+        assert!(
+            matches!(&error, MembershipError::Start { addr, .. } if *addr == busy),
+            "{error}"
+        );
+        assert!(error.to_string().contains("--gossip-addr"), "{error}");
     }
 
     #[test]
