@@ -20,70 +20,18 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::kill_load::{
+    connect_without_retries as connect, hot_and_cold_keys, read_all, replica_id, KillLoad,
+};
 use common::{NodeProcess, NodeSpec};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tally_client::{Client, ClientConfig};
 
 const CYCLES: usize = 50;
 const TASKS: usize = 8;
 const COLD_KEYS: usize = 20;
-const GIVE_UP: Duration = Duration::from_secs(20);
-
-/// Acknowledged and failed adds of one key in one cycle.
-#[derive(Default)]
-struct KeyTally {
-    acked: AtomicU64,
-    failed: AtomicU64,
-}
-
-type Tallies = Arc<BTreeMap<String, KeyTally>>;
-
-async fn connect(node: &NodeProcess) -> Client {
-    // No retries: an add that fails at the kill must not land on the
-    // restarted node later.
-    ClientConfig::new()
-        .with_max_retries(0)
-        .with_deadline(Duration::from_secs(10))
-        .connect(node.endpoint())
-        .await
-        .expect("connecting to the node")
-}
-
-async fn replica_id(client: &Client) -> u64 {
-    client.status().await.expect("status").node.replica
-}
-
-async fn read_all(client: &Client, keys: &[String]) -> Vec<i64> {
-    let values = client.get_batch(keys).await.expect("reading the counters");
-    values
-        .into_iter()
-        .map(|value| value.expect("a counter read"))
-        .collect()
-}
-
-/// One closed-loop task: alternates the hot key and a cold one until its
-/// first error (the kill).
-async fn load(client: Client, task: usize, keys: Arc<Vec<String>>, tallies: Tallies) {
-    for round in 0usize.. {
-        let cold = &keys[1 + (task * 7 + round) % COLD_KEYS];
-        for key in [&keys[0], cold] {
-            let tally = &tallies[key.as_str()];
-            match client.add(key, 1).await {
-                Ok(_) => tally.acked.fetch_add(1, Ordering::SeqCst),
-                Err(_) => {
-                    tally.failed.fetch_add(1, Ordering::SeqCst);
-                    return;
-                }
-            };
-        }
-    }
-}
 
 /// What a refused start must look like: an `error:` line naming the store,
 /// and no panic.
@@ -114,11 +62,7 @@ async fn kill_9_crash_loop_loses_no_acknowledged_add() {
 
     let root = tempfile::tempdir().unwrap();
     let mut node = NodeProcess::start(NodeSpec::new(root.path(), "eu", "crashy"));
-    let keys: Arc<Vec<String>> = Arc::new(
-        std::iter::once("hot".to_string())
-            .chain((0..COLD_KEYS).map(|i| format!("c{i}")))
-            .collect(),
-    );
+    let keys = hot_and_cold_keys(COLD_KEYS);
     // What each counter was known to hold after the last restart.
     let mut baseline: Vec<i64> = vec![0; keys.len()];
     let mut replica = replica_id(&connect(&node).await).await;
@@ -128,32 +72,11 @@ async fn kill_9_crash_loop_loses_no_acknowledged_add() {
     for cycle in 1..=CYCLES {
         let load_ms = rng.random_range(100..=400u64);
         let client = connect(&node).await;
-        let tallies: Tallies = Arc::new(
-            keys.iter()
-                .map(|k| (k.clone(), KeyTally::default()))
-                .collect(),
-        );
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|task| tokio::spawn(load(client.clone(), task, keys.clone(), tallies.clone())))
-            .collect();
+        let load = KillLoad::start(&client, TASKS, 7, &keys);
         tokio::time::sleep(Duration::from_millis(load_ms)).await;
-        node.kill9();
-        for task in tasks {
-            tokio::time::timeout(GIVE_UP, task)
-                .await
-                .expect("a load task did not stop after the kill")
-                .unwrap();
-        }
+        let outcome = load.kill(&mut node).await;
         drop(client);
-        let acked: Vec<u64> = keys
-            .iter()
-            .map(|k| tallies[k.as_str()].acked.load(Ordering::SeqCst))
-            .collect();
-        let failed: Vec<u64> = keys
-            .iter()
-            .map(|k| tallies[k.as_str()].failed.load(Ordering::SeqCst))
-            .collect();
-        let cycle_acked: u64 = acked.iter().sum();
+        let cycle_acked = outcome.acked_total();
 
         if let Err(log) = node.try_restart() {
             damaged += 1;
@@ -192,22 +115,13 @@ async fn kill_9_crash_loop_loses_no_acknowledged_add() {
             "cycle {cycle}: the replica id changed"
         );
         let values = read_all(&client, &keys).await;
-        for (index, key) in keys.iter().enumerate() {
-            let low = baseline[index] + acked[index] as i64;
-            let high = low + failed[index] as i64;
-            let value = values[index];
-            if !(low..=high).contains(&value) {
-                lost.push(format!(
-                    "cycle {cycle}: {key} = {value}, expected {low}..={high} \
-                     (before {}, acknowledged {}, unacknowledged {})",
-                    baseline[index], acked[index], failed[index]
-                ));
-            }
+        for violation in outcome.violations(&keys, &baseline, &values) {
+            lost.push(format!("cycle {cycle}: {violation}"));
         }
         checked += cycle_acked;
         println!(
             "cycle {cycle}: load {load_ms} ms, {cycle_acked} acknowledged, {} unacknowledged, hot = {}",
-            failed.iter().sum::<u64>(),
+            outcome.failed_total(),
             values[0]
         );
         baseline = values;

@@ -16,29 +16,19 @@ mod common;
 #[path = "common/lazyfs.rs"]
 mod lazyfs;
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
+use common::kill_load::{
+    connect_without_retries as connect, hot_and_cold_keys, read_all, replica_id, KillLoad,
+};
 use common::{NodeProcess, NodeSpec};
 use lazyfs::{LazyFs, Mounted};
-use tally_client::{Client, ClientConfig};
 
 const CYCLES: usize = 4;
 const TASKS: usize = 8;
 const COLD_KEYS: usize = 10;
-const GIVE_UP: Duration = Duration::from_secs(20);
-
-#[derive(Default)]
-struct KeyTally {
-    acked: AtomicU64,
-    failed: AtomicU64,
-}
-
-type Tallies = Arc<BTreeMap<String, KeyTally>>;
 
 /// True when the test can run here; otherwise says why, loudly, and fails
 /// when `TALLY_REQUIRE_POWER_LOSS=1`.
@@ -55,45 +45,6 @@ fn can_run(test: &str) -> bool {
     let bar = "!".repeat(72);
     let _ = writeln!(std::io::stderr(), "\n{bar}\nSKIPPED: {message}\n{bar}\n");
     false
-}
-
-async fn connect(node: &NodeProcess) -> Client {
-    // No retries: an add that fails at the kill must not land later.
-    ClientConfig::new()
-        .with_max_retries(0)
-        .with_deadline(Duration::from_secs(10))
-        .connect(node.endpoint())
-        .await
-        .expect("connecting to the node")
-}
-
-async fn replica_id(client: &Client) -> u64 {
-    client.status().await.expect("status").node.replica
-}
-
-async fn read_all(client: &Client, keys: &[String]) -> Vec<i64> {
-    let values = client.get_batch(keys).await.expect("reading the counters");
-    values
-        .into_iter()
-        .map(|value| value.expect("a counter read"))
-        .collect()
-}
-
-/// One closed-loop task: the hot key and a cold one, until the first error.
-async fn load(client: Client, task: usize, keys: Arc<Vec<String>>, tallies: Tallies) {
-    for round in 0usize.. {
-        let cold = &keys[1 + (task * 3 + round) % COLD_KEYS];
-        for key in [&keys[0], cold] {
-            let tally = &tallies[key.as_str()];
-            match client.add(key, 1).await {
-                Ok(_) => tally.acked.fetch_add(1, Ordering::SeqCst),
-                Err(_) => {
-                    tally.failed.fetch_add(1, Ordering::SeqCst);
-                    return;
-                }
-            };
-        }
-    }
 }
 
 /// The power goes out under a stopped (or killed) node: unmount, forget
@@ -138,32 +89,15 @@ async fn power_loss_loses_no_acknowledged_add() {
         "a power loss right after the first start changed the replica id"
     );
 
-    let keys: Arc<Vec<String>> = Arc::new(
-        std::iter::once("hot".to_string())
-            .chain((0..COLD_KEYS).map(|i| format!("c{i}")))
-            .collect(),
-    );
+    let keys = hot_and_cold_keys(COLD_KEYS);
     let mut baseline = vec![0i64; keys.len()];
     let mut lost = Vec::new();
     let mut checked = 0u64;
     for cycle in 1..=CYCLES {
         let client = connect(&node).await;
-        let tallies: Tallies = Arc::new(
-            keys.iter()
-                .map(|k| (k.clone(), KeyTally::default()))
-                .collect(),
-        );
-        let tasks: Vec<_> = (0..TASKS)
-            .map(|task| tokio::spawn(load(client.clone(), task, keys.clone(), tallies.clone())))
-            .collect();
+        let load = KillLoad::start(&client, TASKS, 3, &keys);
         tokio::time::sleep(Duration::from_millis(300 + 150 * cycle as u64)).await;
-        node.kill9();
-        for task in tasks {
-            tokio::time::timeout(GIVE_UP, task)
-                .await
-                .expect("a load task did not stop after the kill")
-                .unwrap();
-        }
+        let outcome = load.kill(&mut node).await;
         drop(client);
         mounted = power_cycle(&fs, mounted, &mut node);
 
@@ -174,20 +108,10 @@ async fn power_loss_loses_no_acknowledged_add() {
             "cycle {cycle}: the replica id changed after a power loss"
         );
         let values = read_all(&client, &keys).await;
-        let mut cycle_acked = 0;
-        for (index, key) in keys.iter().enumerate() {
-            let acked = tallies[key.as_str()].acked.load(Ordering::SeqCst);
-            let failed = tallies[key.as_str()].failed.load(Ordering::SeqCst);
-            cycle_acked += acked;
-            let low = baseline[index] + acked as i64;
-            let high = low + failed as i64;
-            if !(low..=high).contains(&values[index]) {
-                lost.push(format!(
-                    "cycle {cycle}: {key} = {}, expected {low}..={high} (before {}, acknowledged {acked}, unacknowledged {failed})",
-                    values[index], baseline[index]
-                ));
-            }
+        for violation in outcome.violations(&keys, &baseline, &values) {
+            lost.push(format!("cycle {cycle}: {violation}"));
         }
+        let cycle_acked = outcome.acked_total();
         println!(
             "cycle {cycle}: {cycle_acked} acknowledged, hot = {}, {:?}",
             values[0],
