@@ -17,12 +17,15 @@ pub enum Error {
     /// The request was malformed: an empty or too long key, a zero delta, a
     /// bad idempotency key. Checked by the client before sending and by the
     /// server (gRPC `INVALID_ARGUMENT`). Fix the argument; retrying won't help.
-    #[error("invalid argument: {0}")]
+    /// Displays as the message alone, worded as the server words it (the code
+    /// is [`Error::code`]).
+    #[error("{0}")]
     InvalidArgument(String),
 
     /// The add would take the counter outside the signed 64-bit range, or a
     /// replica's slot past `u64::MAX` (gRPC `OUT_OF_RANGE`). Nothing changed.
-    #[error("out of range: {0}")]
+    /// Displays as the message alone.
+    #[error("{0}")]
     OutOfRange(String),
 
     /// The node could not be reached, or kept answering `UNAVAILABLE` (or
@@ -69,8 +72,9 @@ pub enum Error {
 
     /// The server answered with any other gRPC status (for example
     /// `NOT_FOUND`, `FAILED_PRECONDITION`, `INTERNAL`, or a transient code such
-    /// as `RESOURCE_EXHAUSTED` that persisted through every retry).
-    #[error("server error {code:?}: {message}")]
+    /// as `RESOURCE_EXHAUSTED` that persisted through every retry). Displays
+    /// as the server's message, then the code in parentheses.
+    #[error("{message} (the server answered {code:?})")]
     Server {
         /// The gRPC status code.
         code: Code,

@@ -2,7 +2,9 @@
 //!
 //! The server checks the same rules; checking here too means a bad argument
 //! fails at once with a message that names the rule, costs no round trip and
-//! is never retried. Every function here is pure.
+//! is never retried. The messages are the server's, word for word (the node's
+//! `KeyError`, `AddError::ZeroDelta` and `AddRefused::IdempotencyKeyTooLong`;
+//! `node/tests/cli_wording.rs` compares them). Every function here is pure.
 
 use crate::Error;
 
@@ -23,13 +25,13 @@ pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
 /// ```
 pub fn validate_key(key: &str) -> Result<(), Error> {
     if key.is_empty() {
-        return Err(Error::InvalidArgument(
-            "counter key is empty; a key is 1 to 256 bytes of UTF-8".to_owned(),
-        ));
+        return Err(Error::InvalidArgument(format!(
+            "the counter key is empty; give a key of 1 to {MAX_KEY_BYTES} bytes"
+        )));
     }
     if key.len() > MAX_KEY_BYTES {
         return Err(Error::InvalidArgument(format!(
-            "counter key is {} bytes long; the limit is {MAX_KEY_BYTES} bytes",
+            "the counter key is {} bytes long; the limit is {MAX_KEY_BYTES} bytes",
             key.len()
         )));
     }
@@ -40,7 +42,7 @@ pub fn validate_key(key: &str) -> Result<(), Error> {
 pub(crate) fn validate_delta(delta: i64) -> Result<(), Error> {
     if delta == 0 {
         return Err(Error::InvalidArgument(
-            "delta is 0; an add must change the counter (use a negative delta to subtract)"
+            "the delta is 0; an add must change the counter (use a negative delta to subtract)"
                 .to_owned(),
         ));
     }
@@ -53,13 +55,13 @@ pub(crate) fn validate_delta(delta: i64) -> Result<(), Error> {
 pub(crate) fn validate_idempotency_key(idempotency_key: &str) -> Result<(), Error> {
     if idempotency_key.is_empty() {
         return Err(Error::InvalidArgument(
-            "idempotency key is empty; give 1 to 128 bytes, or use `add` to get a generated one"
+            "the idempotency key is empty; give 1 to 128 bytes, or use `add` to get a generated one"
                 .to_owned(),
         ));
     }
     if idempotency_key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
         return Err(Error::InvalidArgument(format!(
-            "idempotency key is {} bytes long; the limit is {MAX_IDEMPOTENCY_KEY_BYTES} bytes",
+            "the idempotency key is {} bytes long; the limit is {MAX_IDEMPOTENCY_KEY_BYTES} bytes",
             idempotency_key.len()
         )));
     }

@@ -214,7 +214,7 @@ async fn failures_print_one_error_line_and_exit_non_zero() {
     let zero = tally(&server.endpoint(), &["add", "k", "0"]).await;
     let line = single_error_line(&zero, 1);
     assert!(
-        line.starts_with("error: invalid argument: delta is 0"),
+        line.starts_with("error: the delta is 0; an add must change the counter"),
         "{line}"
     );
 

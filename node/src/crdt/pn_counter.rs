@@ -40,7 +40,7 @@ impl Slot {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum AddError {
     /// The delta was zero; an add must change something.
-    #[error("delta must not be zero")]
+    #[error("the delta is 0; an add must change the counter (use a negative delta to subtract)")]
     ZeroDelta,
     /// The replica's increment or decrement sum would pass `u64::MAX`.
     #[error("the counter's {which} sum for this replica would pass u64::MAX; nothing was added")]
