@@ -320,10 +320,11 @@ impl Settings {
             Some(addr) => parse_addr(&advertise_source, &addr)?,
             None => settings.gossip_addr,
         };
+        let peer_ip_source = source!(peer_source_ip);
         if let Some(text) = take!(peer_source_ip) {
             let ip = text.trim().parse::<IpAddr>().map_err(|_| {
                 anyhow::anyhow!(
-                    "--peer-source-ip {text:?} is not an IP address: use e.g. 10.0.1.5 or ::1"
+                    "{peer_ip_source} {text:?} is not an IP address: use e.g. 10.0.1.5 or ::1"
                 )
             })?;
             settings.peer_source_ip = Some(ip);
@@ -335,9 +336,10 @@ impl Settings {
                 .filter(|s| !s.is_empty())
                 .collect();
         }
+        let cluster_id_source = source!(cluster_id);
         if let Some(cluster_id) = take!(cluster_id) {
             if cluster_id.is_empty() {
-                bail!("--cluster-id must not be empty");
+                bail!("{cluster_id_source} must not be empty: give the name every node of this cluster shares");
             }
             settings.cluster_id = cluster_id;
         }
@@ -355,10 +357,11 @@ impl Settings {
         if let Some(capacity) = take!(cache_capacity) {
             settings.cache_capacity = capacity.max(1);
         }
+        let cache_source = source!(store_cache_bytes);
         if let Some(bytes) = take!(store_cache_bytes) {
             if bytes < MIN_STORE_CACHE_BYTES {
                 bail!(
-                    "--store-cache-bytes {bytes} is too small: give at least \
+                    "{cache_source} {bytes} is too small: give at least \
                      {MIN_STORE_CACHE_BYTES} (1 MiB)"
                 );
             }
@@ -390,9 +393,10 @@ impl Settings {
             rate_burst: take!(rate_burst).unwrap_or(rate_limit),
             secure: take!(secure).unwrap_or(false),
         };
+        let floor_source = source!(min_free_disk);
         if let Some(text) = take!(min_free_disk) {
             settings.min_free_disk = FreeSpaceFloor::parse(&text)
-                .map_err(|error| anyhow::anyhow!("--min-free-disk {error}"))?;
+                .map_err(|error| anyhow::anyhow!("{floor_source} {error}"))?;
         }
         let grace_source = source!(shutdown_grace);
         if let Some(text) = take!(shutdown_grace) {

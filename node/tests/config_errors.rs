@@ -78,3 +78,53 @@ fn help_shows_the_data_dir_default() {
         .join("\n");
     assert!(line.contains("[default: tally-data]"), "{line}");
 }
+
+#[test]
+fn the_cluster_id_cache_disk_floor_and_peer_ip_name_their_source_too() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    let data = data.to_str().unwrap();
+    let file = root.path().join("tally.toml");
+    let config = file.to_str().unwrap();
+    let cases: [(&str, &str, &str); 4] = [
+        ("cluster_id = \"\"\n", "cluster_id in", "--cluster-id"),
+        (
+            "store_cache_bytes = 4096\n",
+            "store_cache_bytes in",
+            "--store-cache-bytes",
+        ),
+        (
+            "min_free_disk = \"plenty\"\n",
+            "min_free_disk in",
+            "--min-free-disk",
+        ),
+        (
+            "peer_source_ip = \"10.0.1.5:7100\"\n",
+            "peer_source_ip in",
+            "--peer-source-ip",
+        ),
+    ];
+    for (toml, source, flag) in cases {
+        std::fs::write(&file, toml).unwrap();
+        let output = run(&["--data-dir", data, "--config", config], &[]);
+        refused_naming(&output, &format!("{source} {}", file.display()), &[flag]);
+    }
+
+    let output = run(
+        &["--data-dir", data],
+        &[("TALLY_STORE_CACHE_BYTES", "4096")],
+    );
+    refused_naming(
+        &output,
+        "TALLY_STORE_CACHE_BYTES 4096",
+        &["--store-cache-bytes"],
+    );
+    let output = run(&["--data-dir", data], &[("TALLY_MIN_FREE_DISK", "plenty")]);
+    refused_naming(&output, "TALLY_MIN_FREE_DISK", &["--min-free-disk"]);
+    let output = run(&["--data-dir", data, "--peer-source-ip", "nowhere"], &[]);
+    refused_naming(
+        &output,
+        "--peer-source-ip \"nowhere\"",
+        &["TALLY_PEER_SOURCE_IP"],
+    );
+}
