@@ -2,17 +2,127 @@
 //! and a TOML file (`--config`), in that order of precedence, then defaults.
 //!
 //! Every setting is checked at start; a bad one stops the node with a message
-//! that names it. An unknown key in the file is an error too.
+//! that names it and where it came from. An unknown key in the file is an
+//! error too. Failures are [`ConfigError`]s (typed, one variant per mistake).
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use serde::Deserialize;
 
 /// The smallest page cache sled is given (it needs room for a few pages).
 const MIN_STORE_CACHE_BYTES: u64 = 1 << 20;
-use serde::Deserialize;
+
+/// Why the settings were refused. `setting` is where the value came from:
+/// `--grpc-addr`, `TALLY_GRPC_ADDR` or `grpc_addr in FILE`.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The `--config` file could not be read.
+    #[error("cannot read the config file {}: {error}", path.display())]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why (in the message, so not a `source`: printed once).
+        error: std::io::Error,
+    },
+    /// The `--config` file is not valid TOML of known keys.
+    #[error("config file {}: {problem}", path.display())]
+    ParseFile {
+        /// The file.
+        path: PathBuf,
+        /// What the TOML parser said.
+        problem: String,
+    },
+    /// A bad region or node name.
+    #[error(transparent)]
+    Name(#[from] crate::replica::IdentityError),
+    /// Not an `IP:PORT` or `HOST:PORT`.
+    #[error("{setting} {text:?} is not an address: use IP:PORT or HOST:PORT, e.g. 127.0.0.1:7100")]
+    NotAnAddress {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+    },
+    /// A `HOST:PORT` whose host does not resolve.
+    #[error("{setting} {text:?} does not resolve: {reason}")]
+    DoesNotResolve {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+        /// The resolver's answer.
+        reason: String,
+    },
+    /// Not an IP address (`--peer-source-ip`).
+    #[error("{setting} {text:?} is not an IP address: use e.g. 10.0.1.5 or ::1")]
+    NotAnIp {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+    },
+    /// Not a number with a unit.
+    #[error("{setting} {text:?} is not a duration: use e.g. 250ms, 10s, 5m or 24h")]
+    NotADuration {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+    },
+    /// A number with a unit other than ms, s, m or h.
+    #[error("{setting} {text:?} has an unknown unit: use ms, s, m or h")]
+    UnknownUnit {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+    },
+    /// An empty cluster id.
+    #[error("{setting} must not be empty: give the name every node of this cluster shares")]
+    EmptyClusterId {
+        /// Where the value came from.
+        setting: String,
+    },
+    /// A sled page cache below [`MIN_STORE_CACHE_BYTES`].
+    #[error("{setting} {bytes} is too small: give at least {MIN_STORE_CACHE_BYTES} (1 MiB)")]
+    CacheTooSmall {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        bytes: u64,
+    },
+    /// A log format other than text or json.
+    #[error("{setting} {text:?} is not valid: use text or json")]
+    LogFormat {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+    },
+    /// A free-disk floor that is neither a size nor a percentage.
+    #[error("{setting} {problem}")]
+    DiskFloor {
+        /// Where the value came from.
+        setting: String,
+        /// What is wrong with it, and what to give.
+        problem: String,
+    },
+    /// A test-only protocol version outside what this build speaks.
+    #[error("--test-announce-protocol-version {version} is not a version this build speaks: use {oldest} to {newest}")]
+    TestProtocolVersion {
+        /// The version asked for.
+        version: u32,
+        /// The oldest this build speaks.
+        oldest: u32,
+        /// The newest this build speaks.
+        newest: u32,
+    },
+    /// A zero sync or gossip interval.
+    #[error("--sync-interval and --gossip-interval must be above zero")]
+    ZeroInterval,
+}
 
 use crate::engine::{Durability, FreeSpaceFloor};
 use crate::security::SecuritySettings;
@@ -258,17 +368,17 @@ impl Settings {
     }
 
     /// Resolves flags, environment and file into checked settings.
-    pub fn resolve(args: RunArgs) -> anyhow::Result<Settings> {
+    pub fn resolve(args: RunArgs) -> Result<Settings, ConfigError> {
         let file = match &args.config {
             Some(path) => {
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read the config file {}", path.display()))?;
-                toml::from_str::<FileSettings>(&text).map_err(|e| {
-                    anyhow::anyhow!(
-                        "config file {}: {}",
-                        path.display(),
-                        e.to_string().trim_end()
-                    )
+                let text =
+                    std::fs::read_to_string(path).map_err(|error| ConfigError::ReadFile {
+                        path: path.clone(),
+                        error,
+                    })?;
+                toml::from_str::<FileSettings>(&text).map_err(|e| ConfigError::ParseFile {
+                    path: path.clone(),
+                    problem: e.to_string().trim_end().to_owned(),
                 })?
             }
             None => FileSettings::default(),
@@ -322,11 +432,13 @@ impl Settings {
         };
         let peer_ip_source = source!(peer_source_ip);
         if let Some(text) = take!(peer_source_ip) {
-            let ip = text.trim().parse::<IpAddr>().map_err(|_| {
-                anyhow::anyhow!(
-                    "{peer_ip_source} {text:?} is not an IP address: use e.g. 10.0.1.5 or ::1"
-                )
-            })?;
+            let ip = text
+                .trim()
+                .parse::<IpAddr>()
+                .map_err(|_| ConfigError::NotAnIp {
+                    setting: peer_ip_source,
+                    text: text.clone(),
+                })?;
             settings.peer_source_ip = Some(ip);
         }
         if let Some(seeds) = take!(seeds) {
@@ -339,7 +451,9 @@ impl Settings {
         let cluster_id_source = source!(cluster_id);
         if let Some(cluster_id) = take!(cluster_id) {
             if cluster_id.is_empty() {
-                bail!("{cluster_id_source} must not be empty: give the name every node of this cluster shares");
+                return Err(ConfigError::EmptyClusterId {
+                    setting: cluster_id_source,
+                });
             }
             settings.cluster_id = cluster_id;
         }
@@ -360,10 +474,10 @@ impl Settings {
         let cache_source = source!(store_cache_bytes);
         if let Some(bytes) = take!(store_cache_bytes) {
             if bytes < MIN_STORE_CACHE_BYTES {
-                bail!(
-                    "{cache_source} {bytes} is too small: give at least \
-                     {MIN_STORE_CACHE_BYTES} (1 MiB)"
-                );
+                return Err(ConfigError::CacheTooSmall {
+                    setting: cache_source,
+                    bytes,
+                });
             }
             settings.store_cache_bytes = bytes;
         }
@@ -381,7 +495,12 @@ impl Settings {
         settings.json_logs = match take!(log_format).as_deref() {
             None | Some("text") => false,
             Some("json") => true,
-            Some(other) => bail!("{log_format_source} {other:?} is not valid: use text or json"),
+            Some(other) => {
+                return Err(ConfigError::LogFormat {
+                    setting: log_format_source,
+                    text: other.to_owned(),
+                })
+            }
         };
         let rate_limit = take!(rate_limit).unwrap_or(0);
         settings.security = SecuritySettings {
@@ -395,8 +514,11 @@ impl Settings {
         };
         let floor_source = source!(min_free_disk);
         if let Some(text) = take!(min_free_disk) {
-            settings.min_free_disk = FreeSpaceFloor::parse(&text)
-                .map_err(|error| anyhow::anyhow!("{floor_source} {error}"))?;
+            settings.min_free_disk =
+                FreeSpaceFloor::parse(&text).map_err(|problem| ConfigError::DiskFloor {
+                    setting: floor_source,
+                    problem,
+                })?;
         }
         let grace_source = source!(shutdown_grace);
         if let Some(text) = take!(shutdown_grace) {
@@ -406,12 +528,16 @@ impl Settings {
         if let Some(version) = args.test_announce_protocol_version {
             use crate::replica::version::{NEWEST, OLDEST};
             if !(OLDEST..=NEWEST).contains(&version) {
-                bail!("--test-announce-protocol-version {version} is not a version this build speaks: use {OLDEST} to {NEWEST}");
+                return Err(ConfigError::TestProtocolVersion {
+                    version,
+                    oldest: OLDEST,
+                    newest: NEWEST,
+                });
             }
             settings.protocol_newest = version;
         }
         if settings.sync_interval.is_zero() || settings.gossip_interval.is_zero() {
-            bail!("--sync-interval and --gossip-interval must be above zero");
+            return Err(ConfigError::ZeroInterval);
         }
         Ok(settings)
     }
@@ -442,14 +568,13 @@ fn source_of(name: &str, from_args: bool, config: Option<&std::path::Path>) -> S
 
 /// An `IP:PORT`, or a `HOST:PORT` resolved once, now (containers know their
 /// own name, not their address).
-fn parse_addr(setting: &str, text: &str) -> anyhow::Result<SocketAddr> {
+fn parse_addr(setting: &str, text: &str) -> Result<SocketAddr, ConfigError> {
     if let Ok(addr) = text.parse() {
         return Ok(addr);
     }
-    let bad = || {
-        anyhow::anyhow!(
-            "{setting} {text:?} is not an address: use IP:PORT or HOST:PORT, e.g. 127.0.0.1:7100"
-        )
+    let bad = || ConfigError::NotAnAddress {
+        setting: setting.to_owned(),
+        text: text.to_owned(),
     };
     if !text.contains(':') {
         return Err(bad());
@@ -457,26 +582,36 @@ fn parse_addr(setting: &str, text: &str) -> anyhow::Result<SocketAddr> {
     use std::net::ToSocketAddrs;
     let mut resolved = text
         .to_socket_addrs()
-        .map_err(|e| anyhow::anyhow!("{setting} {text:?} does not resolve: {e}"))?;
+        .map_err(|e| ConfigError::DoesNotResolve {
+            setting: setting.to_owned(),
+            text: text.to_owned(),
+            reason: e.to_string(),
+        })?;
     resolved.find(|addr| addr.is_ipv4()).ok_or_else(bad)
 }
 
 /// Parses `250ms`, `10s`, `5m`, `24h` (or a bare number of milliseconds).
-pub fn parse_duration(setting: &str, text: &str) -> anyhow::Result<Duration> {
+pub fn parse_duration(setting: &str, text: &str) -> Result<Duration, ConfigError> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let number: u64 = number.parse().map_err(|_| {
-        anyhow::anyhow!("{setting} {text:?} is not a duration: use e.g. 250ms, 10s, 5m or 24h")
+    let number: u64 = number.parse().map_err(|_| ConfigError::NotADuration {
+        setting: setting.to_owned(),
+        text: text.to_owned(),
     })?;
     let millis = match unit {
         "" | "ms" => number,
         "s" => number * 1000,
         "m" => number * 60_000,
         "h" => number * 3_600_000,
-        _ => bail!("{setting} {text:?} has an unknown unit: use ms, s, m or h"),
+        _ => {
+            return Err(ConfigError::UnknownUnit {
+                setting: setting.to_owned(),
+                text: text.to_owned(),
+            })
+        }
     };
     Ok(Duration::from_millis(millis))
 }
@@ -638,5 +773,40 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.to_string().contains("--store-cache-bytes"), "{err}");
+    }
+
+    #[test]
+    fn refusals_are_typed_and_carry_their_setting() {
+        let refused = |args: RunArgs| Settings::resolve(args).unwrap_err();
+        let err = refused(RunArgs {
+            store_cache_bytes: Some(4096),
+            ..Default::default()
+        });
+        assert!(
+            matches!(&err, ConfigError::CacheTooSmall { setting, bytes: 4096 } if setting == "--store-cache-bytes"),
+            "{err:?}"
+        );
+        let err = refused(RunArgs {
+            grpc_addr: Some("nowhere".into()),
+            ..Default::default()
+        });
+        assert!(matches!(err, ConfigError::NotAnAddress { .. }), "{err:?}");
+        let err = refused(RunArgs {
+            region: Some("a b".into()),
+            ..Default::default()
+        });
+        assert!(matches!(err, ConfigError::Name(_)), "{err:?}");
+        let err = refused(RunArgs {
+            config: Some(PathBuf::from("/nonexistent/tally.toml")),
+            ..Default::default()
+        });
+        assert!(
+            matches!(&err, ConfigError::ReadFile { error, .. } if error.kind() == std::io::ErrorKind::NotFound),
+            "{err:?}"
+        );
+        assert!(matches!(
+            parse_duration("--sync-interval", "5y"),
+            Err(ConfigError::UnknownUnit { .. })
+        ));
     }
 }
