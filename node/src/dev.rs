@@ -100,7 +100,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                 for node in nodes {
                     node.shutdown().await;
                 }
-                return Err(error);
+                return Err(error.into());
             }
         }
     }

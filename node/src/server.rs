@@ -5,12 +5,15 @@
 //! serving, stop pulling, commit and flush what is pending, leave the cluster.
 //! `/readyz` keeps answering "not ready" until the end. A store that failed
 //! (fail-stop) is not closed: nothing more is written to it.
+//!
+//! A node that cannot start says why with a [`StartError`] that names the
+//! setting or directory to look at.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::Context;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -19,13 +22,82 @@ use crate::api::NodeInfo;
 use crate::config::Settings;
 use crate::engine::{CommitterHandle, Engine, StoreHealth};
 use crate::gossip::anti_entropy::{spawn_anti_entropy, AntiEntropyConfig, AntiEntropyHandle};
-use crate::gossip::membership::{MembershipConfig, MembershipHandle};
+use crate::gossip::membership::{MembershipConfig, MembershipError, MembershipHandle};
 use crate::metrics::Metrics;
 use crate::replica::version::ProtocolWindow;
 use crate::replica::ReplicaConfig;
+use crate::replica::StorageError;
 use crate::security::Security;
-use crate::store::{FaultyStore, SledStore, Store};
+use crate::store::{FaultyStore, OpenError, SledStore, Store};
 use crate::upgrade::{spawn_upgrade_keeper, UpgradeConfig};
+
+/// Why a node did not start. Each message names what to look at. The
+/// io and store errors are in the messages, not `source`s, so that a
+/// `{:#}` chain prints them once.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// TLS material or the token file could not be loaded (the security
+    /// module's message names the flag and the file).
+    #[error("{0:#}")]
+    Security(anyhow::Error),
+    /// The task opening the store panicked or was cancelled.
+    #[error("the store opener died: {0}")]
+    StoreOpenerDied(tokio::task::JoinError),
+    /// The store would not open (its message says what to do).
+    #[error(transparent)]
+    Open(#[from] OpenError),
+    /// The store opened but its state could not be read back.
+    #[error("cannot recover the store in {}: {error}", dir.display())]
+    Recover {
+        /// The data directory.
+        dir: PathBuf,
+        /// What the store said.
+        error: StorageError,
+    },
+    /// A listening port could not be bound.
+    #[error("cannot listen on {setting} {addr}: {error}")]
+    Listen {
+        /// `--grpc-addr` or `--http-addr`.
+        setting: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        error: std::io::Error,
+    },
+    /// The gossip layer did not start.
+    #[error("cannot start gossip on --gossip-addr {addr}: {error}")]
+    Gossip {
+        /// The gossip address.
+        addr: SocketAddr,
+        /// Why.
+        error: MembershipError,
+    },
+    /// Another live node already uses this node's name.
+    #[error(
+        "--node-name {name} is already used by another live node: replica {replica} in \
+         region {region}, gRPC {grpc}, gossip {gossip}. Node names must be unique in the \
+         cluster: start this node with another --node-name, or stop the other process \
+         first (this node served nothing; its data directory {} is unchanged)",
+        dir.display()
+    )]
+    NameTaken {
+        /// This node's name.
+        name: String,
+        /// The other node's replica id.
+        replica: String,
+        /// The other node's region.
+        region: String,
+        /// The other node's gRPC address.
+        grpc: String,
+        /// The other node's gossip address.
+        gossip: String,
+        /// This node's data directory.
+        dir: PathBuf,
+    },
+    /// The gRPC server did not start.
+    #[error("{0:#}")]
+    Grpc(anyhow::Error),
+}
 
 /// A running node.
 pub struct NodeHandle {
@@ -50,8 +122,8 @@ pub struct NodeHandle {
 }
 
 /// Opens the store and starts every part of the node.
-pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
-    let security = Security::load(&settings.security)?;
+pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
+    let security = Security::load(&settings.security).map_err(StartError::Security)?;
     if settings.warn_if_insecure {
         security.warn_if_insecure();
     }
@@ -71,7 +143,7 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         )
     })
     .await
-    .context("the store opener died")??;
+    .map_err(StartError::StoreOpenerDied)??;
     if let Some(aside) = &store.moved_aside {
         tracing::warn!(to = %aside.display(), "the damaged store was moved aside; this node is a new replica and rebuilds from its peers");
     }
@@ -95,11 +167,11 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         planted_bug: None,
     };
     let engine =
-        Engine::open(store, replica_config, settings.durability, metrics).with_context(|| {
-            format!(
-                "cannot recover the store in {}",
-                settings.data_dir.display()
-            )
+        Engine::open(store, replica_config, settings.durability, metrics).map_err(|error| {
+            StartError::Recover {
+                dir: settings.data_dir.clone(),
+                error,
+            }
         })?;
     engine.watch_disk(
         settings.data_dir.clone(),
@@ -108,14 +180,25 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
     );
     engine.core().peers_mut().set_own_protocol(protocol);
 
+    let listen = |setting: &'static str, addr: SocketAddr| {
+        move |error| StartError::Listen {
+            setting,
+            addr,
+            error,
+        }
+    };
     let grpc_listener = tokio::net::TcpListener::bind(settings.grpc_addr)
         .await
-        .with_context(|| format!("cannot listen on --grpc-addr {}", settings.grpc_addr))?;
+        .map_err(listen("--grpc-addr", settings.grpc_addr))?;
     let http_listener = tokio::net::TcpListener::bind(settings.http_addr)
         .await
-        .with_context(|| format!("cannot listen on --http-addr {}", settings.http_addr))?;
-    let grpc_addr = grpc_listener.local_addr()?;
-    let http_addr = http_listener.local_addr()?;
+        .map_err(listen("--http-addr", settings.http_addr))?;
+    let grpc_addr = grpc_listener
+        .local_addr()
+        .map_err(listen("--grpc-addr", settings.grpc_addr))?;
+    let http_addr = http_listener
+        .local_addr()
+        .map_err(listen("--http-addr", settings.http_addr))?;
     let advertise_grpc = if settings.advertise_grpc_addr == settings.grpc_addr.to_string() {
         grpc_addr.to_string()
     } else {
@@ -135,29 +218,23 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
         protocol,
     })
     .await
-    .with_context(|| {
-        format!(
-            "cannot start gossip on --gossip-addr {}",
-            settings.gossip_addr
-        )
+    .map_err(|error| StartError::Gossip {
+        addr: settings.gossip_addr,
+        error,
     })?;
     // A second process with this node's name must not start: it would
     // look like the same node to every tally status reader (issue #10, item 1).
     let holders = membership.wait_for_name_holders().await;
     if let Some(holder) = holders.first() {
         let _ = membership.shutdown().await;
-        anyhow::bail!(
-            "--node-name {name} is already used by another live node: replica {replica} in \
-             region {region}, gRPC {grpc}, gossip {gossip}. Node names must be unique in the \
-             cluster: start this node with another --node-name, or stop the other process \
-             first (this node served nothing; its data directory {dir} is unchanged)",
-            name = settings.node_name,
-            replica = holder.replica,
-            region = holder.region,
-            grpc = holder.grpc_addr,
-            gossip = holder.gossip_addr,
-            dir = settings.data_dir.display(),
-        );
+        return Err(StartError::NameTaken {
+            name: settings.node_name.clone(),
+            replica: holder.replica.to_string(),
+            region: holder.region.to_string(),
+            grpc: holder.grpc_addr.to_string(),
+            gossip: holder.gossip_addr.to_string(),
+            dir: settings.data_dir.clone(),
+        });
     }
     let membership = Arc::new(membership);
     let membership_task = spawn_membership_feed(engine.clone(), membership.clone());
@@ -193,7 +270,8 @@ pub async fn start(settings: Settings) -> anyhow::Result<NodeHandle> {
             let _ = grpc_stop_rx.await;
         },
     )
-    .await?;
+    .await
+    .map_err(StartError::Grpc)?;
 
     let ready = Arc::new(AtomicBool::new(true));
     let (http_stop, http_stop_rx) = oneshot::channel::<()>();
@@ -324,5 +402,35 @@ impl NodeHandle {
             durable_seq = *self.engine.durable_seq().borrow(),
             "tally-node stopped"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_port_in_use_is_a_typed_error_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut settings = Settings::defaults(dir.path().join("data"));
+        settings.grpc_addr = held.local_addr().unwrap();
+        settings.http_addr = "127.0.0.1:0".parse().unwrap();
+        settings.gossip_addr = "127.0.0.1:0".parse().unwrap();
+        settings.advertise_gossip_addr = settings.gossip_addr;
+        let error = match start(settings).await {
+            Ok(_) => panic!("the node started on a port that is in use"),
+            Err(error) => error,
+        };
+        assert!(
+            matches!(&error, StartError::Listen { setting: "--grpc-addr", addr, .. } if *addr == held.local_addr().unwrap()),
+            "{error:?}"
+        );
+        let text = error.to_string();
+        assert!(
+            text.starts_with("cannot listen on --grpc-addr 127.0.0.1:"),
+            "{text}"
+        );
+        assert!(!text.contains('\n'), "{text}");
     }
 }
