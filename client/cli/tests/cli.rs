@@ -97,11 +97,13 @@ async fn status_prints_a_table_and_the_convergence_line() {
     let text = stdout(&tally(&server.endpoint(), &["status"]).await);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines[0], "cluster: fake");
-    assert!(lines[1].starts_with("REGION"));
-    assert_eq!(lines[2].split_whitespace().nth(5), Some("self"));
-    assert_eq!(lines[3].split_whitespace().nth(2), Some("ffffffffffffffff"));
+    // The cluster version line (commit 7688fad) comes before the table.
+    assert!(lines[1].starts_with("cluster version: "), "{text}");
+    assert!(lines[2].starts_with("REGION"), "{text}");
+    assert_eq!(lines[3].split_whitespace().nth(5), Some("self"));
+    assert_eq!(lines[4].split_whitespace().nth(2), Some("ffffffffffffffff"));
     assert_eq!(
-        lines[4],
+        lines[5],
         "converged: yes (all 2 live members hold digest 000000000000feed)"
     );
 
