@@ -567,6 +567,22 @@ impl Client {
         status_from_proto(response)
     }
 
+    /// Finalizes an upgrade (`Admin.Finalize`): moves the cluster version to
+    /// the newest version the node speaks. Returns the cluster version before
+    /// and after. Refused (`FailedPrecondition`, naming them) while some
+    /// member does not speak it yet. Safe to repeat.
+    pub async fn finalize(&self) -> Result<(u32, u32), Error> {
+        let response = self
+            .policy
+            .run("finalize", |timeout| {
+                let mut admin = self.admin.clone();
+                let request = with_timeout(tally_proto::v1::FinalizeRequest {}, timeout);
+                async move { admin.finalize(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        Ok((response.previous_version, response.cluster_version))
+    }
+
     /// Opens the node's backup stream (`Admin.Backup`): a consistent
     /// snapshot of its durable state, taken while it keeps serving. The
     /// messages come as the node reads them: a header, counters, and a

@@ -238,6 +238,23 @@ pub struct RunArgs {
     /// (announce it, write no newer format, refuse a newer data directory).
     #[arg(long, hide = true)]
     pub test_announce_protocol_version: Option<u32>,
+    /// How the cluster version moves once every member speaks a newer one:
+    /// `manual` waits for `tally admin finalize` (rollback stays possible until
+    /// then), `auto` moves by itself. [default: manual]
+    #[arg(long, env = "TALLY_CLUSTER_VERSION_UPGRADE", value_enum)]
+    pub cluster_version_upgrade: Option<ClusterVersionUpgrade>,
+}
+
+/// How the cluster version moves (see "Upgrading" in the README).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum ClusterVersionUpgrade {
+    /// Only `tally admin finalize` (on any node) moves it; a node follows a
+    /// member that was finalized (the default: keeps rollback possible).
+    #[default]
+    Manual,
+    /// It moves as soon as every member speaks a newer version.
+    Auto,
 }
 
 /// The same settings, as a TOML file holds them.
@@ -263,6 +280,7 @@ struct FileSettings {
     idempotency_ttl: Option<String>,
     idempotency_capacity: Option<usize>,
     on_corrupt: Option<OnCorrupt>,
+    cluster_version_upgrade: Option<ClusterVersionUpgrade>,
     log_format: Option<String>,
     tls_cert: Option<PathBuf>,
     tls_key: Option<PathBuf>,
@@ -332,6 +350,8 @@ pub struct Settings {
     /// The newest protocol version the node speaks and writes: this build's
     /// own, unless a test makes it pose as an older build.
     pub protocol_newest: u32,
+    /// See [`RunArgs`].
+    pub cluster_version_upgrade: ClusterVersionUpgrade,
 }
 
 impl Settings {
@@ -364,6 +384,7 @@ impl Settings {
             shutdown_grace: Duration::from_secs(10),
             test_store_fault_file: None,
             protocol_newest: crate::replica::version::NEWEST,
+            cluster_version_upgrade: ClusterVersionUpgrade::Manual,
         }
     }
 
@@ -490,6 +511,9 @@ impl Settings {
         }
         if let Some(on_corrupt) = take!(on_corrupt) {
             settings.on_corrupt = on_corrupt;
+        }
+        if let Some(mode) = take!(cluster_version_upgrade) {
+            settings.cluster_version_upgrade = mode;
         }
         let log_format_source = source!(log_format);
         settings.json_logs = match take!(log_format).as_deref() {

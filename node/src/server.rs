@@ -238,15 +238,14 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     }
     let membership = Arc::new(membership);
     let membership_task = spawn_membership_feed(engine.clone(), membership.clone());
-    let upgrade_task = spawn_upgrade_keeper(
-        engine.clone(),
-        membership.clone(),
-        UpgradeConfig::for_gossip_interval(
-            newest,
-            settings.gossip_interval,
-            !settings.seeds.is_empty(),
-        ),
+    let mut upgrade_config = UpgradeConfig::for_gossip_interval(
+        newest,
+        settings.gossip_interval,
+        !settings.seeds.is_empty(),
     );
+    upgrade_config.manual =
+        settings.cluster_version_upgrade == crate::config::ClusterVersionUpgrade::Manual;
+    let upgrade_task = spawn_upgrade_keeper(engine.clone(), membership.clone(), upgrade_config);
     let committer = engine.spawn_committer(|_, _| {});
     let mut anti_entropy_config =
         AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval);
@@ -259,6 +258,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         node_name: settings.node_name.clone(),
         grpc_addr: advertise_grpc,
         gossip_addr: settings.advertise_gossip_addr.to_string(),
+        protocol_newest: newest,
     };
     let (grpc_stop, grpc_stop_rx) = oneshot::channel::<()>();
     let grpc_task = spawn_grpc(

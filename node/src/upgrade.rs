@@ -10,6 +10,12 @@
 //!   ([`crate::store::Store::raise_format`]); only then does the node write
 //!   it and announce its new window.
 //!
+//! In manual mode (`--cluster-version-upgrade manual`, the default) the
+//! keeper moves the version only to follow a member that was finalized
+//! ([`followed_cluster_version`]); `tally admin finalize` ([`finalize`])
+//! persists the new version first and the keeper then announces it, so the
+//! rest of the cluster follows through gossip.
+//!
 //! Invariant: the version moves only after the node has listened to gossip
 //! for the settle time (and, when it has seeds, has heard of a member), so a
 //! node that has just started never finalizes an upgrade over members it
@@ -24,7 +30,9 @@ use tokio::task::JoinHandle;
 use crate::crdt::ReplicaId;
 use crate::engine::Engine;
 use crate::gossip::membership::MembershipHandle;
-use crate::replica::version::{next_cluster_version, ProtocolWindow};
+use crate::replica::version::{
+    finalize_target, followed_cluster_version, next_cluster_version, ProtocolWindow,
+};
 use crate::replica::Member;
 
 /// Settings of the keeper.
@@ -38,6 +46,8 @@ pub struct UpgradeConfig {
     pub has_seeds: bool,
     /// How often it looks.
     pub period: Duration,
+    /// Manual mode: move only to follow a finalized member.
+    pub manual: bool,
 }
 
 impl UpgradeConfig {
@@ -49,6 +59,7 @@ impl UpgradeConfig {
             settle: (gossip_interval * 20).max(Duration::from_secs(2)),
             has_seeds,
             period: gossip_interval.max(Duration::from_millis(100)),
+            manual: false,
         }
     }
 }
@@ -63,6 +74,7 @@ pub fn spawn_upgrade_keeper(
         let started = Instant::now();
         let mut refused_logged: HashSet<(ReplicaId, ProtocolWindow, ProtocolWindow)> =
             HashSet::new();
+        let mut published = engine.store().format();
         let mut ticker = tokio::time::interval(config.period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -89,12 +101,29 @@ pub fn spawn_upgrade_keeper(
                     );
                 }
             }
+            // `tally admin finalize` persisted a new version: announce it.
+            let persisted = engine.store().format();
+            if persisted > published {
+                let window = ProtocolWindow::at(persisted, config.newest);
+                engine.core().peers_mut().set_own_protocol(window);
+                membership.publish_protocol(window);
+                published = persisted;
+                tracing::info!(
+                    to = persisted,
+                    "cluster version moved by tally admin finalize: records are now written \
+                     in format {persisted}; announcing it so the other members follow"
+                );
+            }
             let settled = started.elapsed() >= config.settle;
             if !settled || (config.has_seeds && members.is_empty()) {
                 continue;
             }
             let current = engine.store().format();
-            let target = next_cluster_version(current, config.newest, &members);
+            let target = if config.manual {
+                followed_cluster_version(current, config.newest, &members)
+            } else {
+                next_cluster_version(current, config.newest, &members)
+            };
             if target <= current {
                 continue;
             }
@@ -113,6 +142,7 @@ pub fn spawn_upgrade_keeper(
             let window = ProtocolWindow::at(target, config.newest);
             engine.core().peers_mut().set_own_protocol(window);
             membership.publish_protocol(window);
+            published = target;
             tracing::info!(
                 from = current,
                 to = target,
@@ -123,4 +153,65 @@ pub fn spawn_upgrade_keeper(
             );
         }
     })
+}
+
+/// Why `tally admin finalize` did not move the cluster version.
+#[derive(Debug, thiserror::Error)]
+pub enum FinalizeError {
+    /// Some members do not speak the newest version yet.
+    #[error(
+        "cannot finalize version {target}: {members} do not speak it yet; upgrade them \
+         (or remove them from the cluster) and run tally admin finalize again"
+    )]
+    MembersBehind {
+        /// The version asked for.
+        target: u32,
+        /// The members, each as `name (region, speaks a..=b)`.
+        members: String,
+    },
+    /// The store could not persist the new version.
+    #[error("cannot persist cluster version {target}: {cause}; nothing changed, try again")]
+    Storage {
+        /// The version asked for.
+        target: u32,
+        /// What failed.
+        cause: String,
+    },
+}
+
+/// `tally admin finalize`: moves the cluster version to the newest version
+/// this node speaks when every member it knows speaks it. The new version is
+/// persisted in the data directory first; then this node writes it and
+/// refuses older builds, and the keeper announces it (other nodes follow).
+/// Returns the versions before and after.
+pub async fn finalize(engine: &Arc<Engine>, newest: u32) -> Result<(u32, u32), FinalizeError> {
+    let current = engine.store().format();
+    let members: Vec<Member> = {
+        let core = engine.core();
+        let members = core.peers().peers().map(|p| p.member.clone()).collect();
+        members
+    };
+    let target = finalize_target(current, newest, &members).map_err(|behind| {
+        FinalizeError::MembersBehind {
+            target: newest,
+            members: behind
+                .iter()
+                .map(|m| format!("{} ({}, speaks {})", m.node_name, m.region, m.protocol))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    })?;
+    if target > current {
+        let store = Arc::clone(engine.store());
+        let storage = |cause: String| FinalizeError::Storage { target, cause };
+        tokio::task::spawn_blocking(move || store.raise_format(target))
+            .await
+            .map_err(|error| storage(error.to_string()))?
+            .map_err(|error| storage(error.to_string()))?;
+        engine
+            .core()
+            .peers_mut()
+            .set_own_protocol(ProtocolWindow::at(target, newest));
+    }
+    Ok((current, target))
 }

@@ -3,7 +3,11 @@
 //! and stays at cluster version 1; once that node runs the current version
 //! the cluster version moves to 2 (persisted in each data directory's
 //! marker); then the old version is refused, both as a binary opening the
-//! upgraded data directory and as a peer.
+//! upgraded data directory and as a peer. That test runs in
+//! `--cluster-version-upgrade auto`; the manual mode (the default) is tested
+//! below: an all-new cluster stays at version 1 (a rollback still starts)
+//! until `tally admin finalize`, which is refused while an old member is
+//! present and, once accepted, moves every node.
 
 mod common;
 
@@ -13,6 +17,7 @@ use std::time::{Duration, Instant};
 use common::{cli, http_get, wait_until, NodeProcess, NodeSpec};
 
 const POSE_AS_VERSION_1: [&str; 2] = ["--test-announce-protocol-version", "1"];
+const AUTO: [&str; 2] = ["--cluster-version-upgrade", "auto"];
 
 fn status(node: &NodeProcess) -> Option<serde_json::Value> {
     let (code, body) = http_get(node.spec.http, "/status.json").ok()?;
@@ -57,10 +62,16 @@ fn wait_for_value(node: &NodeProcess, key: &str, expected: i64) {
 #[test]
 fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_the_old_one() {
     let root = tempfile::tempdir().unwrap();
-    let eu = NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"));
+    let mut eu_spec = NodeSpec::new(root.path(), "eu", "eu-1");
+    eu_spec.extra = AUTO.map(String::from).to_vec();
+    let eu = NodeProcess::start(eu_spec);
     let mut old_spec = NodeSpec::new(root.path(), "us", "us-1");
     old_spec.seeds = vec![eu.spec.gossip];
-    old_spec.extra = POSE_AS_VERSION_1.map(String::from).to_vec();
+    old_spec.extra = [POSE_AS_VERSION_1, AUTO]
+        .concat()
+        .into_iter()
+        .map(String::from)
+        .collect();
     let mut us = NodeProcess::start(old_spec);
 
     // Half upgraded: both replicate, and the version stays at the old one.
@@ -88,7 +99,7 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
     // us-1 is upgraded (runs the current version on the same data): the
     // cluster version moves to 2 on both, persisted in both directories.
     us.stop();
-    us.spec.extra.clear();
+    us.spec.extra = AUTO.map(String::from).to_vec();
     us.restart();
     for node in [&eu, &us] {
         let what = format!("{} at cluster version 2", node.spec.node_name);
@@ -150,4 +161,87 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn in_manual_mode_the_version_waits_for_finalize_which_refuses_while_an_old_member_is_present() {
+    let root = tempfile::tempdir().unwrap();
+    let eu = NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"));
+    let mut us_spec = NodeSpec::new(root.path(), "us", "us-1");
+    us_spec.seeds = vec![eu.spec.gossip];
+    let mut us = NodeProcess::start(us_spec);
+
+    // Every node runs the current build, and still nothing moves.
+    add(&eu, "likes", "5");
+    add(&us, "likes", "7");
+    wait_for_value(&eu, "likes", 12);
+    wait_for_value(&us, "likes", 12);
+    wait_until(Duration::from_secs(10), "eu to see us-1 as 1..2", || {
+        let us = member(&eu, "us-1")?;
+        (us["protocol_version"] == 2).then_some(())
+    });
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(4) {
+        for node in [&eu, &us] {
+            assert_eq!(
+                cluster_version(node),
+                Some(1),
+                "{} moved without finalize",
+                node.spec.node_name
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(marker(&eu.spec.data_dir).ends_with("format 1\n"));
+    assert!(marker(&us.spec.data_dir).ends_with("format 1\n"));
+
+    // A rollback is still possible: us-1 restarts as a version-1 build.
+    us.stop();
+    us.spec.extra = POSE_AS_VERSION_1.map(String::from).to_vec();
+    us.restart();
+    wait_until(Duration::from_secs(20), "eu to see us-1 as 1..1", || {
+        let us = member(&eu, "us-1")?;
+        (us["protocol_version"] == 1).then_some(())
+    });
+    add(&us, "likes", "1");
+    wait_for_value(&eu, "likes", 13);
+
+    // Finalize with the old member present is refused, naming it.
+    let (code, stdout, stderr) = cli(&eu.endpoint(), &["admin", "finalize"]);
+    assert_ne!(code, 0, "finalize passed with us-1 at version 1:\n{stdout}");
+    assert!(
+        stderr.contains("us-1") && stderr.contains("do not speak it yet"),
+        "the refusal names the old member:\n{stderr}"
+    );
+    assert_eq!(cluster_version(&eu), Some(1));
+    assert!(marker(&eu.spec.data_dir).ends_with("format 1\n"));
+
+    // us-1 upgraded again; finalize on eu moves eu, and us-1 follows.
+    us.stop();
+    us.spec.extra.clear();
+    us.restart();
+    wait_until(
+        Duration::from_secs(20),
+        "eu to see us-1 as 1..2 again",
+        || {
+            let us = member(&eu, "us-1")?;
+            (us["protocol_version"] == 2).then_some(())
+        },
+    );
+    let (code, stdout, stderr) = cli(&eu.endpoint(), &["admin", "finalize"]);
+    assert_eq!(code, 0, "finalize: {stderr}");
+    assert!(stdout.contains("cluster version: 1 -> 2"), "{stdout}");
+    for node in [&eu, &us] {
+        let what = format!("{} at cluster version 2", node.spec.node_name);
+        wait_until(Duration::from_secs(30), &what, || {
+            (cluster_version(node) == Some(2)).then_some(())
+        });
+        assert!(marker(&node.spec.data_dir).ends_with("format 2\n"));
+    }
+    add(&us, "likes", "1");
+    wait_for_value(&eu, "likes", 14);
+    // Again: nothing to do.
+    let (code, stdout, stderr) = cli(&eu.endpoint(), &["admin", "finalize"]);
+    assert_eq!(code, 0, "finalize again: {stderr}");
+    assert!(stdout.contains("already finalized"), "{stdout}");
 }

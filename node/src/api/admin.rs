@@ -24,6 +24,8 @@ pub struct NodeInfo {
     pub grpc_addr: String,
     /// The gossip address.
     pub gossip_addr: String,
+    /// The newest protocol version this node speaks (what finalize moves to).
+    pub protocol_newest: u32,
 }
 
 /// See the module documentation.
@@ -120,6 +122,22 @@ impl Admin for AdminService {
             self.engine.clone(),
             &self.info,
         )))
+    }
+
+    async fn finalize(
+        &self,
+        _request: Request<pb::FinalizeRequest>,
+    ) -> Result<Response<pb::FinalizeResponse>, Status> {
+        match crate::upgrade::finalize(&self.engine, self.info.protocol_newest).await {
+            Ok((previous_version, cluster_version)) => Ok(Response::new(pb::FinalizeResponse {
+                previous_version,
+                cluster_version,
+            })),
+            Err(error @ crate::upgrade::FinalizeError::MembersBehind { .. }) => {
+                Err(Status::failed_precondition(error.to_string()))
+            }
+            Err(error) => Err(Status::unavailable(error.to_string())),
+        }
     }
 
     async fn status(

@@ -95,6 +95,42 @@ pub fn next_cluster_version(current: u32, own_newest: u32, members: &[Member]) -
         .max(current)
 }
 
+/// The cluster version a node in manual mode moves to: the version a member
+/// was finalized at (its window starts there), as far as this node and every
+/// member speak it ([`next_cluster_version`]); never below `current`. With no
+/// finalized member it stays at `current`.
+pub fn followed_cluster_version(current: u32, own_newest: u32, members: &[Member]) -> u32 {
+    let own = ProtocolWindow::at(current, own_newest);
+    let finalized = members
+        .iter()
+        .filter(|member| own.talks_with(&member.protocol))
+        .map(|member| member.protocol.oldest)
+        .fold(current, u32::max);
+    next_cluster_version(current, own_newest, members)
+        .min(finalized)
+        .max(current)
+}
+
+/// The cluster version `tally admin finalize` moves to: the newest this node
+/// speaks, or the members (that this node talks with) that do not speak it
+/// yet. Refused members do not count, as in [`next_cluster_version`].
+pub fn finalize_target(
+    current: u32,
+    own_newest: u32,
+    members: &[Member],
+) -> Result<u32, Vec<&Member>> {
+    let own = ProtocolWindow::at(current, own_newest);
+    let behind: Vec<&Member> = members
+        .iter()
+        .filter(|member| own.talks_with(&member.protocol) && member.protocol.newest < own_newest)
+        .collect();
+    if behind.is_empty() {
+        Ok(own_newest.max(current))
+    } else {
+        Err(behind)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +180,31 @@ mod tests {
         assert_eq!(next_cluster_version(2, 2, &[member(1, 1)]), 2);
         // A node that speaks only newer versions does not hold us back.
         assert_eq!(next_cluster_version(1, 2, &[member(3, 4)]), 2);
+    }
+
+    #[test]
+    fn manual_mode_follows_only_a_finalized_member_that_everyone_can_follow() {
+        // Everyone speaks 2, nobody finalized: stay at 1.
+        assert_eq!(followed_cluster_version(1, 2, &[member(1, 2)]), 1);
+        // A member finalized at 2: follow it.
+        assert_eq!(followed_cluster_version(1, 2, &[member(2, 2)]), 2);
+        // ... unless another member cannot read version 2.
+        assert_eq!(
+            followed_cluster_version(1, 2, &[member(2, 2), member(1, 1)]),
+            1
+        );
+        // Never down.
+        assert_eq!(followed_cluster_version(2, 2, &[member(1, 2)]), 2);
+    }
+
+    #[test]
+    fn finalize_names_the_members_that_do_not_speak_the_newest_version() {
+        assert_eq!(finalize_target(1, 2, &[member(1, 2)]), Ok(2));
+        assert_eq!(finalize_target(2, 2, &[member(2, 2)]), Ok(2));
+        let old = member(1, 1);
+        let members = [member(1, 2), old.clone()];
+        assert_eq!(finalize_target(1, 2, &members), Err(vec![&old]));
+        // A member refused anyway (no shared version) does not hold it back.
+        assert_eq!(finalize_target(2, 2, &[member(1, 1)]), Ok(2));
     }
 }

@@ -132,6 +132,28 @@ pub async fn watch(target: &Target, args: &WatchArgs, json: bool) -> anyhow::Res
 }
 
 /// `tally status`.
+/// `tally admin finalize`: moves the cluster version to the newest version
+/// the node speaks (refused, naming them, while some member does not).
+pub async fn finalize(target: &Target, json: bool) -> anyhow::Result<()> {
+    let client = target.connect().await?;
+    let (previous, now) = client.finalize().await?;
+    if json {
+        return print_json(&serde_json::json!({
+            "previous_version": previous,
+            "cluster_version": now,
+        }));
+    }
+    if previous == now {
+        print_line(format_args!("cluster version: {now} (already finalized)"))?;
+    } else {
+        print_line(format_args!(
+            "cluster version: {previous} -> {now}; the other members follow through gossip, \
+             and nodes that speak only older versions are refused from now on"
+        ))?;
+    }
+    Ok(())
+}
+
 pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     let client = target.connect().await?;
     let status = client.status().await?;

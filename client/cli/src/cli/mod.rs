@@ -66,6 +66,11 @@
 //!   - JSON: the manifest: `{"format_version","file","cluster_id","replica",
 //!     "region","node_name","seq","digest","counters","bytes",
 //!     "started_at_unix_ms","finished_at_unix_ms"}`.
+//! - `tally admin finalize`: finalizes a rolling upgrade (moves the cluster
+//!   version to the newest version the node speaks; refused, naming them,
+//!   while a member does not speak it):
+//!   - text: `cluster version: A -> B; ...` or `cluster version: B (already finalized)`;
+//!   - JSON: `{"previous_version","cluster_version"}`.
 //!
 //! On failure nothing is printed to stdout, one line `error: MESSAGE` goes to
 //! stderr and the exit status is 1 (2 for bad usage, with clap's message).
@@ -128,7 +133,7 @@ pub enum Command {
     Status,
     /// Load-test a node with a closed loop of adds and/or gets.
     Bench(BenchArgs),
-    /// Operator commands: `tally admin backup --to DIR`.
+    /// Operator commands: `tally admin backup --to DIR`, `tally admin finalize`.
     #[command(subcommand)]
     Admin(AdminCommand),
 }
@@ -143,6 +148,10 @@ pub enum AdminCommand {
         #[arg(long, value_name = "DIR")]
         to: std::path::PathBuf,
     },
+    /// Finalize a rolling upgrade: move the cluster version to the newest
+    /// version this node speaks, once every member speaks it. Rollback to an
+    /// older build is no longer possible afterwards.
+    Finalize,
 }
 
 /// `tally add`.
@@ -206,6 +215,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Status => commands::status(&target, json).await,
         Command::Bench(args) => bench::run(&target, &args, json).await,
         Command::Admin(AdminCommand::Backup { to }) => backup::backup(&target, &to, json).await,
+        Command::Admin(AdminCommand::Finalize) => commands::finalize(&target, json).await,
     }
 }
 
