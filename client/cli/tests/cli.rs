@@ -250,3 +250,15 @@ async fn failures_print_one_error_line_and_exit_non_zero() {
     assert_eq!(usage.status.code(), Some(2), "bad usage exits 2");
     server.shutdown();
 }
+
+#[tokio::test]
+async fn a_refused_finalize_is_one_error_line_naming_the_member_that_lags() {
+    let server = spawn_fake_server().await;
+    let output = tally(&server.endpoint(), &["admin", "finalize"]).await;
+    let line = single_error_line(&output, 1);
+    assert!(
+        line.contains("fake-2") && line.contains("do not speak it yet"),
+        "{line}"
+    );
+    server.shutdown();
+}

@@ -305,7 +305,8 @@ impl Counters for FakeNode {
 }
 
 /// A fixed two-member cluster; a backup stream that stops before its
-/// trailer (as when the node dies mid-backup).
+/// trailer (as when the node dies mid-backup); a finalize refused as with a
+/// member that lags.
 #[tonic::async_trait]
 impl Admin for FakeNode {
     type BackupStream =
@@ -326,6 +327,15 @@ impl Admin for FakeNode {
             part: Some(Part::Header(header)),
         })];
         Ok(Response::new(tokio_stream::iter(chunks)))
+    }
+
+    async fn finalize(
+        &self,
+        _request: Request<tally_proto::v1::FinalizeRequest>,
+    ) -> Result<Response<tally_proto::v1::FinalizeResponse>, Status> {
+        Err(Status::failed_precondition(
+            "cannot finalize version 2: fake-2 (eu-west, speaks 1..=1) do not speak it yet",
+        ))
     }
 
     async fn status(
