@@ -1,0 +1,194 @@
+//! Unit tests of the configuration: parsing, defaults, and errors that name the
+//! setting and where its bad value came from.
+
+use super::*;
+
+#[test]
+fn durations_parse() {
+    assert_eq!(
+        parse_duration("x", "250ms").unwrap(),
+        Duration::from_millis(250)
+    );
+    assert_eq!(
+        parse_duration("x", "24h").unwrap(),
+        Duration::from_secs(86_400)
+    );
+    assert!(parse_duration("--sync-interval", "fast")
+        .unwrap_err()
+        .to_string()
+        .contains("--sync-interval"));
+}
+
+#[test]
+fn file_settings_apply_under_flags_and_unknown_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tally.toml");
+    std::fs::write(
+        &path,
+        "region = \"eu\"\nnode_name = \"a\"\ndurability = \"async\"\n",
+    )
+    .unwrap();
+    let args = RunArgs {
+        config: Some(path.clone()),
+        node_name: Some("b".into()),
+        ..Default::default()
+    };
+    let settings = Settings::resolve(args).unwrap();
+    assert_eq!(
+        (settings.region.as_str(), settings.node_name.as_str()),
+        ("eu", "b")
+    );
+    assert_eq!(settings.durability, Durability::Async);
+
+    std::fs::write(&path, "regoin = \"eu\"\n").unwrap();
+    let err = Settings::resolve(RunArgs {
+        config: Some(path.clone()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("regoin"), "{err:#}");
+    std::fs::write(&path, "durability = \"sometimes\"\n").unwrap();
+    let err = Settings::resolve(RunArgs {
+        config: Some(path),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("durability"), "{err:#}");
+}
+
+#[test]
+fn bad_values_name_their_setting() {
+    let err = Settings::resolve(RunArgs {
+        grpc_addr: Some("nowhere".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("--grpc-addr"));
+    let named = RunArgs {
+        advertise_gossip_addr: Some("localhost:7101".into()),
+        ..Default::default()
+    };
+    assert_eq!(
+        Settings::resolve(named)
+            .unwrap()
+            .advertise_gossip_addr
+            .port(),
+        7101
+    );
+    let err = Settings::resolve(RunArgs {
+        region: Some("a b".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("--region"));
+}
+
+#[test]
+fn peer_source_ip_is_an_ip_from_any_source() {
+    assert_eq!(
+        Settings::resolve(RunArgs::default())
+            .unwrap()
+            .peer_source_ip,
+        None
+    );
+    let settings = Settings::resolve(RunArgs {
+        peer_source_ip: Some("127.0.0.3".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(settings.peer_source_ip, Some("127.0.0.3".parse().unwrap()));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tally.toml");
+    std::fs::write(&path, "peer_source_ip = \"10.0.1.5\"\n").unwrap();
+    let settings = Settings::resolve(RunArgs {
+        config: Some(path),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(settings.peer_source_ip, Some("10.0.1.5".parse().unwrap()));
+
+    let err = Settings::resolve(RunArgs {
+        peer_source_ip: Some("10.0.1.5:7100".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("--peer-source-ip"), "{err}");
+}
+
+#[test]
+fn min_free_disk_and_shutdown_grace_have_defaults_and_name_themselves() {
+    let defaults = Settings::resolve(RunArgs::default()).unwrap();
+    assert_eq!(defaults.min_free_disk, FreeSpaceFloor::Default);
+    assert_eq!(defaults.shutdown_grace, Duration::from_secs(10));
+    let settings = Settings::resolve(RunArgs {
+        min_free_disk: Some("5%".into()),
+        shutdown_grace: Some("3s".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(settings.min_free_disk, FreeSpaceFloor::Percent(5.0));
+    assert_eq!(settings.shutdown_grace, Duration::from_secs(3));
+    let err = Settings::resolve(RunArgs {
+        min_free_disk: Some("plenty".into()),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("--min-free-disk"), "{err}");
+}
+
+#[test]
+fn store_cache_bytes_has_a_default_and_a_floor() {
+    let defaults = Settings::resolve(RunArgs::default()).unwrap();
+    assert_eq!(
+        defaults.store_cache_bytes,
+        crate::store::DEFAULT_CACHE_BYTES
+    );
+    let settings = Settings::resolve(RunArgs {
+        store_cache_bytes: Some(64 << 20),
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(settings.store_cache_bytes, 64 << 20);
+    let err = Settings::resolve(RunArgs {
+        store_cache_bytes: Some(4096),
+        ..Default::default()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("--store-cache-bytes"), "{err}");
+}
+
+#[test]
+fn refusals_are_typed_and_carry_their_setting() {
+    let refused = |args: RunArgs| Settings::resolve(args).unwrap_err();
+    let err = refused(RunArgs {
+        store_cache_bytes: Some(4096),
+        ..Default::default()
+    });
+    assert!(
+        matches!(&err, ConfigError::CacheTooSmall { setting, bytes: 4096 } if setting == "--store-cache-bytes"),
+        "{err:?}"
+    );
+    let err = refused(RunArgs {
+        grpc_addr: Some("nowhere".into()),
+        ..Default::default()
+    });
+    assert!(matches!(err, ConfigError::NotAnAddress { .. }), "{err:?}");
+    let err = refused(RunArgs {
+        region: Some("a b".into()),
+        ..Default::default()
+    });
+    assert!(matches!(err, ConfigError::Name(_)), "{err:?}");
+    let err = refused(RunArgs {
+        config: Some(PathBuf::from("/nonexistent/tally.toml")),
+        ..Default::default()
+    });
+    assert!(
+        matches!(&err, ConfigError::ReadFile { error, .. } if error.kind() == std::io::ErrorKind::NotFound),
+        "{err:?}"
+    );
+    assert!(matches!(
+        parse_duration("--sync-interval", "5y"),
+        Err(ConfigError::UnknownUnit { .. })
+    ));
+}
