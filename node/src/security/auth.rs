@@ -177,25 +177,12 @@ impl Auth {
         if self.rate_per_sec == 0 || items == 0 {
             return;
         }
-        let now = Instant::now();
-        let rate = f64::from(self.rate_per_sec);
-        let burst = f64::from(self.burst);
-        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        let bucket = buckets.entry(name.to_string()).or_insert(Bucket {
-            available: burst,
-            updated: now,
-        });
-        bucket.available =
-            (bucket.available + now.duration_since(bucket.updated).as_secs_f64() * rate).min(burst)
-                - items as f64;
-        bucket.updated = now;
+        self.with_refilled_bucket(name, |bucket| bucket.available -= items as f64);
     }
 
-    /// Takes one request from `name`'s bucket; `Some(wait in ms)` when empty.
-    fn take(&self, name: &str) -> Option<u64> {
-        if self.rate_per_sec == 0 {
-            return None;
-        }
+    /// Runs `use_bucket` on `name`'s bucket, refilled at the rate up to the
+    /// burst for the time since it was last used.
+    fn with_refilled_bucket<T>(&self, name: &str, use_bucket: impl FnOnce(&mut Bucket) -> T) -> T {
         let now = Instant::now();
         let rate = f64::from(self.rate_per_sec);
         let burst = f64::from(self.burst);
@@ -207,12 +194,23 @@ impl Auth {
         bucket.available =
             (bucket.available + now.duration_since(bucket.updated).as_secs_f64() * rate).min(burst);
         bucket.updated = now;
-        if bucket.available >= 1.0 {
-            bucket.available -= 1.0;
-            None
-        } else {
-            Some((((1.0 - bucket.available) / rate) * 1000.0).ceil() as u64)
+        use_bucket(bucket)
+    }
+
+    /// Takes one request from `name`'s bucket; `Some(wait in ms)` when empty.
+    fn take(&self, name: &str) -> Option<u64> {
+        if self.rate_per_sec == 0 {
+            return None;
         }
+        let rate = f64::from(self.rate_per_sec);
+        self.with_refilled_bucket(name, |bucket| {
+            if bucket.available >= 1.0 {
+                bucket.available -= 1.0;
+                None
+            } else {
+                Some((((1.0 - bucket.available) / rate) * 1000.0).ceil() as u64)
+            }
+        })
     }
 }
 
