@@ -192,13 +192,27 @@ all_healthy() {
   for node in "${nodes[@]}"; do healthy "$node" || return 1; done
 }
 
+# table_rows: the member rows of a `tally status` text on stdin (the node's
+# own row, LAST SYNC `self`, included): REGION NODE REPLICA GRPC ALIVE
+# LAST-SYNC SEQ-LAG DIGEST. Picked by their shape (8 columns, a 16-digit hex
+# digest last), never by line number: lines above and below the table come
+# and go (the cluster version line, problem lines).
+table_rows() {
+  awk 'NF == 8 && $1 != "REGION" && length($8) == 16 && $8 ~ /^[0-9a-f]+$/'
+}
+# status_rows NODE: table_rows of NODE's `tally status`; fails when it does.
+status_rows() {
+  local out
+  out="$(tally_in "$1" status)" || return 1
+  table_rows <<<"$out"
+}
 # live_members NODE: how many members (itself included) NODE sees alive.
 live_members() {
-  tally_in "$1" status | awk '$1 == "converged:" { next } NR > 2 && $5 == "yes" { n++ } END { print n + 0 }'
+  status_rows "$1" | awk '$5 == "yes" { n++ } END { print n + 0 }'
 }
 # member_alive NODE OTHER: yes/no, as NODE sees OTHER.
 member_alive() {
-  tally_in "$1" status | awk -v other="$2" 'NR > 2 && $2 == other { print $5 }'
+  status_rows "$1" | awk -v other="$2" '$2 == other { print $5 }'
 }
 ap_south_down() { [[ "$(member_alive eu-west-1 ap-south-1)" == no ]]; }
 sees_all() {
@@ -340,9 +354,8 @@ pulled_recently() {
   local node
   : >"$work/stale"
   for node in "${nodes[@]}"; do
-    tally_in "$node" status | awk -v node="$node" '
-      $1 == "converged:" { next }
-      NR > 3 && !($6 ~ /ms$/ || $6 ~ /^[0-2](\.[0-9])?s$/) { print node " <- " $2 ": " $6; bad = 1 }
+    status_rows "$node" | awk -v node="$node" '
+      $6 != "self" && !($6 ~ /ms$/ || $6 ~ /^[0-2](\.[0-9])?s$/) { print node " <- " $2 ": " $6; bad = 1 }
       END { exit bad }' >>"$work/stale" || return 1
   done
 }
@@ -351,7 +364,7 @@ converged_everywhere() {
   for node in "${nodes[@]}"; do
     out="$(tally_in "$node" status)" || return 1
     grep -q '^converged: yes' <<<"$out" || return 1
-    [[ "$(awk '$1 == "converged:" { next } NR > 2 && $5 == "yes" { n++ } END { print n + 0 }' <<<"$out")" == "${#nodes[@]}" ]] || return 1
+    [[ "$(table_rows <<<"$out" | awk '$5 == "yes" { n++ } END { print n + 0 }')" == "${#nodes[@]}" ]] || return 1
   done
 }
 
@@ -454,14 +467,14 @@ start_drivers killed 16 "${nodes[@]}"
 via_override=()
 wait_until 60 "eu-west-2 acknowledged 4 adds of this phase" \
   bash -c '[[ $(wc -l <"$0") -ge 4 ]]' "$work/ledger.eu-west-2.killed"
-replica_before="$(tally_in eu-west-2 status | awk 'NR == 3 { print $3 }')"
+replica_before="$(status_rows eu-west-2 | awk '$6 == "self" { print $3 }')"
 dock 60 kill "${cid[eu-west-2]}" >/dev/null
 log "  killed after $(wc -l <"$work/ledger.eu-west-2.killed") acknowledged adds of this phase"
 sleep 3
 dock 60 start "${cid[eu-west-2]}" >/dev/null
 log "  eu-west-2 started again; waiting (<= 60 s) until healthy"
 wait_until 60 "eu-west-2 is healthy again" healthy eu-west-2
-replica_after="$(tally_in eu-west-2 status | awk 'NR == 3 { print $3 }')"
+replica_after="$(status_rows eu-west-2 | awk '$6 == "self" { print $3 }')"
 [[ -n "$replica_before" && "$replica_after" == "$replica_before" ]] ||
   fail "eu-west-2 came back as replica $replica_after, was $replica_before: its data directory was lost"
 log "  eu-west-2 is back as the same replica $replica_after"
