@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -196,24 +197,28 @@ async fn sigterm_during_a_hung_commit_ends_the_node_within_the_grace() {
 struct Tmpfs(PathBuf);
 
 impl Tmpfs {
-    /// Mounts a tmpfs of `size` (e.g. "40m") at `dir`; `None` when this
-    /// process may not mount (not root, no mount namespace rights).
-    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+    /// Mounts a tmpfs of `size` (e.g. "40m") at `dir` for `test`; `None`,
+    /// with a SKIPPED banner, when this process may not mount (not root, no
+    /// mount namespace rights).
+    fn mount(dir: &Path, size: &str, test: &str) -> Option<Tmpfs> {
         std::fs::create_dir_all(dir).unwrap();
-        let output = Command::new("mount")
+        let why = match Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
             .arg(dir)
             .output()
-            .ok()?;
-        if output.status.success() {
-            Some(Tmpfs(dir.to_path_buf()))
-        } else {
-            eprintln!(
-                "cannot mount a tmpfs: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            );
-            None
-        }
+        {
+            Ok(output) if output.status.success() => return Some(Tmpfs(dir.to_path_buf())),
+            Ok(output) => String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            Err(error) => format!("cannot run mount: {error}"),
+        };
+        // Straight to the process's stderr, not through `eprintln!`, which the
+        // test harness captures and hides for a test that passes.
+        let bar = "!".repeat(72);
+        let _ = writeln!(
+            std::io::stderr(),
+            "\n{bar}\nSKIPPED: {test} needs root to mount a {size} tmpfs: {why}\n{bar}\n"
+        );
+        None
     }
 }
 
@@ -237,11 +242,8 @@ fn free_bytes(dir: &Path) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn below_the_free_space_floor_adds_are_refused_and_resume_when_space_returns() {
     let root = tempfile::tempdir().unwrap();
-    let Some(tmpfs) = Tmpfs::mount(&root.path().join("small-disk"), "40m") else {
-        eprintln!(
-            "SKIPPED below_the_free_space_floor_adds_are_refused_and_resume_when_space_returns: \
-             it needs root to mount a 40 MiB tmpfs"
-        );
+    let test = "below_the_free_space_floor_adds_are_refused_and_resume_when_space_returns";
+    let Some(tmpfs) = Tmpfs::mount(&root.path().join("small-disk"), "40m", test) else {
         return;
     };
     let mut spec = NodeSpec::new(&tmpfs.0, "eu", "small");
@@ -330,11 +332,8 @@ async fn below_the_free_space_floor_adds_are_refused_and_resume_when_space_retur
 async fn a_real_full_disk_without_a_floor_makes_the_node_fail_stop_and_a_restart_keeps_every_acknowledged_add(
 ) {
     let root = tempfile::tempdir().unwrap();
-    let Some(tmpfs) = Tmpfs::mount(&root.path().join("full-disk"), "40m") else {
-        eprintln!(
-            "SKIPPED a_real_full_disk_without_a_floor_makes_the_node_fail_stop: \
-             it needs root to mount a 40 MiB tmpfs"
-        );
+    let test = "a_real_full_disk_without_a_floor_makes_the_node_fail_stop";
+    let Some(tmpfs) = Tmpfs::mount(&root.path().join("full-disk"), "40m", test) else {
         return;
     };
     let mut spec = NodeSpec::new(&tmpfs.0, "eu", "full");
