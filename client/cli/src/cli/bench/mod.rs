@@ -1,8 +1,9 @@
 //! `tally bench`: a closed-loop load generator that measures what a service
 //! using the client library gets.
 //!
-//! `--concurrency` workers each loop: pick a key uniformly among `--keys`
-//! (`bench:key:0` ...), send one request through the public [`Client`] API
+//! `--concurrency` workers each loop: pick a key among `--keys` (uniformly,
+//! or by `--distribution zipf:S`; see [`keys`]) (`bench:key:0` ...), send one
+//! request through the public [`Client`] API
 //! (`add(key, 1)`, `get(key)`, or 90% gets and 10% adds for `mixed`), wait
 //! for the answer, and record its latency. The workers are spread over
 //! `--connections` clients, each with its own HTTP/2 connection and its own
@@ -38,6 +39,10 @@ use tokio::time::Instant;
 use super::duration::{parse_duration, parse_positive_duration};
 use super::output::{print_json, print_line};
 use super::Target;
+use keys::KeyChooser;
+use keys::{KeyDistribution, KeyFormat};
+
+mod keys;
 
 /// Share of reads in `--op mixed`.
 const MIXED_GET_SHARE: f64 = 0.9;
@@ -65,9 +70,15 @@ pub struct BenchArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub connections: Option<u32>,
 
-    /// Distinct counters, chosen uniformly; 1 is a single hot key.
+    /// Distinct counters; 1 is a single hot key.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub keys: u32,
+
+    /// How requests pick among --keys: `uniform`, or `zipf:S` (key of
+    /// popularity rank r drawn in proportion to 1/r^S; `zipf:0.99` is the
+    /// usual model of web traffic).
+    #[arg(long, default_value = "uniform", value_parser = KeyDistribution::parse)]
+    pub distribution: KeyDistribution,
 
     /// How counters are named: `{}` stands for a key's number (0 to --keys
     /// minus 1), `{:0N}` for it zero-padded to N digits; e.g.
@@ -126,54 +137,6 @@ pub struct BenchArgs {
     /// core keeps up.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub threads: Option<u32>,
-}
-
-/// A `--key-format`: the text around one `{}` or `{:0N}`.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct KeyFormat {
-    before: String,
-    width: usize,
-    after: String,
-}
-
-impl KeyFormat {
-    fn parse(text: &str) -> Result<KeyFormat, String> {
-        let open = text
-            .find('{')
-            .ok_or("give a format with {} (or {:0N}) where the key's number goes")?;
-        let close = open
-            + text[open..]
-                .find('}')
-                .ok_or("the key format's { has no closing }")?;
-        let width = match &text[open + 1..close] {
-            "" => 0,
-            spec => spec
-                .strip_prefix(":0")
-                .and_then(|digits| digits.parse::<usize>().ok())
-                .filter(|width| (1..=20).contains(width))
-                .ok_or_else(|| format!("{{{spec}}} is not {{}} or {{:0N}} with N from 1 to 20"))?,
-        };
-        let after = &text[close + 1..];
-        if after.contains(['{', '}']) {
-            return Err("the key format takes one {} (or {:0N}) only".into());
-        }
-        Ok(KeyFormat {
-            before: text[..open].into(),
-            width,
-            after: after.into(),
-        })
-    }
-
-    /// The name of key number `n`.
-    pub fn name(&self, n: u32) -> String {
-        format!(
-            "{}{:0width$}{}",
-            self.before,
-            n,
-            self.after,
-            width = self.width
-        )
-    }
 }
 
 impl BenchArgs {
@@ -244,6 +207,8 @@ struct BenchReport {
     concurrency: u32,
     connections: u32,
     keys: u32,
+    /// `uniform` or `zipf:S`.
+    distribution: String,
     coalesce: bool,
     read_cache: bool,
     /// The measured window: from the end of the warmup to the last answer.
@@ -279,12 +244,13 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
         process_cpu_time()
     });
     let latencies = Arc::new(Latencies::new());
-    let keys = Arc::new(KeyChooser {
-        names: (0..args.keys).map(|i| args.key_format.name(i)).collect(),
-        next: AtomicU64::new(0),
-        sequential: args.sequential,
-        limit: args.ops,
-    });
+    let keys = Arc::new(KeyChooser::new(
+        args.key_format.clone(),
+        args.keys,
+        args.distribution,
+        args.sequential,
+        args.ops,
+    )?);
     let mut workers = JoinSet::new();
     for worker in 0..args.concurrency as usize {
         let client = clients[worker % clients.len()].clone();
@@ -326,6 +292,7 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
         concurrency: args.concurrency,
         connections,
         keys: args.keys,
+        distribution: args.distribution.to_string(),
         coalesce: !args.no_coalesce,
         read_cache: args.read_cache,
         duration_s: window,
@@ -359,36 +326,6 @@ pub async fn run(target: &Target, args: &BenchArgs, json: bool) -> anyhow::Resul
     Ok(())
 }
 
-/// The workers' keys and how each request picks one: at random, or in order
-/// with `--sequential`. With `--sequential` or `--ops` the workers share one
-/// request counter (only then: an atomic touched by every worker costs).
-struct KeyChooser {
-    names: Box<[String]>,
-    next: AtomicU64,
-    sequential: bool,
-    limit: Option<u64>,
-}
-
-impl KeyChooser {
-    /// The next request's key, or `None` once `--ops` requests are sent.
-    fn pick(&self, rng: &mut SmallRng) -> Option<&str> {
-        let count = self.names.len();
-        if self.sequential || self.limit.is_some() {
-            let index = self.next.fetch_add(1, Ordering::Relaxed);
-            if self.limit.is_some_and(|limit| index >= limit) {
-                return None;
-            }
-            if self.sequential {
-                return Some(&self.names[(index % count as u64) as usize]);
-            }
-        }
-        Some(match count {
-            1 => &self.names[0],
-            _ => &self.names[rng.random_range(0..count)],
-        })
-    }
-}
-
 /// One closed-loop worker: one request in flight at a time until `stop_at`.
 async fn run_worker(
     client: Client,
@@ -412,10 +349,12 @@ async fn run_worker(
             break;
         };
         let result = match op {
-            BenchOp::Add => client.add(key, 1).await.map(|_| ()),
-            BenchOp::Get => client.get(key).await.map(|_| ()),
-            BenchOp::Mixed if rng.random_bool(MIXED_GET_SHARE) => client.get(key).await.map(|_| ()),
-            BenchOp::Mixed => client.add(key, 1).await.map(|_| ()),
+            BenchOp::Add => client.add(&key, 1).await.map(|_| ()),
+            BenchOp::Get => client.get(&key).await.map(|_| ()),
+            BenchOp::Mixed if rng.random_bool(MIXED_GET_SHARE) => {
+                client.get(&key).await.map(|_| ())
+            }
+            BenchOp::Mixed => client.add(&key, 1).await.map(|_| ()),
             BenchOp::Ping => client.ping().await,
         };
         let finished = Instant::now();
@@ -538,10 +477,11 @@ fn print_report(report: &BenchReport) -> anyhow::Result<()> {
     };
     let on_off = |on: bool| if on { "on" } else { "off" };
     print_line(format_args!(
-        "bench: op={op} concurrency={} connections={} keys={} duration={:.2}s coalesce={} read-cache={}",
+        "bench: op={op} concurrency={} connections={} keys={} distribution={} duration={:.2}s coalesce={} read-cache={}",
         report.concurrency,
         report.connections,
         report.keys,
+        report.distribution,
         report.duration_s,
         on_off(report.coalesce),
         on_off(report.read_cache),
@@ -593,6 +533,7 @@ mod tests {
         assert_eq!(args.duration, Duration::from_secs(10));
         assert_eq!(args.warmup, Duration::from_secs(1));
         assert!(!args.no_coalesce && !args.read_cache);
+        assert_eq!(args.distribution, KeyDistribution::Uniform);
         let config = client_config(ClientConfig::default(), &args);
         assert_eq!(config, ClientConfig::default());
         assert!(config.coalescing());
@@ -726,6 +667,7 @@ mod tests {
             concurrency: 64,
             connections: 4,
             keys: 1,
+            distribution: "zipf:0.99".into(),
             coalesce: true,
             read_cache: false,
             duration_s: 10.0,
@@ -752,6 +694,7 @@ mod tests {
             "ops",
             "concurrency",
             "keys",
+            "distribution",
             "duration_s",
             "coalesce",
             "read_cache",
@@ -759,26 +702,5 @@ mod tests {
         ] {
             assert!(json.get(field).is_some(), "missing {field}");
         }
-    }
-
-    #[test]
-    fn sequential_keys_go_in_order_and_ops_stop_after_the_limit() {
-        let mut rng = SmallRng::seed_from_u64(1);
-        let chooser = KeyChooser {
-            names: ["a", "b"].map(String::from).into(),
-            next: AtomicU64::new(0),
-            sequential: true,
-            limit: Some(3),
-        };
-        let picked: Vec<Option<&str>> = (0..5).map(|_| chooser.pick(&mut rng)).collect();
-        assert_eq!(picked, [Some("a"), Some("b"), Some("a"), None, None]);
-        let random = KeyChooser {
-            names: ["a", "b"].map(String::from).into(),
-            next: AtomicU64::new(0),
-            sequential: false,
-            limit: None,
-        };
-        assert!((0..100).all(|_| random.pick(&mut rng).is_some()));
-        assert_eq!(random.next.load(Ordering::Relaxed), 0, "no shared counter");
     }
 }
