@@ -238,8 +238,7 @@ mod tests {
     fn sequential_keys_go_in_order_and_ops_stop_after_the_limit() {
         let mut rng = SmallRng::seed_from_u64(1);
         let format = KeyFormat::parse("k{}").unwrap();
-        let ordered =
-            KeyChooser::new(format, 2, KeyDistribution::Uniform, true, Some(3)).unwrap();
+        let ordered = KeyChooser::new(format, 2, KeyDistribution::Uniform, true, Some(3)).unwrap();
         let picked: Vec<Option<String>> = (0..5)
             .map(|_| ordered.pick(&mut rng).map(Cow::into_owned))
             .collect();
@@ -261,7 +260,9 @@ mod tests {
             Ok(KeyDistribution::Zipf(0.99))
         );
         assert_eq!(KeyDistribution::Zipf(0.99).to_string(), "zipf:0.99");
-        for bad in ["", "zipf", "zipf:", "zipf:0", "zipf:-1", "zipf:nan", "zipf:11", "normal"] {
+        for bad in [
+            "", "zipf", "zipf:", "zipf:0", "zipf:-1", "zipf:nan", "zipf:11", "normal",
+        ] {
             assert!(
                 KeyDistribution::parse(bad).is_err(),
                 "{bad:?} should be refused"
