@@ -1,12 +1,19 @@
-//! Pure conflict-free replicated data types: the `Crdt` trait and the PN-counter.
+//! Pure conflict-free replicated data types: the `Crdt` trait, the PN-counter,
+//! the causal-length set (like sets) and HyperLogLog (uniques).
 //!
 //! Nothing here does IO or reads a clock. Every implementation obeys the laws
 //! stated on [`Crdt`], and the tests check them with proptest.
 
+pub mod causal_length;
 mod digest;
+pub mod hll;
+#[cfg(test)]
+mod laws;
 mod pn_counter;
 
+pub use causal_length::{check_member, CausalLengthSet, LengthOverflow, MemberError};
 pub use digest::{counter_digest, stable_hash, StateDigest};
+pub use hll::HyperLogLog;
 pub use pn_counter::{AddError, PnCounter, ReplicaId, Slot, ValueOutOfRange};
 
 /// A state-based CRDT: replicas merge states, never operations.
