@@ -6,7 +6,7 @@
 //! subtract a counter's old hash, add its new one. The hash is FNV-1a followed
 //! by a 64-bit finaliser, fixed here so that every build and platform agrees.
 
-use super::PnCounter;
+use super::{FoldedBase, PnCounter};
 
 /// The order-independent digest of a set of counters.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Hash)]
@@ -34,6 +34,14 @@ pub fn counter_digest(key: &str, counter: &PnCounter) -> u64 {
         hash.write(&replica.0.to_le_bytes());
         hash.write(&slot.p.to_le_bytes());
         hash.write(&slot.n.to_le_bytes());
+    }
+    let base = counter.folded();
+    if base != FoldedBase::default() {
+        // After the slots, so a counter that never saw a fold hashes as before.
+        hash.write(b"folded");
+        hash.write(&base.epoch.to_le_bytes());
+        hash.write(&base.p.to_le_bytes());
+        hash.write(&base.n.to_le_bytes());
     }
     finalise(hash.0)
 }

@@ -1,11 +1,13 @@
-//! Pure conflict-free replicated data types: the `Crdt` trait, the PN-counter,
-//! the causal-length set (like sets) and HyperLogLog (uniques).
+//! Pure conflict-free replicated data types: the `Crdt` trait, the PN-counter
+//! and its folded base (retired writers, `fold.rs`), the causal-length set
+//! (like sets) and HyperLogLog (uniques).
 //!
 //! Nothing here does IO or reads a clock. Every implementation obeys the laws
 //! stated on [`Crdt`], and the tests check them with proptest.
 
 pub mod causal_length;
 mod digest;
+mod fold;
 pub mod hll;
 #[cfg(test)]
 mod laws;
@@ -13,6 +15,7 @@ mod pn_counter;
 
 pub use causal_length::{check_member, CausalLengthSet, LengthOverflow, MemberError};
 pub use digest::{counter_digest, stable_hash, StateDigest};
+pub use fold::{writer_slot_hash, FoldBook, FoldError, FoldRecord, FoldedBase, WriterDigest};
 pub use hll::HyperLogLog;
 pub use pn_counter::{AddError, PnCounter, ReplicaId, Slot, ValueOutOfRange};
 

@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use super::fold::FoldedBase;
 use super::Crdt;
 
 /// One replica incarnation's id: random, created with its data directory.
@@ -60,10 +61,13 @@ pub enum AddError {
 pub struct ValueOutOfRange(pub i128);
 
 /// A PN-counter, sparse: only replicas that wrote have a slot. Slots are kept
-/// sorted by replica id, so equal states compare and hash equal.
+/// sorted by replica id, so equal states compare and hash equal. Writers that
+/// were retired and folded (see [`super::fold`]) no longer have a slot: their
+/// sums live in the counter's [`FoldedBase`], tagged with the fold epoch.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
 pub struct PnCounter {
-    slots: Vec<(ReplicaId, Slot)>,
+    pub(super) slots: Vec<(ReplicaId, Slot)>,
+    pub(super) folded: FoldedBase,
 }
 
 impl PnCounter {
@@ -90,7 +94,10 @@ impl PnCounter {
             }
         }
         merged.retain(|(_, slot)| *slot != Slot::default());
-        PnCounter { slots: merged }
+        PnCounter {
+            slots: merged,
+            folded: FoldedBase::default(),
+        }
     }
 
     /// The slots, sorted by replica id.
@@ -108,12 +115,17 @@ impl PnCounter {
 
     /// True when no replica ever wrote.
     pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
+        self.slots.is_empty() && self.folded == FoldedBase::default()
     }
 
-    /// `sum(p) - sum(n)`, computed in 128 bits so that it never wraps.
+    /// The folded base: the sums of retired writers folded into this counter.
+    pub fn folded(&self) -> FoldedBase {
+        self.folded
+    }
+
+    /// `base + sum(p) - sum(n)`, computed in 128 bits so that it never wraps.
     pub fn exact_value(&self) -> i128 {
-        self.slots.iter().map(|(_, slot)| slot.net()).sum()
+        self.folded.net() + self.slots.iter().map(|(_, slot)| slot.net()).sum::<i128>()
     }
 
     /// The value, or an error when the merged total is outside `i64`.
@@ -188,10 +200,14 @@ impl PnCounter {
 }
 
 impl Crdt for PnCounter {
+    /// Slot-wise max, for two states at the same fold epoch (whose bases are
+    /// then equal): the base is left alone. States at different epochs merge
+    /// with [`PnCounter::merge_folded`], which knows which slots were folded.
     /// Both slot lists are sorted: one pass over the two when `other` brings
     /// replicas `self` lacks (inserting each was quadratic), slot by slot
     /// in place when it brings none.
     fn merge(&mut self, other: &Self) -> bool {
+        debug_assert_eq!(self.folded.epoch, other.folded.epoch);
         let known = other
             .slots
             .iter()
