@@ -1,6 +1,6 @@
 //! The Tally region node.
 //!
-//! - [`crdt`] and [`replica`] are the pure core: no tokio, sled, tonic or prost.
+//! - [`crdt`], [`replica`] and [`partition`] are the pure core: no tokio, sled, tonic or prost.
 //!   The node's runtime and the simulator (`tally-sim`) drive the same code.
 //! - [`store`] keeps counters on disk behind the narrow [`store::Store`] trait.
 //! - the rest is the runtime: group commit, the gRPC services, membership and
@@ -16,6 +16,7 @@ pub mod gossip;
 pub mod http;
 pub mod log_flood;
 pub mod metrics;
+pub mod partition;
 pub mod replica;
 pub mod restore;
 pub mod server;
