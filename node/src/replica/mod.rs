@@ -14,6 +14,7 @@
 //! keyed retries apply once (5); no arithmetic wraps (6).
 
 mod directory;
+pub mod folds;
 mod idempotency;
 mod identity;
 mod protocol;

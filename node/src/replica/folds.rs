@@ -1,0 +1,529 @@
+//! Retiring writers and agreeing on folds: the pure protocol. Membership and
+//! the other members' reports come in as values; nothing here does IO.
+//!
+//! - **Retired** writers are a grow-only set: an operator retires a replica,
+//!   or a node retires an old incarnation of a node whose newer incarnation
+//!   is alive once the old one has been dead for `retire_after`; members
+//!   learn retirements from each other's reports. A retired writer is fenced
+//!   (the node refuses to serve with that id).
+//! - Every member keeps a [`WriterDigest`] of each writer's slots over every
+//!   counter it holds and reports those of retired, unfolded writers.
+//! - **Agreement rule**: a retired writer is ready to fold when every
+//!   counted member reports the same digest as ours. Counted members are
+//!   every replica this node has ever learned of (its directory, all
+//!   regions, live or down), less the retired ones: a member that was never
+//!   removed counts even when it is down or cut off, so a fold waits through
+//!   partitions instead of guessing.
+//! - **Epochs**: a node whose ready writers are not folded proposes a
+//!   candidate record for the next epoch; candidates only grow (a member's
+//!   agreeing writers are added), and a node commits its candidate once every
+//!   counted member reports the same candidate, or a committed record of
+//!   that epoch. A committed record is frozen and adopted by every other
+//!   member, whose own candidate gives way. Two members cannot commit
+//!   different records for one epoch: each would have seen the other report
+//!   its own candidate, and a candidate only grows until it is committed.
+//! - A node applies a committed epoch to its own counters only when its own
+//!   digest of each writer equals the record's ([`Folds::applicable`]);
+//!   otherwise it says why and its counters reach the fold through merges
+//!   from members that applied it.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::crdt::{FoldBook, FoldError, FoldRecord, ReplicaId, Slot, WriterDigest};
+
+/// Why a writer was retired.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum RetireReason {
+    /// An operator retired it (`tally admin retire`).
+    Operator,
+    /// A newer incarnation of its node is alive and it was dead long enough.
+    Replaced {
+        /// The newer incarnation.
+        by: ReplicaId,
+    },
+    /// Learned from another member's report.
+    Reported {
+        /// The member that reported it first.
+        by: ReplicaId,
+    },
+}
+
+impl std::fmt::Display for RetireReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetireReason::Operator => write!(f, "retired by an operator"),
+            RetireReason::Replaced { by } => write!(f, "replaced by {by}"),
+            RetireReason::Reported { by } => write!(f, "reported retired by {by}"),
+        }
+    }
+}
+
+/// What a member publishes about retirements and folds.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct FoldReport {
+    /// The retired writers it knows.
+    pub retired: Vec<ReplicaId>,
+    /// Its digest of each retired, not yet folded writer.
+    pub digests: Vec<(ReplicaId, WriterDigest)>,
+    /// Its committed fold records, oldest first.
+    pub records: Vec<FoldRecord>,
+    /// Its candidate for the next epoch.
+    pub candidate: Option<FoldRecord>,
+}
+
+/// Why a retired writer is not folded yet.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum FoldWait {
+    /// A counted member has not reported its state of the writer.
+    #[error("member {member} has not reported its state of writer {writer} (down or cut off?)")]
+    NotReported {
+        /// The member.
+        member: ReplicaId,
+        /// The writer.
+        writer: ReplicaId,
+    },
+    /// A member holds another state of the writer than this node.
+    #[error("member {member} holds another state of writer {writer} ({theirs}; here {ours}); waiting for anti-entropy")]
+    Differs {
+        /// The member.
+        member: ReplicaId,
+        /// The writer.
+        writer: ReplicaId,
+        /// Our digest.
+        ours: WriterDigest,
+        /// Theirs.
+        theirs: WriterDigest,
+    },
+    /// A member has not committed the candidate for the epoch yet.
+    #[error("member {member} has not agreed to fold epoch {epoch} yet")]
+    NotAgreed {
+        /// The member.
+        member: ReplicaId,
+        /// The epoch of the candidate.
+        epoch: u64,
+    },
+    /// The record is committed, but this node's state of a writer differs
+    /// from the record's, so its counters take the fold by merges only.
+    #[error("fold epoch {epoch} is committed but this node's state of writer {writer} ({ours}) is not the record's ({record}); its counters take the fold from peers")]
+    NotApplicable {
+        /// The epoch.
+        epoch: u64,
+        /// The writer.
+        writer: ReplicaId,
+        /// Our digest.
+        ours: WriterDigest,
+        /// The record's.
+        record: WriterDigest,
+    },
+}
+
+/// Why `tally admin retire` was refused. Nothing changed.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum RetireRefused {
+    /// The node's own id.
+    #[error("{0} is this node's own replica id; retire it from another node once it is stopped")]
+    Own(ReplicaId),
+    /// No such replica known.
+    #[error("no replica {0} is known to this node (see tally status for the ids)")]
+    Unknown(ReplicaId),
+    /// The replica is alive.
+    #[error("replica {0} is alive; stop it (and wipe its data directory) before retiring it")]
+    Alive(ReplicaId),
+}
+
+/// A member as the fold protocol sees it: its id, whether it is up, and its
+/// last report (none if it never published one).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct FoldMember {
+    /// Its replica id.
+    pub replica: ReplicaId,
+    /// Whether failure detection thinks it is up.
+    pub alive: bool,
+    /// Its node name.
+    pub node_name: String,
+    /// Its last report.
+    pub report: Option<FoldReport>,
+}
+
+/// The fold protocol's state at one node. See the module documentation.
+#[derive(Debug, Default)]
+pub struct Folds {
+    retired: BTreeMap<ReplicaId, RetireReason>,
+    book: FoldBook,
+    candidate: Option<FoldRecord>,
+    digests: HashMap<ReplicaId, WriterDigest>,
+    /// Epochs up to this one are applied to this node's counters as they load.
+    applied: u64,
+    /// Retirements and records not yet handed to a commit.
+    pending_retired: Vec<(ReplicaId, RetireReason)>,
+    pending_records: Vec<FoldRecord>,
+    waits: BTreeMap<ReplicaId, FoldWait>,
+    dead_since_ms: HashMap<ReplicaId, u64>,
+}
+
+impl Folds {
+    /// The state recovered from disk: retirements, committed records and
+    /// every writer's digest.
+    pub fn recovered(
+        retired: Vec<(ReplicaId, RetireReason)>,
+        records: Vec<FoldRecord>,
+        digests: Vec<(ReplicaId, WriterDigest)>,
+    ) -> Result<Self, FoldError> {
+        let book = FoldBook::from_records(records)?;
+        let mut folds = Folds {
+            retired: retired.into_iter().collect(),
+            book,
+            digests: digests.into_iter().collect(),
+            ..Folds::default()
+        };
+        folds.applied = folds.applicable_upto();
+        Ok(folds)
+    }
+
+    /// The committed fold records.
+    pub fn book(&self) -> &FoldBook {
+        &self.book
+    }
+
+    /// Epochs up to this one are applied to this node's counters.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The retired writers and why.
+    pub fn retired(&self) -> &BTreeMap<ReplicaId, RetireReason> {
+        &self.retired
+    }
+
+    /// Whether `writer` is retired (fenced).
+    pub fn is_retired(&self, writer: ReplicaId) -> bool {
+        self.retired.contains_key(&writer)
+    }
+
+    /// Why each retired, unfolded writer waits (as of the last round).
+    pub fn waits(&self) -> &BTreeMap<ReplicaId, FoldWait> {
+        &self.waits
+    }
+
+    /// The candidate record for the next epoch, if any.
+    pub fn candidate(&self) -> Option<&FoldRecord> {
+        self.candidate.as_ref()
+    }
+
+    /// This node's digest of `writer`'s slots.
+    pub fn digest_of(&self, writer: ReplicaId) -> WriterDigest {
+        self.digests.get(&writer).copied().unwrap_or_default()
+    }
+
+    /// Records that `writer`'s slot of counter `key` went from `old` to `new`
+    /// in a commit.
+    pub fn note_slot(&mut self, key: &str, writer: ReplicaId, old: Slot, new: Slot) {
+        if old == new {
+            return;
+        }
+        let digest = self.digests.entry(writer).or_default();
+        digest.replace(key, old, new);
+        if *digest == WriterDigest::default() {
+            self.digests.remove(&writer);
+        }
+    }
+
+    /// Every writer's digest (for the commit that persists them).
+    pub fn digests(&self) -> impl Iterator<Item = (ReplicaId, WriterDigest)> + '_ {
+        self.digests
+            .iter()
+            .map(|(writer, digest)| (*writer, *digest))
+    }
+
+    /// Retires `writer` on an operator's word. Refused for this node's own
+    /// id, an id this node never heard of, and a live member.
+    pub fn retire(
+        &mut self,
+        writer: ReplicaId,
+        own: ReplicaId,
+        known: bool,
+        members: &[FoldMember],
+    ) -> Result<bool, RetireRefused> {
+        if writer == own {
+            return Err(RetireRefused::Own(writer));
+        }
+        let member = members.iter().find(|member| member.replica == writer);
+        if member.is_some_and(|member| member.alive) {
+            return Err(RetireRefused::Alive(writer));
+        }
+        if !known && member.is_none() {
+            return Err(RetireRefused::Unknown(writer));
+        }
+        Ok(self.learn_retired(writer, RetireReason::Operator))
+    }
+
+    fn learn_retired(&mut self, writer: ReplicaId, reason: RetireReason) -> bool {
+        if self.retired.contains_key(&writer) {
+            return false;
+        }
+        self.retired.insert(writer, reason.clone());
+        self.pending_retired.push((writer, reason));
+        true
+    }
+
+    /// Retires old incarnations: a member that is down while a newer
+    /// incarnation of its node (same node name, another id) is alive,
+    /// once it has been seen down for `retire_after_ms`.
+    pub fn retire_replaced(
+        &mut self,
+        now_ms: u64,
+        own: ReplicaId,
+        own_node_name: &str,
+        members: &[FoldMember],
+        retire_after_ms: u64,
+    ) -> Vec<ReplicaId> {
+        self.dead_since_ms.retain(|replica, _| {
+            members
+                .iter()
+                .any(|member| member.replica == *replica && !member.alive)
+        });
+        let mut retired = Vec::new();
+        for member in members.iter().filter(|member| !member.alive) {
+            let since = *self.dead_since_ms.entry(member.replica).or_insert(now_ms);
+            if self.is_retired(member.replica) || now_ms.saturating_sub(since) < retire_after_ms {
+                continue;
+            }
+            let newer = if member.node_name == own_node_name {
+                Some(own)
+            } else {
+                members
+                    .iter()
+                    .find(|other| other.alive && other.node_name == member.node_name)
+                    .map(|other| other.replica)
+            };
+            if let Some(by) = newer {
+                if self.learn_retired(member.replica, RetireReason::Replaced { by }) {
+                    retired.push(member.replica);
+                }
+            }
+        }
+        retired
+    }
+
+    /// What this node publishes.
+    pub fn report(&self) -> FoldReport {
+        FoldReport {
+            retired: self.retired.keys().copied().collect(),
+            digests: self
+                .unfolded_retired()
+                .map(|writer| (writer, self.digest_of(writer)))
+                .collect(),
+            records: self.book.records().to_vec(),
+            candidate: self.candidate.clone(),
+        }
+    }
+
+    fn unfolded_retired(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+        self.retired
+            .keys()
+            .copied()
+            .filter(|writer| self.book.folded_at(*writer).is_none())
+    }
+
+    /// One round of the protocol on the members' latest reports. `counted`
+    /// is every replica this node knows (its directory) other than itself;
+    /// retired ones are left out here. Returns the records committed or
+    /// adopted in this round.
+    pub fn handle_reports(
+        &mut self,
+        counted: &[ReplicaId],
+        members: &[FoldMember],
+    ) -> Result<Vec<FoldRecord>, FoldError> {
+        let committed = self.round(counted, members);
+        self.applied = self.applicable_upto();
+        committed
+    }
+
+    fn round(
+        &mut self,
+        counted: &[ReplicaId],
+        members: &[FoldMember],
+    ) -> Result<Vec<FoldRecord>, FoldError> {
+        let reports: HashMap<ReplicaId, &FoldReport> = members
+            .iter()
+            .filter_map(|member| Some((member.replica, member.report.as_ref()?)))
+            .collect();
+        self.waits.clear();
+        for (member, report) in &reports {
+            for writer in &report.retired {
+                self.learn_retired(*writer, RetireReason::Reported { by: *member });
+            }
+        }
+        let mut committed = Vec::new();
+        // Adopt records other members committed, in epoch order.
+        loop {
+            let next = self.book.epoch() + 1;
+            let found = reports
+                .values()
+                .find_map(|report| report.records.iter().find(|r| r.epoch == next));
+            let Some(record) = found.cloned() else { break };
+            self.commit(record.clone())?;
+            committed.push(record);
+        }
+        let counted: Vec<ReplicaId> = counted
+            .iter()
+            .copied()
+            .filter(|replica| !self.is_retired(*replica))
+            .collect();
+        let next = self.book.epoch() + 1;
+        // Propose, or grow our candidate with what others propose and we agree on.
+        let ready: Vec<(ReplicaId, WriterDigest)> = self
+            .unfolded_retired()
+            .collect::<Vec<_>>()
+            .into_iter()
+            .filter_map(|writer| match self.agreement(writer, &counted, &reports) {
+                Ok(digest) => Some((writer, digest)),
+                Err(wait) => {
+                    self.waits.insert(writer, wait);
+                    None
+                }
+            })
+            .collect();
+        let mut writers: BTreeMap<ReplicaId, WriterDigest> = self
+            .candidate
+            .iter()
+            .flat_map(|candidate| candidate.writers.iter().copied())
+            .collect();
+        writers.extend(ready);
+        for report in reports.values() {
+            let Some(theirs) = report.candidate.as_ref().filter(|c| c.epoch == next) else {
+                continue;
+            };
+            for (writer, digest) in &theirs.writers {
+                let agrees = self.is_retired(*writer)
+                    && self.book.folded_at(*writer).is_none()
+                    && self.digest_of(*writer) == *digest;
+                if agrees {
+                    writers.entry(*writer).or_insert(*digest);
+                }
+            }
+        }
+        if writers.is_empty() {
+            return Ok(committed);
+        }
+        let candidate = FoldRecord::new(next, writers);
+        self.candidate = Some(candidate.clone());
+        for member in &counted {
+            let agreed = reports.get(member).is_some_and(|report| {
+                report.candidate.as_ref() == Some(&candidate) || report.records.contains(&candidate)
+            });
+            if !agreed {
+                for (writer, _) in &candidate.writers {
+                    self.waits.insert(
+                        *writer,
+                        FoldWait::NotAgreed {
+                            member: *member,
+                            epoch: next,
+                        },
+                    );
+                }
+                return Ok(committed);
+            }
+        }
+        self.commit(candidate.clone())?;
+        committed.push(candidate);
+        Ok(committed)
+    }
+
+    /// The agreement rule for one writer: every counted member reports our digest.
+    fn agreement(
+        &self,
+        writer: ReplicaId,
+        counted: &[ReplicaId],
+        reports: &HashMap<ReplicaId, &FoldReport>,
+    ) -> Result<WriterDigest, FoldWait> {
+        let ours = self.digest_of(writer);
+        for member in counted {
+            let theirs = reports
+                .get(member)
+                .and_then(|report| report.digests.iter().find(|(w, _)| *w == writer))
+                .map(|(_, digest)| *digest)
+                .ok_or(FoldWait::NotReported {
+                    member: *member,
+                    writer,
+                })?;
+            if theirs != ours {
+                return Err(FoldWait::Differs {
+                    member: *member,
+                    writer,
+                    ours,
+                    theirs,
+                });
+            }
+        }
+        Ok(ours)
+    }
+
+    fn commit(&mut self, record: FoldRecord) -> Result<(), FoldError> {
+        self.book.accept(record.clone())?;
+        if self
+            .candidate
+            .as_ref()
+            .is_some_and(|candidate| candidate.epoch <= record.epoch)
+        {
+            self.candidate = None;
+        }
+        self.pending_records.push(record);
+        self.applied = self.applicable_upto();
+        Ok(())
+    }
+
+    /// The newest epoch this node may apply to its own counters: every
+    /// epoch up to it names, for each writer, the digest this node holds
+    /// (or the node already applied it).
+    fn applicable_upto(&mut self) -> u64 {
+        let mut upto = self.applied;
+        while let Some(record) = self.book.record(upto + 1) {
+            let differs = record
+                .writers
+                .iter()
+                .find(|(writer, digest)| self.digest_of(*writer) != *digest);
+            if let Some((writer, digest)) = differs {
+                self.waits.insert(
+                    *writer,
+                    FoldWait::NotApplicable {
+                        epoch: record.epoch,
+                        writer: *writer,
+                        ours: self.digest_of(*writer),
+                        record: *digest,
+                    },
+                );
+                break;
+            }
+            upto += 1;
+        }
+        upto
+    }
+
+    /// The retirements and records to persist with the next commit.
+    pub fn take_pending(&mut self) -> (Vec<(ReplicaId, RetireReason)>, Vec<FoldRecord>) {
+        (
+            std::mem::take(&mut self.pending_retired),
+            std::mem::take(&mut self.pending_records),
+        )
+    }
+
+    /// Whether retirements or records wait for a commit.
+    pub fn has_pending(&self) -> bool {
+        !self.pending_retired.is_empty() || !self.pending_records.is_empty()
+    }
+
+    /// A failed commit: its retirements and records go into the next one.
+    pub fn restore_pending(
+        &mut self,
+        retired: Vec<(ReplicaId, RetireReason)>,
+        records: Vec<FoldRecord>,
+    ) {
+        self.pending_retired.extend(retired);
+        self.pending_records.extend(records);
+    }
+}
+
+#[cfg(test)]
+#[path = "folds_tests.rs"]
+mod tests;
