@@ -101,6 +101,14 @@ pub enum ConfigError {
         /// The value.
         text: String,
     },
+    /// A CORS origin that is not one.
+    #[error("{setting} {problem}")]
+    CorsOrigin {
+        /// Where the value came from.
+        setting: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// A free-disk floor that is neither a size nor a percentage.
     #[error("{setting} {problem}")]
     DiskFloor {
@@ -222,6 +230,20 @@ pub struct RunArgs {
     /// Refuse to start unless TLS (--tls-cert, --tls-key, --tls-ca) and --auth-tokens are set.
     #[arg(long, env = "TALLY_SECURE", num_args = 0..=1, default_missing_value = "true")]
     pub secure: Option<bool>,
+    /// Origins whose pages may call the JSON API from a browser (CORS), comma-separated:
+    /// `https://example.com`, or `*` for any. [default: none, CORS off]
+    #[arg(long, env = "TALLY_HTTP_CORS_ORIGIN", value_delimiter = ',')]
+    pub http_cors_origin: Option<Vec<String>>,
+    /// PEM certificate served on the HTTP port (HTTPS); needs --http-tls-key. May be the
+    /// node's --tls-cert, or a certificate browsers trust. [default: plain HTTP]
+    #[arg(long, env = "TALLY_HTTP_TLS_CERT")]
+    pub http_tls_cert: Option<PathBuf>,
+    /// PEM private key of --http-tls-cert.
+    #[arg(long, env = "TALLY_HTTP_TLS_KEY")]
+    pub http_tls_key: Option<PathBuf>,
+    /// The gap between heartbeat comments of an idle event stream, e.g. 15s. [default: 15s]
+    #[arg(long, env = "TALLY_HTTP_EVENT_HEARTBEAT")]
+    pub http_event_heartbeat: Option<String>,
     /// Free space the data directory's filesystem must keep: below it adds are refused
     /// (RESOURCE_EXHAUSTED) while reads and replication go on. A size (1GiB, 512MiB) or a
     /// share of the filesystem (5%); 0 turns it off. [default: 5%, at most 1GiB]
@@ -289,6 +311,10 @@ struct FileSettings {
     rate_limit: Option<u32>,
     rate_burst: Option<u32>,
     secure: Option<bool>,
+    http_cors_origin: Option<Vec<String>>,
+    http_tls_cert: Option<PathBuf>,
+    http_tls_key: Option<PathBuf>,
+    http_event_heartbeat: Option<String>,
     min_free_disk: Option<String>,
     shutdown_grace: Option<String>,
 }
@@ -341,6 +367,8 @@ pub struct Settings {
     pub json_logs: bool,
     /// TLS, tokens and rate limits.
     pub security: SecuritySettings,
+    /// The HTTP port's settings (`--http-*`).
+    pub http: crate::http::HttpSettings,
     /// See [`RunArgs`].
     pub min_free_disk: FreeSpaceFloor,
     /// See [`RunArgs`].
@@ -380,6 +408,7 @@ impl Settings {
             on_corrupt: OnCorrupt::Refuse,
             json_logs: false,
             security: SecuritySettings::default(),
+            http: crate::http::HttpSettings::default(),
             min_free_disk: FreeSpaceFloor::Default,
             shutdown_grace: Duration::from_secs(10),
             test_store_fault_file: None,
@@ -536,6 +565,29 @@ impl Settings {
             rate_burst: take!(rate_burst).unwrap_or(rate_limit),
             secure: take!(secure).unwrap_or(false),
         };
+        let cors_source = source!(http_cors_origin);
+        if let Some(origins) = take!(http_cors_origin) {
+            let origins: Vec<String> = origins
+                .into_iter()
+                .map(|origin| origin.trim().to_string())
+                .filter(|origin| !origin.is_empty())
+                .collect();
+            for origin in &origins {
+                crate::http::access::check_cors_origin(origin).map_err(|problem| {
+                    ConfigError::CorsOrigin {
+                        setting: cors_source.clone(),
+                        problem,
+                    }
+                })?;
+            }
+            settings.http.cors_origins = origins;
+        }
+        settings.http.tls_cert = take!(http_tls_cert);
+        settings.http.tls_key = take!(http_tls_key);
+        let heartbeat_source = source!(http_event_heartbeat);
+        if let Some(text) = take!(http_event_heartbeat) {
+            settings.http.event_heartbeat = parse_duration(&heartbeat_source, &text)?;
+        }
         let floor_source = source!(min_free_disk);
         if let Some(text) = take!(min_free_disk) {
             settings.min_free_disk =

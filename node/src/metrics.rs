@@ -107,6 +107,8 @@ pub struct Metrics {
     pub idempotency_records: Gauge,
     /// The most idempotency records held (`--idempotency-capacity`).
     pub idempotency_capacity: Gauge,
+    /// HTTP event streams (`/v1/counters/{key}/events`) open now.
+    pub http_event_streams: Gauge,
 }
 
 impl Metrics {
@@ -146,6 +148,7 @@ impl Metrics {
             storage_failed: Gauge::default(),
             idempotency_records: Gauge::default(),
             idempotency_capacity: Gauge::default(),
+            http_event_streams: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -300,6 +303,11 @@ impl Metrics {
             "idempotency_capacity",
             "The most idempotency records held (--idempotency-capacity)",
             metrics.idempotency_capacity.clone(),
+        );
+        registry.register(
+            "http_event_streams",
+            "HTTP server-sent event streams of counters open now",
+            metrics.http_event_streams.clone(),
         );
         Metrics {
             registry,

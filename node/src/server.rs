@@ -94,6 +94,9 @@ pub enum StartError {
         /// This node's data directory.
         dir: PathBuf,
     },
+    /// The HTTP port's TLS material could not be loaded (the message names the flag).
+    #[error("{0:#}")]
+    HttpTls(anyhow::Error),
     /// The gRPC server did not start.
     #[error("{0:#}")]
     Grpc(anyhow::Error),
@@ -124,8 +127,16 @@ pub struct NodeHandle {
 /// Opens the store and starts every part of the node.
 pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     let security = Security::load(&settings.security).map_err(StartError::Security)?;
+    let http_tls = crate::http::serve::load_tls(&settings.http).map_err(StartError::HttpTls)?;
     if settings.warn_if_insecure {
         security.warn_if_insecure();
+        if security.auth.is_some() && http_tls.is_none() {
+            tracing::warn!(
+                "--auth-tokens is set but the HTTP port speaks plain HTTP: tokens sent to the JSON \
+                 API and the status page cross the network in clear text; set --http-tls-cert and \
+                 --http-tls-key (they may name the node's own --tls-cert and --tls-key)"
+            );
+        }
     }
     let data_dir = settings.data_dir.clone();
     let region = settings.region.clone();
@@ -280,14 +291,17 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         ready: ready.clone(),
         info,
         auth: security.auth.clone(),
+        settings: settings.http.clone(),
     });
-    let http_task = tokio::spawn(async move {
-        axum::serve(http_listener, router)
-            .with_graceful_shutdown(async {
-                let _ = http_stop_rx.await;
-            })
-            .await
-    });
+    let http_task = crate::http::serve::spawn_http(
+        http_listener,
+        router,
+        http_tls,
+        engine.metrics().clone(),
+        async {
+            let _ = http_stop_rx.await;
+        },
+    );
 
     tracing::info!(
         replica = %identity.replica,

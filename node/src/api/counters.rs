@@ -6,12 +6,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tally_proto::v1 as pb;
 use tally_proto::v1::counters_server::Counters;
 use tonic::{Request, Response, Status};
 
+use crate::crdt::ValueOutOfRange;
 use crate::engine::{now_ms, CounterRead, Engine};
+use crate::replica::RegionPart;
 use crate::security::ItemCharge;
 
 use super::convert::{item_error, status_of};
@@ -37,6 +39,21 @@ fn idempotency_key(key: &str) -> Option<&str> {
     (!key.is_empty()).then_some(key)
 }
 
+/// A region's net part, clamped to `i64` (a part can exceed it while the
+/// total does not).
+pub fn region_net(part: &RegionPart) -> i64 {
+    i64::try_from(part.net).unwrap_or(if part.net < 0 { i64::MIN } else { i64::MAX })
+}
+
+/// How long ago this node last synced with a remote region (none for the local one).
+pub fn since_last_sync_ms(part: &RegionPart, now: u64) -> Option<u64> {
+    if part.local {
+        None
+    } else {
+        part.last_sync_ms.map(|at| now.saturating_sub(at))
+    }
+}
+
 fn get_response(key: prost::bytes::Bytes, read: CounterRead) -> pb::GetResponse {
     let now = now_ms();
     pb::GetResponse {
@@ -46,23 +63,40 @@ fn get_response(key: prost::bytes::Bytes, read: CounterRead) -> pb::GetResponse 
             .regions
             .into_iter()
             .map(|part| pb::RegionValue {
-                value: i64::try_from(part.net).unwrap_or(if part.net < 0 {
-                    i64::MIN
-                } else {
-                    i64::MAX
-                }),
+                value: region_net(&part),
                 increments: part.increments,
                 decrements: part.decrements,
                 local: part.local,
-                since_last_sync_ms: if part.local {
-                    None
-                } else {
-                    part.last_sync_ms.map(|at| now.saturating_sub(at))
-                },
+                since_last_sync_ms: since_last_sync_ms(&part, now),
                 region: part.region,
             })
             .collect(),
     }
+}
+
+/// A counter's values from `receiver`: the current one first, then the
+/// newest after each change, at most one per [`WATCH_MIN_INTERVAL`] (a hot
+/// key must not flood a watcher). A value outside `i64` is the last item.
+/// Shared by gRPC `Watch` and the HTTP event stream.
+pub fn coalesced_values(
+    receiver: tokio::sync::watch::Receiver<Result<i64, ValueOutOfRange>>,
+) -> impl Stream<Item = Result<i64, ValueOutOfRange>> + Send {
+    futures::stream::unfold(
+        (receiver, true, false),
+        |(mut receiver, first, ended)| async move {
+            if ended {
+                return None;
+            }
+            if !first {
+                // Coalesce: at most one update per interval, always the newest value.
+                tokio::time::sleep(WATCH_MIN_INTERVAL).await;
+                receiver.changed().await.ok()?;
+            }
+            let value = *receiver.borrow_and_update();
+            let ended = value.is_err();
+            Some((value, (receiver, false, ended)))
+        },
+    )
 }
 
 /// A batch counts as one request per item for its token's rate limit (the
@@ -73,7 +107,8 @@ fn charge_items<T>(request: &Request<T>, items: usize) {
     }
 }
 
-fn check_batch_size(items: usize) -> Result<(), Status> {
+/// Refuses a batch of more than [`MAX_BATCH_ITEMS`] items.
+pub fn check_batch_size(items: usize) -> Result<(), Status> {
     if items > MAX_BATCH_ITEMS {
         return Err(Status::invalid_argument(format!(
             "a batch of {items} items is too large; send at most {MAX_BATCH_ITEMS} per call"
@@ -173,25 +208,13 @@ impl Counters for CountersService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let key = request.into_inner().key;
         let receiver = self.engine.watch(&key).map_err(|e| status_of(&e))?;
-        let stream = futures::stream::unfold(
-            (receiver, key, true),
-            |(mut receiver, key, first)| async move {
-                if !first {
-                    // Coalesce: at most one update per interval, always the newest value.
-                    tokio::time::sleep(WATCH_MIN_INTERVAL).await;
-                    receiver.changed().await.ok()?;
-                }
-                let value = *receiver.borrow_and_update();
-                let item = match value {
-                    Ok(value) => Ok(pb::WatchEvent {
-                        key: key.clone(),
-                        value,
-                    }),
-                    Err(out_of_range) => Err(Status::out_of_range(out_of_range.to_string())),
-                };
-                Some((item, (receiver, key, false)))
-            },
-        );
+        let stream = coalesced_values(receiver).map(move |value| match value {
+            Ok(value) => Ok(pb::WatchEvent {
+                key: key.clone(),
+                value,
+            }),
+            Err(out_of_range) => Err(Status::out_of_range(out_of_range.to_string())),
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -1,14 +1,25 @@
-//! The HTTP endpoints: `/healthz` (the process answers), `/readyz` (the node
+//! The HTTP port: `/healthz` (the process answers), `/readyz` (the node
 //! serves: its store is open, its commits succeed, and it is not shutting
 //! down; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
-//! Prometheus text otherwise), and the status page `/status` (HTML) and `/status.json`.
+//! Prometheus text otherwise), the status page `/status` (HTML) and `/status.json`,
+//! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`]) with its
+//! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}`.
 //!
-//! With tokens on (`--auth-tokens`), the status page and its JSON require the
-//! same `Authorization: Bearer TOKEN` as the gRPC `Admin` service (they show
-//! members, addresses and hot key names); health, readiness and metrics stay
-//! open for probes and scrapers.
+//! With tokens on (`--auth-tokens`), the status page, its JSON and the JSON
+//! API require the same `Authorization: Bearer TOKEN` as the gRPC services
+//! ([`access`]); health, readiness, metrics, the OpenAPI document and the
+//! demo page (which sends the token it is given) stay open.
 
+pub mod access;
+pub mod counters;
+pub mod events;
+pub mod extract;
+pub mod integer;
+pub mod openapi;
+pub mod problem;
+pub mod seed;
+pub mod serve;
 pub mod status_page;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,8 +30,38 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::engine::Engine;
+
+/// The largest request body the JSON API reads (as gRPC's largest message).
+pub const MAX_BODY_BYTES: usize = crate::api::serve::MAX_MESSAGE_BYTES;
+
+/// The HTTP port's own settings.
+#[derive(Clone, Debug)]
+pub struct HttpSettings {
+    /// Origins allowed by CORS (`--http-cors-origin`); empty: CORS off; `*`: any.
+    pub cors_origins: Vec<String>,
+    /// PEM certificate chain served on the HTTP port (`--http-tls-cert`).
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// Its private key (`--http-tls-key`).
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The gap between heartbeats of an idle event stream (`--http-event-heartbeat`).
+    pub event_heartbeat: std::time::Duration,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        HttpSettings {
+            cors_origins: Vec::new(),
+            tls_cert: None,
+            tls_key: None,
+            event_heartbeat: std::time::Duration::from_secs(15),
+        }
+    }
+}
 
 /// What the HTTP handlers read.
 #[derive(Clone)]
@@ -33,17 +74,60 @@ pub struct HttpState {
     pub info: crate::api::NodeInfo,
     /// The client tokens, when on: the status page requires one.
     pub auth: Option<Arc<crate::security::Auth>>,
+    /// The HTTP port's settings.
+    pub settings: HttpSettings,
 }
 
-/// The router.
+/// The router: the probes, the status page, and the JSON API.
 pub fn router(state: HttpState) -> Router {
+    let (api, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(counters::add, counters::get))
+        .routes(routes!(events::events))
+        .routes(routes!(counters::batch_add))
+        .routes(routes!(counters::batch_get))
+        .routes(routes!(seed::create, seed::increment, seed::read))
+        .split_for_parts();
+    let document = openapi::finish(document, state.auth.is_some());
+    let document: Arc<str> = document
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+        .into();
+    let mut api = api
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::require_token,
+        ))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES));
+    if let Some(cors) = access::cors_layer(&state.settings.cors_origins) {
+        api = api.layer(cors);
+    }
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/status", get(status_html))
         .route("/status.json", get(status_json))
+        .route(
+            "/v1/openapi.json",
+            get(move || {
+                let document = document.clone();
+                async move {
+                    (
+                        [(header::CONTENT_TYPE, "application/json")],
+                        document.to_string(),
+                    )
+                }
+            }),
+        )
+        .route("/demo/{key}", get(demo))
+        .merge(api)
         .with_state(state)
+}
+
+/// The like-button page (see `demo.html`): the key is read from the path by
+/// the page itself, so nothing of the request is written into the HTML.
+async fn demo(extract::CounterKey(_key): extract::CounterKey) -> Response {
+    axum::response::Html(include_str!("demo.html")).into_response()
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
@@ -116,20 +200,7 @@ fn refusal(state: &HttpState, headers: &HeaderMap) -> Option<Response> {
         Ok(_) => return None,
         Err(refused) => refused,
     };
-    let limited = refused.code() == tonic::Code::ResourceExhausted;
-    state
-        .engine
-        .metrics()
-        .auth_refusals
-        .get_or_create(&crate::metrics::ReasonLabels {
-            reason: if limited {
-                "rate_limited"
-            } else {
-                "unauthenticated"
-            }
-            .into(),
-        })
-        .inc();
+    let limited = access::count_refusal(state, &refused);
     let code = if limited {
         StatusCode::TOO_MANY_REQUESTS
     } else {

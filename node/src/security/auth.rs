@@ -43,6 +43,12 @@ pub struct ItemCharge {
 }
 
 impl ItemCharge {
+    /// The charge of `name`'s token (for the HTTP API, which checks tokens
+    /// itself rather than through the tonic interceptor).
+    pub fn new(auth: Arc<Auth>, name: String) -> ItemCharge {
+        ItemCharge { auth, name }
+    }
+
     /// Charges `items` more requests to the token. The bucket may go below
     /// zero: the batch is served, and the token's next requests wait until
     /// it has paid back, so its rate counts items, whatever the batch size

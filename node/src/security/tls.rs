@@ -39,23 +39,63 @@ fn read(setting: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
         .with_context(|| format!("{setting} {}: cannot read the file", path.display()))
 }
 
-impl TlsMaterial {
-    /// Reads and checks the PEM files; every error names its setting.
-    pub fn load(cert: &Path, key: &Path, ca: &Path) -> anyhow::Result<TlsMaterial> {
-        let cert_pem = read("--tls-cert", cert)?;
-        let key_pem = read("--tls-key", key)?;
-        let ca_pem = read("--tls-ca", ca)?;
+/// A certificate chain and its private key, read from PEM files.
+pub struct Identity {
+    /// The PEM text of the chain.
+    pub cert_pem: Vec<u8>,
+    /// The PEM text of the key.
+    pub key_pem: Vec<u8>,
+    /// The chain.
+    pub chain: Vec<CertificateDer<'static>>,
+    /// The key.
+    pub private_key: PrivateKeyDer<'static>,
+}
+
+impl Identity {
+    /// Reads a chain and its key; errors name `cert_setting` or `key_setting`.
+    pub fn load(
+        cert_setting: &str,
+        cert: &Path,
+        key_setting: &str,
+        key: &Path,
+    ) -> anyhow::Result<Identity> {
+        let cert_pem = read(cert_setting, cert)?;
+        let key_pem = read(key_setting, key)?;
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
             .collect::<Result<_, _>>()
-            .map_err(|e| anyhow!("--tls-cert {}: not PEM certificates: {e}", cert.display()))?;
+            .map_err(|e| {
+                anyhow!(
+                    "{cert_setting} {}: not PEM certificates: {e}",
+                    cert.display()
+                )
+            })?;
         if chain.is_empty() {
             return Err(anyhow!(
-                "--tls-cert {}: holds no PEM certificate",
+                "{cert_setting} {}: holds no PEM certificate",
                 cert.display()
             ));
         }
         let private_key = PrivateKeyDer::from_pem_slice(&key_pem)
-            .map_err(|e| anyhow!("--tls-key {}: no PEM private key: {e}", key.display()))?;
+            .map_err(|e| anyhow!("{key_setting} {}: no PEM private key: {e}", key.display()))?;
+        Ok(Identity {
+            cert_pem,
+            key_pem,
+            chain,
+            private_key,
+        })
+    }
+}
+
+impl TlsMaterial {
+    /// Reads and checks the PEM files; every error names its setting.
+    pub fn load(cert: &Path, key: &Path, ca: &Path) -> anyhow::Result<TlsMaterial> {
+        let Identity {
+            cert_pem,
+            key_pem,
+            chain,
+            private_key,
+        } = Identity::load("--tls-cert", cert, "--tls-key", key)?;
+        let ca_pem = read("--tls-ca", ca)?;
         let mut roots = rustls::RootCertStore::empty();
         for ca_cert in CertificateDer::pem_slice_iter(&ca_pem) {
             let ca_cert = ca_cert

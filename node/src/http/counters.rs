@@ -1,0 +1,369 @@
+//! The JSON API of counters under `/v1/`: add, get (with the per-region
+//! breakdown on request), batch add and batch get. Each handler is a thin
+//! shell over the [`Engine`], as the gRPC `Counters` service is: the same
+//! validation, the same messages, the same idempotency (the
+//! `Idempotency-Key` header is gRPC's `idempotency_key`), and errors as
+//! problem documents with the gRPC code's meaning ([`super::problem`]).
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::extract::{CounterKey, IdempotencyKey, JsonBody, QueryParams};
+use super::problem::Problem;
+use super::HttpState;
+use crate::api::counters::{check_batch_size, region_net, since_last_sync_ms, MAX_BATCH_ITEMS};
+use crate::engine::{now_ms, CounterRead};
+use crate::replica::AddAccepted;
+use crate::security::ItemCharge;
+
+/// The body of an add.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AddBody {
+    /// The amount to add: non-zero, negative to subtract.
+    #[schema(schema_with = non_zero_delta)]
+    #[serde(deserialize_with = "super::integer::deserialize")]
+    pub delta: i64,
+}
+
+/// The answer to an add.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AddResult {
+    /// The counter's name.
+    pub key: String,
+    /// The counter's value on this node right after the add.
+    pub value: i64,
+    /// True when the `Idempotency-Key` had been seen: nothing was added now
+    /// and `value` is the one the first request got.
+    pub duplicate: bool,
+}
+
+/// A counter's value on the answering node.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CounterValue {
+    /// The counter's name.
+    pub key: String,
+    /// The sum of every region's part (0 for a counter never written).
+    pub value: i64,
+    /// Present when asked for (`breakdown=true`): one entry per region that
+    /// ever wrote the counter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regions: Option<Vec<RegionValue>>,
+}
+
+/// One region's part of a counter.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct RegionValue {
+    /// The region's name.
+    pub region: String,
+    /// The region's contribution: its increments minus its decrements.
+    pub value: i64,
+    /// The sum of the region's increments.
+    pub increments: u64,
+    /// The sum of the region's decrements (a positive number).
+    pub decrements: u64,
+    /// True for the region of the node that answered: its part is exact.
+    pub local: bool,
+    /// Milliseconds since this node last completed a sync with that region;
+    /// absent for the local region and a region never synced with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_last_sync_ms: Option<u64>,
+}
+
+/// The query of a read.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct GetQuery {
+    /// Also return the per-region breakdown and how fresh each part is.
+    #[serde(default)]
+    pub breakdown: bool,
+}
+
+/// One add of a batch.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchAddItem {
+    /// The counter's name (checked per item: a bad one fails that item only).
+    pub key: String,
+    /// The amount to add (non-zero; checked per item).
+    #[serde(deserialize_with = "super::integer::deserialize")]
+    pub delta: i64,
+    /// Optional: as the `Idempotency-Key` header of a single add.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+/// Many adds, each applied and answered on its own.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchAddBody {
+    /// The adds, at most 10,000.
+    #[schema(max_items = 10_000)]
+    pub adds: Vec<BatchAddItem>,
+}
+
+/// The answer to one add of a batch: exactly one of `ok` and `error`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchAddOutcome {
+    /// The add was applied (or was a duplicate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<AddResult>,
+    /// The add failed and nothing changed; `status` is what a single add would have got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Problem>,
+}
+
+/// The answers to a batch add, in request order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchAddResults {
+    /// One per add, in request order.
+    pub results: Vec<BatchAddOutcome>,
+}
+
+/// One read of a batch.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchGetItem {
+    /// The counter's name (checked per item).
+    pub key: String,
+    /// Also return the per-region breakdown.
+    #[serde(default)]
+    pub breakdown: bool,
+}
+
+/// Many reads, each answered on its own.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchGetBody {
+    /// The reads, at most 10,000.
+    #[schema(max_items = 10_000)]
+    pub gets: Vec<BatchGetItem>,
+}
+
+/// The answer to one read of a batch: exactly one of `ok` and `error`.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchGetOutcome {
+    /// The counter's value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<CounterValue>,
+    /// Why it could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Problem>,
+}
+
+/// The answers to a batch get, in request order.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchGetResults {
+    /// One per read, in request order.
+    pub results: Vec<BatchGetOutcome>,
+}
+
+/// The schema of a delta: a non-zero signed 64-bit integer, stated as two
+/// ranges so that a client generated from the schema never sends 0.
+fn non_zero_delta() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, OneOfBuilder, SchemaFormat, Type};
+    let range = |min: i64, max: i64| {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(min))
+            .maximum(Some(max))
+    };
+    OneOfBuilder::new()
+        .item(range(1, i64::MAX))
+        .item(range(i64::MIN, -1))
+        .description(Some("A non-zero amount; negative to subtract."))
+        .into()
+}
+
+pub(super) fn add_result(key: String, accepted: &AddAccepted) -> AddResult {
+    AddResult {
+        key,
+        value: accepted.value,
+        duplicate: accepted.duplicate,
+    }
+}
+
+pub(super) fn counter_value(key: String, read: CounterRead, breakdown: bool) -> CounterValue {
+    let now = now_ms();
+    CounterValue {
+        key,
+        value: read.value,
+        regions: breakdown.then(|| {
+            read.regions
+                .iter()
+                .map(|part| RegionValue {
+                    region: part.region.clone(),
+                    value: region_net(part),
+                    increments: part.increments,
+                    decrements: part.decrements,
+                    local: part.local,
+                    since_last_sync_ms: since_last_sync_ms(part, now),
+                })
+                .collect()
+        }),
+    }
+}
+
+/// Adds to one counter.
+#[utoipa::path(
+    post,
+    path = "/v1/counters/{key}",
+    tag = "counters",
+    params(
+        ("key" = String, Path, min_length = 1, max_length = 256,
+         description = "The counter's name: UTF-8, 1 to 256 bytes (percent-encoded in the path)."),
+        ("Idempotency-Key" = Option<String>, Header, max_length = 128,
+         description = "Optional. A retry with the same key (and the same counter and delta) \
+                        returns the first answer and changes nothing. At most 128 bytes."),
+    ),
+    request_body = AddBody,
+    responses(
+        (status = 200, description = "Added (or a duplicate of an add already applied).", body = AddResult),
+        (status = 400, description = "A bad key, delta, body or Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The add would overflow the counter; nothing changed.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The Idempotency-Key was used for another add.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 413, 415, 429, 503, 507).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn add(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+    idempotency: IdempotencyKey,
+    JsonBody(body): JsonBody<AddBody>,
+) -> Result<Json<AddResult>, Problem> {
+    let accepted = state
+        .engine
+        .add(key.as_bytes(), body.delta, idempotency.as_deref())
+        .await
+        .map_err(|e| Problem::of_engine(&e))?;
+    Ok(Json(add_result(key, &accepted)))
+}
+
+/// Reads one counter.
+#[utoipa::path(
+    get,
+    path = "/v1/counters/{key}",
+    tag = "counters",
+    params(
+        ("key" = String, Path, min_length = 1, max_length = 256,
+         description = "The counter's name: UTF-8, 1 to 256 bytes (percent-encoded in the path)."),
+        GetQuery,
+    ),
+    responses(
+        (status = 200, description = "The counter's value on this node.", body = CounterValue),
+        (status = 400, description = "A bad key or query.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+    QueryParams(query): QueryParams<GetQuery>,
+) -> Result<Json<CounterValue>, Problem> {
+    let read = state
+        .engine
+        .get(key.as_bytes(), query.breakdown)
+        .map_err(|e| Problem::of_engine(&e))?;
+    Ok(Json(counter_value(key, read, query.breakdown)))
+}
+
+/// Charges a batch's items beyond the first to the caller's token.
+fn charge_items(charge: Option<axum::Extension<ItemCharge>>, items: usize) {
+    if let Some(axum::Extension(charge)) = charge {
+        charge.charge(items.saturating_sub(1));
+    }
+}
+
+/// Adds to many counters; each add gets its own result, in request order.
+#[utoipa::path(
+    post,
+    path = "/v1/batch/add",
+    tag = "counters",
+    request_body = BatchAddBody,
+    responses(
+        (status = 200, description = "One outcome per add, in request order.", body = BatchAddResults),
+        (status = 400, description = "A body that is not a batch, or more than 10,000 items.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 413, 415, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn batch_add(
+    State(state): State<HttpState>,
+    charge: Option<axum::Extension<ItemCharge>>,
+    JsonBody(body): JsonBody<BatchAddBody>,
+) -> Result<Json<BatchAddResults>, Problem> {
+    charge_items(charge, body.adds.len());
+    check_batch_size(body.adds.len()).map_err(|status| Problem::invalid(status.message()))?;
+    let outcomes = state
+        .engine
+        .add_batch(body.adds.iter().map(|add| {
+            (
+                add.key.as_bytes(),
+                add.delta,
+                add.idempotency_key.as_deref().filter(|key| !key.is_empty()),
+            )
+        }))
+        .await;
+    let results = body
+        .adds
+        .into_iter()
+        .zip(outcomes)
+        .map(|(add, outcome)| match outcome {
+            Ok(accepted) => BatchAddOutcome {
+                ok: Some(add_result(add.key, &accepted)),
+                error: None,
+            },
+            Err(error) => BatchAddOutcome {
+                ok: None,
+                error: Some(Problem::of_engine(&error)),
+            },
+        })
+        .collect();
+    Ok(Json(BatchAddResults { results }))
+}
+
+/// Reads many counters; each read gets its own result, in request order.
+#[utoipa::path(
+    post,
+    path = "/v1/batch/get",
+    tag = "counters",
+    request_body = BatchGetBody,
+    responses(
+        (status = 200, description = "One outcome per read, in request order.", body = BatchGetResults),
+        (status = 400, description = "A body that is not a batch, or more than 10,000 items.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 413, 415, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn batch_get(
+    State(state): State<HttpState>,
+    charge: Option<axum::Extension<ItemCharge>>,
+    JsonBody(body): JsonBody<BatchGetBody>,
+) -> Result<Json<BatchGetResults>, Problem> {
+    charge_items(charge, body.gets.len());
+    check_batch_size(body.gets.len()).map_err(|status| Problem::invalid(status.message()))?;
+    let results = body
+        .gets
+        .into_iter()
+        .map(
+            |item| match state.engine.get(item.key.as_bytes(), item.breakdown) {
+                Ok(read) => BatchGetOutcome {
+                    ok: Some(counter_value(item.key, read, item.breakdown)),
+                    error: None,
+                },
+                Err(error) => BatchGetOutcome {
+                    ok: None,
+                    error: Some(Problem::of_engine(&error)),
+                },
+            },
+        )
+        .collect();
+    Ok(Json(BatchGetResults { results }))
+}
+
+const _: () = assert!(
+    MAX_BATCH_ITEMS == 10_000,
+    "the schema's max_items says 10,000"
+);

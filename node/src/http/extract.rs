@@ -1,0 +1,142 @@
+//! The JSON API's extractors, each of which refuses bad input with a
+//! [`Problem`] (never axum's plain-text rejections): the counter key of the
+//! path ([`CounterKey`], checked as gRPC checks a key), a JSON body
+//! ([`JsonBody`]: 400 for bad JSON, 413 over the size limit, 415 for another
+//! media type) and the `Idempotency-Key` header ([`IdempotencyKey`]).
+
+use axum::extract::rejection::{JsonRejection, RawPathParamsRejection};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+use tonic::Code;
+
+use super::problem::Problem;
+use crate::replica::{check_key, KeyError};
+
+/// The `{key}` of the path, percent-decoded and checked: UTF-8, 1 to 256 bytes.
+#[derive(Clone, Debug)]
+pub struct CounterKey(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for CounterKey {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let params = RawPathParams::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| match rejection {
+                RawPathParamsRejection::InvalidUtf8InPathParam(_) => {
+                    Problem::invalid(KeyError::NotUtf8.to_string())
+                }
+                other => Problem::invalid(other.body_text()),
+            })?;
+        let key = params
+            .iter()
+            .find(|(name, _)| *name == "key")
+            .map(|(_, value)| value)
+            .unwrap_or("");
+        check_key(key.as_bytes())
+            .map(|key| CounterKey(key.to_string()))
+            .map_err(|error| Problem::invalid(error.to_string()))
+    }
+}
+
+/// A JSON body; see the module documentation for its refusals.
+pub struct JsonBody<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = Problem;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Problem> {
+        match axum::Json::<T>::from_request(request, state).await {
+            Ok(axum::Json(value)) => Ok(JsonBody(value)),
+            Err(rejection) => Err(json_problem(rejection)),
+        }
+    }
+}
+
+fn json_problem(rejection: JsonRejection) -> Problem {
+    match rejection {
+        JsonRejection::MissingJsonContentType(_) => Problem::with_status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Code::InvalidArgument,
+            "the body must be JSON: send `Content-Type: application/json`",
+        ),
+        JsonRejection::BytesRejection(rejection) => {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                Problem::with_status(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    Code::ResourceExhausted,
+                    format!(
+                        "the body is larger than this node accepts ({} bytes); \
+                         split the batch",
+                        super::MAX_BODY_BYTES
+                    ),
+                )
+            } else {
+                Problem::invalid(format!(
+                    "the body could not be read: {}",
+                    rejection.body_text()
+                ))
+            }
+        }
+        other => Problem::invalid(format!(
+            "the body is not the JSON this call takes: {}",
+            other.body_text()
+        )),
+    }
+}
+
+/// The `Idempotency-Key` header (IETF draft `httpapi-idempotency-key-header`),
+/// as gRPC's `idempotency_key`: absent or empty means none. Its length is
+/// checked by the core, as for gRPC.
+#[derive(Clone, Debug, Default)]
+pub struct IdempotencyKey(pub Option<String>);
+
+/// The header's name.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+impl IdempotencyKey {
+    /// The key, as the engine takes it.
+    pub fn as_deref(&self) -> Option<&str> {
+        self.0.as_deref()
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        let mut values = parts.headers.get_all(IDEMPOTENCY_KEY).iter();
+        let Some(value) = values.next() else {
+            return Ok(IdempotencyKey(None));
+        };
+        if values.next().is_some() {
+            return Err(Problem::invalid(
+                "the Idempotency-Key header is given more than once; send one",
+            ));
+        }
+        let text = std::str::from_utf8(value.as_bytes())
+            .map_err(|_| Problem::invalid("the Idempotency-Key header is not valid UTF-8"))?;
+        Ok(IdempotencyKey((!text.is_empty()).then(|| text.to_string())))
+    }
+}
+
+/// The query string, deserialized; a bad one is a 400 problem.
+pub struct QueryParams<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(value)| QueryParams(value))
+            .map_err(|rejection| {
+                Problem::invalid(format!(
+                    "the query string is not one this call takes: {}",
+                    rejection.body_text()
+                ))
+            })
+    }
+}

@@ -1,0 +1,487 @@
+//! The JSON API over real HTTP against real `tally-node` processes (issue
+//! 16): every endpoint, its errors as problem documents with the gRPC code's
+//! meaning (and nothing changed by a refused request), idempotency through
+//! the `Idempotency-Key` header, batches, the seed design's API as its text
+//! says, the event stream (coalesced, resumable, with heartbeats, and fed by
+//! another region's adds), the OpenAPI document, CORS, body limits and the
+//! settings' start-up errors. Tokens, the rate limit and HTTPS are in
+//! `security.rs` (tokens need TLS).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::http::{Api, Reply};
+use common::{wait_until, Cluster, NodeProcess, NodeSpec};
+
+fn start_node(extra: &[&str]) -> (tempfile::TempDir, NodeProcess, Api) {
+    let root = tempfile::tempdir().unwrap();
+    let mut spec = NodeSpec::new(root.path(), "eu", "http-1");
+    spec.extra = extra.iter().map(|s| s.to_string()).collect();
+    let node = NodeProcess::start(spec);
+    let api = Api::new(node.spec.http);
+    (root, node, api)
+}
+
+#[track_caller]
+fn ok(reply: &Reply) -> serde_json::Value {
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.header("content-type"),
+        "application/json",
+        "{reply:?}"
+    );
+    reply.json()
+}
+
+#[test]
+fn adds_and_reads_with_the_same_rules_as_grpc() {
+    let (_root, node, api) = start_node(&[]);
+    // A key with a slash, percent-encoded in the path.
+    let added = ok(&api.add("post%2F1", 5, Some("tap-1")));
+    assert_eq!(added["key"], "post/1");
+    assert_eq!(added["value"], 5);
+    assert_eq!(added["duplicate"], false);
+    // A retry with the same Idempotency-Key is applied once.
+    let retried = ok(&api.add("post%2F1", 5, Some("tap-1")));
+    assert_eq!(
+        (retried["value"].as_i64(), retried["duplicate"].as_bool()),
+        (Some(5), Some(true))
+    );
+    // The same key for another add: 422, and nothing changes.
+    api.add("post%2F1", 6, Some("tap-1"))
+        .problem(422, "FAILED_PRECONDITION");
+    assert_eq!(api.value("post%2F1"), 5);
+    // An empty Idempotency-Key is none, as an empty idempotency_key in gRPC.
+    ok(&api.add("post%2F1", 1, Some("")));
+    ok(&api.add("post%2F1", 1, Some("")));
+    assert_eq!(api.value("post%2F1"), 7);
+
+    // Bad input: a problem with gRPC's code and message, and nothing changes.
+    let zero = api.add("k", 0, None).problem(400, "INVALID_ARGUMENT");
+    assert!(
+        zero["detail"].as_str().unwrap().contains("delta is 0"),
+        "{zero}"
+    );
+    let long_idempotency_key = "i".repeat(129);
+    api.add("k", 1, Some(&long_idempotency_key))
+        .problem(400, "INVALID_ARGUMENT");
+    let key_256 = "é".repeat(128); // 256 bytes
+    let encoded_256: String = key_256.bytes().map(|b| format!("%{b:02X}")).collect();
+    ok(&api.add(&encoded_256, 1, None));
+    let too_long = api
+        .add(&format!("{encoded_256}x"), 1, None)
+        .problem(400, "INVALID_ARGUMENT");
+    assert!(
+        too_long["detail"].as_str().unwrap().contains("257 bytes"),
+        "{too_long}"
+    );
+    api.add("%FF", 1, None).problem(400, "INVALID_ARGUMENT");
+    ok(&api.add("big", i64::MAX, None));
+    let overflow = api.add("big", 1, None).problem(409, "OUT_OF_RANGE");
+    assert!(
+        overflow["type"]
+            .as_str()
+            .unwrap()
+            .starts_with("urn:tally:problem:"),
+        "{overflow}"
+    );
+    assert_eq!(api.value("big"), i64::MAX);
+    for (body, status) in [
+        ("{\"delta\": 1.5}", 400),
+        ("{\"delta\": \"1\"}", 400),
+        ("{\"delta\": 9223372036854775808}", 400),
+        ("{\"delta\": 1, \"extra\": 1}", 400),
+        ("{}", 400),
+        ("{", 400),
+    ] {
+        api.call("POST", "/v1/counters/k", &[], Some(body))
+            .problem(status, "INVALID_ARGUMENT");
+    }
+    // Any JSON spelling of an integer is read exactly.
+    ok(&api.call(
+        "POST",
+        "/v1/counters/exact",
+        &[],
+        Some("{\"delta\": 9007199254740993.0}"),
+    ));
+    ok(&api.call("POST", "/v1/counters/exact", &[], Some("{\"delta\": -1e3}")));
+    assert_eq!(api.value("exact"), 9_007_199_254_740_993 - 1000);
+    // Not JSON: 415.
+    let reply = api.call(
+        "POST",
+        "/v1/counters/k",
+        &[("content-type", "text/plain")],
+        None,
+    );
+    reply.problem(415, "INVALID_ARGUMENT");
+    assert_eq!(api.value("k"), 0, "a refused add changed the counter");
+
+    // Reads: the value, and the breakdown on request.
+    let read = ok(&api.get("/v1/counters/post%2F1?breakdown=true"));
+    assert_eq!(read["value"], 7);
+    let regions = read["regions"].as_array().expect("a breakdown");
+    assert_eq!(regions.len(), 1, "{read}");
+    assert_eq!(regions[0]["region"], "eu");
+    assert_eq!(regions[0]["increments"], 7);
+    assert_eq!(regions[0]["local"], true);
+    assert!(ok(&api.get("/v1/counters/post%2F1"))
+        .get("regions")
+        .is_none());
+    api.get("/v1/counters/k?breakdown=maybe")
+        .problem(400, "INVALID_ARGUMENT");
+    assert_eq!(ok(&api.get("/v1/counters/never-written"))["value"], 0);
+    drop(node);
+}
+
+#[test]
+fn batches_answer_per_item_and_are_bounded() {
+    let (_root, node, api) = start_node(&[]);
+    let reply = api.post(
+        "/v1/batch/add",
+        r#"{"adds": [{"key": "a", "delta": 2, "idempotency_key": "b-1"},
+                     {"key": "", "delta": 1},
+                     {"key": "a", "delta": 0},
+                     {"key": "a", "delta": 2, "idempotency_key": "b-1"}]}"#,
+    );
+    let results = ok(&reply)["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 4);
+    assert_eq!(results[0]["ok"]["value"], 2);
+    assert_eq!(results[1]["error"]["code"], "INVALID_ARGUMENT");
+    assert_eq!(results[1]["error"]["status"], 400);
+    assert_eq!(results[2]["error"]["code"], "INVALID_ARGUMENT");
+    assert_eq!(results[3]["ok"]["duplicate"], true);
+    assert_eq!(api.value("a"), 2);
+
+    let reply = api.post(
+        "/v1/batch/get",
+        r#"{"gets": [{"key": "a", "breakdown": true}, {"key": ""}, {"key": "none"}]}"#,
+    );
+    let results = ok(&reply)["results"].as_array().unwrap().clone();
+    assert_eq!(results[0]["ok"]["value"], 2);
+    assert_eq!(results[0]["ok"]["regions"][0]["region"], "eu");
+    assert_eq!(results[1]["error"]["code"], "INVALID_ARGUMENT");
+    assert_eq!(results[2]["ok"]["value"], 0);
+
+    // More than 10,000 items: refused whole, with gRPC's message.
+    let items: Vec<String> = (0..10_001)
+        .map(|i| format!("{{\"key\": \"k{i}\", \"delta\": 1}}"))
+        .collect();
+    let problem = api
+        .post(
+            "/v1/batch/add",
+            &format!("{{\"adds\": [{}]}}", items.join(",")),
+        )
+        .problem(400, "INVALID_ARGUMENT");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("at most 10000"),
+        "{problem}"
+    );
+    assert_eq!(api.value("k0"), 0);
+    // A body over 16 MiB: 413 before it is parsed.
+    let huge = format!(
+        "{{\"adds\": [{{\"key\": \"{}\", \"delta\": 1}}]}}",
+        "x".repeat(17 << 20)
+    );
+    api.post("/v1/batch/add", &huge)
+        .problem(413, "RESOURCE_EXHAUSTED");
+    drop(node);
+}
+
+/// The seed's API design, as its text gives it: "POST /v1/counter/
+/// parameters: object_id ... activity_type ... return: counter_id string";
+/// "PUT /v1/counter/ parameters: counter_id ... return: none"; "GET
+/// /v1/counter/ parameters: counter_id string return: value integer".
+#[test]
+fn the_seeds_api_as_written() {
+    let (_root, node, api) = start_node(&[]);
+    let created = ok(&api.post(
+        "/v1/counter/",
+        r#"{"object_id": "dQw4w9WgXcQ", "activity_type": "view"}"#,
+    ));
+    let counter_id = created["counter_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        counter_id, "view:dQw4w9WgXcQ",
+        "documented as ACTIVITY_TYPE:OBJECT_ID"
+    );
+    let read = |id: &str| api.get(&format!("/v1/counter/?counter_id={id}"));
+    assert_eq!(ok(&read(&counter_id))["value"], 0);
+    let body = format!("{{\"counter_id\": \"{counter_id}\"}}");
+    for _ in 0..3 {
+        let put = api.call("PUT", "/v1/counter/", &[], Some(&body));
+        assert_eq!(put.status, 204, "{put:?}");
+        assert!(put.body.is_empty(), "return: none; got {:?}", put.body);
+    }
+    // A retried increment with its Idempotency-Key counts once.
+    for _ in 0..2 {
+        let put = api.call(
+            "PUT",
+            "/v1/counter/",
+            &[("idempotency-key", "v-1")],
+            Some(&body),
+        );
+        assert_eq!(put.status, 204, "{put:?}");
+    }
+    assert_eq!(read(&counter_id).json(), serde_json::json!({"value": 4}));
+    // The counter_id is the counter's key in the rest of the API.
+    assert_eq!(api.value("view:dQw4w9WgXcQ"), 4);
+    // Bad parameters: 400 with the rule.
+    for body in [
+        r#"{"object_id": "", "activity_type": "view"}"#,
+        r#"{"object_id": "a b", "activity_type": "view"}"#,
+        r#"{"object_id": "x", "activity_type": "View"}"#,
+        r#"{"object_id": "x", "activity_type": "a:b"}"#,
+        r#"{"object_id": "x"}"#,
+    ] {
+        api.post("/v1/counter/", body)
+            .problem(400, "INVALID_ARGUMENT");
+    }
+    let bad = api
+        .call(
+            "PUT",
+            "/v1/counter/",
+            &[],
+            Some(r#"{"counter_id": "no-colon"}"#),
+        )
+        .problem(400, "INVALID_ARGUMENT");
+    assert!(
+        bad["detail"]
+            .as_str()
+            .unwrap()
+            .contains("ACTIVITY_TYPE:OBJECT_ID"),
+        "{bad}"
+    );
+    read("nope").problem(400, "INVALID_ARGUMENT");
+    api.get("/v1/counter/").problem(400, "INVALID_ARGUMENT");
+    drop(node);
+}
+
+#[test]
+fn the_event_stream_is_coalesced_resumable_and_kept_alive() {
+    let (_root, node, api) = start_node(&["--http-event-heartbeat", "200ms"]);
+    ok(&api.add("live", 3, None));
+    let events = api.events("/v1/counters/live/events", &[]);
+    assert_eq!(events.status, 200);
+    assert!(
+        events.content_type.starts_with("text/event-stream"),
+        "{}",
+        events.content_type
+    );
+    let limit = Duration::from_secs(10);
+    let first = events.next_value(limit).expect("the current value first");
+    assert_eq!(
+        (first.value(), first.id.as_str(), first.retry.as_str()),
+        (3, "3", "1000")
+    );
+    ok(&api.add("live", 2, None));
+    assert_eq!(events.next_value(limit).expect("the change").value(), 5);
+    // Idle: heartbeat comments keep the stream open.
+    let heartbeat = events.next(limit).expect("a heartbeat");
+    assert_eq!(heartbeat.comment, "heartbeat", "{heartbeat:?}");
+
+    // A hot key: 300 adds as fast as they go; the stream carries at most one
+    // event per 100 ms (counted against the time it took to receive them,
+    // which only a slower machine stretches), and ends on the last value.
+    let writer = {
+        let api = api.clone();
+        std::thread::spawn(move || {
+            for _ in 0..300 {
+                assert_eq!(api.add("live", 1, None).status, 200);
+            }
+        })
+    };
+    let started = Instant::now();
+    let mut received = 0;
+    let mut last = 0;
+    while last != 305 {
+        last = events
+            .next_value(limit)
+            .expect("events while the key is hot")
+            .value();
+        received += 1;
+    }
+    let span = started.elapsed();
+    writer.join().unwrap();
+    let bound = span.as_millis() / 100 + 2;
+    assert!(
+        received as u128 <= bound,
+        "{received} events in {span:?}: more than one per 100 ms"
+    );
+    assert!(
+        received < 300,
+        "{received} events for 300 adds: not coalesced"
+    );
+
+    // Resumption: Last-Event-ID equal to the current value skips it.
+    let resumed = api.events("/v1/counters/live/events", &[("last-event-id", "305")]);
+    let heartbeat = resumed
+        .next(limit)
+        .expect("a heartbeat, not the value again");
+    assert_eq!(heartbeat.comment, "heartbeat", "{heartbeat:?}");
+    ok(&api.add("live", -5, None));
+    assert_eq!(
+        resumed.next_value(limit).expect("the next change").value(),
+        300
+    );
+    // Another id: the current value at once.
+    let stale = api.events("/v1/counters/live/events", &[("last-event-id", "1")]);
+    assert_eq!(
+        stale.next_value(limit).expect("the current value").value(),
+        300
+    );
+
+    // A bad key is a problem, not a stream.
+    let refused = api.get("/v1/counters/%FF/events");
+    refused.problem(400, "INVALID_ARGUMENT");
+    drop(node);
+}
+
+#[test]
+fn another_regions_add_arrives_on_the_stream() {
+    let cluster = Cluster::start(&[("eu", 1), ("us", 1)], "sync");
+    let eu = Api::new(cluster.nodes[0].spec.http);
+    let us = Api::new(cluster.nodes[1].spec.http);
+    let events = eu.events("/v1/counters/shared/events", &[]);
+    let limit = Duration::from_secs(20);
+    assert_eq!(
+        events.next_value(limit).expect("the current value").value(),
+        0
+    );
+    ok(&us.add("shared", 7, Some("us-1")));
+    wait_until(limit, "the us add on eu's stream", || {
+        events
+            .next_value(Duration::from_millis(500))
+            .filter(|event| event.value() == 7)
+    });
+    drop(cluster);
+}
+
+#[test]
+fn the_openapi_document_describes_every_route() {
+    let (_root, node, api) = start_node(&[]);
+    let document = ok(&api.get("/v1/openapi.json"));
+    assert!(
+        document["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{document}"
+    );
+    let paths = document["paths"].as_object().unwrap();
+    for (path, method) in [
+        ("/v1/counters/{key}", "post"),
+        ("/v1/counters/{key}", "get"),
+        ("/v1/counters/{key}/events", "get"),
+        ("/v1/batch/add", "post"),
+        ("/v1/batch/get", "post"),
+        ("/v1/counter/", "post"),
+        ("/v1/counter/", "put"),
+        ("/v1/counter/", "get"),
+    ] {
+        assert!(paths[path][method].is_object(), "{method} {path} missing");
+    }
+    // Without tokens, no security scheme is required.
+    assert!(
+        document.get("security").is_none(),
+        "{}",
+        document["security"]
+    );
+    // The demo page.
+    let page = api.get("/demo/post%2F1");
+    assert_eq!(page.status, 200);
+    assert!(
+        page.header("content-type").starts_with("text/html"),
+        "{page:?}"
+    );
+    assert!(
+        page.body.contains("EventSource"),
+        "the page follows the event stream"
+    );
+    drop(node);
+}
+
+#[test]
+fn cors_is_off_by_default_and_allows_the_named_origins() {
+    let preflight = |api: &Api, origin: &str| {
+        api.call(
+            "OPTIONS",
+            "/v1/counters/k",
+            &[
+                ("origin", origin),
+                ("access-control-request-method", "POST"),
+                (
+                    "access-control-request-headers",
+                    "content-type,idempotency-key",
+                ),
+            ],
+            None,
+        )
+    };
+    let (_root, node, api) = start_node(&[]);
+    let reply = preflight(&api, "https://app.example");
+    assert_eq!(reply.header("access-control-allow-origin"), "", "{reply:?}");
+    let reply = api.call(
+        "GET",
+        "/v1/counters/k",
+        &[("origin", "https://app.example")],
+        None,
+    );
+    assert_eq!(reply.header("access-control-allow-origin"), "");
+    drop(node);
+
+    let (_root, node, api) = start_node(&["--http-cors-origin", "https://app.example"]);
+    let reply = preflight(&api, "https://app.example");
+    assert_eq!(
+        reply.header("access-control-allow-origin"),
+        "https://app.example",
+        "{reply:?}"
+    );
+    assert!(
+        reply
+            .header("access-control-allow-headers")
+            .contains("idempotency-key"),
+        "{reply:?}"
+    );
+    let reply = preflight(&api, "https://evil.example");
+    assert_eq!(reply.header("access-control-allow-origin"), "", "{reply:?}");
+    drop(node);
+}
+
+#[test]
+fn bad_http_settings_stop_the_start_naming_the_flag() {
+    let root = tempfile::tempdir().unwrap();
+    let mut spec = NodeSpec::new(root.path(), "eu", "bad");
+    for (extra, expected) in [
+        (
+            vec!["--http-cors-origin", "example.com"],
+            "--http-cors-origin",
+        ),
+        (
+            vec!["--http-cors-origin", "https://a.example/path"],
+            "--http-cors-origin",
+        ),
+        (
+            vec!["--http-tls-cert", "/nonexistent.pem"],
+            "--http-tls-key",
+        ),
+        (
+            vec![
+                "--http-tls-cert",
+                "/nonexistent.pem",
+                "--http-tls-key",
+                "/nonexistent-key.pem",
+            ],
+            "--http-tls-cert /nonexistent.pem",
+        ),
+        (
+            vec!["--http-event-heartbeat", "often"],
+            "--http-event-heartbeat",
+        ),
+    ] {
+        spec.extra = extra.iter().map(|s| s.to_string()).collect();
+        let output = NodeProcess::spawn_raw(&spec);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{extra:?} started");
+        assert!(stderr.contains(expected), "{extra:?}: {stderr}");
+    }
+}
