@@ -456,3 +456,118 @@ fn the_status_page_needs_a_token_when_tokens_are_on() {
         assert_eq!(get(path, None).0, 200, "{path} stays open");
     }
 }
+
+/// The JSON API with tokens on (issue 16): over HTTPS (`--http-tls-cert`),
+/// every `/v1/` call needs the bearer token (401 problem with
+/// `WWW-Authenticate` otherwise), the token's rate limit holds (429 with
+/// `Retry-After`, a batch charged per item), the event stream takes the
+/// token as `access_token`, the OpenAPI document declares the scheme, and
+/// plain HTTP to the HTTPS port gets no answer.
+#[test]
+fn the_json_api_needs_a_token_keeps_its_rate_and_speaks_https() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test-ca");
+    let (cert, key, ca_path) = ca.issue(&root.path().join("https"), "https");
+    let spec = secure_spec(
+        root.path(),
+        "eu",
+        "web",
+        &ca,
+        &[
+            "--rate-limit",
+            "1",
+            "--rate-burst",
+            "20",
+            "--http-tls-cert",
+            cert.to_str().unwrap(),
+            "--http-tls-key",
+            key.to_str().unwrap(),
+        ],
+    );
+    // The harness's readiness probe speaks plain HTTP: probe over HTTPS.
+    let probe_ca = ca_path.clone();
+    let node = NodeProcess::start_with_probe(spec, move |addr| {
+        https_api(addr, &probe_ca)
+            .try_call("GET", "/readyz")
+            .is_some_and(|status| status == 200)
+    });
+    let anonymous = https_api(node.spec.http, &ca_path);
+    let api = anonymous.with_token(TOKEN);
+
+    let refused = anonymous.add("k", 1, None);
+    refused.problem(401, "UNAUTHENTICATED");
+    assert!(
+        refused.header("www-authenticate").starts_with("Bearer"),
+        "{refused:?}"
+    );
+    anonymous
+        .with_token("not-a-known-token-at-all")
+        .get("/v1/counters/k")
+        .problem(401, "UNAUTHENTICATED");
+    assert_eq!(api.add("k", 1, None).status, 200);
+    // The stream takes the token in the query (EventSource sends no headers).
+    let events = anonymous.events(&format!("/v1/counters/k/events?access_token={TOKEN}"), &[]);
+    assert_eq!(events.status, 200);
+    assert_eq!(
+        events
+            .next_value(Duration::from_secs(10))
+            .expect("the value")
+            .value(),
+        1
+    );
+    assert_eq!(anonymous.get("/v1/counters/k/events").status, 401);
+    // The document is open and declares the bearer scheme.
+    let document = anonymous.get("/v1/openapi.json").json();
+    assert_eq!(
+        document["components"]["securitySchemes"]["bearer"]["scheme"],
+        "bearer"
+    );
+    assert!(document["security"].is_array(), "{document}");
+
+    // A batch of 50 is charged 50: the burst of 20 is spent, the next call waits.
+    let items: Vec<String> = (0..50)
+        .map(|i| format!("{{\"key\": \"b{i}\", \"delta\": 1}}"))
+        .collect();
+    let batch = api.post(
+        "/v1/batch/add",
+        &format!("{{\"adds\": [{}]}}", items.join(",")),
+    );
+    assert_eq!(batch.status, 200, "{batch:?}");
+    let limited = api.get("/v1/counters/k");
+    let problem = limited.problem(429, "RESOURCE_EXHAUSTED");
+    assert!(
+        problem["retry_after_ms"].as_u64().unwrap() > 1_000,
+        "{problem}"
+    );
+    assert!(
+        limited.header("retry-after").parse::<u64>().unwrap() >= 1,
+        "{limited:?}"
+    );
+
+    // Plain HTTP to the HTTPS port: no HTTP answer.
+    assert!(
+        !matches!(http_get(node.spec.http, "/healthz"), Ok((200, _))),
+        "the HTTPS port answered plain HTTP"
+    );
+    drop(node);
+}
+
+fn https_api(addr: std::net::SocketAddr, ca_path: &Path) -> common::http::Api {
+    let ca = ureq::tls::Certificate::from_pem(&std::fs::read(ca_path).unwrap())
+        .unwrap()
+        .to_owned();
+    let tls = ureq::tls::TlsConfig::builder()
+        .provider(ureq::tls::TlsProvider::Rustls)
+        .root_certs(ureq::tls::RootCerts::Specific(std::sync::Arc::new(vec![
+            ca,
+        ])))
+        .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .build();
+    let agent = common::http::Api::config()
+        .tls_config(tls)
+        .build()
+        .new_agent();
+    common::http::Api::with_agent(format!("https://localhost:{}", addr.port()), agent)
+}

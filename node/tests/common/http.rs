@@ -123,6 +123,17 @@ impl Api {
         }
     }
 
+    /// The status of a bodiless request, or `None` when none came (refused
+    /// connection, failed handshake).
+    pub fn try_call(&self, method: &str, path: &str) -> Option<u16> {
+        let request = ureq::http::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .body(())
+            .ok()?;
+        self.agent.run(request).ok().map(|r| r.status().as_u16())
+    }
+
     pub fn get(&self, path: &str) -> Reply {
         self.call("GET", path, &[], None)
     }
@@ -164,10 +175,13 @@ impl Api {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let agent = Api::config().timeout_global(None).build().new_agent();
-        let response = agent
-            .run(request.body(()).expect("a valid request"))
-            .expect("opening the event stream");
+        // A stream has no overall deadline; the reader bounds each wait.
+        let request = self
+            .agent
+            .configure_request(request.body(()).expect("a valid request"))
+            .timeout_global(None)
+            .build();
+        let response = self.agent.run(request).expect("opening the event stream");
         let status = response.status().as_u16();
         let content_type = response
             .headers()

@@ -127,16 +127,35 @@ pub struct NodeProcess {
     child: Option<Child>,
     log: PathBuf,
     starts: usize,
+    /// Tells whether the node at this HTTP address is ready (default: a
+    /// plain-HTTP `/readyz` answers 200).
+    ready_probe: Option<ReadyProbe>,
 }
+
+/// See [`NodeProcess::start_with_probe`].
+pub type ReadyProbe = Box<dyn Fn(SocketAddr) -> bool + Send>;
 
 impl NodeProcess {
     /// Starts the node and waits until `/readyz` answers (at most 30 s).
     pub fn start(spec: NodeSpec) -> NodeProcess {
+        NodeProcess::launched(spec, None)
+    }
+
+    /// [`NodeProcess::start`] with another readiness check (e.g. over HTTPS).
+    pub fn start_with_probe(
+        spec: NodeSpec,
+        probe: impl Fn(SocketAddr) -> bool + Send + 'static,
+    ) -> NodeProcess {
+        NodeProcess::launched(spec, Some(Box::new(probe)))
+    }
+
+    fn launched(spec: NodeSpec, ready_probe: Option<ReadyProbe>) -> NodeProcess {
         let mut node = NodeProcess {
             log: spec.data_dir.with_extension("log"),
             spec,
             child: None,
             starts: 0,
+            ready_probe,
         };
         node.launch();
         node
@@ -199,10 +218,13 @@ impl NodeProcess {
                 let text = self.log_text();
                 return Err(text.get(offset..).unwrap_or(&text).to_string());
             }
-            if http_get(self.spec.http, "/readyz")
-                .map(|(code, _)| code == 200)
-                .unwrap_or(false)
-            {
+            let ready = match &self.ready_probe {
+                Some(probe) => probe(self.spec.http),
+                None => http_get(self.spec.http, "/readyz")
+                    .map(|(code, _)| code == 200)
+                    .unwrap_or(false),
+            };
+            if ready {
                 return Ok(());
             }
             assert!(
