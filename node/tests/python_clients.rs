@@ -10,10 +10,10 @@
 
 mod common;
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::python::{can_run, unavailable};
 use common::{NodeProcess, NodeSpec};
 
 const MODULES: &str = "import grpc, grpc_reflection, grpc_health";
@@ -22,40 +22,18 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/grpc_clients.py")
 }
 
-/// Why the Python clients cannot run here, or `None` when they can.
-fn unavailable() -> Option<String> {
-    match Command::new("python3").args(["-c", MODULES]).output() {
-        Err(error) => Some(format!("python3 cannot be run: {error}")),
-        Ok(out) if !out.status.success() => Some(format!(
-            "python3 lacks the gRPC modules ({}); install them with \
-             `python3 -m pip install grpcio grpcio-reflection grpcio-health-checking`",
-            String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .last()
-                .unwrap_or("no error text")
-        )),
-        Ok(_) => None,
-    }
-}
-
-fn can_run(test: &str) -> bool {
-    let Some(why) = unavailable() else {
-        return true;
-    };
-    let message = format!("Python client test {test} cannot run: {why}");
-    if std::env::var("TALLY_REQUIRE_PYTHON_CLIENTS").as_deref() == Ok("1") {
-        panic!("{message} (and TALLY_REQUIRE_PYTHON_CLIENTS=1 requires it)");
-    }
-    // Straight to the process's stderr, not through `eprintln!`, which the
-    // test harness captures and hides for a test that passes.
-    let bar = "!".repeat(72);
-    let _ = writeln!(std::io::stderr(), "\n{bar}\nSKIPPED: {message}\n{bar}\n");
-    false
-}
-
 #[test]
 fn python_grpc_clients_see_reflection_health_and_conventional_codes() {
-    if !can_run("python_grpc_clients_see_reflection_health_and_conventional_codes") {
+    let why_not = unavailable(
+        "python3",
+        MODULES,
+        "install them with `python3 -m pip install grpcio grpcio-reflection grpcio-health-checking`",
+    );
+    if !can_run(
+        "Python client test python_grpc_clients_see_reflection_health_and_conventional_codes",
+        why_not,
+        "TALLY_REQUIRE_PYTHON_CLIENTS",
+    ) {
         return;
     }
     let root = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@
 pub mod http;
 pub mod kill_load;
 pub mod load;
+pub mod python;
 
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};

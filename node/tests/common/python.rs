@@ -1,0 +1,47 @@
+//! Tests that run a Python tool (the stock gRPC clients, schemathesis,
+//! Selenium): which interpreter to use, and a loud, explicit skip when the
+//! tool is missing, unless CI's `TALLY_REQUIRE_*` switch says it must run.
+//!
+//! The interpreter is named by an environment variable when set (`.ci/run`
+//! sets `TALLY_HTTP_PYTHON` to the virtualenv it installs schemathesis and
+//! Selenium into), else `python3`.
+
+use std::io::Write;
+use std::process::Command;
+
+/// The Python interpreter named by `$env_var`, or `python3`.
+pub fn python(env_var: &str) -> String {
+    std::env::var(env_var).unwrap_or_else(|_| "python3".to_string())
+}
+
+/// Why `imports` (a Python statement) fails with `python`, or `None` when it works.
+pub fn unavailable(python: &str, imports: &str, install_hint: &str) -> Option<String> {
+    match Command::new(python).args(["-c", imports]).output() {
+        Err(error) => Some(format!("{python} cannot be run: {error}")),
+        Ok(out) if !out.status.success() => Some(format!(
+            "{python} lacks the modules ({}); {install_hint}",
+            String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .last()
+                .unwrap_or("no error text")
+        )),
+        Ok(_) => None,
+    }
+}
+
+/// True when the test may run; otherwise prints a SKIPPED banner, or panics
+/// when the environment variable `require` is `1`.
+pub fn can_run(test: &str, why_not: Option<String>, require: &str) -> bool {
+    let Some(why) = why_not else {
+        return true;
+    };
+    let message = format!("{test} cannot run: {why}");
+    if std::env::var(require).as_deref() == Ok("1") {
+        panic!("{message} (and {require}=1 requires it)");
+    }
+    // Straight to the process's stderr, not through `eprintln!`, which the
+    // test harness captures and hides for a test that passes.
+    let bar = "!".repeat(72);
+    let _ = writeln!(std::io::stderr(), "\n{bar}\nSKIPPED: {message}\n{bar}\n");
+    false
+}
