@@ -29,6 +29,7 @@ pub fn code_of(error: &EngineError) -> Code {
         EngineError::Add(AddRefused::Counter(_)) => Code::OutOfRange,
         EngineError::Add(AddRefused::IdempotencyKeyTooLong(_)) => Code::InvalidArgument,
         EngineError::Add(AddRefused::IdempotencyKeyReused(_)) => Code::FailedPrecondition,
+        EngineError::Add(AddRefused::Fenced(_)) => Code::FailedPrecondition,
         EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => Code::Unavailable,
         EngineError::OutOfRange(_) => Code::OutOfRange,
         EngineError::ShuttingDown => Code::Unavailable,

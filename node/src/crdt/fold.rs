@@ -298,10 +298,10 @@ impl PnCounter {
     /// epoch it is complete up to). Returns true when the state changed.
     /// The caller folds only after checking that its state of each writer is
     /// the final one the record names (see `replica/folds.rs`).
-    pub fn apply_folds(&mut self, book: &FoldBook, upto: u64) -> Result<bool, FoldError> {
+    pub fn apply_folds(&mut self, book: &FoldBook, upto: u64) -> bool {
         let upto = upto.min(book.epoch());
         if upto <= self.folded.epoch {
-            return Ok(false);
+            return false;
         }
         let mut base = self.folded;
         for epoch in self.folded.epoch + 1..=upto {
@@ -318,7 +318,7 @@ impl PnCounter {
         self.folded = base;
         self.slots
             .retain(|(writer, _)| !folded_by(book, *writer, upto));
-        Ok(true)
+        true
     }
 
     /// Merges `other` into `self` across fold epochs: the result takes the

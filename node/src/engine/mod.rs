@@ -446,6 +446,7 @@ impl Engine {
                 AddRefused::IdempotencyKeyReused(_) | AddRefused::IdempotencyKeyTooLong(_),
             ) => "idempotency_key",
             EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => "storage",
+            EngineError::Add(AddRefused::Fenced(_)) => "fenced",
             EngineError::OutOfRange(_) => "out_of_range",
             EngineError::ShuttingDown => "shutting_down",
             EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => "storage_failed",
@@ -564,6 +565,9 @@ impl Engine {
         }
         if !report.changed.is_empty() {
             self.commit_wakeup.notify_one();
+        }
+        for (key, error) in &report.fold_conflicts {
+            tracing::error!(peer = %peer, key = %key, %error, "a peer's folded base disagrees with this node's; the counter was left as it is");
         }
         if report.own_slot_raised > 0 {
             tracing::warn!(peer = %peer, counters = report.own_slot_raised, "a peer held more for this replica's own slot than it did: was the data directory restored from an old copy?");

@@ -290,6 +290,7 @@ fn chunk_refusal_reason(refused: &crate::replica::ChunkRefused) -> &'static str 
         RegionConflict { .. } => "region_conflict",
         DuplicateKey(_) => "malformed",
         Storage(_) => "storage",
+        Fold { .. } => "fold_epoch",
     }
 }
 

@@ -28,6 +28,7 @@
 //!   from members that applied it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use crate::crdt::{FoldBook, FoldError, FoldRecord, ReplicaId, Slot, WriterDigest};
 
@@ -149,7 +150,7 @@ pub struct FoldMember {
 #[derive(Debug, Default)]
 pub struct Folds {
     retired: BTreeMap<ReplicaId, RetireReason>,
-    book: FoldBook,
+    book: Arc<FoldBook>,
     candidate: Option<FoldRecord>,
     digests: HashMap<ReplicaId, WriterDigest>,
     /// Epochs up to this one are applied to this node's counters as they load.
@@ -162,27 +163,53 @@ pub struct Folds {
 }
 
 impl Folds {
-    /// The state recovered from disk: retirements, committed records and
-    /// every writer's digest.
+    /// The state recovered from disk: retirements, committed records (a
+    /// record that does not chain is left out, and so are those after it),
+    /// every writer's digest, and the epoch applied to this node's counters.
     pub fn recovered(
         retired: Vec<(ReplicaId, RetireReason)>,
-        records: Vec<FoldRecord>,
+        mut records: Vec<FoldRecord>,
         digests: Vec<(ReplicaId, WriterDigest)>,
-    ) -> Result<Self, FoldError> {
-        let book = FoldBook::from_records(records)?;
+        applied: u64,
+    ) -> Self {
+        records.sort_by_key(|record| record.epoch);
+        let mut book = FoldBook::new();
+        for record in records {
+            if book.accept(record).is_err() {
+                break;
+            }
+        }
+        let applied = applied.min(book.epoch());
         let mut folds = Folds {
             retired: retired.into_iter().collect(),
-            book,
+            book: Arc::new(book),
             digests: digests.into_iter().collect(),
+            applied,
             ..Folds::default()
         };
         folds.applied = folds.applicable_upto();
-        Ok(folds)
+        folds
     }
 
     /// The committed fold records.
     pub fn book(&self) -> &FoldBook {
         &self.book
+    }
+
+    /// The committed fold records, shared (cheap to clone).
+    pub fn shared_book(&self) -> Arc<FoldBook> {
+        self.book.clone()
+    }
+
+    /// Sets writers' digests to what a durable commit made them.
+    pub fn set_digests(&mut self, digests: &[(ReplicaId, WriterDigest)]) {
+        for (writer, digest) in digests {
+            if *digest == WriterDigest::default() {
+                self.digests.remove(writer);
+            } else {
+                self.digests.insert(*writer, *digest);
+            }
+        }
     }
 
     /// Epochs up to this one are applied to this node's counters.
@@ -460,7 +487,7 @@ impl Folds {
     }
 
     fn commit(&mut self, record: FoldRecord) -> Result<(), FoldError> {
-        self.book.accept(record.clone())?;
+        Arc::make_mut(&mut self.book).accept(record.clone())?;
         if self
             .candidate
             .as_ref()

@@ -18,6 +18,7 @@ pub mod folds;
 mod idempotency;
 mod identity;
 mod protocol;
+mod retire;
 mod sync;
 mod types;
 pub mod version;
@@ -25,8 +26,9 @@ pub mod version;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::crdt::{AddError, PnCounter, ReplicaId, StateDigest};
+use crate::crdt::{AddError, FoldedBase, PnCounter, ReplicaId, StateDigest, WriterDigest};
 use directory::Directory;
+use folds::Folds;
 
 pub use idempotency::{legacy_idempotency_id, request_fingerprint, IdHasher, IdempotencyTable};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
@@ -128,7 +130,13 @@ pub enum AddRefused {
     /// The counter could not be read from disk.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// This replica was retired: it never writes again.
+    #[error("this node's replica id {0} was retired by the cluster and is fenced: it takes no adds; stop it, wipe its data directory and start it again to join with a new id")]
+    Fenced(ReplicaId),
 }
+
+/// The region name under which [`Replica::breakdown`] lists a counter's folded base.
+pub const FOLDED_REGION: &str = "(folded)";
 
 /// One region's part of a counter.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -199,6 +207,10 @@ pub struct Replica {
     /// A tick passed since the last commit: housekeeping may commit alone.
     housekeeping_due: bool,
     peers: PeerBook,
+    /// Retired writers, fold records and per-writer digests (`folds.rs`).
+    folds: Folds,
+    /// The store-wide fold pass in progress (`retire.rs`).
+    fold_sweep: retire::FoldSweep,
 }
 
 /// The most expired idempotency records one tick forgets (bounded work under the lock).
@@ -253,6 +265,13 @@ impl Replica {
             idempotency_delete: recovered.expired_segments,
             housekeeping_due: false,
             peers: PeerBook::new(recovered.watermarks),
+            folds: Folds::recovered(
+                recovered.retired,
+                recovered.fold_records,
+                recovered.writer_digests,
+                recovered.fold_applied,
+            ),
+            fold_sweep: retire::FoldSweep::recovered(recovered.fold_swept),
             config,
         }
     }
@@ -326,7 +345,15 @@ impl Replica {
         }
         let entry = self.counters.get_mut(key).expect("inserted above");
         entry.last_used_ms = now_ms;
-        Ok(entry)
+        // Folds this node applied since the counter was written reach it as
+        // it is used (and the fold sweep reaches the rest).
+        if entry
+            .live
+            .apply_folds(self.folds.book(), self.folds.applied())
+        {
+            self.mark_dirty(key);
+        }
+        Ok(self.counters.get_mut(key).expect("inserted above"))
     }
 
     fn mark_dirty(&mut self, key: &str) {
@@ -387,6 +414,9 @@ impl Replica {
             _ => request,
         };
         let replica = self.identity.replica;
+        if self.folds.is_retired(replica) {
+            return Err(AddRefused::Fenced(replica));
+        }
         let entry = self.entry(store, request.key, now_ms)?;
         let value = entry.live.checked_add(replica, request.delta)?;
         self.mark_dirty(request.key);
@@ -441,7 +471,20 @@ impl Replica {
             part.decrements = part.decrements.saturating_add(slot.n);
             part.net += slot.net();
         }
-        parts.into_values().collect()
+        let mut parts: Vec<RegionPart> = parts.into_values().collect();
+        let base = state.folded();
+        if base != FoldedBase::default() {
+            // Folded writers' regions are not kept per counter: one part.
+            parts.push(RegionPart {
+                region: FOLDED_REGION.to_string(),
+                increments: u64::try_from(base.p).unwrap_or(u64::MAX),
+                decrements: u64::try_from(base.n).unwrap_or(u64::MAX),
+                net: base.net(),
+                local: false,
+                last_sync_ms: None,
+            });
+        }
+        parts
     }
 
     /// Hands out the next group commit: every counter changed since the last
@@ -453,6 +496,7 @@ impl Replica {
         }
         let (watermarks, watermarks_dirty) = self.peers.take_watermarks();
         let data = !self.dirty.is_empty()
+            || self.folds.has_pending()
             || !self.idempotency_put.is_empty()
             || self.directory.has_pending()
             || watermarks_dirty;
@@ -468,8 +512,10 @@ impl Replica {
         self.housekeeping_due = false;
         let seq = self.last_seq + 1;
         self.last_seq = seq;
+        let (retired, fold_records) = self.folds.take_pending();
         let mut digest = self.digest;
         let mut counters = Vec::with_capacity(self.dirty.len());
+        let mut writer_digests: BTreeMap<ReplicaId, WriterDigest> = BTreeMap::new();
         for key in self.dirty.drain(..) {
             let entry = self
                 .counters
@@ -478,6 +524,12 @@ impl Replica {
             entry.dirty = false;
             entry.committing = true;
             digest.replace(&key, entry.durable.as_ref(), &entry.live);
+            for (writer, old, new) in retire::changed_slots(entry.durable.as_ref(), &entry.live) {
+                writer_digests
+                    .entry(writer)
+                    .or_insert_with(|| self.folds.digest_of(writer))
+                    .replace(&key, old, new);
+            }
             counters.push((key, entry.live.clone()));
         }
         let batch = CommitBatch {
@@ -489,6 +541,11 @@ impl Replica {
             directory_put: self.directory.take_pending(),
             watermarks,
             digest,
+            writer_digests: writer_digests.into_iter().collect(),
+            retired,
+            fold_records,
+            fold_applied: self.folds.applied(),
+            fold_swept: self.fold_sweep.swept(),
         };
         self.idempotency
             .assign_segment(seq, batch.idempotency_put.iter().map(|record| record.id));
@@ -521,6 +578,7 @@ impl Replica {
         }
         self.durable_seq = seq;
         self.digest = batch.digest;
+        self.folds.set_digests(&batch.writer_digests);
     }
 
     /// The batch handed out by [`Self::poll_commit`] failed: everything in it
@@ -554,6 +612,8 @@ impl Replica {
         self.idempotency_put.extend(batch.idempotency_put);
         self.idempotency_delete.extend(batch.idempotency_delete);
         self.directory.restore_pending(batch.directory_put);
+        self.folds
+            .restore_pending(batch.retired, batch.fold_records);
         self.peers.mark_watermarks_dirty();
     }
 

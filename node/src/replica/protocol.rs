@@ -11,7 +11,7 @@
 //! every round, never starved. A refused message merges nothing. A pull from
 //! a node that shares no protocol version with this one is refused.
 
-use crate::crdt::{Crdt, PnCounter, ReplicaId};
+use crate::crdt::{FoldError, PnCounter, ReplicaId};
 
 use super::types::{Cursor, DurableState, Key, StorageError};
 use super::version::ProtocolWindow;
@@ -141,6 +141,15 @@ pub enum ChunkRefused {
     /// A counter could not be loaded to merge into.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A counter is folded at an epoch this node holds no record of yet
+    /// (the chunk is pulled again once the record arrives by gossip).
+    #[error("counter {key:?}: {error}")]
+    Fold {
+        /// The counter.
+        key: String,
+        /// Why.
+        error: FoldError,
+    },
 }
 
 /// What a merged chunk changed.
@@ -153,6 +162,9 @@ pub struct MergeReport {
     /// Counters in which a peer held more for our own slot than we did (only
     /// after a disk was restored from an old copy; the max repairs it).
     pub own_slot_raised: usize,
+    /// Counters left unchanged because the peer's folded base at the same
+    /// epoch differs from ours (never expected; each is a bug to report).
+    pub fold_conflicts: Vec<(Key, FoldError)>,
 }
 
 /// The estimated wire size of one counter in a chunk.
@@ -295,12 +307,26 @@ impl Replica {
                 None => learned.push((*replica, region.clone())),
             }
         }
+        let book = self.folds.shared_book();
         let mut seen = std::collections::HashSet::with_capacity(chunk.counters.len());
         for (key, state) in &chunk.counters {
             if !seen.insert(key.as_ref()) {
                 return Err(ChunkRefused::DuplicateKey(key.to_string()));
             }
+            if state.folded().epoch > book.epoch() {
+                return Err(ChunkRefused::Fold {
+                    key: key.to_string(),
+                    error: FoldError::UnknownEpoch {
+                        epoch: state.folded().epoch,
+                        known: book.epoch(),
+                    },
+                });
+            }
             for (replica, _) in state.slots() {
+                // A folded writer's slot is dropped by the merge below.
+                if book.folded_at(*replica).is_some() {
+                    continue;
+                }
                 let known =
                     self.directory.contains(replica) || learned.iter().any(|(id, _)| id == replica);
                 if !known {
@@ -343,9 +369,13 @@ impl Replica {
             if theirs.p > ours.p || theirs.n > ours.n {
                 report.own_slot_raised += 1;
             }
-            if entry.live.merge(&incoming) {
-                report.changed.push((key.clone(), entry.live.clone()));
-                self.mark_dirty(&key);
+            match entry.live.merge_folded(&incoming, &book) {
+                Ok(true) => {
+                    report.changed.push((key.clone(), entry.live.clone()));
+                    self.mark_dirty(&key);
+                }
+                Ok(false) => {}
+                Err(error) => report.fold_conflicts.push((key.clone(), error)),
             }
         }
         if let Some(digest) = chunk.directory_digest {

@@ -6,12 +6,12 @@ use crate::crdt::Slot;
 use crate::store::{MemoryStore, Store};
 use version::ProtocolWindow;
 
-struct Node {
-    replica: Replica,
-    store: MemoryStore,
+pub(super) struct Node {
+    pub(super) replica: Replica,
+    pub(super) store: MemoryStore,
 }
 
-const CLUSTER: &str = "test";
+pub(super) const CLUSTER: &str = "test";
 
 fn config() -> ReplicaConfig {
     ReplicaConfig {
@@ -21,7 +21,7 @@ fn config() -> ReplicaConfig {
 }
 
 impl Node {
-    fn new(id: u64, region: &str) -> Node {
+    pub(super) fn new(id: u64, region: &str) -> Node {
         let identity = Identity {
             replica: ReplicaId(id),
             region: region.into(),
@@ -34,7 +34,7 @@ impl Node {
     }
 
     /// Restarts from what the store holds (after `crash` or a clean stop).
-    fn restart(self) -> Node {
+    pub(super) fn restart(self) -> Node {
         let recovered = self.store.recover(0).unwrap();
         let identity = self.store.identity().clone();
         Node {
@@ -44,7 +44,7 @@ impl Node {
     }
 
     #[track_caller]
-    fn add(&mut self, key: &str, delta: i64) -> AddAccepted {
+    pub(super) fn add(&mut self, key: &str, delta: i64) -> AddAccepted {
         self.replica
             .handle_add(
                 1,
@@ -58,7 +58,7 @@ impl Node {
             .unwrap()
     }
 
-    fn value(&mut self, key: &str) -> i64 {
+    pub(super) fn value(&mut self, key: &str) -> i64 {
         self.replica
             .handle_get(1, &self.store, key)
             .unwrap()
@@ -67,7 +67,7 @@ impl Node {
     }
 
     /// Writes and flushes one group commit; returns its sequence.
-    fn commit(&mut self) -> Option<u64> {
+    pub(super) fn commit(&mut self) -> Option<u64> {
         let batch = self.replica.poll_commit()?;
         self.store.write(&batch).unwrap();
         self.store.flush().unwrap();
@@ -76,7 +76,7 @@ impl Node {
     }
 
     /// Pulls everything `source` offers, chunk by chunk, as the runtime does.
-    fn pull_from(&mut self, source: &Node, max_bytes: usize) -> usize {
+    pub(super) fn pull_from(&mut self, source: &Node, max_bytes: usize) -> usize {
         let peer = source.replica.identity().replica;
         let mut chunks = 0;
         loop {

@@ -6,7 +6,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::crdt::{PnCounter, ReplicaId, StateDigest};
+use crate::crdt::{FoldRecord, PnCounter, ReplicaId, StateDigest, WriterDigest};
+
+use super::folds::RetireReason;
 
 /// The longest counter key, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
@@ -151,6 +153,17 @@ pub struct CommitBatch {
     pub watermarks: Vec<(ReplicaId, Cursor)>,
     /// Digest of the whole durable state once this batch is durable.
     pub digest: StateDigest,
+    /// Per-writer digests that this batch changes, with their new value
+    /// (an empty digest: the writer has no slot left; delete it).
+    pub writer_digests: Vec<(ReplicaId, WriterDigest)>,
+    /// Writers retired since the last commit (kept forever).
+    pub retired: Vec<(ReplicaId, RetireReason)>,
+    /// Fold records committed since the last commit (kept forever).
+    pub fold_records: Vec<FoldRecord>,
+    /// Fold epochs up to this one are applied to this node's counters.
+    pub fold_applied: u64,
+    /// Every stored counter is folded up to this epoch (the sweep's progress).
+    pub fold_swept: u64,
 }
 
 impl CommitBatch {
@@ -161,12 +174,28 @@ impl CommitBatch {
             && self.idempotency_put.is_empty()
             && self.idempotency_delete.is_empty()
             && self.directory_put.is_empty()
+            && self.retired.is_empty()
+            && self.fold_records.is_empty()
     }
 }
 
 /// What a replica recovers from its disk at start.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct Recovered {
+    /// Every writer's digest over the stored counters (complete: a store
+    /// that kept none computes them when it opens).
+    pub writer_digests: Vec<(ReplicaId, WriterDigest)>,
+    /// False when the stored digests are not those of the last commit (a
+    /// build that did not keep them wrote since): the store recomputes them.
+    pub writer_digests_current: bool,
+    /// The retired writers, and why.
+    pub retired: Vec<(ReplicaId, RetireReason)>,
+    /// The committed fold records.
+    pub fold_records: Vec<FoldRecord>,
+    /// Fold epochs up to this one are applied to this node's counters.
+    pub fold_applied: u64,
+    /// Every stored counter is folded up to this epoch.
+    pub fold_swept: u64,
     /// The last durable commit.
     pub durable_seq: u64,
     /// The digest of the durable state.

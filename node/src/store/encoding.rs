@@ -15,8 +15,15 @@
 //! | `d`    | replica (BE u64)         | v1, region                              |
 //! | `w`    | replica (BE u64)         | v1, cursor seq, cursor key              |
 //! | `m`    | meta name                | v1, payload                             |
+//! | `f`    | fold epoch (BE u64)      | v1, writer count, (writer id, digest counters, digest hash)* |
+//! | `x`    | retired replica (BE u64) | v1, reason tag, by (u64)                |
+//! | `g`    | writer replica (BE u64)  | v1, digest counters, digest hash        |
+//!
+//! A counter with a folded base is written as record v3 (v2 plus the base's
+//! epoch, p and n); one without a base is written exactly as before, so the
+//! format changes only once a fold happened (cluster version 4).
 
-use crate::crdt::{stable_hash, PnCounter, ReplicaId, Slot};
+use crate::crdt::{stable_hash, FoldedBase, PnCounter, ReplicaId, Slot};
 use crate::replica::{Cursor, IdempotencyRecord, Identity, StorageError, StoredCounter};
 
 /// The format version written by this build.
@@ -96,6 +103,11 @@ fn corrupt(what: &str, why: &str) -> StorageError {
 /// its ordinal ([`super::Ordinals`]). Version 1 (the 8-byte replica id
 /// inline) is still read.
 pub const COUNTER_VERSION: u8 = 2;
+/// The counter record format of a counter with a folded base (cluster
+/// version 4): format 2 followed by the base.
+pub const COUNTER_FOLDED_VERSION: u8 = 3;
+/// Every counter record format this build reads.
+const COUNTER_VERSIONS: &[u8] = &[1, COUNTER_VERSION, COUNTER_FOLDED_VERSION];
 
 /// Encodes a counter record, numbering replicas with `ordinal_of`.
 pub fn encode_counter(
@@ -104,13 +116,24 @@ pub fn encode_counter(
     ordinal_of: impl Fn(ReplicaId) -> u32,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + state.slots().len() * 8);
-    out.push(COUNTER_VERSION);
+    let base = state.folded();
+    let folded = base != FoldedBase::default();
+    out.push(if folded {
+        COUNTER_FOLDED_VERSION
+    } else {
+        COUNTER_VERSION
+    });
     put_varint(&mut out, seq);
     put_varint(&mut out, state.slots().len() as u64);
     for (replica, slot) in state.slots() {
         put_varint(&mut out, u64::from(ordinal_of(*replica)));
         put_varint(&mut out, slot.p);
         put_varint(&mut out, slot.n);
+    }
+    if folded {
+        put_varint(&mut out, base.epoch);
+        out.extend_from_slice(&base.p.to_le_bytes());
+        out.extend_from_slice(&base.n.to_le_bytes());
     }
     out
 }
@@ -132,7 +155,7 @@ pub fn encode_counter_v1(seq: u64, state: &PnCounter) -> Vec<u8> {
 
 /// The commit that wrote a counter record, read without the slots.
 pub fn decode_counter_seq(bytes: &[u8]) -> Result<u64, StorageError> {
-    let (_, mut reader) = Reader::any_version(bytes, "counter record", &[1, COUNTER_VERSION])?;
+    let (_, mut reader) = Reader::any_version(bytes, "counter record", COUNTER_VERSIONS)?;
     reader.varint()
 }
 
@@ -142,7 +165,7 @@ pub fn decode_counter(
     replica_of: impl Fn(u32) -> Option<ReplicaId>,
 ) -> Result<StoredCounter, StorageError> {
     const WHAT: &str = "counter record";
-    let (version, mut reader) = Reader::any_version(bytes, WHAT, &[1, COUNTER_VERSION])?;
+    let (version, mut reader) = Reader::any_version(bytes, WHAT, COUNTER_VERSIONS)?;
     let seq = reader.varint()?;
     let count = reader.varint()?;
     if count > bytes.len() as u64 {
@@ -166,10 +189,19 @@ pub fn decode_counter(
             },
         ));
     }
+    let base = if version == COUNTER_FOLDED_VERSION {
+        FoldedBase {
+            epoch: reader.varint()?,
+            p: reader.u128()?,
+            n: reader.u128()?,
+        }
+    } else {
+        FoldedBase::default()
+    };
     reader.finish()?;
     Ok(StoredCounter {
         seq,
-        state: PnCounter::from_slots(slots),
+        state: PnCounter::from_parts(slots, base),
     })
 }
 
@@ -493,6 +525,12 @@ impl<'a> Reader<'a> {
         Ok(u64::from_le_bytes(*head))
     }
 
+    fn u128(&mut self) -> Result<u128, StorageError> {
+        let low = self.u64()?;
+        let high = self.u64()?;
+        Ok(u128::from(high) << 64 | u128::from(low))
+    }
+
     fn u64_be(&mut self) -> Result<u64, StorageError> {
         Ok(self.u64()?.swap_bytes())
     }
@@ -534,6 +572,10 @@ impl<'a> Reader<'a> {
         }
     }
 }
+
+#[path = "fold_encoding.rs"]
+mod fold;
+pub use fold::*;
 
 #[cfg(test)]
 #[path = "encoding_tests.rs"]

@@ -60,7 +60,7 @@ fn format_1_writers_round_trip_through_the_readers() {
 
 #[test]
 fn a_record_of_a_newer_format_is_not_called_corrupt() {
-    let error = decode_counter(&[COUNTER_VERSION + 1, 1, 0], |_| None).unwrap_err();
+    let error = decode_counter(&[COUNTER_FOLDED_VERSION + 1, 1, 0], |_| None).unwrap_err();
     assert!(!error.0.contains("corrupt"), "{error}");
     assert!(error.0.contains("newer"), "{error}");
     let error = decode_counter(&[0, 1, 0], |_| None).unwrap_err();

@@ -128,13 +128,19 @@ impl Store for MemoryStore {
     fn recover(&self, now_ms: u64) -> Result<Recovered, StorageError> {
         let layers = self.layers();
         let space = &layers.visible;
-        recover_from::<Infallible>(
+        let mut recovered = recover_from::<Infallible>(
             |key| Ok(space.get(key).cloned()),
             |prefix| {
                 Box::new(scan(space, prefix).map(|item| item.map(|(k, v)| (k.clone(), v.clone()))))
             },
             now_ms,
-        )
+        )?;
+        drop(layers);
+        if !recovered.writer_digests_current {
+            recovered.writer_digests = super::compute_writer_digests(self)?;
+            recovered.writer_digests_current = true;
+        }
+        Ok(recovered)
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {

@@ -599,7 +599,7 @@ impl Store for SledStore {
     }
 
     fn recover(&self, now_ms: u64) -> Result<Recovered, StorageError> {
-        recover_from(
+        let mut recovered = recover_from(
             |key| self.db.get(key).map(|value| value.map(|v| v.to_vec())),
             |prefix| {
                 Box::new(
@@ -609,7 +609,12 @@ impl Store for SledStore {
                 )
             },
             now_ms,
-        )
+        )?;
+        if !recovered.writer_digests_current {
+            recovered.writer_digests = super::compute_writer_digests(self)?;
+            recovered.writer_digests_current = true;
+        }
+        Ok(recovered)
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {

@@ -1,0 +1,210 @@
+//! The replica's side of retiring and folding writers: retirement by an
+//! operator or by replacement, a round of the fold protocol on the members'
+//! reports (`folds.rs`), fencing, and the fold sweep that brings every stored
+//! counter to the applied epoch in bounded steps.
+//!
+//! Invariants kept here: a fenced replica (its id retired) takes no add; a
+//! counter is folded only up to the epoch this node may apply (its state of
+//! every writer of the record is the record's, see [`Folds`]); a fold
+//! changes a counter like any other change, so it reaches the disk through
+//! the group commit in the same atomic batch as the fold record and the
+//! applied epoch, and after a crash the sweep resumes from what is durable
+//! (folding a counter twice changes nothing).
+
+use crate::crdt::{FoldError, FoldRecord, PnCounter, ReplicaId, Slot};
+
+use super::folds::{FoldMember, Folds, RetireRefused};
+use super::types::{Cursor, DurableState, StorageError};
+use super::Replica;
+
+/// The store-wide fold pass: which epoch every stored counter is folded up
+/// to, and the pass in progress.
+#[derive(Debug, Default)]
+pub(super) struct FoldSweep {
+    swept: u64,
+    running: Option<Pass>,
+}
+
+#[derive(Debug)]
+struct Pass {
+    target: u64,
+    after: Cursor,
+    stop_seq: u64,
+}
+
+impl FoldSweep {
+    pub(super) fn recovered(swept: u64) -> Self {
+        FoldSweep {
+            swept,
+            running: None,
+        }
+    }
+
+    /// Every stored counter is folded up to this epoch.
+    pub(super) fn swept(&self) -> u64 {
+        self.swept
+    }
+}
+
+/// The writers whose slot differs between `old` and `new`, with both slots
+/// (an absent slot is empty). One pass over the two sorted lists.
+pub(super) fn changed_slots(
+    old: Option<&PnCounter>,
+    new: &PnCounter,
+) -> Vec<(ReplicaId, Slot, Slot)> {
+    let old = old.map_or(&[][..], PnCounter::slots);
+    let new = new.slots();
+    let mut changed = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        let (writer, before, after) = match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if a.0 == b.0 => {
+                i += 1;
+                j += 1;
+                (a.0, a.1, b.1)
+            }
+            (Some(a), Some(b)) if a.0 < b.0 => {
+                i += 1;
+                (a.0, a.1, Slot::default())
+            }
+            (Some(a), None) => {
+                i += 1;
+                (a.0, a.1, Slot::default())
+            }
+            (_, Some(b)) => {
+                j += 1;
+                (b.0, Slot::default(), b.1)
+            }
+            (None, None) => break,
+        };
+        if before != after {
+            changed.push((writer, before, after));
+        }
+    }
+    changed
+}
+
+impl Replica {
+    /// Retired writers, fold records, digests and why folds wait.
+    pub fn folds(&self) -> &Folds {
+        &self.folds
+    }
+
+    /// True when this replica's own id was retired: it must not serve.
+    pub fn is_fenced(&self) -> bool {
+        self.folds.is_retired(self.identity.replica)
+    }
+
+    /// Every stored counter is folded up to this epoch.
+    pub fn fold_swept(&self) -> u64 {
+        self.fold_sweep.swept
+    }
+
+    /// `tally admin retire`: retires `writer` (persisted with the next
+    /// commit). Refused for this node's own id, an id it never heard of, and
+    /// a live member.
+    pub fn handle_retire(
+        &mut self,
+        writer: ReplicaId,
+        members: &[FoldMember],
+    ) -> Result<bool, RetireRefused> {
+        let known = self.directory.contains(&writer);
+        self.folds
+            .retire(writer, self.identity.replica, known, members)
+    }
+
+    /// One round of the fold protocol on the members' latest reports:
+    /// retires replaced incarnations (when `retire_after_ms` is set), learns
+    /// and commits fold records, and folds cached counters up to the epoch
+    /// this node may apply. Returns the records committed or adopted.
+    pub fn handle_fold_round(
+        &mut self,
+        now_ms: u64,
+        node_name: &str,
+        members: &[FoldMember],
+        retire_after_ms: Option<u64>,
+    ) -> Result<Vec<FoldRecord>, FoldError> {
+        let own = self.identity.replica;
+        if let Some(after) = retire_after_ms {
+            self.folds
+                .retire_replaced(now_ms, own, node_name, members, after);
+        }
+        let counted: Vec<ReplicaId> = self
+            .directory
+            .entries()
+            .into_iter()
+            .map(|(replica, _)| replica)
+            .filter(|replica| *replica != own)
+            .collect();
+        let committed = self.folds.handle_reports(&counted, members)?;
+        self.fold_cached();
+        Ok(committed)
+    }
+
+    /// Folds every cached counter up to the applied epoch.
+    fn fold_cached(&mut self) {
+        let applied = self.folds.applied();
+        let mut changed = Vec::new();
+        for (key, entry) in self.counters.iter_mut() {
+            if entry.live.apply_folds(self.folds.book(), applied) {
+                changed.push(key.clone());
+            }
+        }
+        for key in changed {
+            self.mark_dirty(&key);
+        }
+    }
+
+    /// One bounded step of the fold sweep: loads up to `limit` stored
+    /// counters, folding each to the applied epoch (a folded counter is
+    /// written by the next commit). Returns the counters visited; 0 when
+    /// every stored counter is folded up to the applied epoch.
+    pub fn poll_fold_sweep(
+        &mut self,
+        now_ms: u64,
+        store: &(impl DurableState + ?Sized),
+        limit: usize,
+    ) -> Result<usize, StorageError> {
+        let applied = self.folds.applied();
+        if self.fold_sweep.swept >= applied {
+            return Ok(0);
+        }
+        let durable_seq = self.durable_seq;
+        let pass = self.fold_sweep.running.get_or_insert_with(|| Pass {
+            target: applied,
+            after: Cursor::default(),
+            // Counters written after this were folded as they were written.
+            stop_seq: durable_seq,
+        });
+        let target = pass.target;
+        let stop_seq = pass.stop_seq;
+        let changes = store.changes_after(&pass.after, limit.max(1))?;
+        let mut visited = 0;
+        let mut done = changes.is_empty();
+        for change in changes {
+            if change.seq > stop_seq {
+                done = true;
+                break;
+            }
+            self.entry(store, &change.key, now_ms)?;
+            visited += 1;
+            if let Some(pass) = self.fold_sweep.running.as_mut() {
+                pass.after = Cursor {
+                    seq: change.seq,
+                    key: change.key.to_string(),
+                };
+            }
+        }
+        if done {
+            // Persisted with the next commit, after the counters it folded.
+            self.fold_sweep.swept = target;
+            self.fold_sweep.running = None;
+            self.housekeeping_due = true;
+        }
+        Ok(visited.max(usize::from(done)))
+    }
+}
+
+#[cfg(test)]
+#[path = "retire_tests.rs"]
+mod tests;

@@ -1,0 +1,249 @@
+//! Tests of folding inside the replica core (in-memory store): digests kept
+//! by commits, fencing, a fold through a pull between two replicas, and the
+//! sweep with a crash in the middle.
+
+use super::super::tests::Node;
+use super::*;
+use crate::crdt::{FoldedBase, WriterDigest};
+use crate::replica::folds::FoldReport;
+use crate::replica::{AddRefused, AddRequest};
+use crate::store::{compute_writer_digests, Store};
+
+const W: ReplicaId = ReplicaId(3);
+
+fn member(node: &Node, alive: bool) -> FoldMember {
+    FoldMember {
+        replica: node.replica.identity().replica,
+        alive,
+        node_name: format!("node-{}", node.replica.identity().replica.0),
+        report: Some(node.replica.folds().report()),
+    }
+}
+
+/// One round of the fold protocol at every live node, then a commit each.
+fn fold_round(live: &mut [&mut Node], dead: &[FoldMember]) {
+    let members: Vec<FoldMember> = live
+        .iter()
+        .map(|node| member(node, true))
+        .chain(dead.iter().cloned())
+        .collect();
+    for node in live.iter_mut() {
+        let own = node.replica.identity().replica;
+        let others: Vec<FoldMember> = members
+            .iter()
+            .filter(|m| m.replica != own)
+            .cloned()
+            .collect();
+        node.replica
+            .handle_fold_round(5, "x", &others, None)
+            .unwrap();
+        node.commit();
+    }
+}
+
+/// Two live nodes that hold everything a third, now dead, wrote.
+fn cluster() -> (Node, Node, FoldMember) {
+    let mut a = Node::new(1, "eu");
+    let mut b = Node::new(2, "us");
+    let mut w = Node::new(W.0, "ap");
+    for (key, delta) in [("likes", 5), ("likes", -2), ("views", 7)] {
+        w.add(key, delta);
+        a.add(key, 1);
+        b.add(key, 10);
+    }
+    for node in [&mut a, &mut b, &mut w] {
+        node.commit();
+    }
+    a.pull_from(&w, 1 << 20);
+    b.pull_from(&w, 1 << 20);
+    a.commit();
+    b.commit();
+    b.pull_from(&a, 1 << 20);
+    a.pull_from(&b, 1 << 20);
+    a.commit();
+    b.commit();
+    let dead = FoldMember {
+        alive: false,
+        report: None,
+        ..member(&w, false)
+    };
+    (a, b, dead)
+}
+
+#[test]
+fn a_fold_moves_the_writers_slots_into_the_base_and_changes_no_value() {
+    let (mut a, mut b, dead) = cluster();
+    let before = [
+        (a.value("likes"), a.value("views")),
+        (b.value("likes"), b.value("views")),
+    ];
+    assert_eq!(before[0], (25, 18));
+    assert_eq!(before[0], before[1]);
+    assert_eq!(a.replica.folds().digest_of(W).counters, 2);
+    assert_eq!(
+        a.replica.handle_retire(W, std::slice::from_ref(&dead)),
+        Ok(true)
+    );
+    for _ in 0..3 {
+        fold_round(&mut [&mut a, &mut b], std::slice::from_ref(&dead));
+    }
+    for node in [&mut a, &mut b] {
+        assert_eq!(node.replica.folds().book().folded_at(W), Some(1));
+        assert_eq!(node.replica.folds().applied(), 1);
+        assert_eq!((node.value("likes"), node.value("views")), before[0]);
+        let likes = node.replica.handle_get(9, &node.store, "likes").unwrap();
+        assert_eq!(likes.slot(W), crate::crdt::Slot::default());
+        assert_eq!(
+            likes.folded(),
+            FoldedBase {
+                epoch: 1,
+                p: 5,
+                n: 2
+            }
+        );
+    }
+    // The fold survives a restart: record, applied epoch and folded counters.
+    let mut a = a.restart();
+    assert_eq!(a.replica.folds().book().epoch(), 1);
+    assert_eq!(a.replica.folds().applied(), 1);
+    assert_eq!(a.value("likes"), 25);
+    // Merges between folded nodes stay exact; so does a late unfolded state.
+    a.add("likes", 1);
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    assert_eq!(b.value("likes"), 26);
+}
+
+#[test]
+fn the_sweep_folds_every_stored_counter_and_resumes_after_a_crash() {
+    let (a, mut b, dead) = cluster();
+    // Nothing cached: only the sweep reaches the stored counters.
+    let mut a = a.restart();
+    a.replica
+        .handle_retire(W, std::slice::from_ref(&dead))
+        .unwrap();
+    for _ in 0..3 {
+        fold_round(&mut [&mut a, &mut b], std::slice::from_ref(&dead));
+    }
+    // Crash before the sweep: the cache is gone, the store still has W's slots
+    // in counters nobody touched.
+    a.store.crash();
+    let mut a = a.restart();
+    assert_eq!(a.replica.folds().applied(), 1);
+    assert_eq!(a.replica.fold_swept(), 0);
+    let stored = a.store.load_counter("views").unwrap().unwrap();
+    assert_eq!(stored.state.folded().epoch, 0, "not folded on disk yet");
+    let mut visited = 0;
+    loop {
+        let step = a.replica.poll_fold_sweep(1, &a.store, 1).unwrap();
+        if step == 0 {
+            break;
+        }
+        visited += step;
+        a.commit();
+    }
+    assert!(visited >= 2, "{visited}");
+    assert_eq!(a.replica.fold_swept(), 1);
+    for key in ["likes", "views"] {
+        let stored = a.store.load_counter(key).unwrap().unwrap();
+        assert_eq!(stored.state.folded().epoch, 1, "{key}");
+        assert_eq!(stored.state.slot(W), crate::crdt::Slot::default());
+    }
+    assert_eq!((a.value("likes"), a.value("views")), (25, 18));
+    // The digest of W is empty: no counter holds a slot of it.
+    assert_eq!(a.replica.folds().digest_of(W), WriterDigest::default());
+    assert_eq!(a.restart().replica.fold_swept(), 1);
+}
+
+#[test]
+fn a_retired_replica_is_fenced() {
+    let (mut a, b, _) = cluster();
+    let report = FoldReport {
+        retired: vec![a.replica.identity().replica],
+        ..FoldReport::default()
+    };
+    let others = [FoldMember {
+        report: Some(report),
+        ..member(&b, true)
+    }];
+    a.replica.handle_fold_round(1, "x", &others, None).unwrap();
+    assert!(a.replica.is_fenced());
+    let refused = a.replica.handle_add(
+        1,
+        &a.store,
+        AddRequest {
+            key: "likes",
+            delta: 1,
+            idempotency_key: None,
+        },
+    );
+    assert!(matches!(refused, Err(AddRefused::Fenced(_))));
+    assert!(refused
+        .unwrap_err()
+        .to_string()
+        .contains("wipe its data directory"));
+    assert_eq!(a.value("likes"), 25);
+}
+
+#[test]
+fn a_chunk_folded_at_an_unknown_epoch_is_refused_whole() {
+    let (mut a, mut b, dead) = cluster();
+    a.replica
+        .handle_retire(W, std::slice::from_ref(&dead))
+        .unwrap();
+    for _ in 0..3 {
+        fold_round(&mut [&mut a, &mut b], std::slice::from_ref(&dead));
+    }
+    let mut fresh = Node::new(4, "eu");
+    fresh.add("likes", 100);
+    fresh.commit();
+    let request = crate::replica::PullRequest {
+        cluster_id: super::super::tests::CLUSTER.into(),
+        caller: ReplicaId(4),
+        expected: None,
+        after: Cursor::default(),
+        max_bytes: 1 << 20,
+        directory_digest: None,
+        protocol: fresh.replica.peers().own_protocol(),
+    };
+    let chunk = a.replica.handle_pull(&a.store, &request).unwrap();
+    let refused = fresh
+        .replica
+        .handle_pull_chunk(1, &fresh.store, ReplicaId(1), chunk)
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("holds fold records up to epoch 0"),
+        "{refused}"
+    );
+    assert_eq!(fresh.value("likes"), 100);
+    assert_eq!(fresh.value("views"), 0);
+    // Once it has the record (by gossip), the same pull merges exactly.
+    let others = [member(&a, true)];
+    fresh
+        .replica
+        .handle_fold_round(1, "x", &others, None)
+        .unwrap();
+    fresh.pull_from(&a, 1 << 20);
+    assert_eq!(fresh.value("likes"), 125);
+    assert_eq!(fresh.value("views"), 18);
+}
+
+#[test]
+fn writer_digests_kept_by_commits_equal_a_full_recomputation() {
+    let (a, _, _) = cluster();
+    let kept: Vec<_> = {
+        let mut all: Vec<_> = a.replica.folds().digests().collect();
+        all.sort_by_key(|(writer, _)| *writer);
+        all
+    };
+    let computed = compute_writer_digests(&a.store).unwrap();
+    assert_eq!(kept, computed);
+    assert_eq!(kept.len(), 3);
+    let recovered = a.store.recover(0).unwrap();
+    assert!(recovered.writer_digests_current);
+    let mut stored = recovered.writer_digests;
+    stored.sort_by_key(|(writer, _)| *writer);
+    assert_eq!(stored, kept);
+}

@@ -1,0 +1,108 @@
+//! Byte encodings of the retire/fold records (`replica/folds.rs`): fold
+//! records, retirements and per-writer digests, each under its own key
+//! prefix, and the meta values of the fold's progress. Versioned like every
+//! other value ([`super`]); a short or unknown value is corrupt, never zero.
+
+use crate::crdt::{FoldRecord, ReplicaId, WriterDigest};
+use crate::replica::folds::RetireReason;
+use crate::replica::StorageError;
+
+use super::{corrupt, prefixed, put_varint, Reader, VERSION};
+
+/// Fold-record prefix (key: the epoch, big-endian).
+pub const FOLD: u8 = b'f';
+/// Retired-writer prefix (key: the replica id, big-endian).
+pub const RETIRED: u8 = b'x';
+/// Writer-digest prefix (key: the writer's id, big-endian).
+pub const WRITER_DIGEST: u8 = b'g';
+/// Fold epochs up to this one are applied to this node's counters.
+pub const META_FOLD_APPLIED: &[u8] = b"mfoldapplied";
+/// Every stored counter is folded up to this epoch.
+pub const META_FOLD_SWEPT: &[u8] = b"mfoldswept";
+/// The durable sequence the writer digests are current at (a build that
+/// does not keep them leaves it behind, and the next open recomputes them).
+pub const META_WRITER_DIGESTS_AT: &[u8] = b"mwdigests";
+
+/// The store key of the fold record of `epoch`.
+pub fn fold_key(epoch: u64) -> Vec<u8> {
+    prefixed(FOLD, &epoch.to_be_bytes())
+}
+
+/// Encodes a fold record (its epoch is in the key).
+pub fn encode_fold_record(record: &FoldRecord) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    put_varint(&mut out, record.writers.len() as u64);
+    for (writer, digest) in &record.writers {
+        out.extend_from_slice(&writer.0.to_le_bytes());
+        put_varint(&mut out, digest.counters);
+        out.extend_from_slice(&digest.hash.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a fold record from its key and value.
+pub fn decode_fold_record(key: &[u8], value: &[u8]) -> Result<FoldRecord, StorageError> {
+    const WHAT: &str = "fold record";
+    let epoch: [u8; 8] = key
+        .get(1..9)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt(WHAT, "key too short"))?;
+    let mut reader = Reader::versioned(value, WHAT)?;
+    let count = reader.varint()?;
+    if count > value.len() as u64 {
+        return Err(corrupt(WHAT, "writer count larger than the record"));
+    }
+    let mut writers = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let writer = ReplicaId(reader.u64()?);
+        let counters = reader.varint()?;
+        let hash = reader.u64()?;
+        writers.push((writer, WriterDigest { counters, hash }));
+    }
+    reader.finish()?;
+    Ok(FoldRecord::new(u64::from_be_bytes(epoch), writers))
+}
+
+/// Encodes why a writer was retired.
+pub fn encode_retired(reason: &RetireReason) -> Vec<u8> {
+    let (tag, by) = match reason {
+        RetireReason::Operator => (0u8, 0u64),
+        RetireReason::Replaced { by } => (1, by.0),
+        RetireReason::Reported { by } => (2, by.0),
+    };
+    let mut out = vec![VERSION, tag];
+    out.extend_from_slice(&by.to_le_bytes());
+    out
+}
+
+/// Decodes why a writer was retired.
+pub fn decode_retired(value: &[u8]) -> Result<RetireReason, StorageError> {
+    const WHAT: &str = "retired writer";
+    let mut reader = Reader::versioned(value, WHAT)?;
+    let tag = reader.take(1)?[0];
+    let by = ReplicaId(reader.u64()?);
+    reader.finish()?;
+    match tag {
+        0 => Ok(RetireReason::Operator),
+        1 => Ok(RetireReason::Replaced { by }),
+        2 => Ok(RetireReason::Reported { by }),
+        other => Err(corrupt(WHAT, &format!("unknown reason tag {other}"))),
+    }
+}
+
+/// Encodes a writer digest.
+pub fn encode_writer_digest(digest: &WriterDigest) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    put_varint(&mut out, digest.counters);
+    out.extend_from_slice(&digest.hash.to_le_bytes());
+    out
+}
+
+/// Decodes a writer digest.
+pub fn decode_writer_digest(value: &[u8]) -> Result<WriterDigest, StorageError> {
+    let mut reader = Reader::versioned(value, "writer digest")?;
+    let counters = reader.varint()?;
+    let hash = reader.u64()?;
+    reader.finish()?;
+    Ok(WriterDigest { counters, hash })
+}

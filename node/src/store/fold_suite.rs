@@ -1,0 +1,134 @@
+//! The retire/fold records through every [`Store`]: a counter with a folded
+//! base (record v3), writer digests, retirements, fold records and the fold
+//! progress written in one batch read back after a restart, and a folded
+//! base kept even when the cluster version still writes format 1.
+
+use std::sync::Arc;
+
+use crate::crdt::{FoldRecord, FoldedBase, PnCounter, ReplicaId, Slot, WriterDigest};
+use crate::replica::folds::RetireReason;
+use crate::replica::{CommitBatch, Identity};
+
+use super::{batch_ops, encoding, MemoryStore, OnCorrupt, Op, Ordinals, SledStore, Store};
+
+fn folded_counter() -> PnCounter {
+    PnCounter::from_parts(
+        [(ReplicaId(1), Slot { p: 4, n: 1 })],
+        FoldedBase {
+            epoch: 2,
+            p: u128::from(u64::MAX) + 3,
+            n: 9,
+        },
+    )
+}
+
+fn digest(counters: u64) -> WriterDigest {
+    WriterDigest {
+        counters,
+        hash: counters * 77,
+    }
+}
+
+fn fold_batch() -> CommitBatch {
+    CommitBatch {
+        seq: 1,
+        counters: vec![(Arc::from("likes"), folded_counter())],
+        writer_digests: vec![(ReplicaId(1), digest(1)), (ReplicaId(8), digest(0))],
+        retired: vec![
+            (ReplicaId(8), RetireReason::Operator),
+            (ReplicaId(9), RetireReason::Replaced { by: ReplicaId(1) }),
+        ],
+        fold_records: vec![
+            FoldRecord::new(1, [(ReplicaId(9), digest(3))]),
+            FoldRecord::new(2, [(ReplicaId(8), digest(2))]),
+        ],
+        fold_applied: 2,
+        fold_swept: 1,
+        ..Default::default()
+    }
+}
+
+fn check_fold_records(store: &impl Store) {
+    let stored = store.load_counter("likes").unwrap().unwrap();
+    assert_eq!(stored.state, folded_counter());
+    let recovered = store.recover(0).unwrap();
+    assert!(recovered.writer_digests_current);
+    // An empty digest deletes the writer's entry.
+    assert_eq!(recovered.writer_digests, vec![(ReplicaId(1), digest(1))]);
+    assert_eq!(recovered.retired, fold_batch().retired);
+    assert_eq!(recovered.fold_records, fold_batch().fold_records);
+    assert_eq!((recovered.fold_applied, recovered.fold_swept), (2, 1));
+}
+
+fn identity() -> Identity {
+    Identity {
+        replica: ReplicaId(5),
+        region: "eu".into(),
+    }
+}
+
+#[test]
+fn memory_store_keeps_fold_records() {
+    let store = MemoryStore::new(identity());
+    store.write(&fold_batch()).unwrap();
+    store.flush().unwrap();
+    check_fold_records(&store);
+    store.crash();
+    check_fold_records(&store);
+}
+
+#[test]
+fn sled_store_keeps_fold_records_across_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    store.write(&fold_batch()).unwrap();
+    store.flush().unwrap();
+    check_fold_records(&store);
+    store.close().unwrap();
+    drop(store);
+    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    check_fold_records(&store);
+}
+
+#[test]
+fn a_folded_base_is_written_whole_at_every_format() {
+    let batch = fold_batch();
+    let mut ordinals = Ordinals::new();
+    let new = ordinals.plan(&batch);
+    ordinals.extend(&new);
+    for format in [1, 2, 4] {
+        let ops = batch_ops(&batch, &ordinals, &[], format);
+        let record = ops
+            .iter()
+            .find_map(|op| match op {
+                Op::Put(key, value) if *key == encoding::counter_key("likes") => Some(value),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(record[0], encoding::COUNTER_FOLDED_VERSION);
+        let decoded = encoding::decode_counter(record, |o| ordinals.replica(o)).unwrap();
+        assert_eq!(decoded.state, folded_counter(), "format {format}");
+    }
+    // A counter without a base is written as before: format 1 stays format 1.
+    let plain = CommitBatch {
+        counters: vec![(
+            Arc::from("views"),
+            PnCounter::from_slots([(ReplicaId(1), Slot { p: 1, n: 0 })]),
+        )],
+        ..Default::default()
+    };
+    let ops = batch_ops(&plain, &ordinals, &[], 1);
+    assert!(ops.iter().any(|op| matches!(op, Op::Put(key, value) if *key == encoding::counter_key("views") && value[0] == 1)));
+}
+
+#[test]
+fn a_damaged_fold_value_is_corrupt_never_zero() {
+    assert!(encoding::decode_writer_digest(&[1, 3]).is_err());
+    assert!(encoding::decode_retired(&[1, 7, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
+    let key = encoding::fold_key(1);
+    assert!(encoding::decode_fold_record(&key, &[1, 5]).is_err());
+    let mut record = encoding::encode_counter(3, &folded_counter(), |_| 0);
+    record.pop();
+    assert!(encoding::decode_counter(&record, |_| Some(ReplicaId(1))).is_err());
+}
