@@ -3,8 +3,9 @@
 
 use prost::Message;
 
-const PROTOS: [&str; 3] = [
+const PROTOS: [&str; 4] = [
     "tally/v1/counters.proto",
+    "tally/v1/likes.proto",
     "tally/v1/replication.proto",
     "tally/v1/admin.proto",
 ];

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::transport::Transport;
 use futures::{Stream, StreamExt};
+use tally_proto::v1::likes_client::LikesClient;
 use tally_proto::v1::{
     add_result, admin_client::AdminClient, counters_client::CountersClient, AddBatchRequest,
     AddRequest, GetBatchRequest, GetRequest, StatusRequest, WatchRequest,
@@ -112,6 +113,7 @@ use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
 #[derive(Clone, Debug)]
 pub struct Client {
     counters: CountersClient<Transport>,
+    likes: LikesClient<Transport>,
     admin: AdminClient<Transport>,
     health: HealthClient<Transport>,
     policy: RetryPolicy,
@@ -164,6 +166,7 @@ impl Client {
             .map(|(capacity, ttl)| Arc::new(ReadCache::new(capacity, ttl)));
         Client {
             counters: CountersClient::new(channel.clone()),
+            likes: LikesClient::new(channel.clone()),
             admin: AdminClient::new(channel.clone()),
             health: HealthClient::new(channel),
             policy: config.retry_policy(),
@@ -172,6 +175,16 @@ impl Client {
             read_coalescer,
             read_cache,
         }
+    }
+
+    /// The retry policy of every call (`likes.rs` uses it too).
+    pub(crate) fn policy(&self) -> &RetryPolicy {
+        &self.policy
+    }
+
+    /// A stub of the `Likes` service on this client's transport.
+    pub(crate) fn likes_stub(&self) -> LikesClient<Transport> {
+        self.likes.clone()
     }
 
     /// The endpoint this client talks to, normalised (`http://host:port`),

@@ -32,6 +32,10 @@
 //!   attempts, outcome, latency). Each method of [`Client`] says what its
 //!   deadline covers and what dropping its future does.
 //!
+//! Like sets and uniques: [`Client::like`], [`Client::unlike`],
+//! [`Client::liked`], [`Client::like_count`], [`Client::list_likes`],
+//! [`Client::observe`] and [`Client::distinct`] (see `likes.rs`).
+//!
 //! [`format_count`] renders a count the way a page shows it ("40.2K").
 //!
 //! Features: `serde` (off by default) derives `Serialize`/`Deserialize` for
@@ -58,6 +62,7 @@ mod config;
 mod endpoint;
 mod error;
 mod format;
+mod likes;
 mod random;
 mod request;
 mod retry;
@@ -70,6 +75,9 @@ pub use client::Client;
 pub use config::{ClientConfig, MAX_BATCH_SIZE};
 pub use error::Error;
 pub use format::format_count;
+pub use likes::{
+    validate_member, LikeOutcome, LikesPage, LikesRecount, MAX_MEMBERS_PER_CALL, MAX_MEMBER_BYTES,
+};
 pub use types::{AddOutcome, ClusterStatus, Counter, HotKey, Member, RegionValue};
 pub use validate::{validate_key, MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES};
 

@@ -41,6 +41,13 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// A label naming a like-set or uniques operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SetOpLabels {
+    /// `like`, `unlike`, `unchanged` (a like or unlike that changed nothing) or `observe`.
+    pub op: String,
+}
+
 /// Every metric the node exports.
 #[derive(Debug)]
 pub struct Metrics {
@@ -109,6 +116,14 @@ pub struct Metrics {
     pub idempotency_capacity: Gauge,
     /// HTTP event streams (`/v1/counters/{key}/events`) open now.
     pub http_event_streams: Gauge,
+    /// Like-set and uniques operations, by kind.
+    pub set_ops: Family<SetOpLabels, Counter>,
+    /// Like-set members and uniques registers changed by merges.
+    pub set_merge_changes: Counter,
+    /// Like sets recounted (`tally admin verify` and the background check).
+    pub like_recounts: Counter,
+    /// Like sets whose count differed from a recount of their members: a bug.
+    pub like_count_mismatches: Counter,
 }
 
 impl Metrics {
@@ -149,6 +164,10 @@ impl Metrics {
             idempotency_records: Gauge::default(),
             idempotency_capacity: Gauge::default(),
             http_event_streams: Gauge::default(),
+            set_ops: Family::default(),
+            set_merge_changes: Counter::default(),
+            like_recounts: Counter::default(),
+            like_count_mismatches: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -253,6 +272,26 @@ impl Metrics {
             "merge_changes",
             "Counters changed by merges",
             metrics.merge_changes.clone(),
+        );
+        registry.register(
+            "set_ops",
+            "Like-set and uniques operations, by kind (unchanged: a like or unlike that changed nothing)",
+            metrics.set_ops.clone(),
+        );
+        registry.register(
+            "set_merge_changes",
+            "Like-set members and uniques registers changed by merges",
+            metrics.set_merge_changes.clone(),
+        );
+        registry.register(
+            "like_recounts",
+            "Like sets recounted from their members",
+            metrics.like_recounts.clone(),
+        );
+        registry.register(
+            "like_count_mismatches",
+            "Like sets whose kept count differed from a recount of their members (a bug: see the error log)",
+            metrics.like_count_mismatches.clone(),
         );
         registry.register(
             "refused_messages",

@@ -1,7 +1,7 @@
 //! Rolling upgrades with real processes: a cluster with a node that poses as
 //! an older build (`--test-announce-protocol-version 1`) keeps replicating
 //! and stays at cluster version 1; once that node runs the current version
-//! the cluster version moves to 2 (persisted in each data directory's
+//! the cluster version moves to the newest (persisted in each data directory's
 //! marker); then the old version is refused, both as a binary opening the
 //! upgraded data directory and as a peer. That test runs in
 //! `--cluster-version-upgrade auto`; the manual mode (the default) is tested
@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{cli, http_get, wait_until, NodeProcess, NodeSpec};
 
+/// The newest version this build speaks (where an upgrade finalizes).
+const NEWEST: u32 = tally_node::replica::version::NEWEST;
 const POSE_AS_VERSION_1: [&str; 2] = ["--test-announce-protocol-version", "1"];
 const AUTO: [&str; 2] = ["--cluster-version-upgrade", "auto"];
 
@@ -97,16 +99,16 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
     assert!(marker(&us.spec.data_dir).ends_with("format 1\n"));
 
     // us-1 is upgraded (runs the current version on the same data): the
-    // cluster version moves to 2 on both, persisted in both directories.
+    // cluster version moves to the newest on both, persisted in both directories.
     us.stop();
     us.spec.extra = AUTO.map(String::from).to_vec();
     us.restart();
     for node in [&eu, &us] {
-        let what = format!("{} at cluster version 2", node.spec.node_name);
+        let what = format!("{} at cluster version {NEWEST}", node.spec.node_name);
         wait_until(Duration::from_secs(30), &what, || {
-            (cluster_version(node) == Some(2)).then_some(())
+            (cluster_version(node) == Some(u64::from(NEWEST))).then_some(())
         });
-        assert!(marker(&node.spec.data_dir).ends_with("format 2\n"));
+        assert!(marker(&node.spec.data_dir).ends_with(&format!("format {NEWEST}\n")));
     }
     add(&us, "likes", "1");
     wait_for_value(&eu, "likes", 13);
@@ -117,13 +119,13 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
     us.spec.extra = POSE_AS_VERSION_1.map(String::from).to_vec();
     let log = us
         .try_restart()
-        .expect_err("a version-1 build opened a format-2 directory");
+        .expect_err("a version-1 build opened a directory of the newest format");
     assert!(
-        log.contains("format 2") && log.contains("up to 1"),
+        log.contains(&format!("format {NEWEST}")) && log.contains("up to 1"),
         "the refusal names both versions:\n{log}"
     );
     assert!(!log.contains("corrupt"), "an upgrade is not damage:\n{log}");
-    assert!(marker(&us.spec.data_dir).ends_with("format 2\n"));
+    assert!(marker(&us.spec.data_dir).ends_with(&format!("format {NEWEST}\n")));
 
     // A new node of the old version joins: it shares no version with eu, so
     // eu refuses it (and says so in its status and its log), and nothing of
@@ -141,9 +143,13 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
     });
     let (code, stdout, stderr) = cli(&eu.endpoint(), &["status"]);
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains("cluster version: 2"), "{stdout}");
     assert!(
-        stdout.contains("problem: ap-1 (ap") && stdout.contains("versions 1..1, this node 2..2"),
+        stdout.contains(&format!("cluster version: {NEWEST}")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("problem: ap-1 (ap")
+            && stdout.contains(&format!("versions 1..1, this node {NEWEST}..{NEWEST}")),
         "tally status names the refused peer:\n{stdout}"
     );
     add(&late, "likes", "100");
@@ -178,7 +184,7 @@ fn in_manual_mode_the_version_waits_for_finalize_which_refuses_while_an_old_memb
     wait_for_value(&us, "likes", 12);
     wait_until(Duration::from_secs(10), "eu to see us-1 as 1..2", || {
         let us = member(&eu, "us-1")?;
-        (us["protocol_version"] == 2).then_some(())
+        (us["protocol_version"] == NEWEST).then_some(())
     });
     let watched = Instant::now();
     while watched.elapsed() < Duration::from_secs(4) {
@@ -222,21 +228,24 @@ fn in_manual_mode_the_version_waits_for_finalize_which_refuses_while_an_old_memb
     us.restart();
     wait_until(
         Duration::from_secs(20),
-        "eu to see us-1 as 1..2 again",
+        "eu to see us-1 at the newest version again",
         || {
             let us = member(&eu, "us-1")?;
-            (us["protocol_version"] == 2).then_some(())
+            (us["protocol_version"] == NEWEST).then_some(())
         },
     );
     let (code, stdout, stderr) = cli(&eu.endpoint(), &["admin", "finalize"]);
     assert_eq!(code, 0, "finalize: {stderr}");
-    assert!(stdout.contains("cluster version: 1 -> 2"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("cluster version: 1 -> {NEWEST}")),
+        "{stdout}"
+    );
     for node in [&eu, &us] {
-        let what = format!("{} at cluster version 2", node.spec.node_name);
+        let what = format!("{} at cluster version {NEWEST}", node.spec.node_name);
         wait_until(Duration::from_secs(30), &what, || {
-            (cluster_version(node) == Some(2)).then_some(())
+            (cluster_version(node) == Some(u64::from(NEWEST))).then_some(())
         });
-        assert!(marker(&node.spec.data_dir).ends_with("format 2\n"));
+        assert!(marker(&node.spec.data_dir).ends_with(&format!("format {NEWEST}\n")));
     }
     add(&us, "likes", "1");
     wait_for_value(&eu, "likes", 14);

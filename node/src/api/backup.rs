@@ -62,6 +62,8 @@ pub fn backup_stream(engine: Arc<Engine>, info: &NodeInfo) -> BackupStream {
         directory_digest: None,
         // The node reads itself: always in its own window.
         protocol,
+        // Backups hold counters only (like sets and uniques: not yet).
+        deltas_after: None,
     };
     let sent = 0u64;
     let stream = futures::stream::unfold(

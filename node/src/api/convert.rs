@@ -5,12 +5,13 @@
 use tally_proto::v1 as pb;
 use tonic::{Code, Status};
 
-use crate::crdt::{PnCounter, ReplicaId, Slot};
+use crate::crdt::hll::check_register;
+use crate::crdt::{check_member, PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
 use crate::replica::version::ProtocolWindow;
 use crate::replica::{
-    check_name, parse_key, AddRefused, Cursor, PullChunk, PullRefused, PullRequest,
-    MAX_CHUNK_COUNTERS,
+    check_name, parse_key, AddRefused, Cursor, DeltaCursor, PullChunk, PullRefused, PullRequest,
+    SetDelta, MAX_CHUNK_COUNTERS, MAX_CHUNK_ELEMENTS,
 };
 
 /// The gRPC status of an engine error: a code a client can act on and the
@@ -35,6 +36,19 @@ pub fn code_of(error: &EngineError) -> Code {
         EngineError::ShuttingDown => Code::Unavailable,
         EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => Code::Unavailable,
         EngineError::DiskFull { .. } => Code::ResourceExhausted,
+        EngineError::Set(error) => {
+            use crate::engine::sets::SetError;
+            use crate::replica::LikeRefused;
+            match error {
+                SetError::Member(_) | SetError::TooMany { .. } | SetError::NoKeys => {
+                    Code::InvalidArgument
+                }
+                SetError::PageToken(_) => Code::InvalidArgument,
+                SetError::ClusterVersion { .. } => Code::FailedPrecondition,
+                SetError::Like(LikeRefused::Overflow(_)) => Code::OutOfRange,
+                SetError::Like(LikeRefused::Add(add)) => code_of(&EngineError::Add(add.clone())),
+            }
+        }
     }
 }
 
@@ -97,6 +111,9 @@ pub fn pull_request_from(
         max_bytes: asked.min(max_bytes_cap),
         directory_digest: request.directory_digest,
         protocol: ProtocolWindow::announced(request.protocol_oldest, request.protocol_version),
+        deltas_after: request
+            .deltas_after
+            .map(|bytes| DeltaCursor(bytes.to_vec())),
     })
 }
 
@@ -111,6 +128,10 @@ pub fn pull_request_to(request: &PullRequest) -> pb::PullRequest {
         directory_digest: request.directory_digest,
         protocol_version: request.protocol.newest,
         protocol_oldest: request.protocol.oldest,
+        deltas_after: request
+            .deltas_after
+            .as_ref()
+            .map(|cursor| cursor.0.clone().into()),
     }
 }
 
@@ -145,6 +166,69 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
         next: Some(cursor_to(&chunk.next)),
         complete: chunk.complete,
         directory_digest: chunk.directory_digest,
+        set_deltas: chunk.deltas.iter().map(delta_to).collect(),
+        deltas_next: chunk.deltas_next.as_ref().map(|c| c.0.clone().into()),
+        deltas_complete: chunk.deltas_complete,
+    }
+}
+
+fn delta_to(delta: &SetDelta) -> pb::SetDelta {
+    match delta {
+        SetDelta::Likes { key, members } => pb::SetDelta {
+            key: key.as_bytes().to_vec().into(),
+            kind: 1,
+            members: members
+                .iter()
+                .map(|(member, length)| pb::MemberLength {
+                    member: member.as_bytes().to_vec().into(),
+                    length: *length,
+                })
+                .collect(),
+            registers: Vec::new(),
+        },
+        SetDelta::Uniques { key, registers } => pb::SetDelta {
+            key: key.as_bytes().to_vec().into(),
+            kind: 2,
+            members: Vec::new(),
+            registers: registers
+                .iter()
+                .map(|(index, rank)| pb::Register {
+                    index: u32::from(*index),
+                    rank: u32::from(*rank),
+                })
+                .collect(),
+        },
+    }
+}
+
+/// A delta from the wire: key, members and registers checked as the node
+/// checks its own.
+fn delta_from(delta: pb::SetDelta) -> Result<SetDelta, (&'static str, String)> {
+    let key = parse_key(&delta.key).map_err(|e| ("malformed", format!("bad set key: {e}")))?;
+    match delta.kind {
+        1 if delta.registers.is_empty() => {
+            let mut members = Vec::with_capacity(delta.members.len());
+            for entry in delta.members {
+                let member = check_member(&entry.member)
+                    .map_err(|e| ("malformed", format!("like set {key:?}: {e}")))?;
+                members.push((Box::from(member), entry.length));
+            }
+            Ok(SetDelta::Likes { key, members })
+        }
+        2 if delta.members.is_empty() => {
+            let mut registers = Vec::with_capacity(delta.registers.len());
+            for register in delta.registers {
+                registers.push(
+                    check_register(register.index, register.rank)
+                        .map_err(|e| ("malformed", format!("uniques {key:?}: {e}")))?,
+                );
+            }
+            Ok(SetDelta::Uniques { key, registers })
+        }
+        kind => Err((
+            "malformed",
+            format!("set delta of kind {kind} for {key:?} (1: members only, 2: registers only)"),
+        )),
     }
 }
 
@@ -220,6 +304,22 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
         counters.push((key, PnCounter::from_slots(slots)));
     }
     let next = cursor_from(chunk.next).map_err(|e| ("malformed", e))?;
+    let elements: usize = chunk
+        .set_deltas
+        .iter()
+        .map(|d| d.members.len() + d.registers.len())
+        .sum();
+    if elements > MAX_CHUNK_ELEMENTS {
+        return Err((
+            "oversized",
+            format!("{elements} set members and registers in one chunk; the limit is {MAX_CHUNK_ELEMENTS}"),
+        ));
+    }
+    let deltas = chunk
+        .set_deltas
+        .into_iter()
+        .map(delta_from)
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(PullChunk {
         source: ReplicaId(chunk.source_replica),
         counters,
@@ -231,6 +331,10 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
         next,
         complete: chunk.complete,
         directory_digest: chunk.directory_digest,
+        // A source without a delta log never says so: nothing more to wait for.
+        deltas_complete: chunk.deltas_complete || chunk.deltas_next.is_none(),
+        deltas,
+        deltas_next: chunk.deltas_next.map(|bytes| DeltaCursor(bytes.to_vec())),
     })
 }
 
@@ -254,6 +358,18 @@ mod tests {
             },
             complete: false,
             directory_digest: Some(5),
+            deltas: vec![
+                SetDelta::Likes {
+                    key: Key::from("post"),
+                    members: vec![("sam".into(), 3)],
+                },
+                SetDelta::Uniques {
+                    key: Key::from("seen"),
+                    registers: vec![(16383, 51)],
+                },
+            ],
+            deltas_next: Some(DeltaCursor(vec![0, 0, 0, 0, 0, 0, 0, 4, 1, b'p'])),
+            deltas_complete: false,
         };
         assert_eq!(chunk_from(chunk_to(&chunk)).unwrap(), chunk);
     }

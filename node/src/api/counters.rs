@@ -101,7 +101,7 @@ pub fn coalesced_values(
 
 /// A batch counts as one request per item for its token's rate limit (the
 /// interceptor charged the first).
-fn charge_items<T>(request: &Request<T>, items: usize) {
+pub(super) fn charge_items<T>(request: &Request<T>, items: usize) {
     if let Some(charge) = request.extensions().get::<ItemCharge>() {
         charge.charge(items.saturating_sub(1));
     }

@@ -1,14 +1,16 @@
-//! The tonic services: `Counters` (public), `Replication` (between nodes) and
+//! The tonic services: `Counters` and `Likes` (public), `Replication` (between nodes) and
 //! `Admin` (operators). The prost <-> core conversions live in [`convert`] only.
 
 pub mod admin;
 pub mod backup;
 pub mod convert;
 pub mod counters;
+pub mod likes;
 pub mod replication;
 pub mod serve;
 pub mod status_codes;
 
 pub use admin::{AdminService, NodeInfo};
 pub use counters::CountersService;
+pub use likes::LikesService;
 pub use replication::ReplicationService;

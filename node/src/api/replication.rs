@@ -88,10 +88,11 @@ impl Replication for ReplicationService {
                     .get_or_create(&labels)
                     .inc_by(chunk.counters.len() as u64);
                 remaining = remaining.saturating_sub(bytes.max(1));
-                let next = if chunk.complete || remaining == 0 {
+                let next = if chunk.is_last() || remaining == 0 {
                     None
                 } else {
                     pull.after = chunk.next.clone();
+                    pull.deltas_after = chunk.deltas_next.clone();
                     pull.max_bytes = remaining.min(CHUNK_BYTES);
                     match engine.serve_pull(&pull) {
                         Ok(next) => Some((next, pull, remaining)),

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use tally_proto::v1::admin_server::AdminServer;
 use tally_proto::v1::counters_server::CountersServer;
+use tally_proto::v1::likes_server::LikesServer;
 use tally_proto::v1::replication_server::ReplicationServer;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -19,7 +20,7 @@ use crate::engine::Engine;
 use crate::security::{AuthInterceptor, Security};
 
 use super::status_codes::ClientFaultCodes;
-use super::{AdminService, CountersService, NodeInfo, ReplicationService};
+use super::{AdminService, CountersService, LikesService, NodeInfo, ReplicationService};
 
 /// The largest gRPC message a node accepts or sends.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
@@ -28,8 +29,9 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 
 /// Every gRPC service a node serves, by its full name: each one answers
 /// `SERVING` in the health service.
-pub const SERVED_SERVICES: [&str; 6] = [
+pub const SERVED_SERVICES: [&str; 7] = [
     "tally.v1.Counters",
+    "tally.v1.Likes",
     "tally.v1.Admin",
     "tally.v1.Replication",
     "grpc.health.v1.Health",
@@ -54,6 +56,9 @@ pub async fn spawn_grpc(
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
     let interceptor = AuthInterceptor::new(security.auth.clone(), engine.metrics().clone());
     let counters = CountersServer::new(CountersService::new(engine.clone()))
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+    let likes = LikesServer::new(LikesService::new(engine.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let replication = ReplicationServer::new(ReplicationService::new(
@@ -84,6 +89,10 @@ pub async fn spawn_grpc(
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
         .add_service(ClientFaultCodes(InterceptedService::new(
             counters,
+            interceptor.clone(),
+        )))
+        .add_service(ClientFaultCodes(InterceptedService::new(
+            likes,
             interceptor.clone(),
         )))
         .add_service(ClientFaultCodes(replication))
@@ -129,6 +138,7 @@ mod tests {
     fn the_health_list_names_every_served_service() {
         for name in [
             <CountersServer<CountersService> as NamedService>::NAME,
+            <LikesServer<LikesService> as NamedService>::NAME,
             <AdminServer<AdminService> as NamedService>::NAME,
             <ReplicationServer<ReplicationService> as NamedService>::NAME,
         ] {

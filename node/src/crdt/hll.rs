@@ -201,6 +201,11 @@ impl HyperLogLog {
         alpha_infinity * m * m / z
     }
 
+    /// A stable 64-bit hash of the registers (equal registers, equal digest).
+    pub fn digest(&self) -> u64 {
+        super::stable_hash(0x686c6c, &[&self.to_bytes()])
+    }
+
     /// The estimate of the union of several sketches (as `PFCOUNT k1 k2`).
     pub fn union_estimate<'a>(sketches: impl IntoIterator<Item = &'a HyperLogLog>) -> f64 {
         let mut union = HyperLogLog::new();

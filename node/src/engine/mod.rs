@@ -18,6 +18,7 @@
 mod committer;
 pub mod disk;
 pub mod hot_keys;
+pub mod sets;
 mod watchers;
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -59,6 +60,9 @@ pub enum EngineError {
     /// A refused add.
     #[error(transparent)]
     Add(#[from] AddRefused),
+    /// A refused like-set or uniques request.
+    #[error(transparent)]
+    Set(#[from] sets::SetError),
     /// A merged value outside `i64`.
     #[error(transparent)]
     OutOfRange(#[from] ValueOutOfRange),
@@ -451,6 +455,7 @@ impl Engine {
             EngineError::ShuttingDown => "shutting_down",
             EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => "storage_failed",
             EngineError::DiskFull { .. } => "disk_full",
+            EngineError::Set(_) => "set",
         };
         self.metrics
             .add_errors

@@ -114,6 +114,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     max_bytes: config.max_bytes,
                     directory_digest: plan.directory_digest,
                     protocol,
+                    deltas_after: plan.deltas_after.clone(),
                 };
                 pulls.spawn(pull_once(
                     engine.clone(),
@@ -285,7 +286,7 @@ fn chunk_refusal_reason(refused: &crate::replica::ChunkRefused) -> &'static str 
     use crate::replica::ChunkRefused::*;
     match refused {
         WrongSource { .. } => "wrong_source",
-        Oversized(_) => "oversized",
+        Oversized(_) | OversizedDeltas(_) => "oversized",
         UnknownReplica { .. } => "unknown_replica",
         RegionConflict { .. } => "region_conflict",
         DuplicateKey(_) => "malformed",

@@ -19,6 +19,8 @@ mod idempotency;
 mod identity;
 mod protocol;
 mod retire;
+mod sets;
+mod sets_sync;
 mod sync;
 mod types;
 pub mod version;
@@ -35,6 +37,11 @@ pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
 pub use protocol::{
     ChunkRefused, MergeReport, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
 };
+pub use sets::{
+    LikeAccepted, LikeRefused, LikeRequest, LikeWrite, ObserveAccepted, SetDelta, SetKind,
+    UniqueWrite, MAX_KEYS_PER_CALL, MAX_MEMBERS_PER_CALL,
+};
+pub use sets_sync::{DeltaChunk, DeltaCursor, MAX_CHUNK_ELEMENTS};
 pub use sync::{Member, PeerBook, PeerState, PullPlan, MAX_BACKOFF_MS};
 pub use types::{
     check_key, parse_key, Change, CommitBatch, Cursor, DurableState, IdempotencyRecord, Identity,
@@ -75,6 +82,9 @@ pub enum PlantedBug {
     ApplyRetryTwice,
     /// An increment raises `n` and a decrement raises `p`.
     SwapPAndN,
+    /// A like set's merge takes the incoming (last writer's) length of a
+    /// member instead of the max.
+    LastWriterLength,
 }
 
 impl Default for ReplicaConfig {
@@ -186,6 +196,14 @@ impl Entry {
     }
 }
 
+/// An idempotency lookup's answer ([`Replica::check_idempotency`]).
+enum Keyed {
+    /// Not seen before: the id and fingerprint to remember, if keyed.
+    Fresh(Option<(u128, u64)>),
+    /// A retry of a request already applied.
+    Retry(IdempotencyRecord),
+}
+
 /// The replica core. See the module documentation.
 #[derive(Debug)]
 pub struct Replica {
@@ -211,6 +229,8 @@ pub struct Replica {
     folds: Folds,
     /// The store-wide fold pass in progress (`retire.rs`).
     fold_sweep: retire::FoldSweep,
+    /// Like sets and uniques (`sets.rs`).
+    sets: sets::Sets,
 }
 
 /// The most expired idempotency records one tick forgets (bounded work under the lock).
@@ -264,7 +284,6 @@ impl Replica {
             // first commit (a tick's housekeeping, if nothing else comes).
             idempotency_delete: recovered.expired_segments,
             housekeeping_due: false,
-            peers: PeerBook::new(recovered.watermarks),
             folds: Folds::recovered(
                 recovered.retired,
                 recovered.fold_records,
@@ -272,6 +291,9 @@ impl Replica {
                 recovered.fold_applied,
             ),
             fold_sweep: retire::FoldSweep::recovered(recovered.fold_swept),
+            peers: PeerBook::new(recovered.watermarks)
+                .with_delta_watermarks(recovered.delta_watermarks),
+            sets: sets::Sets::default(),
             config,
         }
     }
@@ -380,30 +402,16 @@ impl Replica {
         store: &(impl DurableState + ?Sized),
         request: AddRequest<'_>,
     ) -> Result<AddAccepted, AddRefused> {
-        let keyed = match request.idempotency_key {
-            Some(key) if key.len() > MAX_IDEMPOTENCY_KEY_BYTES => {
-                return Err(AddRefused::IdempotencyKeyTooLong(key.len()))
+        let fingerprint = request_fingerprint(request.key, request.delta);
+        let keyed = match self.check_idempotency(now_ms, request.idempotency_key, fingerprint)? {
+            Keyed::Retry(record) => {
+                return Ok(AddAccepted {
+                    value: record.value,
+                    duplicate: true,
+                    durable_at_seq: record.seq,
+                })
             }
-            Some(key) => {
-                let id = self.idempotency.id_of(key);
-                let fingerprint = request_fingerprint(request.key, request.delta);
-                let known = self.idempotency.lookup(key, now_ms);
-                #[cfg(feature = "planted-bugs")]
-                let known =
-                    known.filter(|_| self.config.planted_bug != Some(PlantedBug::ApplyRetryTwice));
-                if let Some(record) = known {
-                    if record.fingerprint != fingerprint {
-                        return Err(AddRefused::IdempotencyKeyReused(key.to_string()));
-                    }
-                    return Ok(AddAccepted {
-                        value: record.value,
-                        duplicate: true,
-                        durable_at_seq: record.seq,
-                    });
-                }
-                Some((id, fingerprint))
-            }
-            None => None,
+            Keyed::Fresh(keyed) => keyed,
         };
         #[cfg(feature = "planted-bugs")]
         let request = match self.config.planted_bug {
@@ -421,21 +429,62 @@ impl Replica {
         let value = entry.live.checked_add(replica, request.delta)?;
         self.mark_dirty(request.key);
         let durable_at_seq = self.last_seq + 1;
-        if let Some((id, fingerprint)) = keyed {
-            let record = self
-                .idempotency
-                .insert(id, fingerprint, value, durable_at_seq, now_ms);
-            self.idempotency_put.push(record);
-            // Past the capacity, forget the oldest records now, a few per add,
-            // rather than thousands at once in a tick under the lock.
-            let forgotten = self.idempotency.expire(0, EVICT_PER_ADD);
-            self.idempotency_delete.extend(forgotten);
-        }
+        self.remember_idempotent(now_ms, keyed, value, durable_at_seq);
         Ok(AddAccepted {
             value,
             duplicate: false,
             durable_at_seq,
         })
+    }
+
+    /// Looks an idempotency key up: a retry of a request already applied
+    /// (its record), or a fresh request with the id and fingerprint to
+    /// remember once it is applied (none without a key). A key used before
+    /// for another request is refused.
+    fn check_idempotency(
+        &self,
+        now_ms: u64,
+        idempotency_key: Option<&str>,
+        fingerprint: u64,
+    ) -> Result<Keyed, AddRefused> {
+        let Some(key) = idempotency_key else {
+            return Ok(Keyed::Fresh(None));
+        };
+        if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+            return Err(AddRefused::IdempotencyKeyTooLong(key.len()));
+        }
+        let known = self.idempotency.lookup(key, now_ms);
+        #[cfg(feature = "planted-bugs")]
+        let known = known.filter(|_| self.config.planted_bug != Some(PlantedBug::ApplyRetryTwice));
+        match known {
+            Some(record) if record.fingerprint != fingerprint => {
+                Err(AddRefused::IdempotencyKeyReused(key.to_string()))
+            }
+            Some(record) => Ok(Keyed::Retry(record)),
+            None => Ok(Keyed::Fresh(Some((
+                self.idempotency.id_of(key),
+                fingerprint,
+            )))),
+        }
+    }
+
+    /// Remembers an applied keyed request (made durable by commit `seq`).
+    fn remember_idempotent(
+        &mut self,
+        now_ms: u64,
+        keyed: Option<(u128, u64)>,
+        value: i64,
+        seq: u64,
+    ) {
+        let Some((id, fingerprint)) = keyed else {
+            return;
+        };
+        let record = self.idempotency.insert(id, fingerprint, value, seq, now_ms);
+        self.idempotency_put.push(record);
+        // Past the capacity, forget the oldest records now, a few per add,
+        // rather than thousands at once in a tick under the lock.
+        let forgotten = self.idempotency.expire(0, EVICT_PER_ADD);
+        self.idempotency_delete.extend(forgotten);
     }
 
     /// The counter's merged state as this replica holds it (its own slot exact,
@@ -495,8 +544,11 @@ impl Replica {
             return None;
         }
         let (watermarks, watermarks_dirty) = self.peers.take_watermarks();
+        let (delta_watermarks, delta_watermarks_dirty) = self.peers.take_delta_watermarks();
         let data = !self.dirty.is_empty()
             || self.folds.has_pending()
+            || self.sets.has_dirty()
+            || delta_watermarks_dirty
             || !self.idempotency_put.is_empty()
             || self.directory.has_pending()
             || watermarks_dirty;
@@ -532,7 +584,11 @@ impl Replica {
             }
             counters.push((key, entry.live.clone()));
         }
+        let (likes, uniques) = self.sets.take_writes();
         let batch = CommitBatch {
+            likes,
+            uniques,
+            delta_watermarks,
             seq,
             counters,
             superseded: std::mem::take(&mut self.superseded_pending),
@@ -576,6 +632,7 @@ impl Replica {
             entry.durable_seq = seq;
             entry.committing = false;
         }
+        self.sets.commit_done(&batch.likes, &batch.uniques);
         self.durable_seq = seq;
         self.digest = batch.digest;
         self.folds.set_digests(&batch.writer_digests);
@@ -615,13 +672,17 @@ impl Replica {
         self.folds
             .restore_pending(batch.retired, batch.fold_records);
         self.peers.mark_watermarks_dirty();
+        self.sets.commit_failed(batch.likes, batch.uniques);
     }
 
     /// What was handed out or changed but is not durable: counters waiting
     /// for a commit or in the commit in flight, and the last sequence handed
     /// out (everything above [`Self::durable_seq`] up to it is not durable).
     pub fn uncommitted(&self) -> (usize, u64) {
-        let in_flight = self.in_flight.as_ref().map_or(0, |b| b.counters.len());
+        let in_flight = self
+            .in_flight
+            .as_ref()
+            .map_or(0, |b| b.counters.len() + b.likes.len() + b.uniques.len());
         (self.dirty.len() + in_flight, self.last_seq)
     }
 
@@ -632,6 +693,7 @@ impl Replica {
         let forgotten = self.idempotency.expire(now_ms, EXPIRE_PER_TICK);
         self.idempotency_delete.extend(forgotten);
         let capacity = self.config.cache_capacity.max(1);
+        self.sets.evict(capacity);
         if self.counters.len() <= capacity {
             return;
         }

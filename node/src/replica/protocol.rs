@@ -13,6 +13,8 @@
 
 use crate::crdt::{FoldError, PnCounter, ReplicaId};
 
+use super::sets::SetDelta;
+use super::sets_sync::{DeltaCursor, MAX_CHUNK_ELEMENTS};
 use super::types::{Cursor, DurableState, Key, StorageError};
 use super::version::ProtocolWindow;
 use super::Replica;
@@ -39,6 +41,9 @@ pub struct PullRequest {
     pub directory_digest: Option<u64>,
     /// The protocol versions the caller speaks.
     pub protocol: ProtocolWindow,
+    /// Serve the delta log (like sets, uniques) after this cursor too; `None`
+    /// from a caller without one (a build before protocol version 3).
+    pub deltas_after: Option<DeltaCursor>,
 }
 
 /// Part of the answer to a pull.
@@ -58,6 +63,20 @@ pub struct PullChunk {
     pub complete: bool,
     /// The digest of `replicas` when they are sent.
     pub directory_digest: Option<u64>,
+    /// Delta-log records (like sets, uniques), when the request asked.
+    pub deltas: Vec<SetDelta>,
+    /// The delta-log cursor after `deltas`, when the request asked.
+    pub deltas_next: Option<DeltaCursor>,
+    /// True when `deltas_next` reaches the source's durable sequence (or
+    /// the request did not ask for the delta log).
+    pub deltas_complete: bool,
+}
+
+impl PullChunk {
+    /// True when both the counters and the delta log are caught up.
+    pub fn is_last(&self) -> bool {
+        self.complete && self.deltas_complete
+    }
 }
 
 /// The protocol's messages, as the simulator carries them between replicas.
@@ -117,6 +136,9 @@ pub enum ChunkRefused {
     /// Too many counters in one chunk.
     #[error("chunk of {0} counters refused: the limit is {MAX_CHUNK_COUNTERS}")]
     Oversized(usize),
+    /// Too many like-set members and uniques registers in one chunk.
+    #[error("chunk of {0} set members and registers refused: the limit is {MAX_CHUNK_ELEMENTS}")]
+    OversizedDeltas(usize),
     /// A slot belongs to a replica whose region nobody told us.
     #[error("counter {key:?} has a slot of replica {replica}, whose region is unknown")]
     UnknownReplica {
@@ -165,6 +187,8 @@ pub struct MergeReport {
     /// Counters left unchanged because the peer's folded base at the same
     /// epoch differs from ours (never expected; each is a bug to report).
     pub fold_conflicts: Vec<(Key, FoldError)>,
+    /// Like-set members and uniques registers that the chunk's deltas changed.
+    pub set_elements_changed: usize,
 }
 
 /// The estimated wire size of one counter in a chunk.
@@ -201,16 +225,42 @@ impl Replica {
                 actual: self.identity.replica,
             });
         }
-        let durable_seq = self.durable_seq;
         let mut chunk = PullChunk {
             source: self.identity.replica,
             next: request.after.clone(),
+            deltas_complete: true,
             ..Default::default()
         };
+        let bytes = self.pull_counters(store, request, &mut chunk)?;
+        if let Some(after) = &request.deltas_after {
+            // The delta log gets what the counters left of the budget, and
+            // at least a share of it, so that neither starves the other.
+            let budget = request
+                .max_bytes
+                .saturating_sub(bytes)
+                .max(request.max_bytes / 4)
+                .max(1);
+            let deltas = self.handle_pull_deltas(store, after, budget)?;
+            chunk.deltas = deltas.deltas;
+            chunk.deltas_next = Some(deltas.next);
+            chunk.deltas_complete = deltas.complete;
+        }
+        Ok(chunk)
+    }
+
+    /// Fills `chunk` with changed counters after the request's cursor;
+    /// returns their estimated bytes.
+    fn pull_counters(
+        &self,
+        store: &(impl DurableState + ?Sized),
+        request: &PullRequest,
+        chunk: &mut PullChunk,
+    ) -> Result<usize, PullRefused> {
+        let durable_seq = self.durable_seq;
         if request.after.covers_seq(durable_seq) {
             chunk.complete = true;
             chunk.next = Cursor::after_seq(durable_seq);
-            return Ok(chunk);
+            return Ok(0);
         }
         let mut bytes = 0usize;
         let mut cursor = request.after.clone();
@@ -248,7 +298,7 @@ impl Replica {
             chunk.replicas = self.directory.entries();
             chunk.directory_digest = Some(self.directory.digest());
         }
-        Ok(chunk)
+        Ok(bytes)
     }
 
     /// The durable state of `key` if the change-log entry at `seq` is its
@@ -292,6 +342,10 @@ impl Replica {
         }
         if chunk.counters.len() > MAX_CHUNK_COUNTERS {
             return Err(ChunkRefused::Oversized(chunk.counters.len()));
+        }
+        let elements: usize = chunk.deltas.iter().map(SetDelta::len).sum();
+        if elements > MAX_CHUNK_ELEMENTS {
+            return Err(ChunkRefused::OversizedDeltas(elements));
         }
         let mut learned: Vec<(ReplicaId, String)> = Vec::new();
         for (replica, region) in &chunk.replicas {
@@ -384,6 +438,10 @@ impl Replica {
         }
         self.peers
             .advance_watermark(peer, chunk.next, report.received > 0);
+        if let Some(next) = chunk.deltas_next {
+            report.set_elements_changed =
+                self.handle_pull_deltas_chunk(now_ms, store, peer, &chunk.deltas, next)?;
+        }
         Ok(report)
     }
 }

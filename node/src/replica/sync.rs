@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use crate::crdt::ReplicaId;
 
+use super::sets_sync::DeltaCursor;
 use super::types::Cursor;
 use super::version::{ProtocolWindow, NEWEST, OLDEST};
 
@@ -50,6 +51,9 @@ pub struct PullPlan {
     pub after: Cursor,
     /// The peer's directory digest as last received from it, if ever.
     pub directory_digest: Option<u64>,
+    /// Pull the delta log (like sets, uniques) after this cursor too; `None`
+    /// when the peer's build has no delta log (protocol version < 3).
+    pub deltas_after: Option<DeltaCursor>,
 }
 
 /// What we know of one peer.
@@ -81,6 +85,9 @@ pub struct PeerBook {
     directories: BTreeMap<ReplicaId, u64>,
     /// The protocol versions this node speaks now.
     own_protocol: Option<ProtocolWindow>,
+    /// How far the delta log (like sets, uniques) was pulled from each peer.
+    delta_watermarks: BTreeMap<ReplicaId, DeltaCursor>,
+    delta_watermarks_dirty: bool,
 }
 
 /// The longest a failing peer waits before it is tried again.
@@ -93,6 +100,43 @@ impl PeerBook {
             watermarks: watermarks.into_iter().collect(),
             ..Default::default()
         }
+    }
+
+    /// The book with recovered delta-log watermarks.
+    pub fn with_delta_watermarks(mut self, watermarks: Vec<(ReplicaId, DeltaCursor)>) -> Self {
+        self.delta_watermarks = watermarks.into_iter().collect();
+        self
+    }
+
+    /// How far the delta log was pulled from `peer` (from the start if never).
+    pub fn delta_watermark(&self, peer: ReplicaId) -> DeltaCursor {
+        self.delta_watermarks
+            .get(&peer)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Moves `peer`'s delta watermark (never backwards). As for counters,
+    /// only a move past records that carried something asks for a commit of
+    /// its own (else two idle nodes would commit forever for each other).
+    pub fn advance_delta_watermark(&mut self, peer: ReplicaId, cursor: DeltaCursor, carried: bool) {
+        let current = self.delta_watermarks.entry(peer).or_default();
+        if cursor > *current {
+            *current = cursor;
+            self.delta_watermarks_dirty |= carried;
+        }
+    }
+
+    /// Every delta watermark (each commit writes them), and whether one
+    /// moved over records since the last call.
+    pub fn take_delta_watermarks(&mut self) -> (Vec<(ReplicaId, DeltaCursor)>, bool) {
+        let dirty = std::mem::take(&mut self.delta_watermarks_dirty);
+        let all = self
+            .delta_watermarks
+            .iter()
+            .map(|(peer, cursor)| (*peer, cursor.clone()))
+            .collect();
+        (all, dirty)
     }
 
     /// The protocol versions this node speaks now (by default, every
@@ -162,6 +206,8 @@ impl PeerBook {
                     grpc_addr: peer.member.grpc_addr.clone(),
                     after: self.watermark(peer.member.replica),
                     directory_digest: self.directories.get(&peer.member.replica).copied(),
+                    deltas_after: (peer.member.protocol.newest >= super::version::SETS)
+                        .then(|| self.delta_watermark(peer.member.replica)),
                 });
             }
         }
@@ -257,6 +303,7 @@ impl PeerBook {
     /// Marks the watermarks as needing a commit again (the last one failed).
     pub fn mark_watermarks_dirty(&mut self) {
         self.watermarks_dirty = true;
+        self.delta_watermarks_dirty = true;
     }
 }
 

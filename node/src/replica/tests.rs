@@ -88,9 +88,10 @@ impl Node {
                 max_bytes,
                 directory_digest: self.replica.peers().directory_digest(peer),
                 protocol: self.replica.peers().own_protocol(),
+                deltas_after: Some(self.replica.peers().delta_watermark(peer)),
             };
             let chunk = source.replica.handle_pull(&source.store, &request).unwrap();
-            let complete = chunk.complete;
+            let complete = chunk.is_last();
             self.replica
                 .handle_pull_chunk(2, &self.store, peer, chunk)
                 .unwrap();
@@ -363,6 +364,7 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
         max_bytes: 1000,
         directory_digest: None,
         protocol: ProtocolWindow::default(),
+        deltas_after: None,
     };
     assert!(matches!(
         node.replica.handle_pull(&node.store, &request),
@@ -387,6 +389,7 @@ fn pulls_from_a_node_without_a_shared_protocol_version_are_refused() {
         max_bytes: 1000,
         directory_digest: None,
         protocol: ProtocolWindow::default(),
+        deltas_after: None,
     };
     assert!(node.replica.handle_pull(&node.store, &request).is_ok());
     // The cluster version moved to 2: a version-1 caller is refused...
@@ -559,6 +562,7 @@ fn the_directory_is_sent_only_until_the_caller_holds_it_as_it_is() {
             max_bytes: 1 << 20,
             directory_digest: eu.replica.peers().directory_digest(us_id),
             protocol: eu.replica.peers().own_protocol(),
+            deltas_after: None,
         };
         us.replica.handle_pull(&us.store, &request).unwrap()
     };
@@ -606,3 +610,6 @@ fn the_directory_is_sent_only_until_the_caller_holds_it_as_it_is() {
     );
     assert!(answer(&mut us, &eu, 1).replicas.is_empty());
 }
+
+#[path = "sets_tests.rs"]
+mod sets_tests;

@@ -6,9 +6,11 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::crdt::{FoldRecord, PnCounter, ReplicaId, StateDigest, WriterDigest};
+use crate::crdt::{FoldRecord, HyperLogLog, PnCounter, ReplicaId, StateDigest, WriterDigest};
 
 use super::folds::RetireReason;
+use super::sets::{LikeWrite, SetDelta, UniqueWrite};
+use super::sets_sync::DeltaCursor;
 
 /// The longest counter key, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
@@ -164,6 +166,12 @@ pub struct CommitBatch {
     pub fold_applied: u64,
     /// Every stored counter is folded up to this epoch (the sweep's progress).
     pub fold_swept: u64,
+    /// Like sets to write: changed members, count, a delta-log record each.
+    pub likes: Vec<LikeWrite>,
+    /// Uniques to write: registers and a delta-log record each.
+    pub uniques: Vec<UniqueWrite>,
+    /// Delta-log pull watermarks per peer replica, all of them (when one moved).
+    pub delta_watermarks: Vec<(ReplicaId, DeltaCursor)>,
 }
 
 impl CommitBatch {
@@ -176,6 +184,8 @@ impl CommitBatch {
             && self.directory_put.is_empty()
             && self.retired.is_empty()
             && self.fold_records.is_empty()
+            && self.likes.is_empty()
+            && self.uniques.is_empty()
     }
 }
 
@@ -202,6 +212,8 @@ pub struct Recovered {
     pub digest: StateDigest,
     /// Pull watermarks per peer.
     pub watermarks: Vec<(ReplicaId, Cursor)>,
+    /// Delta-log pull watermarks per peer.
+    pub delta_watermarks: Vec<(ReplicaId, DeltaCursor)>,
     /// Regions of known replicas.
     pub directory: Vec<(ReplicaId, String)>,
     /// Unexpired idempotency records, with the segment that holds each.
@@ -221,6 +233,9 @@ pub struct Recovered {
 #[error("storage error: {0}")]
 pub struct StorageError(pub String);
 
+/// One stored record: its store key and value.
+pub type Record = (Vec<u8>, Vec<u8>);
+
 /// The read side of durable storage that the core needs. The store writes only
 /// what [`CommitBatch`]es say, so what it returns for a counter that is not in
 /// a batch being committed is durable.
@@ -229,4 +244,37 @@ pub trait DurableState {
     fn load_counter(&self, key: &str) -> Result<Option<StoredCounter>, StorageError>;
     /// Change-log entries strictly after `after`, in order, at most `limit`.
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError>;
+    /// One stored record by its store key (like sets and uniques are read
+    /// through this and [`Self::scan_records`]; see `store/sets.rs`).
+    fn get_record(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+    /// Stored records with keys in `from..to` (`from` included), in key
+    /// order, at most `limit`.
+    fn scan_records(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Record>, StorageError>;
+
+    /// The stored causal length of a like set's member (0 when never stored).
+    fn load_member(&self, key: &str, member: &str) -> Result<u64, StorageError> {
+        crate::store::sets::load_member(self, key, member)
+    }
+    /// The stored derived count of a like set (0 when never stored).
+    fn load_like_count(&self, key: &str) -> Result<u64, StorageError> {
+        crate::store::sets::load_like_count(self, key).map(|(count, _)| count)
+    }
+    /// The stored registers of a uniques key.
+    fn load_uniques(&self, key: &str) -> Result<Option<HyperLogLog>, StorageError> {
+        crate::store::sets::load_uniques(self, key)
+    }
+    /// Delta-log records strictly after `after`, in order, at most `limit`,
+    /// each with its cursor.
+    fn deltas_after(
+        &self,
+        after: &DeltaCursor,
+        limit: usize,
+    ) -> Result<Vec<(DeltaCursor, SetDelta)>, StorageError> {
+        crate::store::sets::deltas_after(self, after, limit)
+    }
 }

@@ -6,7 +6,9 @@
 //!   [`NEWEST`]. A version names on-disk record formats and wire formats
 //!   together: version 1 is what every build wrote before versions existed
 //!   (counter records and idempotency segments in their format 1); version 2
-//!   writes both in format 2 (replica ordinals, varints). A node that
+//!   writes both in format 2 (replica ordinals, varints); version 3 adds like
+//!   sets and uniques (member, count, register and delta-log records, and
+//!   the delta log in pulls). A node that
 //!   announces nothing (a build before versions) counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
@@ -27,7 +29,11 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 2;
+pub const NEWEST: u32 = 3;
+/// The version that brought like sets and uniques (their records and the
+/// delta log): writes of them wait for this cluster version, and only a peer
+/// that speaks it is asked for its delta log.
+pub const SETS: u32 = 3;
 
 /// The protocol versions a node speaks, oldest to newest (inclusive).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]

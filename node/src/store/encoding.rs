@@ -15,6 +15,11 @@
 //! | `d`    | replica (BE u64)         | v1, region                              |
 //! | `w`    | replica (BE u64)         | v1, cursor seq, cursor key              |
 //! | `m`    | meta name                | v1, payload                             |
+//! | `s`    | like-set member: key length - 1 (u8), set key, member | v1, causal length (varint) (see [`super::sets`]) |
+//! | `n`    | like-set key             | v1, derived count (varint)              |
+//! | `h`    | uniques key              | v1, HyperLogLog registers               |
+//! | `e`    | seq (BE u64), kind, key  | v1, the members or registers that commit changed (the delta log) |
+//! | `y`    | replica (BE u64)         | v1, delta-log cursor pulled up to       |
 //! | `f`    | fold epoch (BE u64)      | v1, writer count, (writer id, digest counters, digest hash)* |
 //! | `x`    | retired replica (BE u64) | v1, reason tag, by (u64)                |
 //! | `g`    | writer replica (BE u64)  | v1, digest counters, digest hash        |
@@ -95,7 +100,7 @@ fn prefixed(prefix: u8, rest: &[u8]) -> Vec<u8> {
     out
 }
 
-fn corrupt(what: &str, why: &str) -> StorageError {
+pub(super) fn corrupt(what: &str, why: &str) -> StorageError {
     StorageError(format!("corrupt {what}: {why}"))
 }
 
@@ -463,7 +468,7 @@ pub fn decode_change_snapshot(bytes: &[u8]) -> Result<(u64, super::ChangeIndex),
     Ok((durable_seq, changes))
 }
 
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+pub(super) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);
         value >>= 7;
@@ -471,13 +476,13 @@ fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     out.push(value as u8);
 }
 
-struct Reader<'a> {
+pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     what: &'a str,
 }
 
 impl<'a> Reader<'a> {
-    fn versioned(bytes: &'a [u8], what: &'a str) -> Result<Self, StorageError> {
+    pub(super) fn versioned(bytes: &'a [u8], what: &'a str) -> Result<Self, StorageError> {
         Self::any_version(bytes, what, &[VERSION]).map(|(_, reader)| reader)
     }
 
@@ -531,11 +536,11 @@ impl<'a> Reader<'a> {
         Ok(u128::from(high) << 64 | u128::from(low))
     }
 
-    fn u64_be(&mut self) -> Result<u64, StorageError> {
+    pub(super) fn u64_be(&mut self) -> Result<u64, StorageError> {
         Ok(self.u64()?.swap_bytes())
     }
 
-    fn varint(&mut self) -> Result<u64, StorageError> {
+    pub(super) fn varint(&mut self) -> Result<u64, StorageError> {
         let mut value = 0u64;
         for shift in (0..64).step_by(7) {
             let (&byte, rest) = self
@@ -551,7 +556,7 @@ impl<'a> Reader<'a> {
         Err(corrupt(self.what, "varint too long"))
     }
 
-    fn take(&mut self, len: usize) -> Result<&'a [u8], StorageError> {
+    pub(super) fn take(&mut self, len: usize) -> Result<&'a [u8], StorageError> {
         if len > self.bytes.len() {
             return Err(corrupt(self.what, "truncated"));
         }
@@ -560,11 +565,11 @@ impl<'a> Reader<'a> {
         Ok(head)
     }
 
-    fn rest(self) -> &'a [u8] {
+    pub(super) fn rest(self) -> &'a [u8] {
         self.bytes
     }
 
-    fn finish(self) -> Result<(), StorageError> {
+    pub(super) fn finish(self) -> Result<(), StorageError> {
         if self.bytes.is_empty() {
             Ok(())
         } else {

@@ -43,6 +43,19 @@ impl<S: Store> DurableState for FaultyStore<S> {
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
         self.inner.changes_after(after, limit)
     }
+
+    fn get_record(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.inner.get_record(key)
+    }
+
+    fn scan_records(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+        self.inner.scan_records(from, to, limit)
+    }
 }
 
 impl<S: Store> Store for FaultyStore<S> {

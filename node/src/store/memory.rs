@@ -118,6 +118,28 @@ impl DurableState for MemoryStore {
         let layers = self.layers();
         Ok(layers.changes.after(after, limit))
     }
+
+    fn get_record(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.layers().visible.get(key).cloned())
+    }
+
+    fn scan_records(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        let layers = self.layers();
+        Ok(layers
+            .visible
+            .range(from.to_vec()..to.to_vec())
+            .take(limit)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
 }
 
 impl Store for MemoryStore {

@@ -17,6 +17,7 @@ pub mod encoding;
 mod fault;
 mod memory;
 mod ordinals;
+pub mod sets;
 mod sled_store;
 
 use crate::crdt::ReplicaId;
@@ -153,6 +154,7 @@ pub fn batch_ops(
         META_WRITER_DIGESTS_AT.to_vec(),
         encode_u64(batch.seq),
     ));
+    sets::set_ops(batch, &mut ops);
     ops.push(Op::Put(META_DURABLE_SEQ.to_vec(), encode_u64(batch.seq)));
     ops.push(Op::Put(META_DIGEST.to_vec(), encode_u64(batch.digest.0)));
     ops
@@ -227,6 +229,13 @@ where
         recovered
             .watermarks
             .push((decode_replica_key(&key)?, decode_cursor(&value)?));
+    }
+    for item in scan(sets::DELTA_WATERMARK) {
+        let (key, value) = item.map_err(scan_error)?;
+        recovered.delta_watermarks.push((
+            decode_replica_key(&key)?,
+            sets::decode_delta_watermark(&value)?,
+        ));
     }
     for item in scan(IDEMPOTENCY) {
         let (key, value) = item.map_err(scan_error)?;

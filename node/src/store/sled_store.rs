@@ -591,6 +591,30 @@ impl DurableState for SledStore {
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError> {
         Ok(self.changes().after(after, limit))
     }
+
+    fn get_record(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self
+            .db
+            .get(key)
+            .map_err(storage)?
+            .map(|value| value.to_vec()))
+    }
+
+    fn scan_records(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
+        if from >= to {
+            return Ok(Vec::new());
+        }
+        self.db
+            .range(from..to)
+            .take(limit)
+            .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(storage))
+            .collect()
+    }
 }
 
 impl Store for SledStore {

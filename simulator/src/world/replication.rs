@@ -28,6 +28,11 @@ fn chunk_bytes(chunk: &tally_node::replica::PullChunk) -> usize {
         .iter()
         .map(|(key, state)| key.len() + 8 + 26 * state.slots().len())
         .sum::<usize>()
+        + chunk
+            .deltas
+            .iter()
+            .map(|delta| delta.estimated_bytes())
+            .sum::<usize>()
 }
 
 impl World<'_> {
@@ -149,6 +154,7 @@ impl World<'_> {
                 max_bytes: self.options.pull_budget_bytes,
                 directory_digest: plan.directory_digest,
                 protocol: self.nodes[node].replica.peers().own_protocol(),
+                deltas_after: plan.deltas_after,
             };
             self.send(node, peer_node, NetMsg::Pull { pull, request });
             self.schedule(timeout, Event::PullTimeout(node as u16, epoch, pull));
@@ -209,8 +215,9 @@ impl World<'_> {
             match state.replica.handle_pull(&state.store, &request) {
                 Ok(chunk) => {
                     remaining = remaining.saturating_sub(chunk_bytes(&chunk).max(1));
-                    let last = chunk.complete || remaining == 0;
+                    let last = chunk.is_last() || remaining == 0;
                     request.after = chunk.next.clone();
+                    request.deltas_after = chunk.deltas_next.clone();
                     out.push(NetMsg::Chunk {
                         pull,
                         serve,

@@ -71,6 +71,15 @@
 //!   while a member does not speak it):
 //!   - text: `cluster version: A -> B; ...` or `cluster version: B (already finalized)`;
 //!   - JSON: `{"previous_version","cluster_version"}`.
+//! - Like sets and uniques (see `likes.rs`): `tally like KEY MEMBER` and
+//!   `tally unlike KEY MEMBER` (text: `liked; N likes`, `already liked
+//!   (nothing changed); N likes`...; JSON `{"key","member","liked","changed","count"}`),
+//!   `tally liked KEY MEMBER` (`liked` / `not liked`; JSON
+//!   `{"key","member","liked"}`), `tally likes KEY` (the count; JSON
+//!   `{"key","count"}`; `--list`: one member per line, JSON
+//!   `{"key","member"}` per line), `tally observe KEY MEMBER...` and
+//!   `tally distinct KEY...` (the estimate; JSON `{"keys","estimate"}`),
+//!   `tally admin verify KEY` (recount; exit status 1 on a difference).
 //!
 //! On failure nothing is printed to stdout, one line `error: MESSAGE` goes to
 //! stderr and the exit status is 1 (2 for bad usage, with clap's message).
@@ -81,6 +90,7 @@ mod backup;
 mod bench;
 mod commands;
 mod duration;
+mod likes;
 pub mod output;
 
 use clap::{Args, Parser, Subcommand};
@@ -133,6 +143,49 @@ pub enum Command {
     Status,
     /// Load-test a node with a closed loop of adds and/or gets.
     Bench(BenchArgs),
+    /// Like MEMBER in the like set KEY (a double like changes nothing).
+    Like {
+        /// The like set (1 to 256 bytes).
+        key: String,
+        /// Who likes (1 to 128 bytes).
+        member: String,
+    },
+    /// Unlike MEMBER in the like set KEY.
+    Unlike {
+        /// The like set.
+        key: String,
+        /// Who unlikes.
+        member: String,
+    },
+    /// Print whether MEMBER likes KEY.
+    Liked {
+        /// The like set.
+        key: String,
+        /// The member.
+        member: String,
+    },
+    /// Print a like set's count, or with --list its liked members.
+    Likes {
+        /// The like set.
+        key: String,
+        /// List the liked members (all pages, in member order).
+        #[arg(long)]
+        list: bool,
+    },
+    /// Observe members in a uniques key and print its estimate.
+    Observe {
+        /// The uniques key.
+        key: String,
+        /// The members seen (1 to 10,000).
+        #[arg(required = true)]
+        members: Vec<String>,
+    },
+    /// Print the estimated distinct members of one or more uniques keys (their union).
+    Distinct {
+        /// The uniques keys.
+        #[arg(required = true)]
+        keys: Vec<String>,
+    },
     /// Operator commands: `tally admin backup --to DIR`, `tally admin finalize`.
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -152,6 +205,12 @@ pub enum AdminCommand {
     /// version this node speaks, once every member speaks it. Rollback to an
     /// older build is no longer possible afterwards.
     Finalize,
+    /// Recount a like set from its members and compare with its kept count;
+    /// a difference is a bug (exit status 1).
+    Verify {
+        /// The like set.
+        key: String,
+    },
 }
 
 /// `tally add`.
@@ -216,6 +275,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(&target, &args, json).await,
         Command::Admin(AdminCommand::Backup { to }) => backup::backup(&target, &to, json).await,
         Command::Admin(AdminCommand::Finalize) => commands::finalize(&target, json).await,
+        Command::Admin(AdminCommand::Verify { key }) => likes::verify(&target, &key, json).await,
+        Command::Like { key, member } => likes::like(&target, &key, &member, true, json).await,
+        Command::Unlike { key, member } => likes::like(&target, &key, &member, false, json).await,
+        Command::Liked { key, member } => likes::liked(&target, &key, &member, json).await,
+        Command::Likes { key, list } => likes::likes(&target, &key, list, json).await,
+        Command::Observe { key, members } => likes::observe(&target, &key, &members, json).await,
+        Command::Distinct { keys } => likes::distinct(&target, &keys, json).await,
     }
 }
 

@@ -1,0 +1,151 @@
+//! The public `Likes` gRPC service (like sets and uniques): a thin shell
+//! over the engine's functions in `engine/sets.rs`, which validate every
+//! request; a bad one gets `INVALID_ARGUMENT` (or `FAILED_PRECONDITION`
+//! before cluster version 3) with a message, and changes nothing.
+
+use std::sync::Arc;
+
+use tally_proto::v1 as pb;
+use tally_proto::v1::likes_server::Likes;
+use tonic::{Request, Response, Status};
+
+use super::convert::status_of;
+use super::counters::charge_items;
+use crate::engine::Engine;
+
+/// See the module documentation.
+pub struct LikesService {
+    engine: Arc<Engine>,
+}
+
+impl LikesService {
+    /// The service over `engine`.
+    pub fn new(engine: Arc<Engine>) -> Self {
+        LikesService { engine }
+    }
+
+    async fn like_or_unlike(
+        &self,
+        request: Request<pb::LikeRequest>,
+        like: bool,
+    ) -> Result<Response<pb::LikeResponse>, Status> {
+        let request = request.into_inner();
+        let idempotency_key =
+            (!request.idempotency_key.is_empty()).then_some(request.idempotency_key.as_str());
+        let accepted = self
+            .engine
+            .like(&request.key, &request.member, like, idempotency_key)
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::LikeResponse {
+            changed: accepted.changed,
+            liked: accepted.liked,
+            count: accepted.count,
+            duplicate: accepted.duplicate,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl Likes for LikesService {
+    async fn like(
+        &self,
+        request: Request<pb::LikeRequest>,
+    ) -> Result<Response<pb::LikeResponse>, Status> {
+        self.like_or_unlike(request, true).await
+    }
+
+    async fn unlike(
+        &self,
+        request: Request<pb::LikeRequest>,
+    ) -> Result<Response<pb::LikeResponse>, Status> {
+        self.like_or_unlike(request, false).await
+    }
+
+    async fn liked(
+        &self,
+        request: Request<pb::LikedRequest>,
+    ) -> Result<Response<pb::LikedResponse>, Status> {
+        charge_items(&request, request.get_ref().members.len());
+        let request = request.into_inner();
+        let members: Vec<&[u8]> = request.members.iter().map(|m| m.as_ref()).collect();
+        let liked = self
+            .engine
+            .liked(&request.key, &members)
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::LikedResponse { liked }))
+    }
+
+    async fn like_count(
+        &self,
+        request: Request<pb::LikeCountRequest>,
+    ) -> Result<Response<pb::LikeCountResponse>, Status> {
+        let count = self
+            .engine
+            .like_count(&request.into_inner().key)
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::LikeCountResponse { count }))
+    }
+
+    async fn list_likes(
+        &self,
+        request: Request<pb::ListLikesRequest>,
+    ) -> Result<Response<pb::ListLikesResponse>, Status> {
+        let request = request.into_inner();
+        let page = self
+            .engine
+            .list_likes(&request.key, &request.page_token, request.limit as usize)
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::ListLikesResponse {
+            members: page.members,
+            next_token: page.next_token.unwrap_or_default().into(),
+        }))
+    }
+
+    async fn verify_likes(
+        &self,
+        request: Request<pb::LikeCountRequest>,
+    ) -> Result<Response<pb::VerifyLikesResponse>, Status> {
+        let recount = self
+            .engine
+            .verify_likes(&request.into_inner().key)
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::VerifyLikesResponse {
+            stored_count: recount.stored,
+            recounted: recount.recounted,
+            members_scanned: recount.scanned,
+            consistent: recount.is_consistent(),
+        }))
+    }
+
+    async fn observe(
+        &self,
+        request: Request<pb::ObserveRequest>,
+    ) -> Result<Response<pb::ObserveResponse>, Status> {
+        charge_items(&request, request.get_ref().members.len());
+        let request = request.into_inner();
+        let members: Vec<&[u8]> = request.members.iter().map(|m| m.as_ref()).collect();
+        let (accepted, estimate) = self
+            .engine
+            .observe(&request.key, &members)
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::ObserveResponse {
+            registers_raised: accepted.raised as u32,
+            estimate: estimate.round() as u64,
+        }))
+    }
+
+    async fn distinct(
+        &self,
+        request: Request<pb::DistinctRequest>,
+    ) -> Result<Response<pb::DistinctResponse>, Status> {
+        let request = request.into_inner();
+        let keys: Vec<&[u8]> = request.keys.iter().map(|k| k.as_ref()).collect();
+        let union = self.engine.distinct(&keys).map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::DistinctResponse {
+            estimate: union.estimate().round() as u64,
+            registers_digest: union.digest(),
+        }))
+    }
+}

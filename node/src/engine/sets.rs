@@ -1,0 +1,341 @@
+//! The engine's like-set and uniques operations: validation, the cluster
+//! version gate, the core's lock, durability waits, listing pages and the
+//! recount. The gRPC `Likes` service and any other front end (HTTP) call
+//! these; they hold no wire types.
+//!
+//! Invariants kept here: writes (like, unlike, observe) wait for cluster
+//! version 3 (an older member could not replicate them, and a rollback would
+//! not read them), and are answered, in `sync` durability, only once every
+//! state they report is durable; a refused request changes nothing; a
+//! request never names more than [`MAX_MEMBERS_PER_CALL`] members; a page
+//! token only resumes the key it was made for; a recount reports a
+//! difference only when no commit touched the set while it counted.
+
+use crate::crdt::causal_length::is_liked;
+use crate::crdt::{check_member, stable_hash, MemberError};
+use crate::replica::version::SETS;
+use crate::replica::{
+    check_key, LikeAccepted, LikeRefused, LikeRequest, ObserveAccepted, MAX_KEYS_PER_CALL,
+    MAX_MEMBERS_PER_CALL,
+};
+use crate::store::sets::{load_like_count, scan_members};
+
+use super::{now_ms, Engine, EngineError};
+
+/// Liked members per listing page, at most (and by default).
+pub const MAX_PAGE: usize = 1_000;
+/// Members (liked or not) one page scans at most: a set of mostly unliked
+/// members still answers in bounded time, with a token to go on.
+const PAGE_SCAN: usize = 10 * MAX_PAGE;
+
+/// Why a like-set or uniques request was refused. Nothing changed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetError {
+    /// A bad member.
+    #[error(transparent)]
+    Member(#[from] MemberError),
+    /// Too many members (or keys) in one request.
+    #[error("{given} {what} in one call; the limit is {limit}: split the call")]
+    TooMany {
+        /// `members` or `keys`.
+        what: &'static str,
+        /// How many were given.
+        given: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// No key at all.
+    #[error("name at least one key")]
+    NoKeys,
+    /// The cluster version is below the one that brought like sets.
+    #[error("like sets and uniques need cluster version {SETS}; this node is at cluster version {current}: finish the upgrade with `tally admin finalize` (see \"Upgrading\" in the README)")]
+    ClusterVersion {
+        /// The node's cluster version.
+        current: u32,
+    },
+    /// A page token that is not one of ours for this key.
+    #[error("the page token {0}; start again without a token")]
+    PageToken(&'static str),
+    /// A member's length would pass `u64::MAX`.
+    #[error(transparent)]
+    Like(#[from] LikeRefused),
+}
+
+/// A page of liked members.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct LikesPage {
+    /// Liked members, in member order.
+    pub members: Vec<String>,
+    /// The token of the next page; `None` after the last.
+    pub next_token: Option<Vec<u8>>,
+}
+
+/// The outcome of a recount.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Recount {
+    /// The count kept on disk.
+    pub stored: u64,
+    /// The count recomputed from the members on disk.
+    pub recounted: u64,
+    /// Members scanned (liked or not).
+    pub scanned: u64,
+}
+
+impl Recount {
+    /// True when both agree.
+    pub fn is_consistent(&self) -> bool {
+        self.stored == self.recounted
+    }
+}
+
+fn check_members<'a>(members: &[&'a [u8]]) -> Result<Vec<&'a str>, EngineError> {
+    if members.len() > MAX_MEMBERS_PER_CALL {
+        return Err(SetError::TooMany {
+            what: "members",
+            given: members.len(),
+            limit: MAX_MEMBERS_PER_CALL,
+        }
+        .into());
+    }
+    members
+        .iter()
+        .map(|member| check_member(member).map_err(|e| EngineError::from(SetError::from(e))))
+        .collect()
+}
+
+/// A page token: a version byte, the key's hash, the last member listed.
+fn page_token(key: &str, last: &str) -> Vec<u8> {
+    let mut token = vec![1];
+    token.extend_from_slice(&stable_hash(0x70616765, &[key.as_bytes()]).to_be_bytes());
+    token.extend_from_slice(last.as_bytes());
+    token
+}
+
+fn resume_after<'a>(key: &str, token: &'a [u8]) -> Result<Option<&'a str>, SetError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let (Some(1), Some(hash), Some(last)) = (token.first(), token.get(1..9), token.get(9..)) else {
+        return Err(SetError::PageToken("is malformed"));
+    };
+    if hash != stable_hash(0x70616765, &[key.as_bytes()]).to_be_bytes() {
+        return Err(SetError::PageToken("belongs to another key"));
+    }
+    let last = check_member(last).map_err(|_| SetError::PageToken("is malformed"))?;
+    Ok(Some(last))
+}
+
+impl Engine {
+    fn check_set_writes(&self) -> Result<(), EngineError> {
+        self.check_adds()?;
+        let current = self.store.format();
+        if current < SETS {
+            return Err(SetError::ClusterVersion { current }.into());
+        }
+        Ok(())
+    }
+
+    fn count_set_op(&self, op: &str) {
+        self.metrics
+            .set_ops
+            .get_or_create(&crate::metrics::SetOpLabels { op: op.into() })
+            .inc();
+    }
+
+    /// Likes (or, with `like` false, unlikes) one member, and answers once
+    /// the answer is as durable as the mode asks.
+    pub async fn like(
+        &self,
+        key: &[u8],
+        member: &[u8],
+        like: bool,
+        idempotency_key: Option<&str>,
+    ) -> Result<LikeAccepted, EngineError> {
+        self.check_set_writes()?;
+        let key = check_key(key)?;
+        let member = check_member(member).map_err(SetError::from)?;
+        let accepted = self
+            .core()
+            .handle_like(
+                now_ms(),
+                &*self.store,
+                LikeRequest {
+                    key,
+                    member,
+                    like,
+                    idempotency_key,
+                },
+            )
+            .map_err(SetError::from)?;
+        self.count_set_op(match (accepted.changed, like) {
+            (false, _) => "unchanged",
+            (true, true) => "like",
+            (true, false) => "unlike",
+        });
+        self.commit_wakeup.notify_one();
+        self.wait_durable(accepted.durable_at_seq).await?;
+        Ok(accepted)
+    }
+
+    /// Whether each member is liked.
+    pub fn liked(&self, key: &[u8], members: &[&[u8]]) -> Result<Vec<bool>, EngineError> {
+        let key = check_key(key)?;
+        let members = check_members(members)?;
+        self.check_serving()?;
+        Ok(self
+            .core()
+            .handle_liked(now_ms(), &*self.store, key, &members)?)
+    }
+
+    /// A like set's count of liked members.
+    pub fn like_count(&self, key: &[u8]) -> Result<u64, EngineError> {
+        let key = check_key(key)?;
+        self.check_serving()?;
+        Ok(self.core().handle_like_count(now_ms(), &*self.store, key)?)
+    }
+
+    /// A page of liked members after `token` (empty: from the start), of
+    /// durable state, at most `limit` (0: the default).
+    pub fn list_likes(
+        &self,
+        key: &[u8],
+        token: &[u8],
+        limit: usize,
+    ) -> Result<LikesPage, EngineError> {
+        let key = check_key(key)?;
+        let after = resume_after(key, token)?;
+        self.check_serving()?;
+        let limit = if limit == 0 {
+            MAX_PAGE
+        } else {
+            limit.min(MAX_PAGE)
+        };
+        let scanned = scan_members(&*self.store, key, after, PAGE_SCAN)?;
+        let mut members = Vec::new();
+        let mut last = None;
+        for (member, length) in &scanned {
+            last = Some(member.as_str());
+            if is_liked(*length) {
+                members.push(member.clone());
+                if members.len() == limit {
+                    break;
+                }
+            }
+        }
+        let more = members.len() == limit || scanned.len() == PAGE_SCAN;
+        Ok(LikesPage {
+            next_token: last.filter(|_| more).map(|last| page_token(key, last)),
+            members,
+        })
+    }
+
+    /// Recounts a like set from its members on disk and compares with its
+    /// kept count. A difference is a bug: it is logged as an error and
+    /// counted in `tally_like_count_mismatches_total`. Retried while commits
+    /// land on the set during the count (then the two cannot be compared).
+    pub fn verify_likes(&self, key: &[u8]) -> Result<Recount, EngineError> {
+        let key = check_key(key)?;
+        self.check_serving()?;
+        for _ in 0..5 {
+            let (stored, seq_before) = load_like_count(&*self.store, key)?;
+            let (mut recounted, mut scanned, mut after) = (0u64, 0u64, None::<String>);
+            loop {
+                let page = scan_members(&*self.store, key, after.as_deref(), PAGE_SCAN)?;
+                scanned += page.len() as u64;
+                recounted += page.iter().filter(|(_, len)| is_liked(*len)).count() as u64;
+                match page.last() {
+                    Some((member, _)) if page.len() == PAGE_SCAN => after = Some(member.clone()),
+                    _ => break,
+                }
+            }
+            let (_, seq_after) = load_like_count(&*self.store, key)?;
+            if seq_before != seq_after {
+                continue;
+            }
+            self.metrics.like_recounts.inc();
+            let recount = Recount {
+                stored,
+                recounted,
+                scanned,
+            };
+            if !recount.is_consistent() {
+                self.metrics.like_count_mismatches.inc();
+                tracing::error!(
+                    key,
+                    stored,
+                    recounted,
+                    scanned,
+                    "BUG: a like set's kept count differs from a recount of its members"
+                );
+            }
+            return Ok(recount);
+        }
+        Err(EngineError::Storage(crate::replica::StorageError(format!(
+            "the like set {key:?} changed during five recounts in a row; verify it again when it is quieter"
+        ))))
+    }
+
+    /// Observes members in a uniques key; returns the raised registers and
+    /// the key's estimate after.
+    pub async fn observe(
+        &self,
+        key: &[u8],
+        members: &[&[u8]],
+    ) -> Result<(ObserveAccepted, f64), EngineError> {
+        self.check_set_writes()?;
+        let key = check_key(key)?;
+        let members = check_members(members)?;
+        let (accepted, estimate) = {
+            let mut core = self.core();
+            let accepted = core.handle_observe(now_ms(), &*self.store, key, &members)?;
+            let estimate = core.handle_uniques(now_ms(), &*self.store, key)?.estimate();
+            (accepted, estimate)
+        };
+        self.count_set_op("observe");
+        self.commit_wakeup.notify_one();
+        self.wait_durable(accepted.durable_at_seq).await?;
+        Ok((accepted, estimate))
+    }
+
+    /// The union of the registers of `keys`: its estimate is their
+    /// distinct members, its digest tells whether two nodes agree.
+    pub fn distinct(&self, keys: &[&[u8]]) -> Result<crate::crdt::HyperLogLog, EngineError> {
+        if keys.is_empty() {
+            return Err(SetError::NoKeys.into());
+        }
+        if keys.len() > MAX_KEYS_PER_CALL {
+            return Err(SetError::TooMany {
+                what: "keys",
+                given: keys.len(),
+                limit: MAX_KEYS_PER_CALL,
+            }
+            .into());
+        }
+        let keys = keys
+            .iter()
+            .map(|key| check_key(key))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.check_serving()?;
+        Ok(self.core().handle_distinct(now_ms(), &*self.store, &keys)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_token_resumes_only_its_own_key() {
+        let token = page_token("post-1", "sam");
+        assert_eq!(resume_after("post-1", &token).unwrap(), Some("sam"));
+        assert!(matches!(
+            resume_after("post-2", &token),
+            Err(SetError::PageToken("belongs to another key"))
+        ));
+        assert!(matches!(
+            resume_after("post-1", b"garbage"),
+            Err(SetError::PageToken("is malformed"))
+        ));
+        assert_eq!(resume_after("post-1", b"").unwrap(), None);
+    }
+}

@@ -1,0 +1,264 @@
+//! Tests of like sets and uniques in the core, over the in-memory store:
+//! likes and unlikes, the derived count through commits and restarts, a
+//! commit writes only changed members, durability tickets, delta
+//! anti-entropy between regions (durable only, deltas not whole sets), and
+//! keyed retries.
+
+use super::super::sets::{LikeAccepted, LikeRequest};
+use super::super::*;
+use super::Node;
+use crate::crdt::HyperLogLog;
+use crate::store::Store;
+
+impl Node {
+    #[track_caller]
+    fn like(&mut self, key: &str, member: &str, like: bool) -> LikeAccepted {
+        self.replica
+            .handle_like(
+                1,
+                &self.store,
+                LikeRequest {
+                    key,
+                    member,
+                    like,
+                    idempotency_key: None,
+                },
+            )
+            .unwrap()
+    }
+
+    fn count(&mut self, key: &str) -> u64 {
+        self.replica.handle_like_count(1, &self.store, key).unwrap()
+    }
+
+    fn length(&mut self, key: &str, member: &str) -> u64 {
+        self.replica
+            .member_length(1, &self.store, key, member)
+            .unwrap()
+    }
+
+    fn uniques(&mut self, key: &str) -> HyperLogLog {
+        self.replica.handle_uniques(1, &self.store, key).unwrap()
+    }
+}
+
+#[test]
+fn double_likes_and_strange_unlikes_change_nothing_and_say_so() {
+    let mut node = Node::new(1, "eu");
+    let first = node.like("post", "sam", true);
+    assert!(first.changed && first.liked);
+    assert_eq!(first.count, 1);
+    let again = node.like("post", "sam", true);
+    assert!(!again.changed && again.liked);
+    assert_eq!(again.count, 1);
+    let stranger = node.like("post", "ann", false);
+    assert!(!stranger.changed && !stranger.liked);
+    assert_eq!((node.length("post", "ann"), node.count("post")), (0, 1));
+    for _ in 0..3 {
+        assert!(node.like("post", "sam", false).changed);
+        assert!(node.like("post", "sam", true).changed);
+    }
+    assert_eq!((node.length("post", "sam"), node.count("post")), (7, 1));
+}
+
+#[test]
+fn a_commit_writes_only_the_changed_members_and_the_count_survives_a_restart() {
+    let mut node = Node::new(1, "eu");
+    for i in 0..100 {
+        node.like("post", &format!("u{i}"), true);
+    }
+    node.commit().unwrap();
+    node.like("post", "u7", false);
+    node.like("post", "new", true);
+    let batch = node.replica.poll_commit().unwrap();
+    assert_eq!(batch.likes.len(), 1);
+    let mut written: Vec<&str> = batch.likes[0].members.iter().map(|(m, _)| &**m).collect();
+    written.sort();
+    assert_eq!(
+        written,
+        ["new", "u7"],
+        "a commit rewrote more than the changed members"
+    );
+    assert_eq!(batch.likes[0].count, 100);
+    node.store.write(&batch).unwrap();
+    node.store.flush().unwrap();
+    node.replica.handle_commit_done(batch.seq);
+    let mut node = node.restart();
+    assert_eq!(node.count("post"), 100);
+    assert_eq!(
+        (node.length("post", "u7"), node.length("post", "new")),
+        (2, 1)
+    );
+    // The same name is a counter, a like set and a uniques key apart.
+    assert_eq!(
+        node.replica
+            .handle_get(1, &node.store, "post")
+            .unwrap()
+            .value(),
+        Ok(0)
+    );
+    assert_eq!(node.uniques("post").estimate(), 0.0);
+}
+
+#[test]
+fn an_answer_waits_for_the_commit_that_makes_what_it_reports_durable() {
+    let mut node = Node::new(1, "eu");
+    let like = node.like("post", "sam", true);
+    assert_eq!(like.durable_at_seq, 1);
+    let batch = node.replica.poll_commit().unwrap();
+    // A double tap while the first is being written waits for that commit.
+    assert_eq!(node.like("post", "sam", true).durable_at_seq, batch.seq);
+    node.store.write(&batch).unwrap();
+    node.store.flush().unwrap();
+    node.replica.handle_commit_done(batch.seq);
+    // Once durable, a double tap waits for nothing new.
+    assert_eq!(node.like("post", "sam", true).durable_at_seq, 1);
+    assert_eq!(node.replica.poll_commit().map(|b| b.seq), None);
+}
+
+#[test]
+fn a_crash_before_the_flush_loses_only_unacknowledged_likes_and_the_count_follows() {
+    let mut node = Node::new(1, "eu");
+    node.like("post", "a", true);
+    node.commit();
+    node.like("post", "b", true);
+    let batch = node.replica.poll_commit().unwrap();
+    node.store.write(&batch).unwrap();
+    node.store.crash();
+    let mut node = node.restart();
+    assert_eq!((node.count("post"), node.length("post", "b")), (1, 0));
+}
+
+#[test]
+fn a_failed_commit_writes_its_members_with_the_next_one() {
+    let mut node = Node::new(1, "eu");
+    node.like("post", "a", true);
+    let batch = node.replica.poll_commit().unwrap();
+    node.replica.handle_commit_failed(batch.seq);
+    node.like("post", "b", true);
+    let retry = node.replica.poll_commit().unwrap();
+    assert_eq!(retry.likes[0].members.len(), 2);
+    assert_eq!(retry.likes[0].count, 2);
+}
+
+#[test]
+fn concurrent_likes_in_three_regions_count_once_and_converge_by_deltas() {
+    let mut nodes = [Node::new(1, "eu"), Node::new(2, "us"), Node::new(3, "ap")];
+    for node in nodes.iter_mut() {
+        node.like("post", "sam", true);
+        node.like(
+            "post",
+            &format!("own-{}", node.replica.identity().region),
+            true,
+        );
+        node.replica
+            .handle_observe(1, &node.store, "seen", &["x", "y"])
+            .unwrap();
+        node.commit();
+    }
+    for _round in 0..2 {
+        for i in 0..3 {
+            for j in 0..3 {
+                if i != j {
+                    let (a, b) = if i < j {
+                        let (left, right) = nodes.split_at_mut(j);
+                        (&mut left[i], &right[0])
+                    } else {
+                        let (left, right) = nodes.split_at_mut(i);
+                        (&mut right[0], &left[j])
+                    };
+                    a.pull_from(b, 1 << 20);
+                    a.commit();
+                }
+            }
+        }
+    }
+    let registers = nodes[0].uniques("seen");
+    for node in nodes.iter_mut() {
+        assert_eq!(node.count("post"), 4);
+        assert_eq!(node.length("post", "sam"), 1);
+        assert_eq!(node.uniques("seen"), registers);
+    }
+    assert!((registers.estimate() - 2.0).abs() < 0.1);
+}
+
+#[test]
+fn a_pull_serves_durable_deltas_only_and_never_the_whole_set() {
+    let mut a = Node::new(1, "eu");
+    let mut b = Node::new(2, "us");
+    for i in 0..50 {
+        a.like("post", &format!("u{i}"), true);
+    }
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    b.commit();
+    assert_eq!(b.count("post"), 50);
+    // A new like, not yet committed on `a`: not served.
+    a.like("post", "late", true);
+    let request = PullRequest {
+        cluster_id: "test".into(),
+        caller: ReplicaId(2),
+        expected: Some(ReplicaId(1)),
+        after: b.replica.peers().watermark(ReplicaId(1)),
+        max_bytes: 1 << 20,
+        directory_digest: None,
+        protocol: b.replica.peers().own_protocol(),
+        deltas_after: Some(b.replica.peers().delta_watermark(ReplicaId(1))),
+    };
+    let chunk = a.replica.handle_pull(&a.store, &request).unwrap();
+    assert!(chunk.deltas.is_empty(), "served a like that is not durable");
+    a.commit();
+    let chunk = a.replica.handle_pull(&a.store, &request).unwrap();
+    // Only the changed member travels, not the 51-member set.
+    assert_eq!(chunk.deltas.len(), 1);
+    assert_eq!(chunk.deltas[0].len(), 1);
+    b.pull_from(&a, 1 << 20);
+    assert_eq!(b.count("post"), 51);
+}
+
+#[test]
+fn an_unlike_in_one_region_wins_over_the_like_it_saw_everywhere() {
+    let mut a = Node::new(1, "eu");
+    let mut b = Node::new(2, "us");
+    a.like("post", "sam", true);
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    b.like("post", "sam", false);
+    b.commit();
+    a.pull_from(&b, 1 << 20);
+    assert_eq!((a.count("post"), a.length("post", "sam")), (0, 2));
+    // And a later like wins over the unlike.
+    a.like("post", "sam", true);
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    assert_eq!((b.count("post"), b.length("post", "sam")), (1, 3));
+}
+
+#[test]
+fn a_keyed_retry_of_a_like_is_applied_once_even_after_an_unlike() {
+    let mut node = Node::new(1, "eu");
+    let keyed = |like| LikeRequest {
+        key: "post",
+        member: "sam",
+        like,
+        idempotency_key: Some("tap-1"),
+    };
+    let first = node
+        .replica
+        .handle_like(1, &node.store, keyed(true))
+        .unwrap();
+    assert!(first.changed && !first.duplicate);
+    node.commit();
+    node.like("post", "sam", false);
+    let retry = node
+        .replica
+        .handle_like(1, &node.store, keyed(true))
+        .unwrap();
+    assert!(retry.duplicate && !retry.changed);
+    assert_eq!(node.count("post"), 0, "the retry liked again");
+    // The same key for another request is refused.
+    assert!(node
+        .replica
+        .handle_like(1, &node.store, keyed(false))
+        .is_err());
+}

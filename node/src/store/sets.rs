@@ -1,0 +1,310 @@
+//! Records of like sets and uniques, and the delta log (cluster version 3,
+//! see `replica/version.rs`): their keys, values and reads, over any store's
+//! [`DurableState::get_record`] and [`DurableState::scan_records`].
+//!
+//! - member `s` + (key length - 1) as a byte + key + member → v1, length
+//!   (varint). One record per (set, member): a commit writes only the
+//!   members it changed, never the whole set. The key-length byte keeps the
+//!   members of key `a` apart from those of key `ab`; members sort in byte
+//!   order under their set, which is the listing order.
+//! - count `n` + key → v1, derived count (varint), seq of the commit that
+//!   wrote it (varint): `tally admin verify` compares it with a recount and
+//!   uses the seq to see that no commit landed during the recount.
+//! - uniques `h` + key → v1, registers ([`HyperLogLog::to_bytes`]).
+//! - delta log `e` + seq (BE u64) + kind + key → v1, then per like set
+//!   (member length, member, length)*, per uniques (index BE u16, rank)*,
+//!   after a varint count. What peers pull.
+//! - delta watermark `y` + replica (BE u64) → v1, cursor bytes.
+//!
+//! Invariant: a value is read back exactly or reported corrupt, never a
+//! panic and never read as zero.
+
+use crate::crdt::hll::check_register;
+use crate::crdt::HyperLogLog;
+use crate::replica::{
+    CommitBatch, DeltaCursor, DurableState, Key, SetDelta, SetKind, StorageError,
+};
+
+use super::encoding::{corrupt, put_varint, Reader, VERSION};
+use super::Op;
+
+/// Member prefix.
+pub const MEMBER: u8 = b's';
+/// Like-count prefix.
+pub const LIKE_COUNT: u8 = b'n';
+/// Uniques prefix.
+pub const UNIQUES: u8 = b'h';
+/// Delta-log prefix.
+pub const DELTA: u8 = b'e';
+/// Delta-watermark prefix.
+pub const DELTA_WATERMARK: u8 = b'y';
+
+/// The store-key prefix of a like set's members.
+pub fn member_prefix(key: &str) -> Vec<u8> {
+    debug_assert!(!key.is_empty() && key.len() <= 256);
+    let mut out = Vec::with_capacity(2 + key.len());
+    out.push(MEMBER);
+    out.push((key.len() - 1) as u8);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+/// The store key of one member.
+pub fn member_key(key: &str, member: &str) -> Vec<u8> {
+    let mut out = member_prefix(key);
+    out.extend_from_slice(member.as_bytes());
+    out
+}
+
+fn keyed(prefix: u8, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(1 + key.len());
+    out.push(prefix);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+fn versioned_varints(values: &[u64]) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    for value in values {
+        put_varint(&mut out, *value);
+    }
+    out
+}
+
+/// Reads a member's length value.
+pub fn decode_length(bytes: &[u8]) -> Result<u64, StorageError> {
+    let mut reader = Reader::versioned(bytes, "like-set member")?;
+    let length = reader.varint()?;
+    reader.finish()?;
+    Ok(length)
+}
+
+/// The stored length of a member (0 when never stored).
+pub fn load_member(
+    store: &(impl DurableState + ?Sized),
+    key: &str,
+    member: &str,
+) -> Result<u64, StorageError> {
+    store
+        .get_record(&member_key(key, member))?
+        .map_or(Ok(0), |bytes| decode_length(&bytes))
+}
+
+/// The stored derived count of a like set and the commit that wrote it.
+pub fn load_like_count(
+    store: &(impl DurableState + ?Sized),
+    key: &str,
+) -> Result<(u64, u64), StorageError> {
+    let Some(bytes) = store.get_record(&keyed(LIKE_COUNT, key))? else {
+        return Ok((0, 0));
+    };
+    let mut reader = Reader::versioned(&bytes, "like count")?;
+    let count = reader.varint()?;
+    let seq = reader.varint()?;
+    reader.finish()?;
+    Ok((count, seq))
+}
+
+/// The stored registers of a uniques key.
+pub fn load_uniques(
+    store: &(impl DurableState + ?Sized),
+    key: &str,
+) -> Result<Option<HyperLogLog>, StorageError> {
+    let Some(bytes) = store.get_record(&keyed(UNIQUES, key))? else {
+        return Ok(None);
+    };
+    let reader = Reader::versioned(&bytes, "uniques")?;
+    HyperLogLog::from_bytes(reader.rest())
+        .map(Some)
+        .map_err(|error| corrupt("uniques", &error.to_string()))
+}
+
+/// Members of a like set strictly after `after` (all when `None`), in
+/// member order, with their lengths; at most `limit`.
+pub fn scan_members(
+    store: &(impl DurableState + ?Sized),
+    key: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, u64)>, StorageError> {
+    let prefix = member_prefix(key);
+    let mut from = prefix.clone();
+    if let Some(after) = after {
+        from.extend_from_slice(after.as_bytes());
+        // The smallest key after `after`'s own.
+        from.push(0);
+    }
+    let mut to = prefix.clone();
+    // No UTF-8 member contains the byte 0xff.
+    to.push(0xff);
+    store
+        .scan_records(&from, &to, limit)?
+        .into_iter()
+        .map(|(record, value)| {
+            let member = std::str::from_utf8(&record[prefix.len()..])
+                .map_err(|_| corrupt("like-set member", "not UTF-8"))?;
+            Ok((member.to_string(), decode_length(&value)?))
+        })
+        .collect()
+}
+
+/// The like sets with a stored count, strictly after `after`, at most `limit`.
+pub fn like_keys_after(
+    store: &(impl DurableState + ?Sized),
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StorageError> {
+    let mut from = vec![LIKE_COUNT];
+    if let Some(after) = after {
+        from.extend_from_slice(after.as_bytes());
+        from.push(0);
+    }
+    store
+        .scan_records(&from, &[LIKE_COUNT + 1], limit)?
+        .into_iter()
+        .map(|(record, _)| {
+            std::str::from_utf8(&record[1..])
+                .map(str::to_string)
+                .map_err(|_| corrupt("like count key", "not UTF-8"))
+        })
+        .collect()
+}
+
+fn delta_key(seq: u64, kind: SetKind, key: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(10 + key.len());
+    out.push(DELTA);
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.push(kind.byte());
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+fn encode_like_delta(members: &[(Box<str>, u64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + members.len() * 12);
+    out.push(VERSION);
+    put_varint(&mut out, members.len() as u64);
+    for (member, length) in members {
+        out.push(member.len() as u8);
+        out.extend_from_slice(member.as_bytes());
+        put_varint(&mut out, *length);
+    }
+    out
+}
+
+fn encode_uniques_delta(registers: &[(u16, u8)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + registers.len() * 3);
+    out.push(VERSION);
+    put_varint(&mut out, registers.len() as u64);
+    for (index, rank) in registers {
+        out.extend_from_slice(&index.to_be_bytes());
+        out.push(*rank);
+    }
+    out
+}
+
+/// Reads one delta-log record back.
+pub fn decode_delta(record: &[u8], value: &[u8]) -> Result<(DeltaCursor, SetDelta), StorageError> {
+    const WHAT: &str = "delta-log record";
+    if record.len() < 11 || record[0] != DELTA {
+        return Err(corrupt(WHAT, "key too short"));
+    }
+    let cursor = DeltaCursor(record[1..].to_vec());
+    let kind = SetKind::from_byte(record[9]).ok_or_else(|| corrupt(WHAT, "unknown kind"))?;
+    let key: Key = std::str::from_utf8(&record[10..])
+        .map_err(|_| corrupt(WHAT, "key not UTF-8"))?
+        .into();
+    let mut reader = Reader::versioned(value, WHAT)?;
+    let count = reader.varint()?;
+    let delta = match kind {
+        SetKind::Likes => {
+            let mut members = Vec::with_capacity(count.min(4096) as usize);
+            for _ in 0..count {
+                let len = reader.take(1)?[0];
+                let member = std::str::from_utf8(reader.take(usize::from(len))?)
+                    .map_err(|_| corrupt(WHAT, "member not UTF-8"))?;
+                members.push((member.into(), reader.varint()?));
+            }
+            SetDelta::Likes { key, members }
+        }
+        SetKind::Uniques => {
+            let mut registers = Vec::with_capacity(count.min(16384) as usize);
+            for _ in 0..count {
+                let raw = reader.take(3)?;
+                let index = u32::from(u16::from_be_bytes([raw[0], raw[1]]));
+                let register = check_register(index, u32::from(raw[2]))
+                    .map_err(|error| corrupt(WHAT, &error.to_string()))?;
+                registers.push(register);
+            }
+            SetDelta::Uniques { key, registers }
+        }
+    };
+    reader.finish()?;
+    Ok((cursor, delta))
+}
+
+/// Delta-log records strictly after `after`, at most `limit`.
+pub fn deltas_after(
+    store: &(impl DurableState + ?Sized),
+    after: &DeltaCursor,
+    limit: usize,
+) -> Result<Vec<(DeltaCursor, SetDelta)>, StorageError> {
+    let mut from = vec![DELTA];
+    from.extend_from_slice(&after.0);
+    if !after.0.is_empty() {
+        from.push(0);
+    }
+    store
+        .scan_records(&from, &[DELTA + 1], limit)?
+        .iter()
+        .map(|(record, value)| decode_delta(record, value))
+        .collect()
+}
+
+/// The puts that write the batch's like sets, uniques and delta
+/// watermarks: each set's changed members (or registers), its count, and
+/// one delta-log record.
+pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
+    for write in &batch.likes {
+        for (member, length) in &write.members {
+            ops.push(Op::Put(
+                member_key(&write.key, member),
+                versioned_varints(&[*length]),
+            ));
+        }
+        ops.push(Op::Put(
+            keyed(LIKE_COUNT, &write.key),
+            versioned_varints(&[write.count, batch.seq]),
+        ));
+        ops.push(Op::Put(
+            delta_key(batch.seq, SetKind::Likes, &write.key),
+            encode_like_delta(&write.members),
+        ));
+    }
+    for write in &batch.uniques {
+        let mut value = vec![VERSION];
+        value.extend_from_slice(&write.state.to_bytes());
+        ops.push(Op::Put(keyed(UNIQUES, &write.key), value));
+        ops.push(Op::Put(
+            delta_key(batch.seq, SetKind::Uniques, &write.key),
+            encode_uniques_delta(&write.registers),
+        ));
+    }
+    for (replica, cursor) in &batch.delta_watermarks {
+        let mut value = vec![VERSION];
+        value.extend_from_slice(&cursor.0);
+        ops.push(Op::Put(
+            super::encoding::replica_key(DELTA_WATERMARK, *replica),
+            value,
+        ));
+    }
+}
+
+/// Reads a delta watermark's value back.
+pub fn decode_delta_watermark(bytes: &[u8]) -> Result<DeltaCursor, StorageError> {
+    let reader = Reader::versioned(bytes, "delta watermark")?;
+    Ok(DeltaCursor(reader.rest().to_vec()))
+}
+
+#[cfg(test)]
+#[path = "sets_tests.rs"]
+mod tests;
