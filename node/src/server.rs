@@ -120,6 +120,7 @@ pub struct NodeHandle {
     membership: Arc<MembershipHandle>,
     membership_task: JoinHandle<()>,
     upgrade_task: JoinHandle<()>,
+    recount_task: JoinHandle<()>,
     anti_entropy: AntiEntropyHandle,
     committer: CommitterHandle,
 }
@@ -258,6 +259,8 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         settings.cluster_version_upgrade == crate::config::ClusterVersionUpgrade::Manual;
     let upgrade_task = spawn_upgrade_keeper(engine.clone(), membership.clone(), upgrade_config);
     let committer = engine.spawn_committer(|_, _| {});
+    let recount_task =
+        crate::engine::sets::spawn_recount(engine.clone(), crate::engine::sets::RECOUNT_INTERVAL);
     let mut anti_entropy_config =
         AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval);
     anti_entropy_config.tls = security.tls.as_ref().map(|tls| tls.client.clone());
@@ -328,6 +331,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         membership,
         membership_task,
         upgrade_task,
+        recount_task,
         anti_entropy,
         committer,
     })
@@ -402,6 +406,8 @@ impl NodeHandle {
         let _ = self.membership_task.await;
         self.upgrade_task.abort();
         let _ = self.upgrade_task.await;
+        self.recount_task.abort();
+        let _ = self.recount_task.await;
         match Arc::try_unwrap(self.membership) {
             Ok(membership) => {
                 if let Err(error) = membership.shutdown().await {

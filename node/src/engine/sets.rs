@@ -320,9 +320,130 @@ impl Engine {
     }
 }
 
+/// How often the background check recounts one like set.
+pub const RECOUNT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Starts the background check: every `interval`, the next like set in key
+/// order (wrapping around) is recounted with [`Engine::verify_likes`]; a
+/// difference is logged as a bug and counted in
+/// `tally_like_count_mismatches_total`. One set per interval keeps the cost
+/// low. Abort the task to stop it.
+pub fn spawn_recount(
+    engine: std::sync::Arc<Engine>,
+    interval: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        let mut after: Option<String> = None;
+        loop {
+            ticker.tick().await;
+            let engine = engine.clone();
+            let previous = after.take();
+            let next = tokio::task::spawn_blocking(move || {
+                let keys =
+                    crate::store::sets::like_keys_after(&*engine.store, previous.as_deref(), 1)?;
+                let Some(key) = keys.into_iter().next() else {
+                    return Ok::<_, EngineError>(None);
+                };
+                engine.verify_likes(key.as_bytes())?;
+                Ok(Some(key))
+            })
+            .await;
+            match next {
+                Ok(Ok(next)) => after = next,
+                Ok(Err(error)) => tracing::debug!(%error, "background like recount skipped"),
+                Err(error) => tracing::warn!(%error, "background like recount failed"),
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::crdt::ReplicaId;
+    use crate::metrics::Metrics;
+    use crate::replica::{CommitBatch, Identity, LikeWrite, ReplicaConfig};
+    use crate::store::{MemoryStore, Store};
+
+    /// An engine whose store holds the like set "post" with a count of 5
+    /// but one member: what a bug in the count's upkeep would leave.
+    fn engine_with_a_wrong_count() -> Arc<Engine> {
+        let store = MemoryStore::new(Identity {
+            replica: ReplicaId(1),
+            region: "eu".into(),
+        });
+        store
+            .write(&CommitBatch {
+                seq: 1,
+                likes: vec![LikeWrite {
+                    key: "post".into(),
+                    count: 5,
+                    members: vec![("sam".into(), 1), ("ann".into(), 2)],
+                }],
+                ..Default::default()
+            })
+            .unwrap();
+        store.flush().unwrap();
+        Engine::open(
+            Arc::new(store),
+            ReplicaConfig::default(),
+            super::super::Durability::Async,
+            Arc::new(Metrics::new()),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_recount_reports_a_count_that_differs_from_the_members() {
+        let engine = engine_with_a_wrong_count();
+        let recount = engine.verify_likes(b"post").unwrap();
+        assert_eq!(
+            (recount.stored, recount.recounted, recount.scanned),
+            (5, 1, 2)
+        );
+        assert!(!recount.is_consistent());
+        assert_eq!(engine.metrics.like_count_mismatches.get(), 1);
+        // A set kept by the engine itself recounts equal.
+        let empty = engine.verify_likes(b"other").unwrap();
+        assert!(empty.is_consistent());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_background_check_finds_the_difference_by_itself() {
+        let engine = engine_with_a_wrong_count();
+        let task = spawn_recount(engine.clone(), std::time::Duration::from_millis(10));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while engine.metrics.like_count_mismatches.get() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "never recounted");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn likes_through_the_engine_keep_the_count_and_the_recount_equal() {
+        let engine = engine_with_a_wrong_count();
+        for member in ["a", "b", "c", "b"] {
+            engine
+                .like(b"fresh", member.as_bytes(), true, None)
+                .await
+                .unwrap();
+        }
+        engine.like(b"fresh", b"a", false, None).await.unwrap();
+        assert_eq!(engine.like_count(b"fresh").unwrap(), 2);
+        assert_eq!(
+            engine.liked(b"fresh", &[b"a", b"b"]).unwrap(),
+            [false, true]
+        );
+        let too_many: Vec<&[u8]> = vec![b"m"; MAX_MEMBERS_PER_CALL + 1];
+        assert!(engine.liked(b"fresh", &too_many).is_err());
+        assert!(engine.like(b"fresh", b"", true, None).await.is_err());
+    }
 
     #[test]
     fn a_page_token_resumes_only_its_own_key() {

@@ -171,6 +171,13 @@ pub enum BenchOp {
     /// connection and server, the floor that `--no-coalesce` adds are
     /// compared with.
     Ping,
+    /// Like a random 8-byte member (hex) in one of the `--keys` like sets:
+    /// distinct likers of hot posts.
+    Like,
+    /// Ask whether a random 8-byte member likes one of the `--keys` like sets.
+    Liked,
+    /// Observe a random 8-byte member in one of the `--keys` uniques keys.
+    Observe,
 }
 
 /// The client settings the bench runs with: the one place where bench flags
@@ -356,6 +363,18 @@ async fn run_worker(
             }
             BenchOp::Mixed => client.add(&key, 1).await.map(|_| ()),
             BenchOp::Ping => client.ping().await,
+            BenchOp::Like => {
+                let member = format!("{:08x}", rng.random::<u32>());
+                client.like(&key, &member).await.map(|_| ())
+            }
+            BenchOp::Liked => {
+                let member = format!("{:08x}", rng.random::<u32>());
+                client.liked(&key, &[member]).await.map(|_| ())
+            }
+            BenchOp::Observe => {
+                let member = format!("{:08x}", rng.random::<u32>());
+                client.observe(&key, &[member]).await.map(|_| ())
+            }
         };
         let finished = Instant::now();
         if started >= measure_from {
@@ -474,6 +493,9 @@ fn print_report(report: &BenchReport) -> anyhow::Result<()> {
         BenchOp::Get => "get",
         BenchOp::Mixed => "mixed",
         BenchOp::Ping => "ping",
+        BenchOp::Like => "like",
+        BenchOp::Liked => "liked",
+        BenchOp::Observe => "observe",
     };
     let on_off = |on: bool| if on { "on" } else { "off" };
     print_line(format_args!(
