@@ -101,6 +101,14 @@ pub enum ConfigError {
         /// The value.
         text: String,
     },
+    /// An event-stream heartbeat too short to be one.
+    #[error("{setting} {text:?} is too short: give at least 100ms (a heartbeat only keeps idle streams open)")]
+    HeartbeatTooShort {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+    },
     /// A CORS origin that is not one.
     #[error("{setting} {problem}")]
     CorsOrigin {
@@ -587,6 +595,12 @@ impl Settings {
         let heartbeat_source = source!(http_event_heartbeat);
         if let Some(text) = take!(http_event_heartbeat) {
             settings.http.event_heartbeat = parse_duration(&heartbeat_source, &text)?;
+            if settings.http.event_heartbeat < Duration::from_millis(100) {
+                return Err(ConfigError::HeartbeatTooShort {
+                    setting: heartbeat_source,
+                    text,
+                });
+            }
         }
         let floor_source = source!(min_free_disk);
         if let Some(text) = take!(min_free_disk) {

@@ -380,6 +380,8 @@ fn the_openapi_document_describes_every_route() {
     ] {
         assert!(paths[path][method].is_object(), "{method} {path} missing");
     }
+    // Anything else is a problem document too.
+    api.get("/v1/nothing-here").problem(404, "NOT_FOUND");
     // Without tokens, no security scheme is required.
     assert!(
         document.get("security").is_none(),

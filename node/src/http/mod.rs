@@ -121,7 +121,19 @@ pub fn router(state: HttpState) -> Router {
         )
         .route("/demo/{key}", get(demo))
         .merge(api)
+        .fallback(not_found)
         .with_state(state)
+}
+
+/// Any other path: a problem document pointing at the API's description.
+async fn not_found(uri: axum::http::Uri) -> problem::Problem {
+    problem::Problem::new(
+        tonic::Code::NotFound,
+        format!(
+            "no endpoint at {}: the JSON API is described at /v1/openapi.json",
+            uri.path()
+        ),
+    )
 }
 
 /// The like-button page (see `demo.html`): the key is read from the path by
