@@ -224,6 +224,14 @@ impl Checker {
                 ),
             );
         }
+        self.bury(node);
+        self.owners.retain(|(id, _)| *id != replica);
+        self.owners.push((replica, Owner::Live(node)));
+        self.node_ids[node] = replica;
+    }
+
+    /// Marks the current incarnation of `node` as gone with its disk.
+    fn bury(&mut self, node: usize) {
         let old = self.node_ids[node];
         if let Some(entry) = self.owners.iter_mut().find(|(id, _)| *id == old) {
             let range = node * self.keys..(node + 1) * self.keys;
@@ -236,9 +244,25 @@ impl Checker {
                 *state = PnCounter::new();
             }
         }
-        self.owners.retain(|(id, _)| *id != replica);
-        self.owners.push((replica, Owner::Live(node)));
-        self.node_ids[node] = replica;
+    }
+
+    /// One more writer, `replica` (a world whose nodes run several replicas,
+    /// one per partition, registers each as a writer of its own); returns
+    /// its index, which stands for a node in the other methods.
+    pub fn add_writer(&mut self, now: u64, replica: ReplicaId) -> usize {
+        let writer = self.node_ids.len();
+        self.node_ids.push(ReplicaId(0));
+        let grown = self.views.len() + self.keys;
+        self.views.resize(grown, PnCounter::new());
+        self.durable.resize(grown, PnCounter::new());
+        self.started_fresh(now, writer, replica);
+        writer
+    }
+
+    /// Writer `writer` lost its disk for good: its acknowledged adds that no
+    /// other replica holds may be missing from the final state.
+    pub fn writer_lost(&mut self, writer: usize) {
+        self.bury(writer);
     }
 
     /// Node `node` restarted on its kept disk; `loaded(key)` reads its store.

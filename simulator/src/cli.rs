@@ -33,6 +33,9 @@ enum Command {
     Run(Box<RunArgs>),
     /// Run the checker against real tally-node processes on loopback.
     Chaos(crate::chaos::ChaosArgs),
+    /// Simulate partitioned regions (several nodes per region, RF owners per
+    /// partition) with joins, drains and removals: one seed, or a sweep.
+    Partitioned(Box<crate::partitioned::cli::PartitionedArgs>),
 }
 
 /// Options of `tally-sim run`.
@@ -161,6 +164,7 @@ pub fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Run(args) => run_command(*args),
         Command::Chaos(args) => crate::chaos::main(args),
+        Command::Partitioned(args) => crate::partitioned::cli::main(*args),
     };
     match outcome {
         Ok(true) => ExitCode::SUCCESS,

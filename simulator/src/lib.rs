@@ -12,6 +12,7 @@ pub mod faults;
 pub mod ledger;
 pub mod network;
 pub mod options;
+pub mod partitioned;
 pub mod rng;
 pub mod world;
 

@@ -1,0 +1,250 @@
+//! The values a partitioned world passes around: the messages between
+//! nodes, the events of the queue (ordered by time, then insertion), and
+//! the counters and result of a run.
+//!
+//! Invariant: an event names the node it is for and, when it belongs to one
+//! incarnation of that node (timers, commits, pull deadlines), its epoch, so
+//! nothing of a crashed incarnation runs after its restart.
+
+use std::cmp::Ordering;
+
+use tally_node::crdt::ReplicaId;
+use tally_node::partition::{Partition, PartitionSet, PullScope};
+use tally_node::replica::{Cursor, PullChunk};
+
+use super::plan::PartitionedPlan;
+use crate::checker::{SlotStats, Violation};
+use crate::ledger::WorkloadStats;
+use crate::network::NetStats;
+
+/// A message between nodes.
+#[derive(Clone, Debug)]
+pub enum Msg {
+    /// An add forwarded by the node a client reached to the key's owner.
+    Forward {
+        /// The client.
+        client: u32,
+        /// The add.
+        add: u32,
+        /// The attempt.
+        attempt: u8,
+    },
+    /// "Send me these partitions."
+    Pull {
+        /// The puller's pull id.
+        pull: u64,
+        /// What the puller's `Holdings` planned.
+        scope: PullScope,
+        /// Per partition, the replica pulled from last and how far.
+        after: Vec<(Partition, ReplicaId, Cursor)>,
+    },
+    /// The answer: every served partition's changes after the cursor.
+    Pulled {
+        /// The pull.
+        pull: u64,
+        /// The partitions the peer served.
+        served: PartitionSet,
+        /// The peer's durable change sequence when it answered.
+        through: u64,
+        /// Per partition: the peer's replica and its chunks.
+        parts: Vec<(Partition, ReplicaId, Vec<PullChunk>)>,
+    },
+    /// A releasing node asks an owner to confirm it holds the partition.
+    Confirm {
+        /// The partition.
+        partition: Partition,
+        /// The releasing node.
+        asker: String,
+    },
+    /// The owner's answer.
+    Confirmed {
+        /// The partition.
+        partition: Partition,
+        /// The owner.
+        owner: String,
+        /// Through which sequence of the asker it pulled it (none: not ready).
+        answer: Option<u64>,
+    },
+}
+
+/// Everything that happens.
+#[derive(Clone, Debug)]
+pub enum Ev {
+    /// Plan operation `i` starts (true) or ends (false).
+    Fault(usize, bool),
+    /// The end of the run: faults heal, clients stop.
+    HealAll,
+    /// A client may issue its next add.
+    ClientWake(u32),
+    /// An attempt timed out: (client, add, attempt).
+    ClientTimeout(u32, u32, u8),
+    /// A client retries: (client, add).
+    ClientRetry(u32, u32),
+    /// An attempt reaches the node the client chose: (node, client, add, attempt).
+    AddAtEntry(u16, u32, u32, u8),
+    /// An answer reaches a client.
+    AddReply {
+        /// The client.
+        client: u32,
+        /// The add.
+        add: u32,
+        /// The attempt.
+        attempt: u8,
+        /// The replica that took it and the commit that makes it durable;
+        /// none when refused (no owner serves the key at that node).
+        answer: Option<(ReplicaId, u64)>,
+    },
+    /// A partition replica's commit completed: (node, epoch, partition, replica, seq).
+    FsyncDone(u16, u32, Partition, ReplicaId, u64),
+    /// A node's sync round: (node, epoch).
+    SyncRound(u16, u32),
+    /// A node rebuilds its view: (node, epoch).
+    ViewRefresh(u16, u32),
+    /// A message arrives.
+    Deliver {
+        /// Receiver.
+        to: u16,
+        /// Sender.
+        from: u16,
+        /// The message.
+        msg: Box<Msg>,
+    },
+    /// A pull's deadline: (node, epoch, pull).
+    PullTimeout(u16, u32, u64),
+    /// The ledger learns an answer, once no other attempt of the add can
+    /// still be applied anywhere: (add, replica, ticket).
+    Answered(u32, ReplicaId, u64),
+    /// Settle probe (after the heal).
+    Probe,
+}
+
+impl Ev {
+    pub(super) fn target(&self) -> Option<(usize, Option<u32>)> {
+        match self {
+            Ev::AddAtEntry(node, ..) => Some((*node as usize, None)),
+            Ev::Deliver { to, .. } => Some((*to as usize, None)),
+            Ev::FsyncDone(node, epoch, ..)
+            | Ev::SyncRound(node, epoch)
+            | Ev::ViewRefresh(node, epoch)
+            | Ev::PullTimeout(node, epoch, _) => Some((*node as usize, Some(*epoch))),
+            _ => None,
+        }
+    }
+
+    pub(super) fn tag(&self) -> u64 {
+        match self {
+            Ev::Fault(..) => 1,
+            Ev::HealAll => 2,
+            Ev::ClientWake(_) => 3,
+            Ev::ClientTimeout(..) => 4,
+            Ev::ClientRetry(..) => 5,
+            Ev::AddAtEntry(..) => 6,
+            Ev::AddReply { .. } => 7,
+            Ev::FsyncDone(..) => 8,
+            Ev::SyncRound(..) => 9,
+            Ev::ViewRefresh(..) => 10,
+            Ev::Deliver { .. } => 11,
+            Ev::PullTimeout(..) => 12,
+            Ev::Answered(..) => 13,
+            Ev::Probe => 14,
+        }
+    }
+}
+
+pub(super) struct Scheduled {
+    pub(super) at: u64,
+    pub(super) seq: u64,
+    pub(super) event: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.seq) == (other.at, other.seq)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // A max-heap: the earliest (time, seq) must compare greatest.
+        (other.at, other.seq).cmp(&(self.at, self.seq))
+    }
+}
+
+/// Counters of the partition machinery.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartitionStats {
+    /// Adds taken by the node the client reached (it was the owner).
+    pub direct: u64,
+    /// Adds forwarded to the owner.
+    pub forwarded: u64,
+    /// Attempts refused: no live owner serves the key in the entry's view.
+    pub refused: u64,
+    /// Pulls started (in region and across).
+    pub pulls: u64,
+    /// Partitions pulled from scratch (handoff streams).
+    pub from_scratch: u64,
+    /// Confirmation requests sent.
+    pub confirms: u64,
+    /// Released partitions deleted after every owner confirmed.
+    pub released: u64,
+    /// Partially copied partitions dropped (no longer owned).
+    pub dropped: u64,
+    /// Joins that completed (the node became active).
+    pub joined: u64,
+    /// Drains that completed (the node left).
+    pub drained: u64,
+    /// Drains refused by the operator check.
+    pub drains_refused: u64,
+    /// Nodes removed.
+    pub removed: u64,
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct PartitionedResult {
+    /// The seed.
+    pub seed: u64,
+    /// The plan that ran.
+    pub plan: PartitionedPlan,
+    /// Hash of the event trace.
+    pub trace_hash: u64,
+    /// Events handled.
+    pub events: u64,
+    /// Simulated time at the end (ms).
+    pub sim_ms: u64,
+    /// The heal (ms).
+    pub heal_ms: u64,
+    /// From the heal to settled (ms), if reached.
+    pub settled_ms: Option<u64>,
+    /// Broken invariants (the first ones).
+    pub violations: Vec<Violation>,
+    /// How many in all.
+    pub violation_count: u64,
+    /// Workload counters.
+    pub workload: WorkloadStats,
+    /// Network counters.
+    pub net: NetStats,
+    /// Final slot check counters.
+    pub slots: SlotStats,
+    /// Partition counters.
+    pub stats: PartitionStats,
+    /// Per live node at the end: (name, partitions kept, counters held).
+    pub held: Vec<(String, usize, usize)>,
+}
+
+impl PartitionedResult {
+    /// True when no invariant broke.
+    pub fn passed(&self) -> bool {
+        self.violation_count == 0
+    }
+
+    /// The kind of the first violation.
+    pub fn failure_kind(&self) -> Option<&'static str> {
+        self.violations.first().map(|v| v.kind)
+    }
+}

@@ -1,0 +1,277 @@
+//! Partitioned regions in simulation (issue 11): R regions of several nodes,
+//! each key in one of P partitions held by RF owners per region, over the
+//! node's real pure partition core (`tally_node::partition`: `ClusterView`,
+//! `Holdings`, the key hash) and the real replica core.
+//!
+//! Each node holds only the partitions its `Holdings` keep, one real
+//! `Replica` on a `MemoryStore` per held partition (so that deleting a
+//! partition is dropping that replica and its disk, which the replica core
+//! cannot do yet for part of its keys; a partition taken up again is a new
+//! replica id, as a wiped disk is). Adds go to a node of the client's region,
+//! which routes them by its own (stale) view to the key's first live owner;
+//! owners pull partitions from each other and from an owner in every other
+//! region with the replica's delta protocol, from scratch when `Holdings`
+//! says so; a releasing node asks the owners to confirm and deletes only
+//! what `Holdings::poll_deletions` returns. Membership changes (join, drain,
+//! remove, a crash past `dead_after`) are plan operations.
+//!
+//! The checker keeps the simulator's exact per-slot accounting (every
+//! partition replica is a writer of the checker), checks invariant 8 at each
+//! deletion (the deleted state is held by another node of the region), and
+//! after the heal checks that every partition is kept by exactly its RF
+//! owners per region, all ready and equal.
+
+mod check;
+pub mod cli;
+mod clients;
+mod events;
+mod node;
+pub mod plan;
+mod sync;
+mod world;
+
+use std::fmt;
+
+pub use plan::{MemberOp, PartitionedPlan, PlanOp};
+pub use world::{run, PartitionedResult};
+
+use crate::options::{FaultSet, SimOptions};
+
+/// A bug the partitioned world can plant in the runtime around the core, to
+/// show that the checker catches it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
+pub enum PartitionBug {
+    /// An owner confirms a release without having pulled the partition: the
+    /// releasing node deletes it before the new owner caught up.
+    ConfirmBeforeCaughtUp,
+}
+
+impl PartitionBug {
+    /// The name on the command line.
+    pub fn flag(&self) -> &'static str {
+        match self {
+            PartitionBug::ConfirmBeforeCaughtUp => "confirm-before-caught-up",
+        }
+    }
+}
+
+/// Settings of one partitioned run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PartitionedOptions {
+    /// Regions.
+    pub regions: usize,
+    /// Nodes each region starts with.
+    pub nodes_per_region: usize,
+    /// Spare node slots per region, which join operations start.
+    pub spare_per_region: usize,
+    /// Owners of each partition per region (RF).
+    pub replication: u32,
+    /// Partitions (P).
+    pub partitions: u32,
+    /// How long a node is down before the others take its partitions.
+    pub dead_after_ms: u64,
+    /// Whether plans include joins, drains and removals.
+    pub membership: bool,
+    /// Network and crash faults switched on (partition, crash, loss, dup,
+    /// reorder, tail; `wipe` allows removals, which lose a disk).
+    pub faults: FaultSet,
+    /// Simulated time with clients and faults (ms); the heal follows.
+    pub duration_ms: u64,
+    /// The longest the cluster may take to settle after the heal (ms).
+    pub settle_ms: u64,
+    /// The anti-entropy interval (ms).
+    pub sync_interval_ms: u64,
+    /// Keys.
+    pub keys: usize,
+    /// Zipf exponent of key popularity.
+    pub zipf: f64,
+    /// Clients per region.
+    pub clients_per_region: usize,
+    /// Mean think time of a client (ms).
+    pub think_ms: u64,
+    /// How long a caller waits for an answer (ms).
+    pub client_timeout_ms: u64,
+    /// Retries of a keyed add.
+    pub max_retries: u32,
+    /// A bug planted in the runtime.
+    pub bug: Option<PartitionBug>,
+}
+
+impl Default for PartitionedOptions {
+    fn default() -> Self {
+        PartitionedOptions {
+            regions: 3,
+            nodes_per_region: 3,
+            spare_per_region: 1,
+            replication: 2,
+            partitions: 16,
+            dead_after_ms: 3_000,
+            membership: true,
+            faults: "partition,crash,wipe,loss,dup,reorder"
+                .parse()
+                .expect("valid"),
+            duration_ms: 20_000,
+            settle_ms: 30_000,
+            sync_interval_ms: 200,
+            keys: 48,
+            zipf: 1.1,
+            clients_per_region: 3,
+            think_ms: 100,
+            client_timeout_ms: 300,
+            max_retries: 3,
+            bug: None,
+        }
+    }
+}
+
+impl PartitionedOptions {
+    /// Node slots per region (initial and spare).
+    pub fn slots_per_region(&self) -> usize {
+        self.nodes_per_region + self.spare_per_region
+    }
+
+    /// Node slots in all.
+    pub fn slot_count(&self) -> usize {
+        self.regions * self.slots_per_region()
+    }
+
+    /// Whether slot `node` is one of the nodes the cluster starts with.
+    pub fn is_initial(&self, node: usize) -> bool {
+        node % self.slots_per_region() < self.nodes_per_region
+    }
+
+    /// The region of slot `node`.
+    pub fn region_of(&self, node: usize) -> usize {
+        node / self.slots_per_region()
+    }
+
+    /// The options the shared network model takes (every slot a node).
+    pub fn network_options(&self) -> SimOptions {
+        SimOptions {
+            regions: self.regions,
+            nodes_per_region: self.slots_per_region(),
+            faults: self.faults,
+            sync_interval_ms: self.sync_interval_ms,
+            ..SimOptions::default()
+        }
+    }
+
+    /// Checks the options.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.regions == 0 || self.nodes_per_region == 0 {
+            return Err("--regions and --nodes-per-region must be at least 1".into());
+        }
+        if self.slot_count() > 64 {
+            return Err("at most 64 node slots (regions x (nodes + spare))".into());
+        }
+        if self.replication == 0 {
+            return Err("--replication-factor must be at least 1".into());
+        }
+        tally_node::partition::PartitionCount::new(u64::from(self.partitions))
+            .map_err(|e| format!("--partitions: {e}"))?;
+        if self.keys == 0 || self.sync_interval_ms == 0 || self.duration_ms < 1_000 {
+            return Err(
+                "--keys and --sync-interval-ms must be positive, --duration-ms at least 1000"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The flags that differ from the defaults, as `tally-sim partitioned` takes them.
+    pub fn to_args(&self) -> String {
+        let d = PartitionedOptions::default();
+        let mut args = Vec::new();
+        macro_rules! flag {
+            ($field:ident, $name:expr) => {
+                if self.$field != d.$field {
+                    args.push(format!("--{} {}", $name, self.$field));
+                }
+            };
+        }
+        flag!(regions, "regions");
+        flag!(nodes_per_region, "nodes-per-region");
+        flag!(spare_per_region, "spare-per-region");
+        flag!(replication, "replication-factor");
+        flag!(partitions, "partitions");
+        flag!(dead_after_ms, "dead-after-ms");
+        if !self.membership {
+            args.push("--no-membership".to_string());
+        }
+        flag!(faults, "faults");
+        flag!(duration_ms, "duration-ms");
+        flag!(settle_ms, "settle-ms");
+        flag!(sync_interval_ms, "sync-interval-ms");
+        flag!(keys, "keys");
+        flag!(zipf, "zipf");
+        flag!(clients_per_region, "clients-per-region");
+        flag!(think_ms, "think-ms");
+        flag!(client_timeout_ms, "client-timeout-ms");
+        flag!(max_retries, "max-retries");
+        if let Some(bug) = self.bug {
+            args.push(format!("--planted-bug {}", bug.flag()));
+        }
+        args.join(" ")
+    }
+}
+
+impl fmt::Display for PartitionedOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "topology: {} region(s) x {} node(s) (+{} spare), RF {}, {} partitions, dead-after {} ms",
+            self.regions,
+            self.nodes_per_region,
+            self.spare_per_region,
+            self.replication,
+            self.partitions,
+            self.dead_after_ms
+        )?;
+        writeln!(
+            f,
+            "faults: {}{}; run {} ms, then heal and settle (at most {} ms)",
+            self.faults,
+            if self.membership {
+                " + join, drain, remove"
+            } else {
+                ""
+            },
+            self.duration_ms,
+            self.settle_ms
+        )?;
+        write!(
+            f,
+            "workload: {} keys (zipf {}), {} client(s)/region (think {} ms), timeout {} ms, \
+             {} retries; sync every {} ms",
+            self.keys,
+            self.zipf,
+            self.clients_per_region,
+            self.think_ms,
+            self.client_timeout_ms,
+            self.max_retries,
+            self.sync_interval_ms
+        )?;
+        if let Some(bug) = self.bug {
+            write!(f, "\nplanted bug: {}", bug.flag())?;
+        }
+        Ok(())
+    }
+}
+
+/// The replay command of a partitioned run.
+pub fn replay_command(
+    seed: u64,
+    options: &PartitionedOptions,
+    plan: Option<&PartitionedPlan>,
+) -> String {
+    let mut command = format!("tally-sim partitioned --seed {seed}");
+    let args = options.to_args();
+    if !args.is_empty() {
+        command.push(' ');
+        command.push_str(&args);
+    }
+    if let Some(plan) = plan {
+        command.push_str(&format!(" --plan '{}'", plan.one_line()));
+    }
+    command
+}

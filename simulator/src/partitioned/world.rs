@@ -1,0 +1,530 @@
+//! The discrete-event loop of a partitioned world: the clock, the event
+//! queue, the nodes and their views of the cluster, the fault plan, and the
+//! result of a run.
+//!
+//! Invariant: a run is a pure function of (seed, options, plan). Events are
+//! ordered by (time, insertion number), random draws come from per-subsystem
+//! streams of the seed, and every handled event is folded into a trace hash.
+//! A node's view is rebuilt from what the other nodes publish (state, the
+//! partitions they serve and release) and what it can reach, at its own
+//! refresh times, so views are stale and disagree while faults last.
+
+use std::collections::BinaryHeap;
+
+use tally_node::partition::{
+    ClusterView, Holdings, NodeInfo, NodeState, Partition, PartitionCount, PartitionSet,
+};
+use tally_node::replica::DurableState;
+
+use super::events::Scheduled;
+pub use super::events::{Ev, Msg, PartitionStats, PartitionedResult};
+use super::node::{PartNode, PartReplica};
+use super::plan::{MemberOp, PartitionedPlan, PlanOp};
+use super::PartitionedOptions;
+use crate::checker::Checker;
+use crate::faults::Op;
+use crate::ledger::Ledger;
+use crate::network::{LatencyMatrix, Network};
+use crate::options::SimOptions;
+use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
+
+/// Time between two settle probes after the heal (ms).
+pub const PROBE_MS: u64 = 50;
+
+/// See the module documentation.
+pub struct PWorld<'a> {
+    pub(super) options: &'a PartitionedOptions,
+    pub(super) net_options: SimOptions,
+    seed: u64,
+    plan: PartitionedPlan,
+    pub(super) now: u64,
+    seq: u64,
+    queue: BinaryHeap<Scheduled>,
+    pub(super) count: PartitionCount,
+    pub(super) nodes: Vec<PartNode>,
+    /// Per client: its region and the add it waits for.
+    pub(super) clients: Vec<(usize, Option<u32>)>,
+    /// Per add: when its latest attempt was sent, and whether its caller
+    /// has its answer.
+    pub(super) attempts: Vec<(u64, bool)>,
+    pub(super) net: Network,
+    pub(super) ledger: Ledger,
+    pub(super) checker: Checker,
+    pub(super) trace: TraceHasher,
+    pub(super) key_names: Vec<String>,
+    pub(super) key_partition: Vec<Partition>,
+    pub(super) workload_rng: SimRng,
+    pub(super) zipf: Zipf,
+    pub(super) disk_rng: SimRng,
+    id_rng: SimRng,
+    pub(super) clients_stopped: bool,
+    pub(super) heal_at: Option<u64>,
+    deadline: u64,
+    pub(super) settled_at: Option<u64>,
+    events: u64,
+    pub(super) next_pull: u64,
+    pub(super) stats: PartitionStats,
+}
+
+/// Runs one seed (with the seed's plan unless one is given).
+pub fn run(
+    seed: u64,
+    options: &PartitionedOptions,
+    plan: Option<PartitionedPlan>,
+) -> PartitionedResult {
+    PWorld::new(seed, options, plan).run()
+}
+
+impl<'a> PWorld<'a> {
+    fn new(seed: u64, options: &'a PartitionedOptions, plan: Option<PartitionedPlan>) -> Self {
+        let plan = plan.unwrap_or_else(|| PartitionedPlan::generate(seed, options));
+        let net_options = options.network_options();
+        let matrix = LatencyMatrix::generate(seed, &net_options);
+        let count = PartitionCount::new(u64::from(options.partitions)).expect("validated");
+        let nodes = (0..options.slot_count())
+            .map(|i| {
+                let region = net_options.region_name(options.region_of(i));
+                PartNode::new(i, region, count, options.is_initial(i))
+            })
+            .collect();
+        let key_names: Vec<String> = (0..options.keys)
+            .map(|k| {
+                if k == 0 {
+                    "post:hot:likes".to_string()
+                } else {
+                    format!("k{k:03}")
+                }
+            })
+            .collect();
+        let key_partition = key_names
+            .iter()
+            .map(|key| count.of_key(key.as_bytes()))
+            .collect();
+        let clients = (0..options.regions)
+            .flat_map(|region| (0..options.clients_per_region).map(move |_| (region, None)))
+            .collect();
+        let mut world = PWorld {
+            options,
+            net: Network::new(seed, &net_options, matrix),
+            net_options,
+            seed,
+            plan,
+            now: 0,
+            seq: 0,
+            queue: BinaryHeap::new(),
+            count,
+            nodes,
+            clients,
+            attempts: Vec::new(),
+            // Lanes are kept per key and sign across the whole cluster (one
+            // "node" in the ledger): an add's attempts may reach several
+            // owners, and each slot's unknown adds must hold distinct lanes.
+            ledger: Ledger::new(1, options.keys),
+            checker: Checker::new(0, options.keys),
+            trace: TraceHasher::default(),
+            key_names,
+            key_partition,
+            workload_rng: stream(seed, Subsystem::Workload),
+            zipf: Zipf::new(options.keys, options.zipf),
+            disk_rng: stream(seed, Subsystem::Disk),
+            id_rng: stream(seed, Subsystem::Identity),
+            clients_stopped: false,
+            heal_at: None,
+            deadline: u64::MAX,
+            settled_at: None,
+            events: 0,
+            next_pull: 1,
+            stats: PartitionStats::default(),
+        };
+        world.start();
+        world
+    }
+
+    pub(super) fn schedule(&mut self, delay: u64, event: Ev) {
+        self.seq += 1;
+        self.queue.push(Scheduled {
+            at: self.now + delay,
+            seq: self.seq,
+            event,
+        });
+    }
+
+    fn start(&mut self) {
+        for node in 0..self.nodes.len() {
+            if self.nodes[node].exists {
+                self.start_timers(node);
+            }
+        }
+        // The first node's partitions are ready at once (nobody serves them
+        // yet: nothing to copy); the others copy theirs from it, as `Holdings`
+        // decides.
+        for node in 0..self.nodes.len() {
+            if self.nodes[node].exists {
+                self.refresh_view(node);
+            }
+        }
+        for client in 0..self.clients.len() {
+            let delay = between(&mut self.workload_rng, 0, self.options.think_ms);
+            self.schedule(delay, Ev::ClientWake(client as u32));
+        }
+        let duration = self.options.duration_ms;
+        for (i, op) in self.plan.0.clone().iter().enumerate() {
+            if op.start_ms() >= duration {
+                continue;
+            }
+            self.schedule(op.start_ms(), Ev::Fault(i, true));
+            if let PlanOp::Fault(op) = op {
+                self.schedule(op.end_ms().min(duration), Ev::Fault(i, false));
+            }
+        }
+        self.schedule(duration, Ev::HealAll);
+    }
+
+    fn start_timers(&mut self, node: usize) {
+        let epoch = self.nodes[node].epoch;
+        let offset = between(&mut self.disk_rng, 0, self.options.sync_interval_ms - 1);
+        self.schedule(offset, Ev::SyncRound(node as u16, epoch));
+        let offset = between(&mut self.disk_rng, 1, 100);
+        self.schedule(offset, Ev::ViewRefresh(node as u16, epoch));
+    }
+
+    fn run(mut self) -> PartitionedResult {
+        while let Some(scheduled) = self.queue.pop() {
+            if scheduled.at > self.deadline || self.settled_at.is_some() {
+                break;
+            }
+            self.now = scheduled.at;
+            self.handle(scheduled.event);
+        }
+        self.finish()
+    }
+
+    fn handle(&mut self, event: Ev) {
+        if let Some((node, epoch)) = event.target() {
+            let state = &self.nodes[node];
+            if !state.up || epoch.is_some_and(|epoch| epoch != state.epoch) {
+                return;
+            }
+        }
+        if matches!(event, Ev::Probe) {
+            self.probe();
+            return;
+        }
+        self.events += 1;
+        self.trace.mix(self.now);
+        self.trace.mix(event.tag());
+        match event {
+            Ev::Fault(i, starting) => self.fault(i, starting),
+            Ev::HealAll => self.heal_all(),
+            Ev::ClientWake(client) => self.client_wake(client),
+            Ev::ClientTimeout(client, add, attempt) => self.client_timeout(client, add, attempt),
+            Ev::ClientRetry(client, add) => self.client_retry(client, add),
+            Ev::AddAtEntry(node, client, add, attempt) => {
+                self.add_at_entry(node as usize, client, add, attempt)
+            }
+            Ev::AddReply {
+                client,
+                add,
+                attempt,
+                answer,
+            } => self.add_reply(client, add, attempt, answer),
+            Ev::FsyncDone(node, _, partition, replica, seq) => {
+                self.fsync_done(node as usize, partition, replica, seq)
+            }
+            Ev::SyncRound(node, _) => self.sync_round(node as usize),
+            Ev::ViewRefresh(node, _) => {
+                self.refresh_view(node as usize);
+                let epoch = self.nodes[node as usize].epoch;
+                let delay = between(&mut self.disk_rng, 100, 300);
+                self.schedule(delay, Ev::ViewRefresh(node, epoch));
+            }
+            Ev::Deliver { to, from, msg } => self.deliver(to as usize, from as usize, *msg),
+            Ev::PullTimeout(node, _, pull) => {
+                self.nodes[node as usize].pulls.remove(&pull);
+            }
+            Ev::Answered(add, replica, ticket) => {
+                self.ledger.answered(add, replica, ticket, false);
+            }
+            Ev::Probe => unreachable!("handled above"),
+        }
+    }
+
+    pub(super) fn fresh_id(&mut self) -> u64 {
+        rand::Rng::random(&mut self.id_rng)
+    }
+
+    /// What node `index` publishes, as `observer` sees it.
+    fn info(&mut self, observer: usize, index: usize) -> NodeInfo {
+        let alive = index == observer
+            || (self.nodes[index].up
+                && !self.net.is_blocked(observer, index)
+                && !self.net.is_blocked(index, observer));
+        let now = self.now;
+        let node = &self.nodes[index];
+        let name = node.name.clone();
+        let down_since_ms = self.nodes[observer].down_clock.observe(&name, alive, now);
+        let node = &self.nodes[index];
+        NodeInfo {
+            name,
+            region: node.region.clone(),
+            state: node.state,
+            alive,
+            down_since_ms,
+            holding: node.holdings.serving(),
+            releasing: node.holdings.releasing(),
+        }
+    }
+
+    /// The view of node `observer` now.
+    fn view_for(&mut self, observer: usize) -> ClusterView {
+        let existing: Vec<usize> = (0..self.nodes.len())
+            .filter(|index| self.nodes[*index].exists)
+            .collect();
+        let infos: Vec<NodeInfo> = existing
+            .into_iter()
+            .map(|index| self.info(observer, index))
+            .collect();
+        ClusterView::new(
+            self.count,
+            self.options.replication,
+            self.options.dead_after_ms,
+            self.now,
+            infos,
+        )
+    }
+
+    /// The cluster as it is (what an operator's check sees).
+    pub(super) fn truth(&self) -> ClusterView {
+        let infos = self
+            .nodes
+            .iter()
+            .filter(|node| node.exists)
+            .map(|node| NodeInfo {
+                name: node.name.clone(),
+                region: node.region.clone(),
+                state: node.state,
+                alive: node.up,
+                down_since_ms: None,
+                holding: node.holdings.serving(),
+                releasing: node.holdings.releasing(),
+            });
+        ClusterView::new(
+            self.count,
+            self.options.replication,
+            self.options.dead_after_ms,
+            self.now,
+            infos,
+        )
+    }
+
+    /// Node `node` rebuilds its view and hands it to its `Holdings`; it
+    /// takes up the partitions it now keeps and moves along its lifecycle
+    /// (joining to active once caught up, draining to left once empty).
+    pub(super) fn refresh_view(&mut self, node: usize) {
+        let view = self.view_for(node);
+        self.nodes[node].holdings.handle_view(&view);
+        let kept = self.nodes[node].holdings.kept();
+        let fresh: Vec<Partition> = kept
+            .iter()
+            .filter(|p| !self.nodes[node].parts.contains_key(p))
+            .collect();
+        for partition in fresh {
+            let id = self.fresh_id();
+            let now = PartNode::local_now(self.now);
+            let part = PartReplica::fresh(&self.nodes[node].region, id, now, 0);
+            let writer = self.checker.add_writer(self.now, part.id());
+            let part = PartReplica { writer, ..part };
+            self.nodes[node].parts.insert(partition, part);
+        }
+        let state = &mut self.nodes[node];
+        if state.state == NodeState::Joining && state.holdings.receiving().is_empty() {
+            state.state = NodeState::Active;
+            self.stats.joined += 1;
+        }
+        if state.state == NodeState::Draining && state.holdings.kept().is_empty() {
+            state.state = NodeState::Left;
+            self.stats.drained += 1;
+        }
+        state.view = Some(view);
+        state.persist();
+        self.trace.mix(state.holdings.serving().len() as u64);
+    }
+
+    fn fault(&mut self, index: usize, starting: bool) {
+        let op = self.plan.0[index].clone();
+        self.trace.mix(index as u64);
+        match op {
+            PlanOp::Fault(Op::Partition { shape, .. }) => {
+                if starting {
+                    self.net.start_partition(index, shape, &self.net_options);
+                } else {
+                    self.net.heal_partition(index, &self.net_options);
+                }
+            }
+            PlanOp::Fault(Op::Crash { node, .. }) => {
+                if starting {
+                    self.crash(node);
+                } else {
+                    self.restart(node);
+                }
+            }
+            PlanOp::Fault(Op::Flaky {
+                loss_pct,
+                dup_pct,
+                reorder_pct,
+                ..
+            }) => {
+                if starting {
+                    self.net.start_flaky(index, loss_pct, dup_pct, reorder_pct);
+                } else {
+                    self.net.end_flaky(index);
+                }
+            }
+            PlanOp::Fault(Op::Pause { .. } | Op::Skew { .. }) => {}
+            PlanOp::Member(op) => self.member(op),
+        }
+    }
+
+    fn member(&mut self, op: MemberOp) {
+        let node = op.node();
+        match op {
+            MemberOp::Join { .. } => {
+                let state = &mut self.nodes[node];
+                if state.exists {
+                    return;
+                }
+                state.exists = true;
+                state.up = true;
+                state.state = NodeState::Joining;
+                self.start_timers(node);
+            }
+            MemberOp::Drain { .. } => {
+                let state = &self.nodes[node];
+                if !state.exists || state.removed || state.state != NodeState::Active {
+                    return;
+                }
+                match self.truth().check_drain(&state.name) {
+                    Ok(()) => self.nodes[node].state = NodeState::Draining,
+                    Err(_) => self.stats.drains_refused += 1,
+                }
+            }
+            MemberOp::Remove { .. } => {
+                if !self.nodes[node].exists || self.nodes[node].removed {
+                    return;
+                }
+                self.crash(node);
+                let name = self.nodes[node].name.clone();
+                if self.truth().check_remove(&name).is_err() {
+                    return;
+                }
+                let state = &mut self.nodes[node];
+                state.removed = true;
+                state.state = NodeState::Left;
+                let lost: Vec<usize> = state.parts.values().map(|part| part.writer).collect();
+                state.parts.clear();
+                state.persist();
+                for writer in lost {
+                    self.checker.writer_lost(writer);
+                }
+                let empty = PartitionSet::empty(self.count);
+                let state = &mut self.nodes[node];
+                state.holdings = Holdings::recover(&name, &state.region, self.count, &empty, 0);
+                self.stats.removed += 1;
+            }
+        }
+    }
+
+    fn crash(&mut self, node: usize) {
+        if self.nodes[node].exists && self.nodes[node].up {
+            self.nodes[node].crash();
+        }
+    }
+
+    pub(super) fn restart(&mut self, node: usize) {
+        let state = &self.nodes[node];
+        if !state.exists || state.up || state.removed {
+            return;
+        }
+        let recovered = self.nodes[node].restart(self.count, self.now);
+        for partition in recovered {
+            let part = &self.nodes[node].parts[&partition];
+            let (writer, id) = (part.writer, part.id());
+            let store = &part.store;
+            let names = &self.key_names;
+            let partitions = &self.key_partition;
+            self.checker.restarted(self.now, writer, id, |key| {
+                if partitions[key] != partition {
+                    return Default::default();
+                }
+                store
+                    .load_counter(&names[key])
+                    .ok()
+                    .flatten()
+                    .map(|stored| stored.state)
+                    .unwrap_or_default()
+            });
+        }
+        self.start_timers(node);
+    }
+
+    fn heal_all(&mut self) {
+        self.net.heal_all(&self.net_options);
+        for node in 0..self.nodes.len() {
+            self.restart(node);
+        }
+        self.clients_stopped = true;
+        self.heal_at = Some(self.now);
+        self.deadline = self.now + self.options.settle_ms;
+        self.schedule(PROBE_MS, Ev::Probe);
+    }
+
+    fn probe(&mut self) {
+        if self.unsettled().is_none() {
+            self.settled_at = Some(self.now);
+        } else {
+            self.schedule(PROBE_MS, Ev::Probe);
+        }
+    }
+
+    fn finish(mut self) -> PartitionedResult {
+        let heal = self.heal_at.unwrap_or(self.now);
+        if self.settled_at.is_none() {
+            let why = self.unsettled().unwrap_or_default();
+            self.checker.violate(
+                self.now,
+                "never settled",
+                format!("{} ms after the heal: {why}", self.now.saturating_sub(heal)),
+            );
+        }
+        let slots = self.final_check();
+        let held = self
+            .nodes
+            .iter()
+            .filter(|node| node.exists && !node.removed)
+            .map(|node| {
+                let counters = self
+                    .key_partition
+                    .iter()
+                    .filter(|p| node.parts.contains_key(p))
+                    .count();
+                (node.name.clone(), node.parts.len(), counters)
+            })
+            .collect();
+        PartitionedResult {
+            seed: self.seed,
+            plan: self.plan,
+            trace_hash: self.trace.finish(),
+            events: self.events,
+            sim_ms: self.now,
+            heal_ms: heal,
+            settled_ms: self.settled_at.map(|at| at - heal),
+            violations: self.checker.violations.clone(),
+            violation_count: self.checker.violation_count,
+            workload: self.ledger.stats,
+            net: self.net.stats,
+            slots,
+            stats: self.stats,
+            held,
+        }
+    }
+}
