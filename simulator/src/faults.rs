@@ -387,19 +387,25 @@ impl FromStr for Op {
     }
 }
 
+/// The operations of a plan's text: separated by `;` or new lines, `#`
+/// starting a comment; an error names the line that does not parse.
+pub(crate) fn parse_lines<T: FromStr<Err = String>>(text: &str) -> Result<Vec<T>, String> {
+    let mut ops = Vec::new();
+    for line in text.split(['\n', ';']) {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if !line.is_empty() {
+            ops.push(line.parse().map_err(|e| format!("{line:?}: {e}"))?);
+        }
+    }
+    Ok(ops)
+}
+
 impl FromStr for FaultPlan {
     type Err = String;
 
     /// Operations separated by `;` or new lines; `#` starts a comment.
     fn from_str(text: &str) -> Result<Self, String> {
-        let mut ops = Vec::new();
-        for line in text.split(['\n', ';']) {
-            let line = line.split('#').next().unwrap_or("").trim();
-            if !line.is_empty() {
-                ops.push(line.parse().map_err(|e| format!("{line:?}: {e}"))?);
-            }
-        }
-        Ok(FaultPlan(ops))
+        parse_lines(text).map(FaultPlan)
     }
 }
 

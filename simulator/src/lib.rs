@@ -13,6 +13,7 @@ pub mod ledger;
 pub mod network;
 pub mod options;
 pub mod partitioned;
+pub mod queue;
 pub mod rng;
 pub mod world;
 

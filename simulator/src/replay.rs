@@ -14,14 +14,23 @@ use crate::options::SimOptions;
 
 /// The replay command of a seed, with the options and (when given) the plan.
 pub fn replay_command(seed: u64, options: &SimOptions, plan: Option<&FaultPlan>) -> String {
-    let mut command = format!("tally-sim run --seed {seed}");
-    let args = options.to_args();
+    replay_line(
+        "run",
+        seed,
+        &options.to_args(),
+        plan.map(FaultPlan::one_line),
+    )
+}
+
+/// `tally-sim SUBCOMMAND --seed S ARGS --plan 'PLAN'`, leaving out what is empty.
+pub fn replay_line(subcommand: &str, seed: u64, args: &str, plan: Option<String>) -> String {
+    let mut command = format!("tally-sim {subcommand} --seed {seed}");
     if !args.is_empty() {
         command.push(' ');
-        command.push_str(&args);
+        command.push_str(args);
     }
     if let Some(plan) = plan {
-        command.push_str(&format!(" --plan '{}'", plan.one_line()));
+        command.push_str(&format!(" --plan '{plan}'"));
     }
     command
 }

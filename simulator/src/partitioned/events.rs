@@ -6,8 +6,6 @@
 //! incarnation of that node (timers, commits, pull deadlines), its epoch, so
 //! nothing of a crashed incarnation runs after its restart.
 
-use std::cmp::Ordering;
-
 use tally_node::crdt::ReplicaId;
 use tally_node::partition::{Partition, PartitionSet, PullScope};
 use tally_node::replica::{Cursor, PullChunk};
@@ -148,30 +146,6 @@ impl Ev {
             Ev::Answered(..) => 13,
             Ev::Probe => 14,
         }
-    }
-}
-
-pub(super) struct Scheduled {
-    pub(super) at: u64,
-    pub(super) seq: u64,
-    pub(super) event: Ev,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // A max-heap: the earliest (time, seq) must compare greatest.
-        (other.at, other.seq).cmp(&(self.at, self.seq))
     }
 }
 

@@ -264,14 +264,10 @@ pub fn replay_command(
     options: &PartitionedOptions,
     plan: Option<&PartitionedPlan>,
 ) -> String {
-    let mut command = format!("tally-sim partitioned --seed {seed}");
-    let args = options.to_args();
-    if !args.is_empty() {
-        command.push(' ');
-        command.push_str(&args);
-    }
-    if let Some(plan) = plan {
-        command.push_str(&format!(" --plan '{}'", plan.one_line()));
-    }
-    command
+    crate::replay::replay_line(
+        "partitioned",
+        seed,
+        &options.to_args(),
+        plan.map(PartitionedPlan::one_line),
+    )
 }

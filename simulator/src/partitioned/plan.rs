@@ -176,14 +176,7 @@ impl FromStr for PartitionedPlan {
 
     /// Operations separated by `;` or new lines; `#` starts a comment.
     fn from_str(text: &str) -> Result<Self, String> {
-        let mut ops = Vec::new();
-        for line in text.split(['\n', ';']) {
-            let line = line.split('#').next().unwrap_or("").trim();
-            if !line.is_empty() {
-                ops.push(line.parse().map_err(|e| format!("{line:?}: {e}"))?);
-            }
-        }
-        Ok(PartitionedPlan(ops))
+        crate::faults::parse_lines(text).map(PartitionedPlan)
     }
 }
 

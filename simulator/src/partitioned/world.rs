@@ -9,14 +9,11 @@
 //! partitions they serve and release) and what it can reach, at its own
 //! refresh times, so views are stale and disagree while faults last.
 
-use std::collections::BinaryHeap;
-
 use tally_node::partition::{
     ClusterView, Holdings, NodeInfo, NodeState, Partition, PartitionCount, PartitionSet,
 };
 use tally_node::replica::DurableState;
 
-use super::events::Scheduled;
 pub use super::events::{Ev, Msg, PartitionStats, PartitionedResult};
 use super::node::{PartNode, PartReplica};
 use super::plan::{MemberOp, PartitionedPlan, PlanOp};
@@ -26,6 +23,7 @@ use crate::faults::Op;
 use crate::ledger::Ledger;
 use crate::network::{LatencyMatrix, Network};
 use crate::options::SimOptions;
+use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
 
 /// Time between two settle probes after the heal (ms).
@@ -38,8 +36,7 @@ pub struct PWorld<'a> {
     seed: u64,
     plan: PartitionedPlan,
     pub(super) now: u64,
-    seq: u64,
-    queue: BinaryHeap<Scheduled>,
+    queue: EventQueue<Ev>,
     pub(super) count: PartitionCount,
     pub(super) nodes: Vec<PartNode>,
     /// Per client: its region and the add it waits for.
@@ -87,15 +84,7 @@ impl<'a> PWorld<'a> {
                 PartNode::new(i, region, count, options.is_initial(i))
             })
             .collect();
-        let key_names: Vec<String> = (0..options.keys)
-            .map(|k| {
-                if k == 0 {
-                    "post:hot:likes".to_string()
-                } else {
-                    format!("k{k:03}")
-                }
-            })
-            .collect();
+        let key_names = crate::world::key_names(options.keys);
         let key_partition = key_names
             .iter()
             .map(|key| count.of_key(key.as_bytes()))
@@ -110,8 +99,7 @@ impl<'a> PWorld<'a> {
             seed,
             plan,
             now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::default(),
             count,
             nodes,
             clients,
@@ -141,12 +129,7 @@ impl<'a> PWorld<'a> {
     }
 
     pub(super) fn schedule(&mut self, delay: u64, event: Ev) {
-        self.seq += 1;
-        self.queue.push(Scheduled {
-            at: self.now + delay,
-            seq: self.seq,
-            event,
-        });
+        self.queue.schedule(self.now + delay, event);
     }
 
     fn start(&mut self) {
@@ -189,12 +172,12 @@ impl<'a> PWorld<'a> {
     }
 
     fn run(mut self) -> PartitionedResult {
-        while let Some(scheduled) = self.queue.pop() {
-            if scheduled.at > self.deadline || self.settled_at.is_some() {
+        while let Some((at, event)) = self.queue.pop() {
+            if at > self.deadline || self.settled_at.is_some() {
                 break;
             }
-            self.now = scheduled.at;
-            self.handle(scheduled.event);
+            self.now = at;
+            self.handle(event);
         }
         self.finish()
     }

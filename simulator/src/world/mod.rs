@@ -13,8 +13,7 @@ mod membership;
 mod node;
 mod replication;
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
 use tally_node::crdt::{counter_digest, PnCounter, ReplicaId};
 use tally_node::replica::{DurableState, PullChunk, PullRequest, MAX_BACKOFF_MS};
@@ -24,6 +23,7 @@ use crate::faults::{FaultPlan, Op};
 use crate::ledger::{Ledger, WorkloadStats};
 use crate::network::{LatencyMatrix, NetStats, Network};
 use crate::options::SimOptions;
+use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
 
 pub use membership::Membership;
@@ -163,30 +163,6 @@ impl Event {
     }
 }
 
-struct Scheduled {
-    at: u64,
-    seq: u64,
-    event: Event,
-}
-
-impl PartialEq for Scheduled {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-impl Eq for Scheduled {}
-impl PartialOrd for Scheduled {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Scheduled {
-    fn cmp(&self, other: &Self) -> Ordering {
-        // BinaryHeap is a max-heap: the earliest (time, seq) must compare greatest.
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
 /// A client.
 #[derive(Clone, Debug)]
 pub struct Client {
@@ -281,8 +257,7 @@ pub struct World<'a> {
     seed: u64,
     plan: FaultPlan,
     now: u64,
-    seq: u64,
-    queue: BinaryHeap<Scheduled>,
+    queue: EventQueue<Event>,
     nodes: Vec<SimNode>,
     clients: Vec<Client>,
     net: Network,
@@ -324,15 +299,7 @@ impl<'a> World<'a> {
         let nodes: Vec<SimNode> = (0..n)
             .map(|i| SimNode::fresh(options, i, rand::Rng::random(&mut id_rng), EPOCH_MS))
             .collect();
-        let key_names: Vec<String> = (0..options.keys)
-            .map(|k| {
-                if k == 0 {
-                    "post:hot:likes".to_string()
-                } else {
-                    format!("k{k:03}")
-                }
-            })
-            .collect();
+        let key_names = key_names(options.keys);
         let key_index = key_names
             .iter()
             .enumerate()
@@ -374,8 +341,7 @@ impl<'a> World<'a> {
             checker: Checker::new(n, options.keys),
             plan,
             now: 0,
-            seq: 0,
-            queue: BinaryHeap::new(),
+            queue: EventQueue::default(),
             nodes,
             clients,
             trace: TraceHasher::default(),
@@ -407,12 +373,7 @@ impl<'a> World<'a> {
     }
 
     fn schedule(&mut self, delay: u64, event: Event) {
-        self.seq += 1;
-        self.queue.push(Scheduled {
-            at: self.now + delay,
-            seq: self.seq,
-            event,
-        });
+        self.queue.schedule(self.now + delay, event);
     }
 
     fn start(&mut self) {
@@ -462,12 +423,12 @@ impl<'a> World<'a> {
 
     /// Runs to the end and checks everything.
     pub fn run(mut self) -> RunResult {
-        while let Some(scheduled) = self.queue.pop() {
-            if scheduled.at > self.deadline {
+        while let Some((at, event)) = self.queue.pop() {
+            if at > self.deadline {
                 break;
             }
-            self.now = scheduled.at;
-            self.handle(scheduled.event);
+            self.now = at;
+            self.handle(event);
             if self.finished {
                 break;
             }
@@ -856,6 +817,19 @@ impl<'a> World<'a> {
             }
         }
     }
+}
+
+/// The names of `keys` keys: key 0 is the hot post, the others `k001`...
+pub fn key_names(keys: usize) -> Vec<String> {
+    (0..keys)
+        .map(|k| {
+            if k == 0 {
+                "post:hot:likes".to_string()
+            } else {
+                format!("k{k:03}")
+            }
+        })
+        .collect()
 }
 
 /// Runs one seed.
