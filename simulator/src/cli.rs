@@ -130,6 +130,10 @@ pub struct SimArgs {
     /// Plant a bug in the core (needs the planted-bugs feature).
     #[arg(long, value_enum)]
     planted_bug: Option<BugName>,
+    /// Also like, unlike and observe on like sets and uniques keys, and check
+    /// every member's final length, the derived counts and the registers.
+    #[arg(long)]
+    sets: bool,
 }
 
 impl SimArgs {
@@ -154,6 +158,7 @@ impl SimArgs {
             chunk_bytes: self.chunk_bytes,
             cache_capacity: self.cache_capacity,
             planted_bug: self.planted_bug,
+            sets: self.sets,
         }
     }
 }

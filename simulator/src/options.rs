@@ -156,16 +156,20 @@ pub enum BugName {
     ApplyRetryTwice,
     /// Swap p and n.
     SwapPAndN,
+    /// A like set's merge takes the incoming member length instead of the max
+    /// (caught only with `--sets`).
+    LastWriterLength,
 }
 
 impl BugName {
     /// Every planted bug.
-    pub const ALL: [BugName; 5] = [
+    pub const ALL: [BugName; 6] = [
         BugName::ServeLiveState,
         BugName::ReuseReplicaIdAfterWipe,
         BugName::MergeByAddition,
         BugName::ApplyRetryTwice,
         BugName::SwapPAndN,
+        BugName::LastWriterLength,
     ];
 
     /// The name on the command line.
@@ -176,6 +180,7 @@ impl BugName {
             BugName::MergeByAddition => "merge-by-addition",
             BugName::ApplyRetryTwice => "apply-retry-twice",
             BugName::SwapPAndN => "swap-p-and-n",
+            BugName::LastWriterLength => "last-writer-length",
         }
     }
 }
@@ -221,6 +226,9 @@ pub struct SimOptions {
     pub cache_capacity: usize,
     /// A bug planted in the core.
     pub planted_bug: Option<BugName>,
+    /// Likes, unlikes and observes on like sets and uniques keys too
+    /// (`world/sets.rs`), checked exactly at the end.
+    pub sets: bool,
 }
 
 impl Default for SimOptions {
@@ -245,6 +253,7 @@ impl Default for SimOptions {
             chunk_bytes: 1 << 10,
             cache_capacity: 48,
             planted_bug: None,
+            sets: false,
         }
     }
 }
@@ -346,6 +355,9 @@ impl SimOptions {
         if let Some(bug) = self.planted_bug {
             args.push(format!("--planted-bug {}", bug.flag()));
         }
+        if self.sets {
+            args.push("--sets".to_string());
+        }
         args.join(" ")
     }
 }
@@ -384,6 +396,12 @@ impl fmt::Display for SimOptions {
             self.client_timeout_ms,
             self.max_retries
         )?;
+        if self.sets {
+            write!(
+                f,
+                "\nsets: likes, unlikes and observes on like sets and uniques keys"
+            )?;
+        }
         if let Some(bug) = self.planted_bug {
             write!(f, "\nplanted bug: {}", bug.flag())?;
         }

@@ -30,6 +30,8 @@ pub enum Subsystem {
     Identity = 6,
     /// The latency matrix and start offsets.
     Topology = 7,
+    /// Likes, unlikes and observes (`--sets`).
+    Sets = 8,
 }
 
 /// The stream of `subsystem` for `seed`.

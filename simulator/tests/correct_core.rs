@@ -47,3 +47,15 @@ fn regions_of_several_nodes_and_async_nodes_pass_too() {
     assert_eq!(summary.failed, 0, "{}", summary.render(&options, None));
     assert!(summary.results.iter().any(|r| r.workload.async_acked > 0));
 }
+
+#[test]
+fn like_sets_and_uniques_pass_with_every_fault() {
+    let options = SimOptions {
+        sets: true,
+        nodes_per_region: 2,
+        async_nodes: 1,
+        ..common::scenario()
+    };
+    let summary = sweep(2_000, 40, common::threads(), &options, None, false);
+    assert_eq!(summary.failed, 0, "{}", summary.render(&options, None));
+}

@@ -64,6 +64,26 @@ fn applying_a_retry_twice_is_caught() {
 }
 
 #[test]
+fn a_like_set_merge_taking_the_last_writers_length_is_caught() {
+    let options = SimOptions {
+        sets: true,
+        ..common::scenario()
+    };
+    let result = first_failure(BugName::LastWriterLength, &options);
+    let kind = result.failure_kind().unwrap();
+    assert!(
+        [
+            "like sets differ",
+            "like length not exact",
+            "no convergence"
+        ]
+        .contains(&kind),
+        "caught as {kind:?}: {:?}",
+        result.violations
+    );
+}
+
+#[test]
 fn swapping_p_and_n_is_caught() {
     caught_as(BugName::SwapPAndN, &["slot does not match the adds"]);
 }

@@ -12,6 +12,7 @@ mod clients;
 mod membership;
 mod node;
 mod replication;
+mod sets;
 
 use std::collections::HashMap;
 
@@ -125,6 +126,8 @@ pub enum Event {
     Probe,
     /// Report sample.
     Sample,
+    /// The next like, unlike or observe (`--sets`).
+    SetOp,
 }
 
 impl Event {
@@ -159,6 +162,7 @@ impl Event {
             Event::MembershipRefresh(..) => 14,
             Event::Probe => 15,
             Event::Sample => 16,
+            Event::SetOp => 17,
         }
     }
 }
@@ -287,6 +291,8 @@ pub struct World<'a> {
     max_skew_jump: u64,
     commits_at_equal: u64,
     idle_commits: u64,
+    /// The like-set and uniques workload, with `--sets`.
+    sets: Option<sets::SetWorkload>,
 }
 
 impl<'a> World<'a> {
@@ -367,6 +373,9 @@ impl<'a> World<'a> {
             max_skew_jump,
             commits_at_equal: 0,
             idle_commits: 0,
+            sets: options
+                .sets
+                .then(|| sets::SetWorkload::new(stream(seed, Subsystem::Sets))),
         };
         world.start();
         world
@@ -401,6 +410,9 @@ impl<'a> World<'a> {
             }
         }
         self.schedule(duration, Event::HealAll);
+        if self.sets.is_some() {
+            self.schedule(0, Event::SetOp);
+        }
         if self.series.is_some() {
             let labels = (0..n)
                 .map(|i| format!("n{i} {}", self.nodes[i].region_name))
@@ -490,6 +502,7 @@ impl<'a> World<'a> {
                     self.schedule(delay, Event::MembershipRefresh(node, epoch));
                 }
             }
+            Event::SetOp => self.set_op(),
             Event::Probe | Event::Sample => unreachable!("handled above"),
         }
     }
@@ -546,6 +559,7 @@ impl<'a> World<'a> {
         if !self.nodes[node].up {
             return;
         }
+        self.sets_crashed(node, wipe);
         self.nodes[node].crash(wipe);
         self.membership_changed();
     }
@@ -665,7 +679,8 @@ impl<'a> World<'a> {
 
     fn probe(&mut self) {
         let first = self.nodes[0].replica.digest();
-        let equal = self.nodes.iter().all(|node| node.replica.digest() == first);
+        let equal =
+            self.nodes.iter().all(|node| node.replica.digest() == first) && self.sets_converged();
         if !equal {
             self.equal_since = None;
         } else if self.equal_since.is_none() {
@@ -761,6 +776,7 @@ impl<'a> World<'a> {
         }
         if convergence_ms.is_some() {
             self.check_final_equality(&finals);
+            self.check_sets();
         }
         let slots = self.checker.check_slots(self.now, &self.ledger, &finals[0]);
         let hot_value = finals[0][0].exact_value() as i64;

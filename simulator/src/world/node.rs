@@ -94,6 +94,7 @@ pub fn replica_config(options: &SimOptions) -> ReplicaConfig {
             BugName::MergeByAddition => PlantedBug::MergeByAddition,
             BugName::ApplyRetryTwice => PlantedBug::ApplyRetryTwice,
             BugName::SwapPAndN => PlantedBug::SwapPAndN,
+            BugName::LastWriterLength => PlantedBug::LastWriterLength,
         });
     }
     config

@@ -95,6 +95,7 @@ impl World<'_> {
                 self.reply(client, add, replica, ticket, false);
             }
         }
+        self.sets_durable(node, durable);
         for add in made_durable.into_values().flatten() {
             self.ledger.async_durable(add, replica);
         }
