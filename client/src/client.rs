@@ -596,6 +596,23 @@ impl Client {
         Ok((response.previous_version, response.cluster_version))
     }
 
+    /// Retires a replica (`Admin.Retire`): it never writes again, and its
+    /// slots are folded into each counter's base once every member holds
+    /// their final state. Returns false when it was already retired.
+    /// Refused for the node's own id, an unknown id (`InvalidArgument`) and
+    /// a live member (`FailedPrecondition`). Safe to repeat.
+    pub async fn retire(&self, replica: u64) -> Result<bool, Error> {
+        let response = self
+            .policy
+            .run("retire", |timeout| {
+                let mut admin = self.admin.clone();
+                let request = with_timeout(tally_proto::v1::RetireRequest { replica }, timeout);
+                async move { admin.retire(request).await.map(Response::into_inner) }
+            })
+            .await?;
+        Ok(response.newly_retired)
+    }
+
     /// Opens the node's backup stream (`Admin.Backup`): a consistent
     /// snapshot of its durable state, taken while it keeps serving. The
     /// messages come as the node reads them: a header, counters, and a

@@ -94,6 +94,27 @@ pub struct ClusterStatus {
     /// record format it writes (see "Upgrading" in the README).
     #[cfg_attr(feature = "serde", serde(default))]
     pub cluster_version: u32,
+    /// Retired writers as the answering node knows them, folded or pending.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub retired: Vec<RetiredWriter>,
+    /// Fold epochs the answering node applied to its counters.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub folds_applied: u64,
+}
+
+/// A retired writer (a replica id that never writes again) and its fold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RetiredWriter {
+    /// The replica id.
+    pub replica: u64,
+    /// Why it was retired.
+    pub reason: String,
+    /// The fold epoch its slots were folded at; 0 while the fold is pending.
+    pub folded_epoch: u64,
+    /// Why the fold waits (which member has not reported, or disagrees);
+    /// empty when folded.
+    pub waiting: String,
 }
 
 impl ClusterStatus {
@@ -219,6 +240,17 @@ pub(crate) fn status_from_proto(response: proto::StatusResponse) -> Result<Clust
                 rate_per_sec: hot.rate_per_sec,
             })
             .collect(),
+        retired: response
+            .retired
+            .into_iter()
+            .map(|writer| RetiredWriter {
+                replica: writer.replica,
+                reason: writer.reason,
+                folded_epoch: writer.folded_epoch,
+                waiting: writer.waiting,
+            })
+            .collect(),
+        folds_applied: response.folds_applied,
     })
 }
 

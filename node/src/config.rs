@@ -195,6 +195,12 @@ pub struct RunArgs {
     /// Gossip interval, e.g. 100ms. [default: 100ms]
     #[arg(long, env = "TALLY_GOSSIP_INTERVAL")]
     pub gossip_interval: Option<String>,
+    /// How long an old incarnation of a node (a wiped or replaced data
+    /// directory) must have been down, while a newer one of the same node
+    /// name is up, before it is retired and its slots are folded, e.g. 1h.
+    /// [default: 1h]
+    #[arg(long, env = "TALLY_RETIRE_AFTER")]
+    pub retire_after: Option<String>,
     /// Counters kept in memory; colder ones stay on disk only. [default: 100000]
     #[arg(long, env = "TALLY_CACHE_CAPACITY")]
     pub cache_capacity: Option<usize>,
@@ -305,6 +311,7 @@ struct FileSettings {
     durability: Option<Durability>,
     sync_interval: Option<String>,
     gossip_interval: Option<String>,
+    retire_after: Option<String>,
     cache_capacity: Option<usize>,
     store_cache_bytes: Option<u64>,
     idempotency_ttl: Option<String>,
@@ -359,6 +366,8 @@ pub struct Settings {
     /// See [`RunArgs`].
     pub gossip_interval: Duration,
     /// See [`RunArgs`].
+    pub retire_after: Duration,
+    /// See [`RunArgs`].
     pub cache_capacity: usize,
     /// See [`RunArgs`].
     pub store_cache_bytes: u64,
@@ -408,6 +417,7 @@ impl Settings {
             durability: Durability::Sync,
             sync_interval: Duration::from_millis(200),
             gossip_interval: Duration::from_millis(100),
+            retire_after: Duration::from_secs(60 * 60),
             cache_capacity: 100_000,
             store_cache_bytes: crate::store::DEFAULT_CACHE_BYTES,
             warn_if_insecure: true,
@@ -521,6 +531,10 @@ impl Settings {
         let sync_source = source!(sync_interval);
         if let Some(text) = take!(sync_interval) {
             settings.sync_interval = parse_duration(&sync_source, &text)?;
+        }
+        let retire_after_source = source!(retire_after);
+        if let Some(text) = take!(retire_after) {
+            settings.retire_after = parse_duration(&retire_after_source, &text)?;
         }
         let gossip_interval_source = source!(gossip_interval);
         if let Some(text) = take!(gossip_interval) {

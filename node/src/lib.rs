@@ -12,6 +12,7 @@ pub mod config;
 pub mod crdt;
 pub mod dev;
 pub mod engine;
+pub mod fold_keeper;
 pub mod gossip;
 pub mod http;
 pub mod log_flood;

@@ -124,6 +124,14 @@ pub struct Metrics {
     pub like_recounts: Counter,
     /// Like sets whose count differed from a recount of their members: a bug.
     pub like_count_mismatches: Counter,
+    /// Slots (live writers) per counter, observed for every counter committed.
+    pub counter_slots: Histogram,
+    /// Fold epochs this node applied to its counters.
+    pub folds_done: Gauge,
+    /// Retired writers whose fold waits (for a member's report or agreement).
+    pub folds_waiting: Gauge,
+    /// Writers retired (fenced) as this node knows.
+    pub retired_writers: Gauge,
 }
 
 impl Metrics {
@@ -168,6 +176,10 @@ impl Metrics {
             set_merge_changes: Counter::default(),
             like_recounts: Counter::default(),
             like_count_mismatches: Counter::default(),
+            counter_slots: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            folds_done: Gauge::default(),
+            folds_waiting: Gauge::default(),
+            retired_writers: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -347,6 +359,26 @@ impl Metrics {
             "http_event_streams",
             "HTTP server-sent event streams of counters open now",
             metrics.http_event_streams.clone(),
+        );
+        registry.register(
+            "counter_slots",
+            "Slots (live writers, folded ones excluded) per counter, observed per counter committed",
+            metrics.counter_slots.clone(),
+        );
+        registry.register(
+            "folds_done",
+            "Fold epochs this node applied to its counters (retired writers folded into bases)",
+            metrics.folds_done.clone(),
+        );
+        registry.register(
+            "folds_waiting",
+            "Retired writers whose fold waits for a member's report or agreement (see tally status)",
+            metrics.folds_waiting.clone(),
+        );
+        registry.register(
+            "retired_writers",
+            "Writers (replica ids) retired and fenced, as this node knows",
+            metrics.retired_writers.clone(),
         );
         Metrics {
             registry,

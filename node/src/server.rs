@@ -94,6 +94,14 @@ pub enum StartError {
         /// This node's data directory.
         dir: PathBuf,
     },
+    /// The data directory's replica id was retired by the cluster.
+    #[error("this data directory's replica {replica} was retired by the cluster (its slots are folded into the other nodes' counters): it must never write again. Move {} aside or wipe it and start again: the node joins with a new replica id and gets its data back from its peers", dir.display())]
+    Retired {
+        /// The retired replica id.
+        replica: String,
+        /// The data directory.
+        dir: PathBuf,
+    },
     /// The HTTP port's TLS material could not be loaded (the message names the flag).
     #[error("{0:#}")]
     HttpTls(anyhow::Error),
@@ -121,6 +129,7 @@ pub struct NodeHandle {
     membership_task: JoinHandle<()>,
     upgrade_task: JoinHandle<()>,
     recount_task: JoinHandle<()>,
+    fold_task: JoinHandle<()>,
     anti_entropy: AntiEntropyHandle,
     committer: CommitterHandle,
 }
@@ -185,6 +194,12 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
                 error,
             }
         })?;
+    if engine.core().is_fenced() {
+        return Err(StartError::Retired {
+            replica: engine.core().identity().replica.to_string(),
+            dir: settings.data_dir.clone(),
+        });
+    }
     engine.watch_disk(
         settings.data_dir.clone(),
         settings.min_free_disk,
@@ -258,6 +273,17 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     upgrade_config.manual =
         settings.cluster_version_upgrade == crate::config::ClusterVersionUpgrade::Manual;
     let upgrade_task = spawn_upgrade_keeper(engine.clone(), membership.clone(), upgrade_config);
+    let fold_task = crate::fold_keeper::spawn_fold_keeper(
+        engine.clone(),
+        membership.clone(),
+        crate::fold_keeper::FoldKeeperConfig {
+            node_name: settings.node_name.clone(),
+            retire_after: settings.retire_after,
+            period: settings
+                .gossip_interval
+                .max(std::time::Duration::from_millis(100)),
+        },
+    );
     let committer = engine.spawn_committer(|_, _| {});
     let recount_task =
         crate::engine::sets::spawn_recount(engine.clone(), crate::engine::sets::RECOUNT_INTERVAL);
@@ -332,6 +358,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         membership_task,
         upgrade_task,
         recount_task,
+        fold_task,
         anti_entropy,
         committer,
     })
@@ -408,6 +435,8 @@ impl NodeHandle {
         let _ = self.upgrade_task.await;
         self.recount_task.abort();
         let _ = self.recount_task.await;
+        self.fold_task.abort();
+        let _ = self.fold_task.await;
         match Arc::try_unwrap(self.membership) {
             Ok(membership) => {
                 if let Err(error) = membership.shutdown().await {

@@ -329,6 +329,15 @@ impl Admin for FakeNode {
         Ok(Response::new(tokio_stream::iter(chunks)))
     }
 
+    async fn retire(
+        &self,
+        _request: Request<tally_proto::v1::RetireRequest>,
+    ) -> Result<Response<tally_proto::v1::RetireResponse>, Status> {
+        Err(Status::failed_precondition(
+            "replica 0000000000000007 is alive",
+        ))
+    }
+
     async fn finalize(
         &self,
         _request: Request<tally_proto::v1::FinalizeRequest>,

@@ -90,6 +90,22 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         .iter()
         .filter(|m| m.alive)
         .all(|m| m.digest == own.digest);
+    let folds = core.folds();
+    let retired: Vec<pb::RetiredWriter> = folds
+        .retired()
+        .iter()
+        .map(|(writer, reason)| pb::RetiredWriter {
+            replica: writer.0,
+            reason: reason.to_string(),
+            folded_epoch: folds.book().folded_at(*writer).unwrap_or(0),
+            waiting: folds
+                .waits()
+                .get(writer)
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        })
+        .collect();
+    let folds_applied = folds.applied();
     drop(core);
     pb::StatusResponse {
         self_: Some(own),
@@ -97,6 +113,8 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         converged,
         cluster_id: info.cluster_id.clone(),
         cluster_version: engine.store().format(),
+        retired,
+        folds_applied,
         hot_keys: engine
             .hot_keys(HOT_KEYS_IN_STATUS)
             .into_iter()
@@ -137,6 +155,41 @@ impl Admin for AdminService {
                 Err(Status::failed_precondition(error.to_string()))
             }
             Err(error) => Err(Status::unavailable(error.to_string())),
+        }
+    }
+
+    async fn retire(
+        &self,
+        request: Request<pb::RetireRequest>,
+    ) -> Result<Response<pb::RetireResponse>, Status> {
+        use crate::replica::folds::{FoldMember, RetireRefused};
+        let writer = crate::crdt::ReplicaId(request.into_inner().replica);
+        let outcome = {
+            let mut core = self.engine.core();
+            let members: Vec<FoldMember> = core
+                .peers()
+                .peers()
+                .map(|peer| FoldMember {
+                    replica: peer.member.replica,
+                    alive: peer.member.alive,
+                    node_name: peer.member.node_name.clone(),
+                    report: None,
+                })
+                .collect();
+            core.handle_retire(writer, &members)
+        };
+        match outcome {
+            Ok(newly_retired) => {
+                self.engine.wake_committer();
+                if newly_retired {
+                    tracing::info!(replica = %writer, "replica retired by an operator; its slots are folded once every member holds their final state");
+                }
+                Ok(Response::new(pb::RetireResponse { newly_retired }))
+            }
+            Err(refused @ RetireRefused::Alive(_)) => {
+                Err(Status::failed_precondition(refused.to_string()))
+            }
+            Err(refused) => Err(Status::invalid_argument(refused.to_string())),
         }
     }
 

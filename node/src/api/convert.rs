@@ -6,7 +6,7 @@ use tally_proto::v1 as pb;
 use tonic::{Code, Status};
 
 use crate::crdt::hll::check_register;
-use crate::crdt::{check_member, PnCounter, ReplicaId, Slot};
+use crate::crdt::{check_member, FoldedBase, PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
 use crate::replica::version::ProtocolWindow;
 use crate::replica::{
@@ -153,6 +153,7 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
                         n: slot.n,
                     })
                     .collect(),
+                folded: folded_to(state.folded()),
             })
             .collect(),
         replicas: chunk
@@ -232,6 +233,26 @@ fn delta_from(delta: pb::SetDelta) -> Result<SetDelta, (&'static str, String)> {
     }
 }
 
+/// A counter's folded base for the wire; none when no writer was folded.
+fn folded_to(base: FoldedBase) -> Option<pb::FoldedBase> {
+    (base != FoldedBase::default()).then_some(pb::FoldedBase {
+        epoch: base.epoch,
+        p_low: base.p as u64,
+        p_high: (base.p >> 64) as u64,
+        n_low: base.n as u64,
+        n_high: (base.n >> 64) as u64,
+    })
+}
+
+/// A folded base from the wire.
+fn folded_from(base: pb::FoldedBase) -> FoldedBase {
+    FoldedBase {
+        epoch: base.epoch,
+        p: u128::from(base.p_high) << 64 | u128::from(base.p_low),
+        n: u128::from(base.n_high) << 64 | u128::from(base.n_low),
+    }
+}
+
 /// The most slots (writer replicas) a counter from the wire may have. Every
 /// node incarnation that ever wrote a counter has a slot in it; a counter
 /// with more is refused rather than kept in memory and on disk forever.
@@ -301,7 +322,8 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
                 },
             ));
         }
-        counters.push((key, PnCounter::from_slots(slots)));
+        let base = counter.folded.map(folded_from).unwrap_or_default();
+        counters.push((key, PnCounter::from_parts(slots, base)));
     }
     let next = cursor_from(chunk.next).map_err(|e| ("malformed", e))?;
     let elements: usize = chunk
@@ -347,10 +369,23 @@ mod tests {
     fn chunks_round_trip() {
         let chunk = PullChunk {
             source: ReplicaId(3),
-            counters: vec![(
-                Key::from("a"),
-                PnCounter::from_slots([(ReplicaId(3), Slot { p: 4, n: 1 })]),
-            )],
+            counters: vec![
+                (
+                    Key::from("a"),
+                    PnCounter::from_slots([(ReplicaId(3), Slot { p: 4, n: 1 })]),
+                ),
+                (
+                    Key::from("b"),
+                    PnCounter::from_parts(
+                        [(ReplicaId(3), Slot { p: 4, n: 1 })],
+                        FoldedBase {
+                            epoch: 3,
+                            p: u128::from(u64::MAX) * 3,
+                            n: 7,
+                        },
+                    ),
+                ),
+            ],
             replicas: vec![(ReplicaId(3), "eu".into())],
             next: Cursor {
                 seq: 9,
@@ -380,6 +415,7 @@ mod tests {
         wire.counters.push(pb::CounterState {
             key: vec![0xff].into(),
             slots: vec![],
+            folded: None,
         });
         assert_eq!(chunk_from(wire.clone()).unwrap_err().0, "malformed");
         wire.counters[0].key = b"ok".to_vec().into();
@@ -415,6 +451,7 @@ mod tests {
         wire.counters.push(pb::CounterState {
             key: b"big".to_vec().into(),
             slots: slots(MAX_COUNTER_SLOTS as u64),
+            folded: None,
         });
         let chunk = chunk_from(wire.clone()).expect("a counter at the limit");
         let counter = &chunk.counters[0].1;

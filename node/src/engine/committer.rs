@@ -157,6 +157,12 @@ async fn commit_all(
         };
         let seq = batch.seq;
         let counters = batch.counters.len();
+        for (_, state) in &batch.counters {
+            engine
+                .metrics
+                .counter_slots
+                .observe(state.slots().len() as f64);
+        }
         let started = Instant::now();
         let store = engine.store.clone();
         let task = tokio::task::spawn_blocking(move || {

@@ -168,6 +168,11 @@ impl Engine {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    /// Wakes the committer: the core has changes to commit (a fold, a retirement).
+    pub fn wake_committer(&self) {
+        self.commit_wakeup.notify_one();
+    }
+
     /// The store.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store

@@ -104,12 +104,14 @@ pub struct MembershipConfig {
 }
 
 /// What [`MembershipHandle::publish`] last received.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
 struct Published {
     durable_seq: u64,
     digest: u64,
     /// Set once the protocol window changed (the cluster version moved).
     protocol: Option<ProtocolWindow>,
+    /// The fold report's text ([`super::fold_report`]), once there is one.
+    folds: Option<String>,
 }
 
 /// A running membership: the chitchat server and a task that applies
@@ -269,6 +271,16 @@ impl MembershipHandle {
         });
     }
 
+    /// Publishes this node's fold report, at the next gossip round.
+    pub fn publish_folds(&self, report: &crate::replica::folds::FoldReport) {
+        let text = super::fold_report::encode(report);
+        self.publish_tx.send_if_modified(|current| {
+            let changed = current.folds.as_ref() != Some(&text);
+            current.folds = Some(text);
+            changed
+        });
+    }
+
     /// Every other node of the cluster chitchat knows, alive or not, sorted by
     /// replica id; at most one gossip round old.
     pub fn members(&self) -> Vec<Member> {
@@ -415,7 +427,7 @@ impl Refresher {
             }
             let publication = match self.publish_rx.has_changed() {
                 Err(_) => return, // the handle was dropped
-                Ok(true) => Some(*self.publish_rx.borrow_and_update()),
+                Ok(true) => Some(self.publish_rx.borrow_and_update().clone()),
                 Ok(false) => None,
             };
             let members = {
@@ -427,6 +439,9 @@ impl Refresher {
                     if let Some(protocol) = published.protocol {
                         state.set(KEY_PROTOCOL, protocol.newest);
                         state.set(KEY_PROTOCOL_OLDEST, protocol.oldest);
+                    }
+                    if let Some(folds) = &published.folds {
+                        state.set(super::fold_report::KEY_FOLDS, folds.clone());
                     }
                 }
                 self.collect_members(&chitchat)
@@ -531,6 +546,7 @@ fn parse_member<'a>(
             .map_err(|_| format!("`{KEY_DURABLE_SEQ}` is not a number: {durable_seq:?}"))?,
         digest: hex_field(KEY_DIGEST)?,
         protocol,
+        folds: get(super::fold_report::KEY_FOLDS).and_then(super::fold_report::decode),
     })
 }
 

@@ -210,6 +210,8 @@ mod tests {
             cluster_version: 2,
             converged: false,
             cluster_id: "c".into(),
+            retired: Vec::new(),
+            folds_applied: 0,
             hot_keys: vec![pb::HotKey {
                 key: b"<script>x</script>".to_vec().into(),
                 op: "add".into(),

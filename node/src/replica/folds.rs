@@ -160,6 +160,8 @@ pub struct Folds {
     pending_records: Vec<FoldRecord>,
     waits: BTreeMap<ReplicaId, FoldWait>,
     dead_since_ms: HashMap<ReplicaId, u64>,
+    /// The node name of every member seen since start (in memory only).
+    node_names: HashMap<ReplicaId, String>,
 }
 
 impl Folds {
@@ -293,9 +295,10 @@ impl Folds {
         true
     }
 
-    /// Retires old incarnations: a member that is down while a newer
-    /// incarnation of its node (same node name, another id) is alive,
-    /// once it has been seen down for `retire_after_ms`.
+    /// Retires old incarnations: a member that is down (or gone from the
+    /// member list, which drops an old incarnation once a newer one of its
+    /// name appears) while a newer incarnation of its node (same node name,
+    /// another id) is alive, once it has been seen so for `retire_after_ms`.
     pub fn retire_replaced(
         &mut self,
         now_ms: u64,
@@ -304,31 +307,49 @@ impl Folds {
         members: &[FoldMember],
         retire_after_ms: u64,
     ) -> Vec<ReplicaId> {
-        self.dead_since_ms.retain(|replica, _| {
-            members
-                .iter()
-                .any(|member| member.replica == *replica && !member.alive)
-        });
+        for member in members {
+            self.node_names
+                .insert(member.replica, member.node_name.clone());
+        }
+        let down: Vec<(ReplicaId, String)> = self
+            .node_names
+            .iter()
+            .filter(|(replica, _)| {
+                !members
+                    .iter()
+                    .any(|member| member.replica == **replica && member.alive)
+            })
+            .map(|(replica, name)| (*replica, name.clone()))
+            .collect();
+        self.dead_since_ms
+            .retain(|replica, _| down.iter().any(|(id, _)| id == replica));
         let mut retired = Vec::new();
-        for member in members.iter().filter(|member| !member.alive) {
-            let since = *self.dead_since_ms.entry(member.replica).or_insert(now_ms);
-            if self.is_retired(member.replica) || now_ms.saturating_sub(since) < retire_after_ms {
+        for (replica, name) in down {
+            let since = *self.dead_since_ms.entry(replica).or_insert(now_ms);
+            if replica == own
+                || self.is_retired(replica)
+                || now_ms.saturating_sub(since) < retire_after_ms
+            {
                 continue;
             }
-            let newer = if member.node_name == own_node_name {
+            let newer = if name == own_node_name {
                 Some(own)
             } else {
                 members
                     .iter()
-                    .find(|other| other.alive && other.node_name == member.node_name)
+                    .find(|other| {
+                        other.alive && other.node_name == name && other.replica != replica
+                    })
                     .map(|other| other.replica)
             };
             if let Some(by) = newer {
-                if self.learn_retired(member.replica, RetireReason::Replaced { by }) {
-                    retired.push(member.replica);
+                if self.learn_retired(replica, RetireReason::Replaced { by }) {
+                    retired.push(replica);
                 }
             }
         }
+        self.node_names
+            .retain(|replica, _| !self.retired.contains_key(replica));
         retired
     }
 

@@ -293,3 +293,30 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn an_old_incarnation_dropped_from_the_member_list_is_retired_too() {
+    let mut folds = Folds::default();
+    let own = ReplicaId(1);
+    let old = FoldMember {
+        node_name: "b".into(),
+        ..member(ReplicaId(5), None)
+    };
+    let new = FoldMember {
+        node_name: "b".into(),
+        ..member(ReplicaId(6), None)
+    };
+    folds.retire_replaced(0, own, "a", std::slice::from_ref(&old), 100);
+    // Membership lists only the new incarnation once it appears.
+    let members = [new];
+    assert!(folds
+        .retire_replaced(50, own, "a", &members, 100)
+        .is_empty());
+    assert!(folds
+        .retire_replaced(120, own, "a", &members, 100)
+        .is_empty());
+    assert_eq!(
+        folds.retire_replaced(150, own, "a", &members, 100),
+        vec![ReplicaId(5)]
+    );
+}

@@ -38,6 +38,8 @@ pub struct Member {
     pub digest: u64,
     /// The protocol versions it announces (1..=1 when it announces none).
     pub protocol: ProtocolWindow,
+    /// Its last fold report (retirements and folds), if it published one.
+    pub folds: Option<super::folds::FoldReport>,
 }
 
 /// A pull to start now.

@@ -8,7 +8,8 @@
 //!   (counter records and idempotency segments in their format 1); version 2
 //!   writes both in format 2 (replica ordinals, varints); version 3 adds like
 //!   sets and uniques (member, count, register and delta-log records, and
-//!   the delta log in pulls). A node that
+//!   the delta log in pulls); version 4 folds retired writers (fold
+//!   records, counters with a folded base, `fold_keeper.rs`). A node that
 //!   announces nothing (a build before versions) counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
@@ -29,7 +30,7 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 3;
+pub const NEWEST: u32 = 4;
 /// The version that brought like sets and uniques (their records and the
 /// delta log): writes of them wait for this cluster version, and only a peer
 /// that speaks it is asked for its delta log.

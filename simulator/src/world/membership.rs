@@ -138,6 +138,7 @@ impl Membership {
                 durable_seq: node.replica.durable_seq(),
                 digest: node.replica.digest().0,
                 protocol: node.replica.peers().own_protocol(),
+                folds: None,
             });
         }
         nodes[observer]

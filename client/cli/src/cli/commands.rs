@@ -154,6 +154,35 @@ pub async fn finalize(target: &Target, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `tally admin retire REPLICA`: retires a stopped replica.
+pub async fn retire(target: &Target, replica: &str, json: bool) -> anyhow::Result<()> {
+    let id = u64::from_str_radix(replica.trim(), 16)
+        .ok()
+        .filter(|_| replica.trim().len() <= 16)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{replica:?} is not a replica id: give the 16 hex digits tally status prints"
+            )
+        })?;
+    let client = target.connect().await?;
+    let newly = client.retire(id).await?;
+    if json {
+        return print_json(&serde_json::json!({
+            "replica": format!("{id:016x}"),
+            "newly_retired": newly,
+        }));
+    }
+    if newly {
+        print_line(format_args!(
+            "replica {id:016x} retired; its slots are folded once every member holds their \
+             final state (see tally status)"
+        ))?;
+    } else {
+        print_line(format_args!("replica {id:016x} was already retired"))?;
+    }
+    Ok(())
+}
+
 pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     let client = target.connect().await?;
     let status = client.status().await?;
@@ -172,6 +201,19 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
         .chain(version_problems(&status))
     {
         print_line(problem)?;
+    }
+    for writer in &status.retired {
+        let state = if writer.folded_epoch > 0 {
+            format!("folded at epoch {}", writer.folded_epoch)
+        } else if writer.waiting.is_empty() {
+            "fold pending".to_owned()
+        } else {
+            format!("fold waits: {}", writer.waiting)
+        };
+        print_line(format_args!(
+            "retired writer {:016x} ({}): {state}",
+            writer.replica, writer.reason
+        ))?;
     }
     if !status.hot_keys.is_empty() {
         let rows: Vec<Vec<String>> = status
@@ -339,6 +381,8 @@ mod tests {
             converged,
             hot_keys: Vec::new(),
             cluster_version: 1,
+            retired: Vec::new(),
+            folds_applied: 0,
         }
     }
 

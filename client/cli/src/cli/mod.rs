@@ -186,7 +186,8 @@ pub enum Command {
         #[arg(required = true)]
         keys: Vec<String>,
     },
-    /// Operator commands: `tally admin backup --to DIR`, `tally admin finalize`.
+    /// Operator commands: `tally admin backup --to DIR`, `tally admin finalize`,
+    /// `tally admin retire REPLICA`.
     #[command(subcommand)]
     Admin(AdminCommand),
 }
@@ -210,6 +211,13 @@ pub enum AdminCommand {
     Verify {
         /// The like set.
         key: String,
+    },
+    /// Retire a stopped replica for good (16 hex digits, as `tally status`
+    /// prints them): it never writes again, and its slots are folded into
+    /// each counter's base once every member holds their final state.
+    Retire {
+        /// The replica id to retire.
+        replica: String,
     },
 }
 
@@ -282,6 +290,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Likes { key, list } => likes::likes(&target, &key, list, json).await,
         Command::Observe { key, members } => likes::observe(&target, &key, &members, json).await,
         Command::Distinct { keys } => likes::distinct(&target, &keys, json).await,
+        Command::Admin(AdminCommand::Retire { replica }) => {
+            commands::retire(&target, &replica, json).await
+        }
     }
 }
 

@@ -1,0 +1,101 @@
+//! The fold keeper: the runtime shell around the core's retire/fold protocol
+//! (`replica/folds.rs`, `replica/retire.rs`). Once per period it feeds the
+//! members' fold reports (from gossip) to the core, lets it retire replaced
+//! incarnations after `--retire-after` and commit or adopt fold records,
+//! advances the fold sweep by a bounded step, publishes this node's report,
+//! and keeps the fold metrics.
+//!
+//! Folds are a format of cluster version [`FOLD_VERSION`]: below it nothing
+//! is folded (an older member could not read a folded base), only an
+//! operator's retirement is recorded and gossiped. A node whose own id is
+//! retired is fenced: the core refuses its adds, and this keeper says so.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::engine::{now_ms, Engine};
+use crate::gossip::membership::MembershipHandle;
+use crate::replica::folds::FoldMember;
+
+/// The cluster version from which writers are folded.
+pub const FOLD_VERSION: u32 = 4;
+/// Stored counters the sweep folds per period (bounded work under the core lock).
+const SWEEP_PER_TICK: usize = 2_000;
+
+/// Settings of the keeper.
+#[derive(Clone, Debug)]
+pub struct FoldKeeperConfig {
+    /// This node's name (an old incarnation of it is replaced by this one).
+    pub node_name: String,
+    /// `--retire-after`.
+    pub retire_after: Duration,
+    /// How often a round runs.
+    pub period: Duration,
+}
+
+/// Starts the keeper. Abort the task to stop it.
+pub fn spawn_fold_keeper(
+    engine: Arc<Engine>,
+    membership: Arc<MembershipHandle>,
+    config: FoldKeeperConfig,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(config.period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut fenced_logged = false;
+        loop {
+            ticker.tick().await;
+            let folding = engine.store().format() >= FOLD_VERSION;
+            let store = Arc::clone(engine.store());
+            let (report, fenced) = {
+                let mut core = engine.core();
+                let members: Vec<FoldMember> = core
+                    .peers()
+                    .peers()
+                    .map(|peer| FoldMember {
+                        replica: peer.member.replica,
+                        alive: peer.member.alive,
+                        node_name: peer.member.node_name.clone(),
+                        report: peer.member.folds.clone(),
+                    })
+                    .collect();
+                if folding {
+                    let retire_after = config.retire_after.as_millis() as u64;
+                    let now = now_ms();
+                    match core.handle_fold_round(
+                        now,
+                        &config.node_name,
+                        &members,
+                        Some(retire_after),
+                    ) {
+                        Ok(committed) => {
+                            for record in committed {
+                                let writers: Vec<String> =
+                                    record.writers.iter().map(|(w, _)| w.to_string()).collect();
+                                tracing::info!(epoch = record.epoch, writers = %writers.join(","), "fold record committed: these retired writers' slots move into each counter's folded base");
+                            }
+                        }
+                        Err(error) => tracing::warn!(%error, "a member's fold record was refused"),
+                    }
+                    if let Err(error) = core.poll_fold_sweep(now, &*store, SWEEP_PER_TICK) {
+                        tracing::warn!(%error, "the fold sweep could not read a counter; it tries again");
+                    }
+                }
+                let folds = core.folds();
+                let metrics = engine.metrics();
+                metrics.folds_done.set(folds.applied() as i64);
+                metrics.folds_waiting.set(folds.waits().len() as i64);
+                metrics.retired_writers.set(folds.retired().len() as i64);
+                (folds.report(), core.is_fenced())
+            };
+            engine.wake_committer();
+            membership.publish_folds(&report);
+            if fenced && !fenced_logged {
+                fenced_logged = true;
+                tracing::error!("this node's replica id was retired by the cluster: it is fenced and refuses every add; stop it, wipe its data directory and start it again to join with a new id");
+            }
+        }
+    })
+}

@@ -1,0 +1,248 @@
+//! Retiring and folding writers with real processes (issue 13): a 3-region
+//! cluster whose ap node is wiped again and again under a bounded load. Each
+//! wipe leaves an old incarnation that is retired after `--retire-after` and
+//! folded once every member holds its final state. After the folds every
+//! region holds the exact total, and every stored counter has at most one
+//! slot per live writer plus its folded base.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::load::{quick_client, run_for, settle, try_quick_client, Tally};
+use common::{wait_until, NodeProcess, NodeSpec};
+use tally_node::replica::DurableState;
+use tally_node::store::{OnCorrupt, SledStore, Store};
+
+const KEYS: [&str; 3] = ["post:1:likes", "post:2:likes", "video:9:views"];
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn start_cluster(root: &std::path::Path, retire_after: &str) -> Vec<NodeProcess> {
+    let mut specs: Vec<NodeSpec> = ["eu", "us", "ap"]
+        .iter()
+        .map(|region| {
+            let mut spec = NodeSpec::new(root, region, &format!("{region}-1"));
+            spec.extra = vec![
+                "--retire-after".into(),
+                retire_after.into(),
+                "--cluster-version-upgrade".into(),
+                "auto".into(),
+            ];
+            spec
+        })
+        .collect();
+    let seed = specs[0].gossip;
+    for spec in specs.iter_mut().skip(1) {
+        spec.seeds = vec![seed];
+    }
+    specs.into_iter().map(NodeProcess::start).collect()
+}
+
+async fn wait_exact(endpoints: &[String], expected: &BTreeMap<String, i64>) {
+    let started = Instant::now();
+    loop {
+        let mut seen = Vec::new();
+        for endpoint in endpoints {
+            let Ok(client) = try_quick_client(endpoint).await else {
+                seen.push(format!("{endpoint} unreachable"));
+                continue;
+            };
+            for (key, want) in expected {
+                let got = client.get(key).await.ok();
+                if got != Some(*want) {
+                    seen.push(format!("{endpoint} {key}: {got:?} (want {want})"));
+                }
+            }
+        }
+        if seen.is_empty() {
+            return;
+        }
+        assert!(started.elapsed() < LIMIT, "no exact total: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn load(endpoints: &[String], tally: &mut Tally) {
+    let mut more = run_for(endpoints, 2, &KEYS, Duration::from_millis(400), || {}).await;
+    settle(&mut more, Duration::from_secs(30)).await;
+    for (key, delta) in more.acked {
+        *tally.acked.entry(key).or_default() += delta;
+    }
+    tally.acked_adds += more.acked_adds;
+}
+
+/// Per counter of the stopped node `node`: its slots, its fold epoch and
+/// the bytes of its record (as the store encodes it); and the store's size.
+fn stored_slots(node: &NodeProcess) -> (Vec<(String, usize, u64, usize)>, u64) {
+    let store = SledStore::open(&node.spec.data_dir, &node.spec.region, 1, OnCorrupt::Refuse)
+        .expect("opening the stopped node's store");
+    let slots = KEYS
+        .iter()
+        .map(|key| {
+            let stored = store
+                .load_counter(key)
+                .unwrap()
+                .expect("the counter is stored");
+            let record =
+                tally_node::store::encoding::encode_counter(stored.seq, &stored.state, |_| 1);
+            (
+                key.to_string(),
+                stored.state.slots().len(),
+                stored.state.folded().epoch,
+                record.len(),
+            )
+        })
+        .collect();
+    let bytes = store.size_on_disk().unwrap_or(0);
+    (slots, bytes)
+}
+
+fn summary(name: &str, slots: &[(String, usize, u64, usize)], bytes: u64) -> String {
+    let count = slots.len() as f64;
+    let mean_slots = slots.iter().map(|s| s.1).sum::<usize>() as f64 / count;
+    let mean_bytes = slots.iter().map(|s| s.3).sum::<usize>() as f64 / count;
+    format!("{name}: {mean_slots:.1} slots and {mean_bytes:.0} record bytes per counter (store {bytes} bytes)")
+}
+
+/// Wipes ap `cycles` times under load, then waits for every retired
+/// incarnation to be folded at every node. Returns the cluster (ap running).
+async fn wipe_cycles(
+    nodes: Vec<NodeProcess>,
+    cycles: usize,
+    tally: &mut Tally,
+) -> Vec<NodeProcess> {
+    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
+    let mut nodes = nodes;
+    for cycle in 0..cycles {
+        load(&endpoints, tally).await;
+        // Everything ap acknowledged reaches its peers before its disk goes.
+        wait_exact(&endpoints, &tally.acked).await;
+        nodes = tokio::task::spawn_blocking(move || {
+            let mut nodes = nodes;
+            nodes[2].stop();
+            nodes[2].wipe();
+            nodes[2].restart();
+            nodes
+        })
+        .await
+        .unwrap();
+        println!("cycle {}: ap wiped and restarted", cycle + 1);
+    }
+    load(&endpoints, tally).await;
+    wait_exact(&endpoints, &tally.acked).await;
+    nodes
+}
+
+/// The retired writers `endpoint` knows and how many of them are folded.
+async fn folds_at(endpoint: &str) -> (usize, usize) {
+    let status = quick_client(endpoint).await.status().await.unwrap();
+    let folded = status.retired.iter().filter(|w| w.folded_epoch > 0).count();
+    (status.retired.len(), folded)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_total() {
+    const CYCLES: usize = 10;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = start_cluster(root.path(), "1s");
+    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
+    // Folds need cluster version 4: every node speaks it, `auto` moves there.
+    for endpoint in &endpoints {
+        let endpoint = endpoint.clone();
+        tokio::task::spawn_blocking(move || {
+            wait_until(LIMIT, "cluster version 4", || {
+                let (code, out, _) = common::cli(&endpoint, &["--json", "status"]);
+                let status: serde_json::Value = serde_json::from_str(&out).ok()?;
+                (code == 0 && status["cluster_version"].as_u64()? >= 4).then_some(())
+            })
+        })
+        .await
+        .unwrap();
+    }
+    let mut tally = Tally::default();
+    let nodes = wipe_cycles(nodes, CYCLES, &mut tally).await;
+    let started = Instant::now();
+    loop {
+        let mut done = true;
+        let mut seen = Vec::new();
+        for endpoint in &endpoints {
+            let (retired, folded) = folds_at(endpoint).await;
+            seen.push((endpoint.clone(), retired, folded));
+            done &= retired == CYCLES && folded == CYCLES;
+        }
+        if done {
+            break;
+        }
+        assert!(started.elapsed() < LIMIT, "folds never completed: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!(
+        "all {CYCLES} old incarnations folded at every node {:?} after the last wipe's load",
+        started.elapsed()
+    );
+    // The folds changed no value: every region still holds the exact total.
+    load(&endpoints, &mut tally).await;
+    wait_exact(&endpoints, &tally.acked).await;
+    assert!(tally.acked_adds > 0);
+    // On disk: at most one slot per live writer (3) plus the base. The sweep
+    // may still be running a moment after the status says folded.
+    let mut nodes = nodes;
+    let mut report = Vec::new();
+    for (index, node) in nodes.iter_mut().enumerate() {
+        let name = node.spec.node_name.clone();
+        let endpoint = node.endpoint();
+        // ap's current incarnation joined after most folds: its state of
+        // those writers is not the records' (it never held their final
+        // slots), so it does not fold by itself; its counters take the
+        // folds through merges from eu and us.
+        let folds_locally = index < 2;
+        tokio::task::spawn_blocking({
+            let endpoint = endpoint.clone();
+            move || {
+                wait_until(LIMIT, "the fold sweep", || {
+                    let (_, out, _) = common::cli(&endpoint, &["--json", "status"]);
+                    let status: serde_json::Value = serde_json::from_str(&out).ok()?;
+                    (!folds_locally || status["folds_applied"].as_u64()? >= 1).then_some(())
+                })
+            }
+        })
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        node.stop();
+        let (slots, bytes) = stored_slots(node);
+        for (key, count, epoch, _) in &slots {
+            assert!(*count <= 3, "{name} {key}: {count} slots after the folds");
+            assert!(*epoch >= 1, "{name} {key}: not folded on disk");
+        }
+        report.push(summary(&name, &slots, bytes));
+    }
+    println!(
+        "after {CYCLES} wipe cycles, with folds: {}",
+        report.join("; ")
+    );
+}
+
+/// The same churn with folding effectively off (`--retire-after 1000h`), to
+/// measure what a counter keeps without this change. Run by hand:
+/// `cargo test -p tally-node --test retire -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn baseline_without_folds_keeps_every_incarnations_slot() {
+    const CYCLES: usize = 10;
+    let root = tempfile::tempdir().unwrap();
+    let nodes = start_cluster(root.path(), "1000h");
+    let mut tally = Tally::default();
+    let mut nodes = wipe_cycles(nodes, CYCLES, &mut tally).await;
+    let mut report = Vec::new();
+    for node in nodes.iter_mut() {
+        node.stop();
+        let (slots, bytes) = stored_slots(node);
+        report.push(summary(&node.spec.node_name, &slots, bytes));
+    }
+    println!(
+        "after {CYCLES} wipe cycles, without folds: {}",
+        report.join("; ")
+    );
+}
