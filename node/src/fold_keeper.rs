@@ -17,7 +17,6 @@ use tokio::task::JoinHandle;
 
 use crate::engine::{now_ms, Engine};
 use crate::gossip::membership::MembershipHandle;
-use crate::replica::folds::FoldMember;
 
 /// The cluster version from which writers are folded.
 pub const FOLD_VERSION: u32 = 4;
@@ -51,16 +50,7 @@ pub fn spawn_fold_keeper(
             let store = Arc::clone(engine.store());
             let (report, fenced) = {
                 let mut core = engine.core();
-                let members: Vec<FoldMember> = core
-                    .peers()
-                    .peers()
-                    .map(|peer| FoldMember {
-                        replica: peer.member.replica,
-                        alive: peer.member.alive,
-                        node_name: peer.member.node_name.clone(),
-                        report: peer.member.folds.clone(),
-                    })
-                    .collect();
+                let members = core.fold_members();
                 if folding {
                     let retire_after = config.retire_after.as_millis() as u64;
                     let now = now_ms();

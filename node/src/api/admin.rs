@@ -162,20 +162,11 @@ impl Admin for AdminService {
         &self,
         request: Request<pb::RetireRequest>,
     ) -> Result<Response<pb::RetireResponse>, Status> {
-        use crate::replica::folds::{FoldMember, RetireRefused};
+        use crate::replica::folds::RetireRefused;
         let writer = crate::crdt::ReplicaId(request.into_inner().replica);
         let outcome = {
             let mut core = self.engine.core();
-            let members: Vec<FoldMember> = core
-                .peers()
-                .peers()
-                .map(|peer| FoldMember {
-                    replica: peer.member.replica,
-                    alive: peer.member.alive,
-                    node_name: peer.member.node_name.clone(),
-                    report: None,
-                })
-                .collect();
+            let members = core.fold_members();
             core.handle_retire(writer, &members)
         };
         match outcome {

@@ -90,6 +90,20 @@ impl Replica {
         &self.folds
     }
 
+    /// The members as the fold protocol sees them: the peer book's members
+    /// (from gossip) with their last fold reports.
+    pub fn fold_members(&self) -> Vec<FoldMember> {
+        self.peers
+            .peers()
+            .map(|peer| FoldMember {
+                replica: peer.member.replica,
+                alive: peer.member.alive,
+                node_name: peer.member.node_name.clone(),
+                report: peer.member.folds.clone(),
+            })
+            .collect()
+    }
+
     /// True when this replica's own id was retired: it must not serve.
     pub fn is_fenced(&self) -> bool {
         self.folds.is_retired(self.identity.replica)
