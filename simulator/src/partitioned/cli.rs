@@ -224,7 +224,9 @@ pub fn render_run(
     let held: Vec<String> = result
         .held
         .iter()
-        .map(|(name, partitions, counters)| format!("{name} {partitions}p/{counters}k"))
+        .map(|(name, partitions, counters)| {
+            format!("{name} {partitions} partitions/{counters} keys")
+        })
         .collect();
     let _ = writeln!(out, "held at the end: {}", held.join(", "));
     let n = &result.net;
@@ -301,6 +303,14 @@ pub fn render_sweep(
         total(|r| r.stats.removed),
         total(|r| r.stats.from_scratch),
         total(|r| r.stats.released)
+    );
+    let _ = writeln!(
+        out,
+        "slots: {} checked; unacknowledged adds applied {}, lost {}; applied by two owners {}",
+        total(|r| r.slots.slots),
+        total(|r| r.slots.unacked_applied),
+        total(|r| r.slots.unacked_lost),
+        total(|r| r.slots.applied_across_wipe)
     );
     let mut settle: Vec<u64> = results.iter().filter_map(|r| r.settled_ms).collect();
     settle.sort_unstable();
