@@ -2,8 +2,9 @@
 //! with joins, drains, removals and crashes past dead-after settle with
 //! every partition kept by exactly its owners and the exact slot accounting
 //! holding; a run is a function of its seed; a scripted drain and join end
-//! with the data spread as RF/N; and a planted handoff bug (an owner
-//! confirming a release before it caught up) is caught.
+//! with the data spread as RF/N; and planted bugs are caught: an owner
+//! confirming a release before it caught up (invariant 8), and released
+//! partitions never deleted (the placement check after the heal).
 
 use tally_sim::partitioned::cli::sweep;
 use tally_sim::partitioned::{
@@ -121,4 +122,18 @@ fn a_release_confirmed_before_the_owner_caught_up_is_caught() {
         kinds.push(result.failure_kind());
     }
     panic!("the planted bug went unnoticed over 20 seeds: {kinds:?}");
+}
+
+#[test]
+fn partitions_left_on_former_owners_are_caught_after_the_heal() {
+    let options = PartitionedOptions {
+        bug: Some(PartitionBug::KeepReleased),
+        faults: "none".parse().unwrap(),
+        ..scenario()
+    };
+    let plan: PartitionedPlan = "join n3 at 2000".parse().unwrap();
+    let result = run(1, &options, Some(plan));
+    assert_eq!(result.failure_kind(), Some("never settled"), "{result:?}");
+    let detail = &result.violations[0].detail;
+    assert!(detail.contains("is kept by"), "{detail}");
 }

@@ -44,6 +44,8 @@ pub enum PartitionBug {
     /// An owner confirms a release without having pulled the partition: the
     /// releasing node deletes it before the new owner caught up.
     ConfirmBeforeCaughtUp,
+    /// A releasing node never deletes: partitions stay on former owners.
+    KeepReleased,
 }
 
 impl PartitionBug {
@@ -51,6 +53,7 @@ impl PartitionBug {
     pub fn flag(&self) -> &'static str {
         match self {
             PartitionBug::ConfirmBeforeCaughtUp => "confirm-before-caught-up",
+            PartitionBug::KeepReleased => "keep-released",
         }
     }
 }

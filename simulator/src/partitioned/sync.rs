@@ -406,6 +406,9 @@ impl PWorld<'_> {
                 (*p, releasing)
             })
             .collect();
+        if self.options.bug == Some(PartitionBug::KeepReleased) {
+            return;
+        }
         let deletions = self.nodes[node].holdings.poll_deletions();
         for partition in deletions {
             if before.get(&partition) == Some(&true) {
