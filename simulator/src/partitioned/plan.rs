@@ -220,12 +220,16 @@ impl PartitionedPlan {
                 PlanOp::Fault(_) => None,
             };
             if let Some(node) = bad_node {
+                let slots = options.slots_per_region();
+                let what = if node < options.slot_count() {
+                    "is one of the nodes the cluster starts with and cannot join"
+                } else {
+                    "is not a node slot of this topology"
+                };
                 return Err(format!(
-                    "{op}: n{node} is not a slot this topology has (a join needs a spare \
-                     slot: nodes {}..{} of each region of {})",
-                    options.nodes_per_region,
-                    options.slots_per_region(),
-                    options.slots_per_region()
+                    "{op}: n{node} {what}; each region has {slots} slots, of which the last \
+                     {} are spares that a join starts (n{} is the first spare of region 0)",
+                    options.spare_per_region, options.nodes_per_region
                 ));
             }
         }
@@ -383,6 +387,6 @@ mod tests {
             .unwrap()
             .validate(&options)
             .unwrap_err()
-            .contains("spare slot"));
+            .contains("cannot join"));
     }
 }
