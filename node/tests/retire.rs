@@ -134,6 +134,25 @@ async fn wipe_cycles(
     nodes
 }
 
+/// Waits until every node knows `count` retired writers, all folded.
+async fn wait_folded(endpoints: &[String], count: usize) -> Duration {
+    let started = Instant::now();
+    loop {
+        let mut done = true;
+        let mut seen = Vec::new();
+        for endpoint in endpoints {
+            let (retired, folded) = folds_at(endpoint).await;
+            seen.push((endpoint.clone(), retired, folded));
+            done &= retired == count && folded == count;
+        }
+        if done {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < LIMIT, "folds never completed: {seen:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// The retired writers `endpoint` knows and how many of them are folded.
 async fn folds_at(endpoint: &str) -> (usize, usize) {
     let status = quick_client(endpoint).await.status().await.unwrap();
@@ -162,24 +181,37 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
     }
     let mut tally = Tally::default();
     let nodes = wipe_cycles(nodes, CYCLES, &mut tally).await;
-    let started = Instant::now();
-    loop {
-        let mut done = true;
-        let mut seen = Vec::new();
-        for endpoint in &endpoints {
-            let (retired, folded) = folds_at(endpoint).await;
-            seen.push((endpoint.clone(), retired, folded));
-            done &= retired == CYCLES && folded == CYCLES;
-        }
-        if done {
-            break;
-        }
-        assert!(started.elapsed() < LIMIT, "folds never completed: {seen:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let took = wait_folded(&endpoints, CYCLES).await;
     println!(
-        "all {CYCLES} old incarnations folded at every node {:?} after the last wipe's load",
-        started.elapsed()
+        "all {CYCLES} old incarnations folded at every node {took:?} after the last cycle's load"
+    );
+    // One more wipe, timed: down, retired (seen on eu), folded everywhere.
+    let wiped = Instant::now();
+    let nodes = tokio::task::spawn_blocking(move || {
+        let mut nodes = nodes;
+        nodes[2].stop();
+        nodes[2].wipe();
+        nodes[2].restart();
+        nodes
+    })
+    .await
+    .unwrap();
+    let retired_at = loop {
+        if folds_at(&endpoints[0]).await.0 == CYCLES + 1 {
+            break Instant::now();
+        }
+        assert!(
+            wiped.elapsed() < LIMIT,
+            "the last incarnation was never retired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    wait_folded(&endpoints, CYCLES + 1).await;
+    println!(
+        "one more wipe: retired {:?} after the wipe (failure detection + --retire-after 1s), \
+         folded at every node {:?} after its retirement",
+        retired_at - wiped,
+        retired_at.elapsed()
     );
     // The folds changed no value: every region still holds the exact total.
     load(&endpoints, &mut tally).await;
@@ -219,7 +251,8 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
         report.push(summary(&name, &slots, bytes));
     }
     println!(
-        "after {CYCLES} wipe cycles, with folds: {}",
+        "after {} wipes (the last one timed), with folds: {}",
+        CYCLES + 1,
         report.join("; ")
     );
 }

@@ -136,9 +136,12 @@ pub fn encode_counter(
         put_varint(&mut out, slot.n);
     }
     if folded {
+        // Varints, low half then high half: a base is usually a few bytes.
         put_varint(&mut out, base.epoch);
-        out.extend_from_slice(&base.p.to_le_bytes());
-        out.extend_from_slice(&base.n.to_le_bytes());
+        for sum in [base.p, base.n] {
+            put_varint(&mut out, sum as u64);
+            put_varint(&mut out, (sum >> 64) as u64);
+        }
     }
     out
 }
@@ -531,8 +534,8 @@ impl<'a> Reader<'a> {
     }
 
     fn u128(&mut self) -> Result<u128, StorageError> {
-        let low = self.u64()?;
-        let high = self.u64()?;
+        let low = self.varint()?;
+        let high = self.varint()?;
         Ok(u128::from(high) << 64 | u128::from(low))
     }
 
