@@ -125,6 +125,8 @@ pub struct Client {
     read_coalescer: Option<ReadCoalescerHandle>,
     /// `None` when there is no read cache.
     read_cache: Option<Arc<ReadCache>>,
+    /// The `durability` field of every add (0: the node's default).
+    durability: i32,
 }
 
 impl Client {
@@ -174,6 +176,7 @@ impl Client {
             coalescer,
             read_coalescer,
             read_cache,
+            durability: config.durability().wire(),
         }
     }
 
@@ -258,7 +261,12 @@ impl Client {
             .then(|| tokio::time::Instant::now().into_std());
         let outcome = match &self.coalescer {
             Some(coalescer) => {
-                let body = encode_add(key.as_bytes(), delta, idempotency_key.as_bytes());
+                let body = encode_add(
+                    key.as_bytes(),
+                    delta,
+                    idempotency_key.as_bytes(),
+                    self.durability,
+                );
                 coalescer.add(body).await?
             }
             None => {
@@ -266,6 +274,7 @@ impl Client {
                     key: key_bytes(key),
                     delta,
                     idempotency_key: idempotency_key.to_owned(),
+                    durability: self.durability,
                 };
                 self.policy
                     .run("add", |timeout| {
@@ -311,6 +320,7 @@ impl Client {
                     key: key_bytes(key),
                     delta,
                     idempotency_key: new_idempotency_key().as_str().to_owned(),
+                    durability: self.durability,
                 })
             })
             .collect();
@@ -328,6 +338,7 @@ impl Client {
                 .iter()
                 .filter_map(|item| item.as_ref().ok().cloned())
                 .collect(),
+            durability: self.durability,
         };
         if request.adds.is_empty() {
             return merge_batch(items, Vec::new(), add_result_outcome);

@@ -15,6 +15,7 @@ use crate::coalesce::BatchSettings;
 use crate::endpoint::{error_chain, normalize_endpoint};
 use crate::retry::{Backoff, RetryPolicy};
 use crate::transport::{BoxError, Transport};
+use crate::types::Durability;
 use crate::{Client, Error};
 
 /// The most adds one `AddBatch` call may carry (the node's limit), and so the
@@ -47,6 +48,7 @@ pub struct ClientConfig {
     read_cache: Option<(usize, Duration)>,
     tls_ca_pem: Option<Vec<u8>>,
     token: Option<String>,
+    durability: Durability,
 }
 
 impl Default for ClientConfig {
@@ -64,6 +66,7 @@ impl Default for ClientConfig {
             read_cache: None,
             tls_ca_pem: None,
             token: None,
+            durability: Durability::NodeDefault,
         }
     }
 }
@@ -97,6 +100,21 @@ impl ClientConfig {
     pub fn with_max_retries(mut self, max_retries: u32) -> Self {
         self.max_retries = max_retries;
         self
+    }
+
+    /// Sets how durable this client's adds must be before the node
+    /// acknowledges them: the node's `--durability` by default, or
+    /// [`Durability::Replicated`] for adds that must survive the loss of the
+    /// taking node's disk (votes, purchases), at the cost of a round trip
+    /// and a flush on a copy. The node uses the stronger of this and its own.
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// How durable this client's adds must be.
+    pub fn durability(&self) -> Durability {
+        self.durability
     }
 
     /// Sets the backoff's first step; the step doubles with each retry.

@@ -78,7 +78,9 @@ pub use format::format_count;
 pub use likes::{
     validate_member, LikeOutcome, LikesPage, LikesRecount, MAX_MEMBERS_PER_CALL, MAX_MEMBER_BYTES,
 };
-pub use types::{AddOutcome, ClusterStatus, Counter, HotKey, Member, RegionValue, RetiredWriter};
+pub use types::{
+    AddOutcome, ClusterStatus, Counter, Durability, HotKey, Member, RegionValue, RetiredWriter,
+};
 pub use validate::{validate_key, MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES};
 
 /// The gRPC status code carried by [`Error::code`], re-exported from tonic so

@@ -390,3 +390,33 @@ mod tests {
         assert_eq!(json["value"], -5);
     }
 }
+
+/// How durable an add must be before the node acknowledges it (see
+/// [`crate::ClientConfig::with_durability`]). The node applies the stronger
+/// of this and its own `--durability`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Durability {
+    /// The node's `--durability` (`sync` unless its operator chose otherwise).
+    #[default]
+    NodeDefault,
+    /// On the disk of the node that took it.
+    Sync,
+    /// On the disk of the node that took it and of its copies in the region
+    /// (the node's `--write-copies`, that node included). When too few copies
+    /// confirm it in time the add fails with `UNAVAILABLE` naming how many
+    /// did, and its outcome is unknown: retry it with its idempotency key
+    /// ([`crate::Client::add_with_key`]).
+    Replicated,
+}
+
+impl Durability {
+    /// The value of the `durability` field on the wire.
+    pub(crate) fn wire(self) -> i32 {
+        use tally_proto::v1::Durability as Wire;
+        match self {
+            Durability::NodeDefault => Wire::Unspecified as i32,
+            Durability::Sync => Wire::Sync as i32,
+            Durability::Replicated => Wire::Replicated as i32,
+        }
+    }
+}

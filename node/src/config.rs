@@ -135,6 +135,14 @@ pub enum ConfigError {
         /// The newest this build speaks.
         newest: u32,
     },
+    /// A `--write-copies` outside 2 to [`crate::engine::MAX_WRITE_COPIES`].
+    #[error("{setting} {copies} is not valid: replicated durability keeps an add on the node that takes it and on at least one more node of its region, so give 2 to {max} (nodes, this one included; at most the nodes of the region)", max = crate::engine::MAX_WRITE_COPIES)]
+    WriteCopies {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        copies: usize,
+    },
     /// A zero sync or gossip interval.
     #[error("--sync-interval and --gossip-interval must be above zero")]
     ZeroInterval,
@@ -186,9 +194,15 @@ pub struct RunArgs {
     pub cluster_id: Option<String>,
     /// When an add is acknowledged: `sync` after it is flushed to disk (the default);
     /// `async` as soon as it is applied in memory, so a crash can lose the adds of the
-    /// last commit interval (about a millisecond under load).
+    /// last commit interval (about a millisecond under load); `replicated` once it is
+    /// flushed to disk here and on the other copies of the region (--write-copies),
+    /// so a lost disk loses no acknowledged add. A request may ask for a stronger mode.
     #[arg(long, env = "TALLY_DURABILITY", value_enum)]
     pub durability: Option<Durability>,
+    /// Nodes of the region that hold a `replicated` add before it is acknowledged,
+    /// this one included (2 to 7; at most the nodes of the region). [default: 2]
+    #[arg(long, env = "TALLY_WRITE_COPIES")]
+    pub write_copies: Option<usize>,
     /// Anti-entropy round interval, e.g. 200ms. [default: 200ms]
     #[arg(long, env = "TALLY_SYNC_INTERVAL")]
     pub sync_interval: Option<String>,
@@ -309,6 +323,7 @@ struct FileSettings {
     seeds: Option<Vec<String>>,
     cluster_id: Option<String>,
     durability: Option<Durability>,
+    write_copies: Option<usize>,
     sync_interval: Option<String>,
     gossip_interval: Option<String>,
     retire_after: Option<String>,
@@ -361,6 +376,8 @@ pub struct Settings {
     pub cluster_id: String,
     /// See [`RunArgs`].
     pub durability: Durability,
+    /// See [`RunArgs`].
+    pub write_copies: usize,
     /// See [`RunArgs`].
     pub sync_interval: Duration,
     /// See [`RunArgs`].
@@ -415,6 +432,7 @@ impl Settings {
             seeds: Vec::new(),
             cluster_id: "tally".into(),
             durability: Durability::Sync,
+            write_copies: 2,
             sync_interval: Duration::from_millis(200),
             gossip_interval: Duration::from_millis(100),
             retire_after: Duration::from_secs(60 * 60),
@@ -527,6 +545,16 @@ impl Settings {
         }
         if let Some(durability) = take!(durability) {
             settings.durability = durability;
+        }
+        let copies_source = source!(write_copies);
+        if let Some(copies) = take!(write_copies) {
+            if !(2..=crate::engine::MAX_WRITE_COPIES).contains(&copies) {
+                return Err(ConfigError::WriteCopies {
+                    setting: copies_source,
+                    copies,
+                });
+            }
+            settings.write_copies = copies;
         }
         let sync_source = source!(sync_interval);
         if let Some(text) = take!(sync_interval) {

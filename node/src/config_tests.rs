@@ -192,3 +192,47 @@ fn refusals_are_typed_and_carry_their_setting() {
         Err(ConfigError::UnknownUnit { .. })
     ));
 }
+
+#[test]
+fn write_copies_take_two_to_the_maximum_and_name_the_setting_otherwise() {
+    let resolve = |copies| {
+        Settings::resolve(RunArgs {
+            durability: Some(Durability::Replicated),
+            write_copies: Some(copies),
+            ..Default::default()
+        })
+    };
+    let settings = resolve(3).unwrap();
+    assert_eq!(
+        (settings.durability, settings.write_copies),
+        (Durability::Replicated, 3)
+    );
+    assert_eq!(Settings::defaults("d".into()).write_copies, 2);
+    for bad in [0, 1, crate::engine::MAX_WRITE_COPIES + 1] {
+        let err = resolve(bad).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("--write-copies {bad} is not valid"))
+                && err.contains("give 2 to"),
+            "{err}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tally.toml");
+    std::fs::write(&path, "durability = \"replicated\"\nwrite_copies = 0\n").unwrap();
+    let err = Settings::resolve(RunArgs {
+        config: Some(path),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("write_copies in"), "{err}");
+}
+
+#[test]
+fn the_stronger_durability_wins() {
+    use Durability::*;
+    assert_eq!(Sync.stronger(Replicated), Replicated);
+    assert_eq!(Replicated.stronger(Sync), Replicated);
+    assert_eq!(Async.stronger(Sync), Sync);
+    assert_eq!(Sync.stronger(Async), Sync);
+}

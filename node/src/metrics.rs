@@ -132,6 +132,11 @@ pub struct Metrics {
     pub folds_waiting: Gauge,
     /// Writers retired (fenced) as this node knows.
     pub retired_writers: Gauge,
+    /// Pushes of this node's own slot to its copies (replicated
+    /// durability), by outcome: `confirmed` or `failed`.
+    pub copy_pushes: Family<ReasonLabels, Counter>,
+    /// Pushes of other nodes of the region that this node took as a copy.
+    pub copies_taken: Counter,
 }
 
 impl Metrics {
@@ -180,6 +185,8 @@ impl Metrics {
             folds_done: Gauge::default(),
             folds_waiting: Gauge::default(),
             retired_writers: Gauge::default(),
+            copy_pushes: Family::default(),
+            copies_taken: Counter::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -204,6 +211,16 @@ impl Metrics {
             "commits",
             "Group commits completed",
             metrics.commits.clone(),
+        );
+        registry.register(
+            "copy_pushes",
+            "Pushes of this node's own slots to its copies (replicated durability), by outcome",
+            metrics.copy_pushes.clone(),
+        );
+        registry.register(
+            "copies_taken",
+            "Pushes of other nodes of the region taken and made durable as their copy",
+            metrics.copies_taken.clone(),
         );
         registry.register(
             "commit_errors",

@@ -22,6 +22,7 @@ use crate::api::NodeInfo;
 use crate::config::Settings;
 use crate::engine::{CommitterHandle, Engine, StoreHealth};
 use crate::gossip::anti_entropy::{spawn_anti_entropy, AntiEntropyConfig, AntiEntropyHandle};
+use crate::gossip::copier::{spawn_copier, CopierHandle};
 use crate::gossip::membership::{MembershipConfig, MembershipError, MembershipHandle};
 use crate::metrics::Metrics;
 use crate::replica::version::ProtocolWindow;
@@ -131,6 +132,7 @@ pub struct NodeHandle {
     recount_task: JoinHandle<()>,
     fold_task: JoinHandle<()>,
     anti_entropy: AntiEntropyHandle,
+    copier: CopierHandle,
     committer: CommitterHandle,
 }
 
@@ -206,6 +208,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         settings.node_name.clone(),
     );
     engine.core().peers_mut().set_own_protocol(protocol);
+    engine.set_write_copies(settings.write_copies);
 
     let listen = |setting: &'static str, addr: SocketAddr| {
         move |error| StartError::Listen {
@@ -291,6 +294,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval);
     anti_entropy_config.tls = security.tls.as_ref().map(|tls| tls.client.clone());
     anti_entropy_config.source_ip = settings.peer_source_ip;
+    let copier = spawn_copier(engine.clone(), anti_entropy_config.clone());
     let anti_entropy = spawn_anti_entropy(engine.clone(), anti_entropy_config);
 
     let info = NodeInfo {
@@ -340,6 +344,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         http = %http_addr,
         gossip = %settings.gossip_addr,
         durability = ?settings.durability,
+        write_copies = settings.write_copies,
         protocol = %protocol,
         data_dir = %settings.data_dir.display(),
         "tally-node started"
@@ -360,6 +365,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         recount_task,
         fold_task,
         anti_entropy,
+        copier,
         committer,
     })
 }
@@ -412,6 +418,7 @@ impl NodeHandle {
         // Streams such as Watch would hold the server open; give them a moment.
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.grpc_task).await;
         self.anti_entropy.shutdown().await;
+        self.copier.shutdown().await;
         self.committer.shutdown().await;
         if let StoreHealth::Failed(cause) = self.engine.store_health() {
             tracing::warn!(%cause, "not closing the failed store: the next start recovers from what is durable");

@@ -53,6 +53,7 @@ async fn cli_refusals_read_as_the_nodes_and_share_one_style() {
                 key: Default::default(),
                 delta: 1,
                 idempotency_key: String::new(),
+                ..Default::default()
             },
         ),
         (
@@ -61,6 +62,7 @@ async fn cli_refusals_read_as_the_nodes_and_share_one_style() {
                 key: long_key.clone().into_bytes().into(),
                 delta: 1,
                 idempotency_key: String::new(),
+                ..Default::default()
             },
         ),
         (
@@ -69,6 +71,7 @@ async fn cli_refusals_read_as_the_nodes_and_share_one_style() {
                 key: b"k".to_vec().into(),
                 delta: 0,
                 idempotency_key: String::new(),
+                ..Default::default()
             },
         ),
         (
@@ -77,6 +80,7 @@ async fn cli_refusals_read_as_the_nodes_and_share_one_style() {
                 key: b"k".to_vec().into(),
                 delta: 1,
                 idempotency_key: long_idempotency_key.clone(),
+                ..Default::default()
             },
         ),
     ];

@@ -124,6 +124,7 @@ fn add(key: &str, delta: i64) -> AddRequest {
         key: key.as_bytes().to_vec().into(),
         delta,
         idempotency_key: String::new(),
+        ..Default::default()
     }
 }
 

@@ -186,6 +186,7 @@ async fn raw_add(
         key: Bytes::copy_from_slice(key),
         delta,
         idempotency_key: idempotency_key.to_owned(),
+        ..Default::default()
     };
     raw.add(request).await.map(|r| r.into_inner().value)
 }

@@ -43,6 +43,7 @@ async fn add(
         key: Bytes::copy_from_slice(key.as_bytes()),
         delta,
         idempotency_key: String::new(),
+        ..Default::default()
     };
     let call = tokio::time::timeout(GIVE_UP, raw.add(request));
     call.await

@@ -539,7 +539,7 @@ mod tests {
             let number = self.submitted;
             self.submitted += 1;
             let now = self.at(micros);
-            let body = encode_add(b"k", 1, format!("key-{number}").as_bytes());
+            let body = encode_add(b"k", 1, format!("key-{number}").as_bytes(), 0);
             self.batcher.handle_submit(
                 now,
                 PendingAdd {

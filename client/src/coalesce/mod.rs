@@ -243,7 +243,7 @@ mod tests {
     async fn an_unreachable_node_fails_the_add_within_its_deadline() {
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
         let handle = spawn_coalescer(Transport::new(channel, None), settings());
-        let body = wire::encode_add(b"k", 1, b"key");
+        let body = wire::encode_add(b"k", 1, b"key", 0);
         let deadline = Instant::now() + Duration::from_millis(200);
         let error = handle.add(body).await.unwrap_err();
         assert!(error.is_transient(), "{error:?}");

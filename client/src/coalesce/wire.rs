@@ -32,6 +32,8 @@ const KEY_FIELD: u32 = 1;
 const DELTA_FIELD: u32 = 2;
 /// `AddRequest.idempotency_key` (string).
 const IDEMPOTENCY_KEY_FIELD: u32 = 3;
+/// `AddRequest.durability`.
+const DURABILITY_FIELD: u32 = 4;
 
 /// The longest encoded add kept inline: with a generated idempotency key,
 /// a key of up to 49 bytes with any delta, or 58 with a delta of -64 to 63.
@@ -65,16 +67,28 @@ fn delimited_len(len: usize) -> usize {
     1 + encoded_len_varint(len as u64) + len
 }
 
-/// Encodes the add `(key, delta, idempotency_key)` as one element of
-/// `AddBatchRequest.adds`. Every field is written (none is at its default:
-/// the key and the idempotency key are non-empty and the delta non-zero, as
-/// validated before).
-pub(crate) fn encode_add(key: &[u8], delta: i64, idempotency_key: &[u8]) -> EncodedAdd {
+/// Encodes the add `(key, delta, idempotency_key, durability)` as one
+/// element of `AddBatchRequest.adds`. Every field is written (none is at its
+/// default: the key and the idempotency key are non-empty and the delta
+/// non-zero, as validated before), but the durability only when it is not
+/// the node's default (0), as prost does.
+pub(crate) fn encode_add(
+    key: &[u8],
+    delta: i64,
+    idempotency_key: &[u8],
+    durability: i32,
+) -> EncodedAdd {
     let delta = zigzag(delta);
+    let durability = durability as u64;
+    let durability_len = match durability {
+        0 => 0,
+        value => 1 + encoded_len_varint(value),
+    };
     let body_len = delimited_len(key.len())
         + 1
         + encoded_len_varint(delta)
-        + delimited_len(idempotency_key.len());
+        + delimited_len(idempotency_key.len())
+        + durability_len;
     let total_len = delimited_len(body_len);
     if total_len <= INLINE_BYTES {
         let mut bytes = [0; INLINE_BYTES];
@@ -84,6 +98,7 @@ pub(crate) fn encode_add(key: &[u8], delta: i64, idempotency_key: &[u8]) -> Enco
             key,
             delta,
             idempotency_key,
+            durability,
         );
         EncodedAdd::Inline {
             len: total_len as u8,
@@ -91,7 +106,7 @@ pub(crate) fn encode_add(key: &[u8], delta: i64, idempotency_key: &[u8]) -> Enco
         }
     } else {
         let mut buf = Vec::with_capacity(total_len);
-        write_add(&mut buf, body_len, key, delta, idempotency_key);
+        write_add(&mut buf, body_len, key, delta, idempotency_key, durability);
         EncodedAdd::Heap(buf.into_boxed_slice())
     }
 }
@@ -102,6 +117,7 @@ fn write_add(
     key: &[u8],
     zigzag_delta: u64,
     idempotency_key: &[u8],
+    durability: u64,
 ) {
     encode_key(ADDS_FIELD, WireType::LengthDelimited, buf);
     encode_varint(body_len as u64, buf);
@@ -113,6 +129,10 @@ fn write_add(
     encode_key(IDEMPOTENCY_KEY_FIELD, WireType::LengthDelimited, buf);
     encode_varint(idempotency_key.len() as u64, buf);
     buf.put_slice(idempotency_key);
+    if durability != 0 {
+        encode_key(DURABILITY_FIELD, WireType::Varint, buf);
+        encode_varint(durability, buf);
+    }
 }
 
 /// The node's answer to one add of a batch, as decoded from an
@@ -289,12 +309,22 @@ mod tests {
 
     #[track_caller]
     fn assert_same_as_prost(adds: &[(&str, i64, &str)]) {
+        assert_same_as_prost_with(adds, 0);
+    }
+
+    #[track_caller]
+    fn assert_same_as_prost_with(adds: &[(&str, i64, &str)], durability: i32) {
         let ours: Vec<u8> = adds
             .iter()
             .flat_map(|(key, delta, idempotency_key)| {
-                encode_add(key.as_bytes(), *delta, idempotency_key.as_bytes())
-                    .as_bytes()
-                    .to_vec()
+                encode_add(
+                    key.as_bytes(),
+                    *delta,
+                    idempotency_key.as_bytes(),
+                    durability,
+                )
+                .as_bytes()
+                .to_vec()
             })
             .collect();
         let prost = AddBatchRequest {
@@ -304,8 +334,10 @@ mod tests {
                     key: key.as_bytes().to_vec().into(),
                     delta: *delta,
                     idempotency_key: (*idempotency_key).to_owned(),
+                    durability,
                 })
                 .collect(),
+            ..Default::default()
         }
         .encode_to_vec();
         assert_eq!(ours, prost, "{adds:?}");
@@ -322,13 +354,15 @@ mod tests {
             ("c", i64::MIN, "k3"),
             (&"x".repeat(256), 300, &"i".repeat(128)),
         ]);
+        let replicated = tally_proto::v1::Durability::Replicated as i32;
+        assert_same_as_prost_with(&[("votes", 1, "k"), ("b", -3, "k2")], replicated);
     }
 
     #[test]
     fn short_adds_are_inline_and_long_ones_on_the_heap() {
         let uuid = "0190a6e4-7c1e-7000-8000-000000000001";
         let inline = |key_len: usize, delta: i64| {
-            let add = encode_add(&vec![b'k'; key_len], delta, uuid.as_bytes());
+            let add = encode_add(&vec![b'k'; key_len], delta, uuid.as_bytes(), 0);
             matches!(add, EncodedAdd::Inline { .. })
         };
         assert!(inline(58, 1));

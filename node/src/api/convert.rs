@@ -49,6 +49,7 @@ pub fn code_of(error: &EngineError) -> Code {
                 SetError::Like(LikeRefused::Add(add)) => code_of(&EngineError::Add(add.clone())),
             }
         }
+        EngineError::CopiesUnconfirmed { .. } => Code::Unavailable,
     }
 }
 

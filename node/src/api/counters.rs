@@ -17,6 +17,7 @@ use crate::replica::RegionPart;
 use crate::security::ItemCharge;
 
 use super::convert::{item_error, status_of};
+use super::copies::{deadline_of, durability_from};
 
 /// The shortest gap between two updates of one `Watch` stream.
 pub const WATCH_MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -125,10 +126,21 @@ impl Counters for CountersService {
         &self,
         request: Request<pb::AddRequest>,
     ) -> Result<Response<pb::AddResponse>, Status> {
+        let deadline = deadline_of(request.metadata());
         let add = request.into_inner();
+        let durability = durability_from(add.durability)?
+            .map_or(self.engine.durability(), |asked| {
+                asked.stronger(self.engine.durability())
+            });
         let accepted = self
             .engine
-            .add(&add.key, add.delta, idempotency_key(&add.idempotency_key))
+            .add_as(
+                &add.key,
+                add.delta,
+                idempotency_key(&add.idempotency_key),
+                durability,
+                deadline,
+            )
             .await
             .map_err(|e| status_of(&e))?;
         Ok(Response::new(pb::AddResponse {
@@ -142,17 +154,32 @@ impl Counters for CountersService {
         request: Request<pb::AddBatchRequest>,
     ) -> Result<Response<pb::AddBatchResponse>, Status> {
         charge_items(&request, request.get_ref().adds.len());
-        let adds = request.into_inner().adds;
+        let deadline = deadline_of(request.metadata());
+        let batch = request.into_inner();
+        let adds = batch.adds;
         check_batch_size(adds.len())?;
+        let for_batch = durability_from(batch.durability)?;
+        let mut asked = Vec::with_capacity(adds.len());
+        for add in &adds {
+            let own = durability_from(add.durability)?;
+            asked.push(match (own, for_batch) {
+                (Some(own), Some(batch)) => Some(own.stronger(batch)),
+                (own, batch) => own.or(batch),
+            });
+        }
         let results = self
             .engine
-            .add_batch(adds.iter().map(|add| {
-                (
-                    add.key.as_ref(),
-                    add.delta,
-                    idempotency_key(&add.idempotency_key),
-                )
-            }))
+            .add_batch(
+                adds.iter().zip(asked).map(|(add, durability)| {
+                    (
+                        add.key.as_ref(),
+                        add.delta,
+                        idempotency_key(&add.idempotency_key),
+                        durability,
+                    )
+                }),
+                deadline,
+            )
             .await;
         let results = results
             .into_iter()

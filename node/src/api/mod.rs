@@ -1,9 +1,11 @@
 //! The tonic services: `Counters` and `Likes` (public), `Replication` (between nodes) and
-//! `Admin` (operators). The prost <-> core conversions live in [`convert`] only.
+//! `Admin` (operators). The prost <-> core conversions live in [`convert`]
+//! (and, for replicated durability's `Copy` RPC, in [`copies`]) only.
 
 pub mod admin;
 pub mod backup;
 pub mod convert;
+pub mod copies;
 pub mod counters;
 pub mod likes;
 pub mod replication;

@@ -1,6 +1,7 @@
 //! The internal `Replication` gRPC service: answers a peer's pull with the
-//! core's durable state, chunk by chunk. The core's lock is taken per chunk
-//! only, so a large full sync never holds up adds for long.
+//! core's durable state, chunk by chunk, and takes a region peer's copy
+//! pushes (replicated durability, `super::copies`). The core's lock is taken
+//! per chunk only, so a large full sync never holds up adds for long.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -40,6 +41,23 @@ impl ReplicationService {
     }
 }
 
+impl ReplicationService {
+    /// With TLS on, a caller that presented no node certificate is refused
+    /// (`what` names the call: "pulling", "pushing copies").
+    fn check_peer_certificate<T>(&self, request: &Request<T>, what: &str) -> Result<(), Status> {
+        if self.require_peer_certificate
+            && request.peer_certs().is_none_or(|certs| certs.is_empty())
+        {
+            self.engine.metrics().refused("no_peer_certificate");
+            tracing::warn!(remote = ?request.remote_addr(), "{what} refused: the caller presented no node certificate");
+            return Err(Status::unauthenticated(format!(
+                "{what} requires mutual TLS: present a node certificate signed by the cluster CA"
+            )));
+        }
+        Ok(())
+    }
+}
+
 type PullStream = Pin<Box<dyn Stream<Item = Result<pb::PullChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -50,15 +68,7 @@ impl Replication for ReplicationService {
         &self,
         request: Request<pb::PullRequest>,
     ) -> Result<Response<Self::PullStream>, Status> {
-        if self.require_peer_certificate
-            && request.peer_certs().is_none_or(|certs| certs.is_empty())
-        {
-            self.engine.metrics().refused("no_peer_certificate");
-            tracing::warn!(remote = ?request.remote_addr(), "pull refused: the caller presented no node certificate");
-            return Err(Status::unauthenticated(
-                "pulling requires mutual TLS: present a node certificate signed by the cluster CA",
-            ));
-        }
+        self.check_peer_certificate(&request, "pulling")?;
         let mut pull = pull_request_from(request.into_inner(), MAX_PULL_BYTES)?;
         let engine = self.engine.clone();
         let labels = caller_labels(&engine, pull.caller);
@@ -106,6 +116,16 @@ impl Replication for ReplicationService {
             }
         });
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn copy(
+        &self,
+        request: Request<pb::CopyRequest>,
+    ) -> Result<Response<pb::CopyResponse>, Status> {
+        self.check_peer_certificate(&request, "pushing copies")?;
+        super::copies::serve(&self.engine, request.into_inner())
+            .await
+            .map(Response::new)
     }
 }
 

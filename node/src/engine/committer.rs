@@ -171,12 +171,17 @@ async fn commit_all(
         });
         let cause: Arc<str> = match tokio::time::timeout(COMMIT_STALL_LIMIT, task).await {
             Ok(Ok(Ok(()))) => {
-                let digest = {
+                let (digest, replicated, copies_pending) = {
                     let mut core = engine.core();
                     core.handle_commit_done(seq);
-                    core.digest().0
+                    let pending = core.copies_pending().0 > 0;
+                    (core.digest().0, core.replicated_seq(), pending)
                 };
                 engine.publish_durable(seq);
+                engine.publish_replicated(replicated);
+                if copies_pending {
+                    engine.wake_copier();
+                }
                 engine.metrics.commits.inc();
                 engine
                     .metrics

@@ -15,9 +15,11 @@
 //! the binary exits so that a restart recovers from the durable state. Below
 //! the free-space floor ([`disk`]) adds are refused, reads are not.
 
+mod adds;
 mod committer;
 pub mod disk;
 pub mod hot_keys;
+mod replicated;
 pub mod sets;
 mod watchers;
 
@@ -29,14 +31,15 @@ use tokio::sync::watch;
 use crate::crdt::ValueOutOfRange;
 use crate::metrics::Metrics;
 use crate::replica::{
-    check_key, AddAccepted, AddRefused, AddRequest, ChunkRefused, KeyError, MergeReport, PullChunk,
-    PullRefused, PullRequest, RegionPart, Replica, ReplicaConfig, StorageError,
+    check_key, AddRefused, ChunkRefused, KeyError, MergeReport, PullChunk, PullRefused,
+    PullRequest, RegionPart, Replica, ReplicaConfig, StorageError,
 };
 use crate::store::Store;
 
 pub use committer::CommitterHandle;
 pub use disk::FreeSpaceFloor;
 use hot_keys::{HotKey, HotKeys, Op};
+pub use replicated::{CopyAttempt, MAX_WRITE_COPIES, REPLICATED_WAIT_DEFAULT};
 use watchers::Watchers;
 
 /// When an add is acknowledged.
@@ -49,6 +52,27 @@ pub enum Durability {
     /// As soon as it is applied in memory; a crash may lose the adds of the
     /// last commit interval (about a millisecond under load).
     Async,
+    /// After it is flushed to disk here and on the copies of the region
+    /// (`--write-copies`, this node included): a lost disk loses nothing
+    /// that was acknowledged.
+    Replicated,
+}
+
+impl Durability {
+    /// The stronger of two modes (async < sync < replicated): what an add
+    /// gets when the request asks for one and the node's default is another.
+    pub fn stronger(self, other: Durability) -> Durability {
+        let rank = |mode| match mode {
+            Durability::Async => 0,
+            Durability::Sync => 1,
+            Durability::Replicated => 2,
+        };
+        if rank(other) > rank(self) {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// Why a request failed.
@@ -78,6 +102,18 @@ pub enum EngineError {
     /// The store failed for good and the node is stopping (fail-stop).
     #[error("this node's store failed ({0}) and the node is stopping: the outcome of adds that were waiting is unknown; retry them with their idempotency key on another node of the region")]
     StoreFailed(Arc<str>),
+    /// The add is durable here, but too few copies confirmed it in time.
+    #[error("the add is on this node's disk, but only {reached} of the {wanted} copies that replicated durability asks for (--write-copies, this node included) confirmed it within {waited_ms} ms ({problem}); its outcome is unknown: retry it with the same idempotency key, here or on another node of the region")]
+    CopiesUnconfirmed {
+        /// Nodes that hold it durably: this one and the copies that confirmed.
+        reached: usize,
+        /// Nodes asked for (`--write-copies`).
+        wanted: usize,
+        /// How long the add waited for its copies.
+        waited_ms: u64,
+        /// What the last push to the copies met.
+        problem: String,
+    },
     /// The data directory's filesystem is below the free-space floor.
     #[error("disk nearly full on {node}: {free} bytes free, floor {floor} (--min-free-disk); adds resume by themselves once space is freed, reads go on")]
     DiskFull {
@@ -127,6 +163,7 @@ pub struct Engine {
     durability: Durability,
     durable_tx: watch::Sender<u64>,
     commit_wakeup: tokio::sync::Notify,
+    copies: replicated::Copies,
     watchers: Watchers,
     hot_keys: Mutex<HotKeys>,
     metrics: Arc<Metrics>,
@@ -147,12 +184,14 @@ impl Engine {
         let core = Replica::open(store.identity().clone(), config, recovered, now_ms());
         let (durable_tx, _) = watch::channel(core.durable_seq());
         metrics.durable_seq.set(core.durable_seq() as i64);
+        let copies = replicated::Copies::new(core.replicated_seq());
         Ok(Arc::new(Engine {
             core: Mutex::new(core),
             store,
             durability,
             durable_tx,
             commit_wakeup: tokio::sync::Notify::new(),
+            copies,
             watchers: Watchers::default(),
             hot_keys: Mutex::new(HotKeys::default()),
             metrics,
@@ -292,150 +331,6 @@ impl Engine {
         self.durable_tx.subscribe()
     }
 
-    /// Adds to one counter and answers once the add is as durable as the mode asks.
-    pub async fn add(
-        &self,
-        key: &[u8],
-        delta: i64,
-        idempotency_key: Option<&str>,
-    ) -> Result<AddAccepted, EngineError> {
-        let started = std::time::Instant::now();
-        let result = self
-            .check_adds()
-            .and_then(|()| self.apply_add(key, delta, idempotency_key));
-        let accepted = match result {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                self.count_add_error(&error);
-                return Err(error);
-            }
-        };
-        self.commit_wakeup.notify_one();
-        self.wait_durable(accepted.durable_at_seq).await?;
-        self.metrics
-            .add_duration
-            .observe(started.elapsed().as_secs_f64());
-        Ok(accepted)
-    }
-
-    /// Adds to many counters under one lock; each add gets its own result.
-    pub async fn add_batch<'a>(
-        &self,
-        adds: impl IntoIterator<Item = (&'a [u8], i64, Option<&'a str>)>,
-    ) -> Vec<Result<AddAccepted, EngineError>> {
-        let started = std::time::Instant::now();
-        let adds: Vec<_> = adds.into_iter().collect();
-        let results: Vec<Result<AddAccepted, EngineError>> = if self.check_adds().is_err() {
-            // Every item gets the refusal (read again: an error is not Clone).
-            adds.iter()
-                .map(|_| Err(self.check_adds().err().unwrap_or(EngineError::ShuttingDown)))
-                .collect()
-        } else {
-            // In slices, each with its cold counters read from the store
-            // before the lock is taken: a batch of thousands of cold keys
-            // held the core lock through every disk read, and every other
-            // request waited behind it.
-            let mut results = Vec::with_capacity(adds.len());
-            for slice in adds.chunks(BATCH_SLICE) {
-                self.warm_cold_counters(slice.iter().map(|(key, _, _)| *key));
-                let now = now_ms();
-                let mut core = self.core();
-                results.extend(slice.iter().map(|&(key, delta, idempotency_key)| {
-                    self.apply_add_locked(&mut core, now, key, delta, idempotency_key)
-                }));
-            }
-            results
-        };
-        let ticket = results
-            .iter()
-            .flatten()
-            .map(|accepted| accepted.durable_at_seq)
-            .max();
-        for result in &results {
-            if let Err(error) = result {
-                self.count_add_error(error);
-            }
-        }
-        if let Some(ticket) = ticket {
-            self.commit_wakeup.notify_one();
-            if let Err(error) = self.wait_durable(ticket).await {
-                let cause = match error {
-                    EngineError::StoreFailed(cause) => Some(cause),
-                    _ => None,
-                };
-                return results
-                    .into_iter()
-                    .map(|r| {
-                        r.and(Err(match &cause {
-                            Some(cause) => EngineError::StoreFailed(cause.clone()),
-                            None => EngineError::ShuttingDown,
-                        }))
-                    })
-                    .collect();
-            }
-            self.metrics
-                .add_duration
-                .observe(started.elapsed().as_secs_f64());
-        }
-        results
-    }
-
-    fn apply_add(
-        &self,
-        key: &[u8],
-        delta: i64,
-        idempotency_key: Option<&str>,
-    ) -> Result<AddAccepted, EngineError> {
-        let now = now_ms();
-        let mut core = self.core();
-        self.apply_add_locked(&mut core, now, key, delta, idempotency_key)
-    }
-
-    /// Reads the counters of `keys` that the core does not hold in memory,
-    /// without the core lock, so that the store's cache has them when the
-    /// core asks under the lock. Only a warm-up: what the core reads under
-    /// the lock is what counts (a record read here could be stale by then).
-    fn warm_cold_counters<'a>(&self, keys: impl Iterator<Item = &'a [u8]>) {
-        let keys: Vec<&str> = keys.filter_map(|key| check_key(key).ok()).collect();
-        let cold: Vec<&str> = {
-            let core = self.core();
-            keys.into_iter()
-                .filter(|key| !core.is_cached(key))
-                .collect()
-        };
-        for key in cold {
-            let _ = self.store.load_counter(key);
-        }
-    }
-
-    fn apply_add_locked(
-        &self,
-        core: &mut Replica,
-        now: u64,
-        key: &[u8],
-        delta: i64,
-        idempotency_key: Option<&str>,
-    ) -> Result<AddAccepted, EngineError> {
-        let key = check_key(key)?;
-        let accepted = core.handle_add(
-            now,
-            &*self.store,
-            AddRequest {
-                key,
-                delta,
-                idempotency_key,
-            },
-        )?;
-        if accepted.duplicate {
-            self.metrics.duplicate_adds.inc();
-        } else {
-            self.metrics.adds.inc();
-            self.watchers.notify(key, accepted.value);
-            self.record_hot(Op::Add, key);
-        }
-        Ok(accepted)
-    }
-
     fn record_hot(&self, op: Op, key: &str) {
         let mut hot_keys = self.hot_keys.lock().unwrap_or_else(|p| p.into_inner());
         hot_keys.record(op, key, std::time::Instant::now());
@@ -445,49 +340,6 @@ impl Engine {
     pub fn hot_keys(&self, limit: usize) -> Vec<HotKey> {
         let mut hot_keys = self.hot_keys.lock().unwrap_or_else(|p| p.into_inner());
         hot_keys.top(limit, std::time::Instant::now())
-    }
-
-    fn count_add_error(&self, error: &EngineError) {
-        let reason = match error {
-            EngineError::Key(_) => "bad_key",
-            EngineError::Add(AddRefused::Counter(_)) => "counter",
-            EngineError::Add(
-                AddRefused::IdempotencyKeyReused(_) | AddRefused::IdempotencyKeyTooLong(_),
-            ) => "idempotency_key",
-            EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => "storage",
-            EngineError::Add(AddRefused::Fenced(_)) => "fenced",
-            EngineError::OutOfRange(_) => "out_of_range",
-            EngineError::ShuttingDown => "shutting_down",
-            EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => "storage_failed",
-            EngineError::DiskFull { .. } => "disk_full",
-            EngineError::Set(_) => "set",
-        };
-        self.metrics
-            .add_errors
-            .get_or_create(&crate::metrics::ReasonLabels {
-                reason: reason.into(),
-            })
-            .inc();
-    }
-
-    async fn wait_durable(&self, ticket: u64) -> Result<(), EngineError> {
-        if self.durability == Durability::Async {
-            return Ok(());
-        }
-        let mut durable = self.durable_tx.subscribe();
-        let mut health = self.health.subscribe();
-        tokio::select! {
-            biased;
-            reached = durable.wait_for(|seq| *seq >= ticket) => {
-                reached.map(|_| ()).map_err(|_| EngineError::ShuttingDown)
-            }
-            ended = health.wait_for(|h| matches!(h, StoreHealth::Failed(_) | StoreHealth::Stopped)) => {
-                match ended.as_deref() {
-                    Ok(StoreHealth::Failed(cause)) => Err(EngineError::StoreFailed(cause.clone())),
-                    _ => Err(EngineError::ShuttingDown),
-                }
-            }
-        }
     }
 
     /// Waits, while more than `limit` changed counters wait for a commit,

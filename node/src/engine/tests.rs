@@ -161,3 +161,109 @@ async fn below_the_disk_floor_adds_are_refused_and_reads_go_on() {
     assert!(engine.is_ready(), "reads are served: the node stays ready");
     committer.shutdown().await;
 }
+
+/// An engine in `sync` durability with a committer, over a memory store.
+fn committed_engine() -> (Arc<Engine>, super::CommitterHandle) {
+    let store = MemoryStore::new(Identity {
+        replica: ReplicaId(1),
+        region: "eu".into(),
+    });
+    let engine = Engine::open(
+        Arc::new(store),
+        ReplicaConfig::default(),
+        Durability::Sync,
+        Arc::new(Metrics::new()),
+    )
+    .unwrap();
+    let committer = engine.spawn_committer(|_, _| {});
+    (engine, committer)
+}
+
+#[tokio::test]
+async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reached() {
+    let (engine, committer) = committed_engine();
+    engine.set_write_copies(3);
+    let error = engine
+        .add_as(
+            b"votes",
+            1,
+            Some("vote-1"),
+            Durability::Replicated,
+            Some(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    match &error {
+        super::EngineError::CopiesUnconfirmed {
+            reached, wanted, ..
+        } => assert_eq!((*reached, *wanted), (1, 3)),
+        other => panic!("not a copies error: {other:?}"),
+    }
+    assert_eq!(
+        crate::api::convert::code_of(&error),
+        tonic::Code::Unavailable
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("only 1 of the 3 copies") && text.contains("same idempotency key"),
+        "{text}"
+    );
+    // A sync add is not held up by the copies.
+    engine.add(b"likes", 1, None).await.unwrap();
+    // The outcome was unknown: the copy confirms later, and the retry with
+    // the same key is answered as a duplicate, counted once.
+    let retry = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            engine
+                .add_as(b"votes", 1, Some("vote-1"), Durability::Replicated, None)
+                .await
+        })
+    };
+    let push = loop {
+        if let Some(push) = engine.core().poll_push() {
+            break push;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    engine.note_copy_done(push.upto_seq);
+    // The first push may predate the retry's commit: confirm until it is answered.
+    let accepted = loop {
+        if retry.is_finished() {
+            break retry.await.unwrap().unwrap();
+        }
+        // (The core's guard must be gone before the push is confirmed.)
+        let push = engine.core().poll_push();
+        if let Some(push) = push {
+            engine.note_copy_done(push.upto_seq);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert!(accepted.duplicate);
+    assert_eq!(engine.get(b"votes", false).unwrap().value, 1);
+    committer.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_batch_waits_for_copies_only_for_its_replicated_items() {
+    let (engine, committer) = committed_engine();
+    let results = engine
+        .add_batch(
+            [
+                (&b"likes"[..], 1, None, None),
+                (&b"votes"[..], 1, None, Some(Durability::Replicated)),
+            ],
+            Some(Duration::from_millis(200)),
+        )
+        .await;
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    assert!(
+        matches!(
+            results[1],
+            Err(super::EngineError::CopiesUnconfirmed { reached: 1, .. })
+        ),
+        "{:?}",
+        results[1]
+    );
+    committer.shutdown().await;
+}

@@ -134,7 +134,13 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
     }
 }
 
-fn channel_for(channels: &Channels, addr: &str, config: &AntiEntropyConfig) -> Option<Channel> {
+/// The cached channel to a peer's gRPC address, dialled lazily on first use
+/// (also used by the copy pusher, `copier.rs`).
+pub(crate) fn channel_for(
+    channels: &Channels,
+    addr: &str,
+    config: &AntiEntropyConfig,
+) -> Option<Channel> {
     let mut channels = channels.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(channel) = channels.get(addr) {
         return Some(channel.clone());
@@ -172,7 +178,7 @@ fn channel_for(channels: &Channels, addr: &str, config: &AntiEntropyConfig) -> O
 /// Drops a peer's cached channel after a failed pull, so that the next round
 /// dials again (and resolves the name again: a restarted peer may have a new
 /// address) instead of waiting for HTTP/2 keep-alive to give up.
-fn forget_channel(channels: &Mutex<HashMap<String, Channel>>, addr: &str) {
+pub(crate) fn forget_channel(channels: &Mutex<HashMap<String, Channel>>, addr: &str) {
     channels
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -192,7 +198,7 @@ fn labels(engine: &Engine, peer: ReplicaId) -> PeerLabels {
 }
 
 /// Channels to peers by gRPC address, reused across rounds.
-type Channels = Arc<Mutex<HashMap<String, Channel>>>;
+pub(crate) type Channels = Arc<Mutex<HashMap<String, Channel>>>;
 
 async fn pull_once(
     engine: Arc<Engine>,

@@ -299,13 +299,17 @@ pub async fn batch_add(
     check_batch_size(body.adds.len()).map_err(|status| Problem::invalid(status.message()))?;
     let outcomes = state
         .engine
-        .add_batch(body.adds.iter().map(|add| {
-            (
-                add.key.as_bytes(),
-                add.delta,
-                add.idempotency_key.as_deref().filter(|key| !key.is_empty()),
-            )
-        }))
+        .add_batch(
+            body.adds.iter().map(|add| {
+                (
+                    add.key.as_bytes(),
+                    add.delta,
+                    add.idempotency_key.as_deref().filter(|key| !key.is_empty()),
+                    None,
+                )
+            }),
+            None,
+        )
         .await;
     let results = body
         .adds

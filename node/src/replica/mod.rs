@@ -13,6 +13,7 @@
 //! commit makes it durable, so the runtime acknowledges it only then (4);
 //! keyed retries apply once (5); no arithmetic wraps (6).
 
+mod copies;
 mod directory;
 pub mod folds;
 mod idempotency;
@@ -32,6 +33,7 @@ use crate::crdt::{AddError, FoldedBase, PnCounter, ReplicaId, StateDigest, Write
 use directory::Directory;
 use folds::Folds;
 
+pub use copies::{CopyAccepted, CopyPush, CopyRefused, COPY_VERSION, MAX_PUSH_COUNTERS};
 pub use idempotency::{legacy_idempotency_id, request_fingerprint, IdHasher, IdempotencyTable};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
 pub use protocol::{
@@ -85,6 +87,8 @@ pub enum PlantedBug {
     /// A like set's merge takes the incoming (last writer's) length of a
     /// member instead of the max.
     LastWriterLength,
+    /// A copy answers a push before the commit that makes it durable there.
+    AckBeforeCopyDurable,
 }
 
 impl Default for ReplicaConfig {
@@ -176,6 +180,10 @@ struct Entry {
     dirty: bool,
     /// In the batch being committed.
     committing: bool,
+    /// Its own slot waits for a push to the copies (replicated durability).
+    copy_pending: bool,
+    /// In the push to the copies in flight.
+    copy_in_flight: bool,
     last_used_ms: u64,
 }
 
@@ -191,6 +199,8 @@ impl Entry {
             durable_seq,
             dirty: false,
             committing: false,
+            copy_pending: false,
+            copy_in_flight: false,
             last_used_ms: now_ms,
         }
     }
@@ -231,6 +241,8 @@ pub struct Replica {
     fold_sweep: retire::FoldSweep,
     /// Like sets and uniques (`sets.rs`).
     sets: sets::Sets,
+    /// What waits for a push to the copies (replicated durability).
+    copies: copies::CopyBook,
 }
 
 /// The most expired idempotency records one tick forgets (bounded work under the lock).
@@ -294,6 +306,7 @@ impl Replica {
             peers: PeerBook::new(recovered.watermarks)
                 .with_delta_watermarks(recovered.delta_watermarks),
             sets: sets::Sets::default(),
+            copies: copies::CopyBook::starting_at(recovered.durable_seq),
             config,
         }
     }
@@ -617,6 +630,7 @@ impl Replica {
         };
         // The runtime has normally dropped its handle by now; clone only if not.
         let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
+        let keys: Vec<Key> = batch.counters.iter().map(|(key, _)| key.clone()).collect();
         for (key, state) in batch.counters {
             let entry = self
                 .counters
@@ -636,6 +650,7 @@ impl Replica {
         self.durable_seq = seq;
         self.digest = batch.digest;
         self.folds.set_digests(&batch.writer_digests);
+        self.note_committed_for_copies(seq, &keys);
     }
 
     /// The batch handed out by [`Self::poll_commit`] failed: everything in it
@@ -648,6 +663,7 @@ impl Replica {
             return;
         };
         self.idempotency.unassign_segment(seq);
+        self.note_commit_failed_for_copies(seq);
         let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
         if !batch.idempotency_put.is_empty() {
             self.idempotency_delete.push(seq);
@@ -701,7 +717,9 @@ impl Replica {
         let mut clean: Vec<(u64, Key)> = self
             .counters
             .iter()
-            .filter(|(_, entry)| !entry.dirty && !entry.committing)
+            .filter(|(_, entry)| {
+                !entry.dirty && !entry.committing && !entry.copy_pending && !entry.copy_in_flight
+            })
             .map(|(key, entry)| (entry.last_used_ms, key.clone()))
             .collect();
         clean.sort_unstable();

@@ -221,6 +221,45 @@ impl PeerBook {
         plans
     }
 
+    /// The copies for the next push to the copies (replicated durability):
+    /// up to `count` live members of `own_region` that take copy pushes,
+    /// starting at the `turn`-th in replica order, so that successive pushes
+    /// spread over the region (and a retry after a failure tries others).
+    /// With partitioned regions this becomes the key's other owners.
+    pub fn choose_copies<'a>(
+        &'a self,
+        own_region: &'a str,
+        count: usize,
+        turn: u64,
+    ) -> Vec<&'a Member> {
+        let candidates: Vec<&Member> = self
+            .copy_candidates(own_region)
+            .filter(|member| member.alive)
+            .collect();
+        if candidates.is_empty() {
+            return Vec::new();
+        }
+        let start = (turn % candidates.len() as u64) as usize;
+        (0..candidates.len().min(count))
+            .map(|offset| candidates[(start + offset) % candidates.len()])
+            .collect()
+    }
+
+    /// Members of `own_region` that could be copies, alive or not: a node
+    /// that shares a protocol version with this one and announces
+    /// [`super::COPY_VERSION`] (an older one is never sent a push).
+    pub fn copy_candidates<'a>(&'a self, own_region: &'a str) -> impl Iterator<Item = &'a Member> {
+        let own_protocol = self.own_protocol();
+        self.peers
+            .values()
+            .map(|peer| &peer.member)
+            .filter(move |member| {
+                member.region == own_region
+                    && member.protocol.newest >= super::COPY_VERSION
+                    && own_protocol.talks_with(&member.protocol)
+            })
+    }
+
     /// How far we have pulled from `peer`.
     pub fn watermark(&self, peer: ReplicaId) -> Cursor {
         self.watermarks.get(&peer).cloned().unwrap_or_default()
@@ -378,6 +417,44 @@ mod tests {
             1,
             "the old node, ap in flight"
         );
+    }
+
+    #[test]
+    fn copies_are_live_nodes_of_the_region_that_take_pushes_in_rotation() {
+        let mut book = PeerBook::default();
+        let new = |id, region: &str| Member {
+            protocol: ProtocolWindow::at(1, super::super::COPY_VERSION),
+            ..member(id, region)
+        };
+        let mut dead = new(4, "eu");
+        dead.alive = false;
+        // 5 is an older build: never a copy.
+        book.handle_membership(vec![
+            new(1, "eu"),
+            new(2, "eu"),
+            new(3, "us"),
+            dead,
+            member(5, "eu"),
+        ]);
+        let chosen = |turn| -> Vec<u64> {
+            book.choose_copies("eu", 1, turn)
+                .iter()
+                .map(|m| m.replica.0)
+                .collect()
+        };
+        assert_eq!(chosen(0), vec![1]);
+        assert_eq!(chosen(1), vec![2], "the next push goes to the other one");
+        assert_eq!(
+            book.choose_copies("eu", 5, 0).len(),
+            2,
+            "only the live ones"
+        );
+        assert_eq!(
+            book.copy_candidates("eu").count(),
+            3,
+            "the dead one could come back"
+        );
+        assert!(book.choose_copies("ap", 1, 0).is_empty());
     }
 
     #[test]

@@ -9,8 +9,12 @@
 //!   writes both in format 2 (replica ordinals, varints); version 3 adds like
 //!   sets and uniques (member, count, register and delta-log records, and
 //!   the delta log in pulls); version 4 folds retired writers (fold
-//!   records, counters with a folded base, `fold_keeper.rs`). A node that
-//!   announces nothing (a build before versions) counts as `1..=1`.
+//!   records, counters with a folded base, `fold_keeper.rs`); version 5 is
+//!   set aside (VERSIONS.md); version 6 takes copy pushes (the `Copy` RPC of
+//!   replicated durability), sent only to a member that announces it,
+//!   whatever the cluster version (it writes no new format, so it needs no
+//!   finalize). A node that announces nothing (a build before versions)
+//!   counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
 //!   directory before anything of it is written, and only rises: to the
@@ -30,7 +34,7 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 4;
+pub const NEWEST: u32 = 6;
 /// The version that brought like sets and uniques (their records and the
 /// delta log): writes of them wait for this cluster version, and only a peer
 /// that speaks it is asked for its delta log.

@@ -22,7 +22,13 @@ struct KeyValue<'a> {
 
 /// `tally add KEY [DELTA]`.
 pub async fn add(target: &Target, args: &AddArgs, json: bool) -> anyhow::Result<()> {
-    let client = target.connect().await?;
+    let client = match args.durability {
+        Some(durability) => {
+            let config = target.base.clone().with_durability(durability.into());
+            config.connect(target.endpoint.as_str()).await?
+        }
+        None => target.connect().await?,
+    };
     let outcome = match &args.idempotency_key {
         Some(idempotency_key) => {
             client

@@ -11,8 +11,8 @@
 //! space. Durations in cells are `850ms`, `1.2s`, `3m05s`, `2h07m`.
 //! JSON output is one object per line, and only that goes to stdout.
 //!
-//! - `tally add KEY [DELTA] [--idempotency-key K]` (DELTA defaults to 1 and
-//!   may be negative: `tally add KEY -1`):
+//! - `tally add KEY [DELTA] [--idempotency-key K] [--durability sync|replicated]`
+//!   (DELTA defaults to 1 and may be negative: `tally add KEY -1`):
 //!   - text: the new value, alone on one line (`41`), or followed by
 //!     ` (duplicate: already applied)` when the idempotency key had been seen;
 //!   - JSON: `{"key":"KEY","value":41,"duplicate":false}`.
@@ -235,6 +235,31 @@ pub struct AddArgs {
     /// with the same key, counter and delta is applied once.
     #[arg(long, value_name = "KEY")]
     pub idempotency_key: Option<String>,
+
+    /// How durable the add must be before the node answers: `sync` (on its
+    /// disk) or `replicated` (on its disk and on the copies of its region,
+    /// --write-copies of the node). The node applies the stronger of this
+    /// and its own --durability. [default: the node's]
+    #[arg(long, value_enum)]
+    pub durability: Option<DurabilityArg>,
+}
+
+/// `tally add --durability`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DurabilityArg {
+    /// On the disk of the node that took it.
+    Sync,
+    /// On the disk of the node that took it and of its copies in the region.
+    Replicated,
+}
+
+impl From<DurabilityArg> for tally_client::Durability {
+    fn from(arg: DurabilityArg) -> Self {
+        match arg {
+            DurabilityArg::Sync => tally_client::Durability::Sync,
+            DurabilityArg::Replicated => tally_client::Durability::Replicated,
+        }
+    }
 }
 
 /// `tally get`.
@@ -347,6 +372,12 @@ mod tests {
             (args.delta, args.idempotency_key.as_deref()),
             (-5, Some("k1"))
         );
+        assert_eq!(args.durability, None);
+        let Command::Add(args) = parse(&["add", "votes", "--durability", "replicated"]).command
+        else {
+            panic!("not add");
+        };
+        assert_eq!(args.durability, Some(DurabilityArg::Replicated));
     }
 
     #[test]

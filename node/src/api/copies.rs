@@ -1,0 +1,224 @@
+//! The wire side of replicated durability: the `Copy` RPC's conversions and
+//! handler, the `durability` field of adds, and the call deadline a
+//! replicated add waits within.
+//!
+//! Invariant: a malformed push (bad key, zero replica, region name the node
+//! would refuse) is refused whole with `INVALID_ARGUMENT` and merges nothing;
+//! a push is answered `OK` only once every slot of it is durable here.
+
+use std::time::Duration;
+
+use tally_proto::v1 as pb;
+use tonic::{Code, Status};
+
+use crate::crdt::{ReplicaId, Slot};
+use crate::engine::{Durability, Engine};
+use crate::replica::version::ProtocolWindow;
+use crate::replica::{check_name, parse_key, CopyPush, CopyRefused, MAX_PUSH_COUNTERS};
+
+/// A push from the wire. A malformed one is refused whole.
+pub fn copy_request_from(request: pb::CopyRequest) -> Result<CopyPush, Status> {
+    if request.source_replica == 0 {
+        return Err(Status::invalid_argument(
+            "a copy push must name its source replica (0 is no replica)",
+        ));
+    }
+    check_name("region", &request.source_region)
+        .map_err(|e| Status::invalid_argument(format!("copy push: {e}")))?;
+    if request.counters.len() > MAX_PUSH_COUNTERS {
+        return Err(Status::invalid_argument(format!(
+            "a copy push of {} counters is too large; the limit is {MAX_PUSH_COUNTERS}",
+            request.counters.len()
+        )));
+    }
+    let mut counters = Vec::with_capacity(request.counters.len());
+    for counter in request.counters {
+        let key = parse_key(&counter.key)
+            .map_err(|e| Status::invalid_argument(format!("copy push: bad counter key: {e}")))?;
+        counters.push((
+            key,
+            Slot {
+                p: counter.p,
+                n: counter.n,
+            },
+        ));
+    }
+    Ok(CopyPush {
+        cluster_id: request.cluster_id,
+        source: ReplicaId(request.source_replica),
+        region: request.source_region,
+        upto_seq: request.upto_seq,
+        counters,
+        protocol: ProtocolWindow::announced(request.protocol_oldest, request.protocol_version),
+    })
+}
+
+/// A push for the wire.
+pub fn copy_request_to(push: &CopyPush) -> pb::CopyRequest {
+    pb::CopyRequest {
+        cluster_id: push.cluster_id.clone(),
+        source_replica: push.source.0,
+        source_region: push.region.clone(),
+        upto_seq: push.upto_seq,
+        counters: push
+            .counters
+            .iter()
+            .map(|(key, slot)| pb::CopiedSlot {
+                key: key.as_bytes().to_vec().into(),
+                p: slot.p,
+                n: slot.n,
+            })
+            .collect(),
+        protocol_version: push.protocol.newest,
+        protocol_oldest: push.protocol.oldest,
+    }
+}
+
+/// The status of a refused push.
+pub fn copy_status(refused: &CopyRefused) -> Status {
+    let code = match refused {
+        CopyRefused::WrongCluster { .. } => Code::PermissionDenied,
+        CopyRefused::IncompatibleProtocol { .. }
+        | CopyRefused::FromItself(_)
+        | CopyRefused::OtherRegion { .. }
+        | CopyRefused::RegionConflict { .. } => Code::FailedPrecondition,
+        CopyRefused::Oversized(_) | CopyRefused::DuplicateKey(_) => Code::InvalidArgument,
+        CopyRefused::Storage(_) => Code::Unavailable,
+    };
+    Status::new(code, refused.to_string())
+}
+
+/// The short label of a refusal, for the refused-messages metric.
+pub fn copy_refusal_reason(refused: &CopyRefused) -> &'static str {
+    match refused {
+        CopyRefused::WrongCluster { .. } => "wrong_cluster",
+        CopyRefused::IncompatibleProtocol { .. } => "incompatible_protocol",
+        CopyRefused::FromItself(_) | CopyRefused::OtherRegion { .. } => "wrong_copy",
+        CopyRefused::RegionConflict { .. } => "region_conflict",
+        CopyRefused::Oversized(_) => "oversized",
+        CopyRefused::DuplicateKey(_) => "malformed",
+        CopyRefused::Storage(_) => "storage",
+    }
+}
+
+/// The durability an add asks for: `None` for the node's default.
+pub fn durability_from(field: i32) -> Result<Option<Durability>, Status> {
+    match pb::Durability::try_from(field) {
+        Ok(pb::Durability::Unspecified) => Ok(None),
+        Ok(pb::Durability::Sync) => Ok(Some(Durability::Sync)),
+        Ok(pb::Durability::Replicated) => Ok(Some(Durability::Replicated)),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown durability {field}: use 0 (the node's default), 1 (sync) or 2 (replicated)"
+        ))),
+    }
+}
+
+/// How long a replicated add of this call may wait for its copies: the
+/// call's gRPC timeout less a margin (so that the caller gets the node's
+/// answer, naming the copies reached, rather than its own timeout), or
+/// `None` when the call carries none.
+pub fn deadline_of(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let timeout = parse_grpc_timeout(text)?;
+    let margin = (timeout / 10).max(Duration::from_millis(50));
+    Some(timeout.saturating_sub(margin))
+}
+
+/// A `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m,
+/// u, n).
+fn parse_grpc_timeout(text: &str) -> Option<Duration> {
+    let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 {
+        return None;
+    }
+    let value: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(value * 3600),
+        "M" => Duration::from_secs(value * 60),
+        "S" => Duration::from_secs(value),
+        "m" => Duration::from_millis(value),
+        "u" => Duration::from_micros(value),
+        "n" => Duration::from_nanos(value),
+        _ => return None,
+    })
+}
+
+/// Serves one `Copy` call.
+pub async fn serve(engine: &Engine, request: pb::CopyRequest) -> Result<pb::CopyResponse, Status> {
+    let push = copy_request_from(request).inspect_err(|_| {
+        engine.metrics().refused("malformed");
+    })?;
+    engine.serve_copy(&push).await.map_err(|refused| {
+        engine.metrics().refused(copy_refusal_reason(&refused));
+        tracing::warn!(source = %push.source, %refused, "copy push refused");
+        copy_status(&refused)
+    })?;
+    Ok(pb::CopyResponse {
+        copy_replica: engine.core().identity().replica.0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn push() -> CopyPush {
+        CopyPush {
+            cluster_id: "c".into(),
+            source: ReplicaId(7),
+            region: "eu".into(),
+            upto_seq: 3,
+            counters: vec![("likes".into(), Slot { p: 5, n: 1 })],
+            protocol: ProtocolWindow::at(1, 6),
+        }
+    }
+
+    #[test]
+    fn pushes_round_trip() {
+        assert_eq!(copy_request_from(copy_request_to(&push())).unwrap(), push());
+    }
+
+    #[test]
+    fn malformed_pushes_are_refused_whole() {
+        let mut zero = copy_request_to(&push());
+        zero.source_replica = 0;
+        assert_eq!(
+            copy_request_from(zero).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        let mut bad_key = copy_request_to(&push());
+        bad_key.counters[0].key = vec![0xff].into();
+        assert_eq!(
+            copy_request_from(bad_key).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        let mut bad_region = copy_request_to(&push());
+        bad_region.source_region = String::new();
+        assert_eq!(
+            copy_request_from(bad_region).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+    }
+
+    #[test]
+    fn the_durability_field_is_checked() {
+        assert_eq!(durability_from(0).unwrap(), None);
+        assert_eq!(durability_from(2).unwrap(), Some(Durability::Replicated));
+        let refused = durability_from(9).unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument);
+        assert!(refused.message().contains("replicated"));
+    }
+
+    #[test]
+    fn grpc_timeouts_parse_and_leave_a_margin() {
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("m"), None);
+        assert_eq!(parse_grpc_timeout("123456789S"), None);
+        assert_eq!(parse_grpc_timeout("5X"), None);
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        assert_eq!(deadline_of(&metadata), None);
+        metadata.insert("grpc-timeout", "5S".parse().unwrap());
+        assert_eq!(deadline_of(&metadata), Some(Duration::from_millis(4_500)));
+    }
+}

@@ -1,0 +1,241 @@
+//! Replicated durability in the engine: the wait of a replicated add for its
+//! copies, the state the pusher (`gossip/copier.rs`) reports into, and the
+//! copy's side of a push (merge, group commit, answer once durable).
+//!
+//! Invariant: a replicated add is answered only once the core's
+//! `replicated_seq` reaches its ticket, and that sequence is published here
+//! only from the core after a commit or a confirmed push, never guessed. An
+//! add whose copies do not confirm within its deadline gets `UNAVAILABLE`
+//! saying how many nodes hold it (never a silent downgrade to `sync`); a
+//! copy answers a push only once its own commit holding it is durable.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::replica::{CopyPush, CopyRefused, StorageError};
+
+use super::{now_ms, Engine, EngineError};
+
+/// How long a replicated add waits for its copies when the call carries no
+/// deadline (a call's gRPC timeout, less a margin, is used when it does).
+pub const REPLICATED_WAIT_DEFAULT: Duration = Duration::from_secs(5);
+
+/// The most copies `--write-copies` may ask for (this node included).
+pub const MAX_WRITE_COPIES: usize = 7;
+
+/// The outcome of the last push to the copies, for the error of an add that
+/// gave up waiting.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyAttempt {
+    /// Copies that confirmed the last push (this node not included).
+    pub confirmed: usize,
+    /// What went wrong with it.
+    pub problem: String,
+}
+
+/// The engine's part of replicated durability.
+pub(super) struct Copies {
+    /// Copies asked for, this node included (`--write-copies`).
+    write_copies: std::sync::atomic::AtomicUsize,
+    /// The core's `replicated_seq`, as last published.
+    replicated_tx: watch::Sender<u64>,
+    /// Wakes the pusher: something is pending for the copies.
+    pub(super) wakeup: tokio::sync::Notify,
+    /// The last push that failed, cleared by one that succeeds.
+    last_failure: Mutex<Option<CopyAttempt>>,
+}
+
+impl Copies {
+    pub(super) fn new(replicated_seq: u64) -> Self {
+        Copies {
+            write_copies: std::sync::atomic::AtomicUsize::new(2),
+            replicated_tx: watch::channel(replicated_seq).0,
+            wakeup: tokio::sync::Notify::new(),
+            last_failure: Mutex::new(None),
+        }
+    }
+}
+
+impl EngineError {
+    /// The same error again, for each item of a batch that met it (only
+    /// the errors a whole batch can meet at once are repeated exactly).
+    pub(super) fn same_again(&self) -> EngineError {
+        match self {
+            EngineError::CopiesUnconfirmed {
+                reached,
+                wanted,
+                waited_ms,
+                problem,
+            } => EngineError::CopiesUnconfirmed {
+                reached: *reached,
+                wanted: *wanted,
+                waited_ms: *waited_ms,
+                problem: problem.clone(),
+            },
+            EngineError::StoreFailed(cause) => EngineError::StoreFailed(cause.clone()),
+            EngineError::StoreFailing(cause) => EngineError::StoreFailing(cause.clone()),
+            _ => EngineError::ShuttingDown,
+        }
+    }
+}
+
+impl Engine {
+    /// Sets how many nodes must hold a replicated add (this one included).
+    pub fn set_write_copies(&self, copies: usize) {
+        self.copies.write_copies.store(
+            copies.clamp(1, MAX_WRITE_COPIES),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// How many nodes must hold a replicated add (this one included).
+    pub fn write_copies(&self) -> usize {
+        self.copies
+            .write_copies
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until the pusher has something to push (or is woken to stop).
+    pub async fn copies_wanted(&self) {
+        self.copies.wakeup.notified().await;
+    }
+
+    /// Wakes the pusher.
+    pub fn wake_copier(&self) {
+        self.copies.wakeup.notify_one();
+    }
+
+    /// Publishes the core's `replicated_seq` (after a commit or a push).
+    pub(super) fn publish_replicated(&self, replicated_seq: u64) {
+        self.copies.replicated_tx.send_if_modified(|current| {
+            let moved = replicated_seq > *current;
+            *current = (*current).max(replicated_seq);
+            moved
+        });
+    }
+
+    /// The last push to the copies failed: what it reached, for the error
+    /// of an add that gives up.
+    pub fn note_copy_failure(&self, attempt: CopyAttempt) {
+        self.metrics
+            .copy_pushes
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: "failed".into(),
+            })
+            .inc();
+        *self
+            .copies
+            .last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(attempt);
+    }
+
+    /// A push to the copies was confirmed: moves the core's `replicated_seq`.
+    pub fn note_copy_done(&self, upto_seq: u64) {
+        let replicated = {
+            let mut core = self.core();
+            core.handle_push_done(upto_seq);
+            core.replicated_seq()
+        };
+        self.metrics
+            .copy_pushes
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: "confirmed".into(),
+            })
+            .inc();
+        *self
+            .copies
+            .last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = None;
+        self.publish_replicated(replicated);
+        // More may have gathered meanwhile.
+        self.wake_copier();
+    }
+
+    /// Waits until every replicated add up to `ticket` is durable here and
+    /// on its copies, at most until `deadline` after `started` (default
+    /// [`REPLICATED_WAIT_DEFAULT`]).
+    pub(super) async fn wait_replicated(
+        &self,
+        ticket: u64,
+        started: Instant,
+        deadline: Option<Duration>,
+    ) -> Result<(), EngineError> {
+        let deadline = deadline.unwrap_or(REPLICATED_WAIT_DEFAULT);
+        // Durable here first: a failing store answers as in `sync`.
+        let remaining = deadline.saturating_sub(started.elapsed());
+        match tokio::time::timeout(remaining, self.wait_durable(ticket)).await {
+            Ok(result) => result?,
+            Err(_) => return Err(self.copies_unconfirmed(0, started)),
+        }
+        self.wake_copier();
+        let mut replicated = self.copies.replicated_tx.subscribe();
+        let remaining = deadline.saturating_sub(started.elapsed());
+        let mut health = self.health.subscribe();
+        tokio::select! {
+            biased;
+            reached = tokio::time::timeout(remaining, replicated.wait_for(|seq| *seq >= ticket)) => {
+                match reached {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(_)) => Err(EngineError::ShuttingDown),
+                    Err(_) => Err(self.copies_unconfirmed(1, started)),
+                }
+            }
+            _ = health.wait_for(|h| matches!(h, super::StoreHealth::Failed(_) | super::StoreHealth::Stopped)) => {
+                Err(EngineError::ShuttingDown)
+            }
+        }
+    }
+
+    fn copies_unconfirmed(&self, here: usize, started: Instant) -> EngineError {
+        let last = self
+            .copies
+            .last_failure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let (reached, problem) = match (here, last) {
+            (0, _) => (
+                0,
+                "it was not yet durable on this node's own disk".to_string(),
+            ),
+            (_, Some(attempt)) => (here + attempt.confirmed, attempt.problem),
+            (_, None) => (
+                here,
+                "the push to the copies was still under way".to_string(),
+            ),
+        };
+        EngineError::CopiesUnconfirmed {
+            reached,
+            wanted: self.write_copies(),
+            waited_ms: started.elapsed().as_millis() as u64,
+            problem,
+        }
+    }
+
+    /// Takes a push from another node of the region, as its copy, and
+    /// answers once what it brought is durable here.
+    pub async fn serve_copy(&self, push: &CopyPush) -> Result<(), CopyRefused> {
+        if let Err(error) = self.check_serving() {
+            return Err(CopyRefused::Storage(StorageError(error.to_string())));
+        }
+        let accepted = self.core().handle_copy_push(now_ms(), &*self.store, push)?;
+        for (key, state) in &accepted.changed {
+            self.watchers.notify_state(key, state);
+        }
+        self.metrics
+            .merge_changes
+            .inc_by(accepted.changed.len() as u64);
+        if accepted.durable_at_seq > 0 {
+            self.commit_wakeup.notify_one();
+            self.wait_durable(accepted.durable_at_seq)
+                .await
+                .map_err(|error| CopyRefused::Storage(StorageError(error.to_string())))?;
+        }
+        self.metrics.copies_taken.inc();
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! The pusher of replicated durability: whenever the core has counters whose
+//! replicated adds wait for their copies, take one push
+//! ([`crate::replica::Replica::poll_push`]), send it with the `Copy` RPC to
+//! `--write-copies - 1` live nodes of the region (the core chooses them,
+//! [`crate::replica::PeerBook::choose_copies`]), and report back: confirmed
+//! when enough answered `OK` (each answers only once the push is durable
+//! there), failed otherwise, and then the next attempt rotates to other
+//! copies after a short pause. The loop only moves messages; what to push
+//! and what counts as confirmed is the core's decision.
+//!
+//! Invariant: a push is confirmed only when `write_copies - 1` distinct
+//! copies answered `OK` to it; every call is bounded by [`PUSH_TIMEOUT`], so
+//! a dead copy costs one timeout, never a stuck pusher.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tally_proto::v1::replication_client::ReplicationClient;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::api::copies::copy_request_to;
+use crate::engine::{CopyAttempt, Engine};
+
+use super::anti_entropy::{channel_for, forget_channel, AntiEntropyConfig, Channels};
+
+/// The longest one push to one copy may take (its commit included).
+pub const PUSH_TIMEOUT: Duration = Duration::from_millis(1_500);
+/// The pause before a failed push is tried again (on other copies); it
+/// doubles with each failure in a row, up to [`MAX_RETRY_PAUSE`].
+pub const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// The longest pause between two attempts of a failing push.
+pub const MAX_RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// Stops the pusher.
+pub struct CopierHandle {
+    stop_tx: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl CopierHandle {
+    /// Stops pushing; a push in flight is dropped (its adds are answered by
+    /// their own deadlines, and a merge on a copy is idempotent).
+    pub async fn shutdown(mut self) {
+        if let Some(stop_tx) = self.stop_tx.take() {
+            let _ = stop_tx.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+/// Starts the pusher; it dials copies as the anti-entropy loop dials peers
+/// (same TLS and source address).
+pub fn spawn_copier(engine: Arc<Engine>, config: AntiEntropyConfig) -> CopierHandle {
+    let (stop_tx, mut stop_rx) = oneshot::channel();
+    let task = tokio::spawn(async move {
+        let channels: Channels = Arc::default();
+        let mut turn: u64 = 0;
+        let mut failures: u32 = 0;
+        loop {
+            // A failed push waits its pause whatever wakes the loop (new
+            // adds must not turn the retries into a busy loop).
+            if failures > 0 {
+                let pause = (RETRY_PAUSE * 2u32.pow(failures.min(5) - 1)).min(MAX_RETRY_PAUSE);
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = &mut stop_rx => break,
+                }
+            } else {
+                tokio::select! {
+                    _ = engine.copies_wanted() => {}
+                    _ = tokio::time::sleep(MAX_RETRY_PAUSE) => {}
+                    _ = &mut stop_rx => break,
+                }
+            }
+            while let Some(confirmed) = push_once(&engine, &channels, &config, turn).await {
+                turn = turn.wrapping_add(1);
+                if confirmed {
+                    failures = 0;
+                } else {
+                    failures = failures.saturating_add(1);
+                    break;
+                }
+            }
+        }
+    });
+    CopierHandle {
+        stop_tx: Some(stop_tx),
+        task,
+    }
+}
+
+/// Sends the next push, if any; `Some(confirmed)` when there was one.
+async fn push_once(
+    engine: &Arc<Engine>,
+    channels: &Channels,
+    config: &AntiEntropyConfig,
+    turn: u64,
+) -> Option<bool> {
+    let needed = engine.write_copies().saturating_sub(1);
+    let (push, targets, candidates) = {
+        let mut core = engine.core();
+        let push = core.poll_push()?;
+        let region = core.identity().region.clone();
+        let targets: Vec<(String, String)> = core
+            .peers()
+            .choose_copies(&region, needed, turn)
+            .into_iter()
+            .map(|member| (member.node_name.clone(), member.grpc_addr.clone()))
+            .collect();
+        let candidates = core.peers().copy_candidates(&region).count();
+        (push, targets, candidates)
+    };
+    if needed == 0 {
+        engine.note_copy_done(push.upto_seq);
+        return Some(true);
+    }
+    let wire = copy_request_to(&push);
+    let mut calls = tokio::task::JoinSet::new();
+    for (name, addr) in &targets {
+        let Some(channel) = channel_for(channels, addr, config) else {
+            continue;
+        };
+        let wire = wire.clone();
+        let name = name.clone();
+        let addr = addr.clone();
+        calls.spawn(async move {
+            let mut client = ReplicationClient::new(channel);
+            let outcome = tokio::time::timeout(PUSH_TIMEOUT, client.copy(wire)).await;
+            let result = match outcome {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(status)) => Err(format!("{name}: {}", status.message())),
+                Err(_) => Err(format!(
+                    "{name}: no answer within {} ms",
+                    PUSH_TIMEOUT.as_millis()
+                )),
+            };
+            (addr, result)
+        });
+    }
+    let mut confirmed = 0;
+    let mut problems = Vec::new();
+    while let Some(joined) = calls.join_next().await {
+        match joined {
+            Ok((_, Ok(()))) => confirmed += 1,
+            Ok((addr, Err(problem))) => {
+                forget_channel(channels, &addr);
+                problems.push(problem);
+            }
+            Err(join_error) => problems.push(format!("a push task died: {join_error}")),
+        }
+    }
+    if confirmed >= needed {
+        engine.note_copy_done(push.upto_seq);
+        return Some(true);
+    }
+    engine.core().handle_push_failed(push.upto_seq);
+    if targets.len() < needed {
+        problems.push(format!(
+            "the region has {} live node(s) that take copies, {needed} needed ({candidates} known, alive or not)",
+            targets.len()
+        ));
+    }
+    let problem = problems.join("; ");
+    tracing::debug!(upto_seq = push.upto_seq, confirmed, needed, %problem, "a push to the copies failed");
+    engine.note_copy_failure(CopyAttempt { confirmed, problem });
+    Some(false)
+}

@@ -1,0 +1,361 @@
+//! Replicated durability (issue 12) inside the core: an add in `replicated`
+//! mode is acknowledged only once it is durable on this replica *and* on the
+//! copies, other nodes of the region that merged this replica's own slot
+//! and committed it.
+//!
+//! The taking side works like the group commit, one level up: every commit
+//! that holds a replicated add leaves its counters *pending*; one push at a
+//! time ([`Replica::poll_push`]) carries the durable own slot of every
+//! pending counter, however many adds each took, and its runtime reports
+//! back with [`Replica::handle_push_done`] or [`Replica::handle_push_failed`]
+//! (then the counters go into the next push). [`Replica::replicated_seq`]
+//! says up to which commit every replicated add is on its copies.
+//!
+//! The copying side ([`Replica::handle_copy_push`]) merges the slots like a
+//! pulled chunk and says which of its own commits makes them durable; its
+//! runtime answers only then.
+//!
+//! Invariants kept here: a push carries only durable state of this replica's
+//! own slot (2: it is built from `durable`, after the commit), so a copy never
+//! holds more of a slot than its writer could recover; `replicated_seq`
+//! never passes a commit whose replicated adds are not confirmed by the
+//! copies, and never passes `durable_seq`; a copy merges (max), so a push
+//! received twice, late or out of order changes nothing more.
+
+use crate::crdt::{PnCounter, ReplicaId, Slot};
+
+use super::types::{DurableState, Key, StorageError};
+use super::version::ProtocolWindow;
+use super::{AddAccepted, AddRefused, AddRequest, Replica};
+
+/// The protocol version from which a node takes copy pushes (VERSIONS.md:
+/// 6). A push is sent only to a member that announces it.
+pub const COPY_VERSION: u32 = 6;
+
+/// The most counters one push may carry (a copy refuses more).
+pub const MAX_PUSH_COUNTERS: usize = 16_384;
+
+/// The new durable state of a replica's own slot for some counters, sent to
+/// the copies of its region.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CopyPush {
+    /// The sender's cluster.
+    pub cluster_id: String,
+    /// The sending replica: every slot below is its own.
+    pub source: ReplicaId,
+    /// The sender's region (the copy learns it with the slots).
+    pub region: String,
+    /// The sender's durable sequence that the push brings its copies up to.
+    pub upto_seq: u64,
+    /// Counters and the sender's slot in each.
+    pub counters: Vec<(Key, Slot)>,
+    /// The protocol versions the sender speaks.
+    pub protocol: ProtocolWindow,
+}
+
+/// A push that a copy took: it is durable there once the copy's durable
+/// sequence reaches `durable_at_seq` (0: already durable).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CopyAccepted {
+    /// The copy's commit that makes the push durable.
+    pub durable_at_seq: u64,
+    /// Counters whose state the push changed, with their new state.
+    pub changed: Vec<(Key, PnCounter)>,
+}
+
+/// Why a copy refused a push; nothing of it was merged.
+#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
+pub enum CopyRefused {
+    /// The sender belongs to another cluster.
+    #[error("copy push from cluster {theirs:?} refused: this node belongs to cluster {ours:?}")]
+    WrongCluster {
+        /// Ours.
+        ours: String,
+        /// The sender's.
+        theirs: String,
+    },
+    /// The sender and this node share no protocol version.
+    #[error("copy push refused: the sender speaks protocol versions {theirs}, this node speaks {ours}; upgrade the older of the two (see \"Upgrading\" in the README)")]
+    IncompatibleProtocol {
+        /// Ours.
+        ours: ProtocolWindow,
+        /// The sender's.
+        theirs: ProtocolWindow,
+    },
+    /// A node is never its own copy.
+    #[error("copy push from this very replica ({0}) refused")]
+    FromItself(ReplicaId),
+    /// Copies are nodes of the sender's region.
+    #[error("copy push from region {theirs:?} refused: this node is in region {ours:?}, and copies are taken in the writer's own region")]
+    OtherRegion {
+        /// Ours.
+        ours: String,
+        /// The sender's.
+        theirs: String,
+    },
+    /// The sender claims another region than the one this node knows for it.
+    #[error("replica {replica} is in region {known:?}, the copy push says {claimed:?}")]
+    RegionConflict {
+        /// The sender.
+        replica: ReplicaId,
+        /// What we know.
+        known: String,
+        /// What the push says.
+        claimed: String,
+    },
+    /// Too many counters in one push.
+    #[error("copy push of {0} counters refused: the limit is {MAX_PUSH_COUNTERS}")]
+    Oversized(usize),
+    /// The push names the same counter twice.
+    #[error("counter {0:?} appears twice in one copy push")]
+    DuplicateKey(String),
+    /// A counter could not be loaded to merge into.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// The taking side's book of what is still to be pushed.
+#[derive(Debug, Default)]
+pub(super) struct CopyBook {
+    /// The highest commit sequence holding an add that waits for copies.
+    wanted_seq: u64,
+    /// Counters of replicated commits not pushed yet (their entries say so).
+    pending: Vec<Key>,
+    /// The push in flight: the durable sequence it covers, and its counters.
+    in_flight: Option<(u64, Vec<Key>)>,
+    /// Every replicated add with a ticket up to this is on its copies.
+    replicated_seq: u64,
+}
+
+impl CopyBook {
+    /// A book with nothing waiting, after a start at `durable_seq`: no add of
+    /// an earlier run waits for an answer.
+    pub(super) fn starting_at(durable_seq: u64) -> Self {
+        CopyBook {
+            replicated_seq: durable_seq,
+            ..Default::default()
+        }
+    }
+}
+
+impl Replica {
+    /// Applies a local add that is to be acknowledged only once its copies
+    /// hold it: as [`Replica::handle_add`], and the commit that makes it
+    /// durable will be pushed. A retry of an add already applied rewrites its
+    /// counter in the next commit, so that the push carries it even when the
+    /// first try was not replicated or its push failed.
+    pub fn handle_add_replicated(
+        &mut self,
+        now_ms: u64,
+        store: &(impl DurableState + ?Sized),
+        request: AddRequest<'_>,
+    ) -> Result<AddAccepted, AddRefused> {
+        let mut accepted = self.handle_add(now_ms, store, request)?;
+        if accepted.duplicate {
+            self.entry(store, request.key, now_ms)?;
+            self.mark_dirty(request.key);
+            accepted.durable_at_seq = self.last_seq + 1;
+        }
+        let copies = &mut self.copies;
+        copies.wanted_seq = copies.wanted_seq.max(accepted.durable_at_seq);
+        Ok(accepted)
+    }
+
+    /// Every add acknowledged in `replicated` mode with a ticket up to this
+    /// is durable on its copies (never above [`Replica::durable_seq`]).
+    pub fn replicated_seq(&self) -> u64 {
+        self.copies.replicated_seq
+    }
+
+    /// Counters waiting for a push, and whether a push is in flight.
+    pub fn copies_pending(&self) -> (usize, bool) {
+        (self.copies.pending.len(), self.copies.in_flight.is_some())
+    }
+
+    /// Called by `handle_commit_done` for the committed counters: a commit
+    /// that holds a replicated add leaves its own-slot counters pending.
+    pub(super) fn note_committed_for_copies(&mut self, seq: u64, keys: &[Key]) {
+        if self.copies.wanted_seq >= seq {
+            let own = self.identity.replica;
+            for key in keys {
+                let Some(entry) = self.counters.get_mut(key) else {
+                    continue;
+                };
+                if entry.copy_pending || entry.live.slot(own) == Slot::default() {
+                    continue;
+                }
+                entry.copy_pending = true;
+                self.copies.pending.push(key.clone());
+            }
+        }
+        self.advance_replicated();
+    }
+
+    /// A failed commit's adds go into the next one: so does the want.
+    pub(super) fn note_commit_failed_for_copies(&mut self, seq: u64) {
+        if self.copies.wanted_seq >= seq {
+            self.copies.wanted_seq = self.copies.wanted_seq.max(self.last_seq + 1);
+        }
+    }
+
+    fn advance_replicated(&mut self) {
+        if self.copies.pending.is_empty() && self.copies.in_flight.is_none() {
+            // Nothing of a replicated commit waits: every one is confirmed
+            // (commits without replicated adds need no copy).
+            self.copies.replicated_seq = self.durable_seq;
+        }
+    }
+
+    /// Hands out the next push: the durable own slot of every pending
+    /// counter. `None` while one is in flight or when nothing is pending.
+    pub fn poll_push(&mut self) -> Option<CopyPush> {
+        if self.copies.in_flight.is_some() || self.copies.pending.is_empty() {
+            return None;
+        }
+        let own = self.identity.replica;
+        let keys = std::mem::take(&mut self.copies.pending);
+        let mut counters = Vec::with_capacity(keys.len());
+        for key in &keys {
+            let entry = self
+                .counters
+                .get_mut(key)
+                .expect("a counter waiting for its copies stays cached");
+            entry.copy_pending = false;
+            entry.copy_in_flight = true;
+            let slot = entry
+                .durable
+                .as_ref()
+                .map_or(Slot::default(), |durable| durable.slot(own));
+            counters.push((key.clone(), slot));
+        }
+        let upto_seq = self.durable_seq;
+        self.copies.in_flight = Some((upto_seq, keys));
+        Some(CopyPush {
+            cluster_id: self.config.cluster_id.clone(),
+            source: own,
+            region: self.identity.region.clone(),
+            upto_seq,
+            counters,
+            protocol: self.peers.own_protocol(),
+        })
+    }
+
+    /// The push in flight is durable on enough copies.
+    pub fn handle_push_done(&mut self, upto_seq: u64) {
+        let Some((_, keys)) = self.copies.in_flight.take_if(|(upto, _)| *upto == upto_seq) else {
+            return;
+        };
+        for key in keys {
+            if let Some(entry) = self.counters.get_mut(&key) {
+                entry.copy_in_flight = false;
+            }
+        }
+        self.copies.replicated_seq = self.copies.replicated_seq.max(upto_seq);
+        self.advance_replicated();
+    }
+
+    /// The push in flight did not reach enough copies: its counters go into
+    /// the next one.
+    pub fn handle_push_failed(&mut self, upto_seq: u64) {
+        let Some((_, keys)) = self.copies.in_flight.take_if(|(upto, _)| *upto == upto_seq) else {
+            return;
+        };
+        for key in keys {
+            if let Some(entry) = self.counters.get_mut(&key) {
+                entry.copy_in_flight = false;
+                if !entry.copy_pending {
+                    entry.copy_pending = true;
+                    self.copies.pending.push(key);
+                }
+            }
+        }
+    }
+
+    /// Merges a push from another node of the region, as a copy. Checks the
+    /// whole push first: a refused push merges nothing.
+    pub fn handle_copy_push(
+        &mut self,
+        now_ms: u64,
+        store: &(impl DurableState + ?Sized),
+        push: &CopyPush,
+    ) -> Result<CopyAccepted, CopyRefused> {
+        if push.cluster_id != self.config.cluster_id {
+            return Err(CopyRefused::WrongCluster {
+                ours: self.config.cluster_id.clone(),
+                theirs: push.cluster_id.clone(),
+            });
+        }
+        let ours = self.peers.own_protocol();
+        if !ours.talks_with(&push.protocol) {
+            return Err(CopyRefused::IncompatibleProtocol {
+                ours,
+                theirs: push.protocol,
+            });
+        }
+        if push.source == self.identity.replica {
+            return Err(CopyRefused::FromItself(push.source));
+        }
+        if push.region != self.identity.region {
+            return Err(CopyRefused::OtherRegion {
+                ours: self.identity.region.clone(),
+                theirs: push.region.clone(),
+            });
+        }
+        if let Some(known) = self.directory.get(&push.source) {
+            if *known != push.region {
+                return Err(CopyRefused::RegionConflict {
+                    replica: push.source,
+                    known: known.clone(),
+                    claimed: push.region.clone(),
+                });
+            }
+        }
+        if push.counters.len() > MAX_PUSH_COUNTERS {
+            return Err(CopyRefused::Oversized(push.counters.len()));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(push.counters.len());
+        for (key, _) in &push.counters {
+            if !seen.insert(key.as_ref()) {
+                return Err(CopyRefused::DuplicateKey(key.to_string()));
+            }
+        }
+        if !self.directory.contains(&push.source) {
+            self.directory.learn(push.source, push.region.clone());
+        }
+        let mut changed = Vec::new();
+        let mut ticket = 0;
+        // Merged as a pulled chunk is: a folded writer's slot is dropped.
+        let book = self.folds.shared_book();
+        for (key, slot) in &push.counters {
+            let entry = self.entry(store, key, now_ms)?;
+            let incoming = PnCounter::from_slots([(push.source, *slot)]);
+            if entry.live.merge_folded(&incoming, &book).unwrap_or(false) {
+                changed.push((key.clone(), entry.live.clone()));
+                self.mark_dirty(key);
+            }
+            let entry = &self.counters[key];
+            #[cfg(feature = "planted-bugs")]
+            if self.config.planted_bug == Some(super::PlantedBug::AckBeforeCopyDurable) {
+                continue;
+            }
+            // The commit that holds this counter's state: the next one if
+            // it waits, the one in flight if it is being written.
+            let holds = if entry.dirty {
+                self.last_seq + 1
+            } else if entry.committing {
+                self.last_seq
+            } else {
+                0
+            };
+            ticket = ticket.max(holds);
+        }
+        Ok(CopyAccepted {
+            durable_at_seq: ticket,
+            changed,
+        })
+    }
+}
+
+#[cfg(test)]
+#[path = "copies_tests.rs"]
+mod tests;
