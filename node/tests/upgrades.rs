@@ -15,7 +15,6 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{cli, http_get, wait_until, NodeProcess, NodeSpec};
-use tally_node::replica::version::NEWEST;
 
 /// The newest version this build speaks (where an upgrade finalizes).
 const NEWEST: u32 = tally_node::replica::version::NEWEST;
