@@ -54,7 +54,7 @@ impl Engine {
         self.commit_wakeup.notify_one();
         let waited = match durability {
             Durability::Async => Ok(()),
-            Durability::Sync => self.wait_durable(accepted.durable_at_seq).await,
+            Durability::Sync => self.wait_flushed(accepted.durable_at_seq).await,
             Durability::Replicated => {
                 self.wait_replicated(accepted.durable_at_seq, started, deadline)
                     .await
@@ -140,7 +140,7 @@ impl Engine {
             self.commit_wakeup.notify_one();
         }
         if let Some(ticket) = durable_ticket {
-            if let Err(error) = self.wait_durable(ticket).await {
+            if let Err(error) = self.wait_flushed(ticket).await {
                 let cause = match error {
                     EngineError::StoreFailed(cause) => Some(cause),
                     _ => None,
@@ -250,7 +250,18 @@ impl Engine {
             .inc();
     }
 
+    /// Waits until the node's durability mode is satisfied for `ticket`:
+    /// at once in `async` mode, else until the commit is on disk.
     pub(super) async fn wait_durable(&self, ticket: u64) -> Result<(), EngineError> {
+        if self.durability == Durability::Async {
+            return Ok(());
+        }
+        self.wait_flushed(ticket).await
+    }
+
+    /// Waits until the durable sequence reaches `ticket`, whatever the
+    /// node's mode (a `sync` or `replicated` add, or a push taken as a copy).
+    pub(super) async fn wait_flushed(&self, ticket: u64) -> Result<(), EngineError> {
         let mut durable = self.durable_tx.subscribe();
         let mut health = self.health.subscribe();
         tokio::select! {

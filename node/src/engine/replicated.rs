@@ -167,7 +167,7 @@ impl Engine {
         let deadline = deadline.unwrap_or(REPLICATED_WAIT_DEFAULT);
         // Durable here first: a failing store answers as in `sync`.
         let remaining = deadline.saturating_sub(started.elapsed());
-        match tokio::time::timeout(remaining, self.wait_durable(ticket)).await {
+        match tokio::time::timeout(remaining, self.wait_flushed(ticket)).await {
             Ok(result) => result?,
             Err(_) => return Err(self.copies_unconfirmed(0, started)),
         }
@@ -231,7 +231,7 @@ impl Engine {
             .inc_by(accepted.changed.len() as u64);
         if accepted.durable_at_seq > 0 {
             self.commit_wakeup.notify_one();
-            self.wait_durable(accepted.durable_at_seq)
+            self.wait_flushed(accepted.durable_at_seq)
                 .await
                 .map_err(|error| CopyRefused::Storage(StorageError(error.to_string())))?;
         }
