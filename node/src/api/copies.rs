@@ -120,7 +120,7 @@ pub fn durability_from(field: i32) -> Result<Option<Durability>, Status> {
 pub fn deadline_of(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
     let text = metadata.get("grpc-timeout")?.to_str().ok()?;
     let timeout = parse_grpc_timeout(text)?;
-    let margin = (timeout / 10).max(Duration::from_millis(50));
+    let margin = (timeout / 10).max(Duration::from_millis(100));
     Some(timeout.saturating_sub(margin))
 }
 
@@ -220,5 +220,7 @@ mod tests {
         assert_eq!(deadline_of(&metadata), None);
         metadata.insert("grpc-timeout", "5S".parse().unwrap());
         assert_eq!(deadline_of(&metadata), Some(Duration::from_millis(4_500)));
+        metadata.insert("grpc-timeout", "300m".parse().unwrap());
+        assert_eq!(deadline_of(&metadata), Some(Duration::from_millis(200)));
     }
 }
