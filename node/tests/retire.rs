@@ -105,6 +105,20 @@ fn summary(name: &str, slots: &[(String, usize, u64, usize)], bytes: u64) -> Str
     format!("{name}: {mean_slots:.1} slots and {mean_bytes:.0} record bytes per counter (store {bytes} bytes)")
 }
 
+/// Stops ap (the third node), wipes its data directory and starts it again:
+/// a new incarnation with a new replica id under the same node name.
+async fn wipe_ap(nodes: Vec<NodeProcess>) -> Vec<NodeProcess> {
+    tokio::task::spawn_blocking(move || {
+        let mut nodes = nodes;
+        nodes[2].stop();
+        nodes[2].wipe();
+        nodes[2].restart();
+        nodes
+    })
+    .await
+    .unwrap()
+}
+
 /// Wipes ap `cycles` times under load, then waits for every retired
 /// incarnation to be folded at every node. Returns the cluster (ap running).
 async fn wipe_cycles(
@@ -118,15 +132,7 @@ async fn wipe_cycles(
         load(&endpoints, tally).await;
         // Everything ap acknowledged reaches its peers before its disk goes.
         wait_exact(&endpoints, &tally.acked).await;
-        nodes = tokio::task::spawn_blocking(move || {
-            let mut nodes = nodes;
-            nodes[2].stop();
-            nodes[2].wipe();
-            nodes[2].restart();
-            nodes
-        })
-        .await
-        .unwrap();
+        nodes = wipe_ap(nodes).await;
         println!("cycle {}: ap wiped and restarted", cycle + 1);
     }
     load(&endpoints, tally).await;
@@ -187,15 +193,7 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
     );
     // One more wipe, timed: down, retired (seen on eu), folded everywhere.
     let wiped = Instant::now();
-    let nodes = tokio::task::spawn_blocking(move || {
-        let mut nodes = nodes;
-        nodes[2].stop();
-        nodes[2].wipe();
-        nodes[2].restart();
-        nodes
-    })
-    .await
-    .unwrap();
+    let nodes = wipe_ap(nodes).await;
     let retired_at = loop {
         if folds_at(&endpoints[0]).await.0 == CYCLES + 1 {
             break Instant::now();
