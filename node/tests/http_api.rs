@@ -487,3 +487,99 @@ fn bad_http_settings_stop_the_start_naming_the_flag() {
         assert!(stderr.contains(expected), "{extra:?}: {stderr}");
     }
 }
+
+/// Like sets and uniques over JSON (issue 14's types): the same rules as
+/// the gRPC `Likes` service, including its refusal before cluster version 3.
+#[test]
+fn like_sets_and_uniques_over_json() {
+    let (_root, node, api) = start_node(&[]);
+    // A fresh cluster in manual upgrade mode is not at version 3 yet.
+    let early = api
+        .call("PUT", "/v1/likes/p/members/sam", &[], None)
+        .problem(422, "FAILED_PRECONDITION");
+    assert!(
+        early["detail"]
+            .as_str()
+            .unwrap()
+            .contains("cluster version 3"),
+        "{early}"
+    );
+    drop(node);
+
+    let (_root, node, api) = start_node(&["--cluster-version-upgrade", "auto"]);
+    let like = |member: &str, idempotency_key: Option<&str>| {
+        let headers: Vec<(&str, &str)> = idempotency_key
+            .map(|k| vec![("idempotency-key", k)])
+            .unwrap_or_default();
+        api.call(
+            "PUT",
+            &format!("/v1/likes/post%2F1/members/{member}"),
+            &headers,
+            None,
+        )
+    };
+    let first = wait_until(Duration::from_secs(20), "cluster version 3", || {
+        let reply = like("sam", Some("tap-1"));
+        (reply.status == 200).then(|| reply.json())
+    })
+    .0;
+    assert_eq!(
+        first,
+        serde_json::json!({"changed": true, "liked": true, "count": 1, "duplicate": false})
+    );
+    // The retry, and a double tap: nothing changes.
+    assert_eq!(ok(&like("sam", Some("tap-1")))["duplicate"], true);
+    assert_eq!(ok(&like("sam", None))["changed"], false);
+    assert_eq!(ok(&like("ann", None))["count"], 2);
+    assert_eq!(ok(&api.get("/v1/likes/post%2F1"))["count"], 2);
+    assert_eq!(
+        ok(&api.get("/v1/likes/post%2F1/members/sam"))["liked"],
+        true
+    );
+    api.get("/v1/likes/post%2F1/members/bob")
+        .problem(404, "NOT_FOUND");
+    // Pages of members.
+    let page = ok(&api.get("/v1/likes/post%2F1/members?limit=1"));
+    assert_eq!(page["members"], serde_json::json!(["ann"]));
+    let token = page["next_token"]
+        .as_str()
+        .expect("a next page")
+        .to_string();
+    let page = ok(&api.get(&format!(
+        "/v1/likes/post%2F1/members?limit=1&page_token={token}"
+    )));
+    assert_eq!(page["members"], serde_json::json!(["sam"]));
+    api.get("/v1/likes/post%2F1/members?page_token=zz")
+        .problem(400, "INVALID_ARGUMENT");
+    // Unlike.
+    let unliked = ok(&api.call("DELETE", "/v1/likes/post%2F1/members/sam", &[], None));
+    assert_eq!(
+        (unliked["liked"].as_bool(), unliked["count"].as_u64()),
+        (Some(false), Some(1))
+    );
+    api.get("/v1/likes/post%2F1/members/sam")
+        .problem(404, "NOT_FOUND");
+    let long_member = "m".repeat(129);
+    api.call(
+        "PUT",
+        &format!("/v1/likes/k/members/{long_member}"),
+        &[],
+        None,
+    )
+    .problem(400, "INVALID_ARGUMENT");
+    assert_eq!(ok(&api.get("/v1/likes/k"))["count"], 0);
+
+    // Uniques.
+    let seen = ok(&api.post("/v1/uniques/views", r#"{"members": ["a", "b", "c", "a"]}"#));
+    assert_eq!(seen["estimate"], 3);
+    assert_eq!(ok(&api.get("/v1/uniques/views"))["estimate"], 3);
+    ok(&api.post("/v1/uniques/views-2", r#"{"members": ["c", "d"]}"#));
+    let union = ok(&api.post("/v1/distinct", r#"{"keys": ["views", "views-2"]}"#));
+    assert_eq!(union["estimate"], 4);
+    api.post("/v1/uniques/views", r#"{"members": [""]}"#)
+        .problem(400, "INVALID_ARGUMENT");
+    api.post("/v1/distinct", r#"{"keys": []}"#)
+        .problem(400, "INVALID_ARGUMENT");
+    assert_eq!(ok(&api.get("/v1/uniques/views"))["estimate"], 3);
+    drop(node);
+}

@@ -272,7 +272,7 @@ pub async fn get(
 }
 
 /// Charges a batch's items beyond the first to the caller's token.
-fn charge_items(charge: Option<axum::Extension<ItemCharge>>, items: usize) {
+pub(super) fn charge_items(charge: Option<axum::Extension<ItemCharge>>, items: usize) {
     if let Some(axum::Extension(charge)) = charge {
         charge.charge(items.saturating_sub(1));
     }

@@ -18,26 +18,44 @@ use crate::replica::{check_key, KeyError};
 #[derive(Clone, Debug)]
 pub struct CounterKey(pub String);
 
+/// The percent-decoded path parameter `name` ("" when absent); a value that
+/// is not UTF-8 is refused with `not_utf8`.
+async fn path_param(parts: &mut Parts, name: &str, not_utf8: &str) -> Result<String, Problem> {
+    let params = RawPathParams::from_request_parts(parts, &())
+        .await
+        .map_err(|rejection| match rejection {
+            RawPathParamsRejection::InvalidUtf8InPathParam(_) => Problem::invalid(not_utf8),
+            other => Problem::invalid(other.body_text()),
+        })?;
+    Ok(params
+        .iter()
+        .find(|(param, _)| *param == name)
+        .map(|(_, value)| value.to_string())
+        .unwrap_or_default())
+}
+
 impl<S: Send + Sync> FromRequestParts<S> for CounterKey {
     type Rejection = Problem;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
-        let params = RawPathParams::from_request_parts(parts, state)
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        let key = path_param(parts, "key", &KeyError::NotUtf8.to_string()).await?;
+        check_key(key.as_bytes()).map_err(|error| Problem::invalid(error.to_string()))?;
+        Ok(CounterKey(key))
+    }
+}
+
+/// The `{member}` of the path, percent-decoded (the engine checks it as
+/// gRPC's `member`).
+#[derive(Clone, Debug)]
+pub struct Member(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Member {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Problem> {
+        path_param(parts, "member", "the member is not valid UTF-8")
             .await
-            .map_err(|rejection| match rejection {
-                RawPathParamsRejection::InvalidUtf8InPathParam(_) => {
-                    Problem::invalid(KeyError::NotUtf8.to_string())
-                }
-                other => Problem::invalid(other.body_text()),
-            })?;
-        let key = params
-            .iter()
-            .find(|(name, _)| *name == "key")
-            .map(|(_, value)| value)
-            .unwrap_or("");
-        check_key(key.as_bytes())
-            .map(|key| CounterKey(key.to_string()))
-            .map_err(|error| Problem::invalid(error.to_string()))
+            .map(Member)
     }
 }
 

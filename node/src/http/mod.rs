@@ -3,7 +3,7 @@
 //! down; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
 //! Prometheus text otherwise), the status page `/status` (HTML) and `/status.json`,
-//! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`]) with its
+//! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`]) with its
 //! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}`.
 //!
 //! With tokens on (`--auth-tokens`), the status page, its JSON and the JSON
@@ -16,6 +16,7 @@ pub mod counters;
 pub mod events;
 pub mod extract;
 pub mod integer;
+pub mod likes;
 pub mod openapi;
 pub mod problem;
 pub mod seed;
@@ -86,6 +87,11 @@ pub fn router(state: HttpState) -> Router {
         .routes(routes!(counters::batch_add))
         .routes(routes!(counters::batch_get))
         .routes(routes!(seed::create, seed::increment, seed::read))
+        .routes(routes!(likes::like, likes::unlike, likes::liked))
+        .routes(routes!(likes::count))
+        .routes(routes!(likes::members))
+        .routes(routes!(likes::observe, likes::estimate))
+        .routes(routes!(likes::distinct))
         .split_for_parts();
     let document = openapi::finish(document, state.auth.is_some());
     let document: Arc<str> = document

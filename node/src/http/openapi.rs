@@ -26,6 +26,7 @@ use super::problem::Problem;
     ),
     tags(
         (name = "counters", description = "Add to counters and read them."),
+        (name = "likes", description = "Like sets (who liked, exactly) and uniques (distinct members, estimated)."),
         (name = "seed", description = "The seed design's API: POST forms a counter_id, PUT increments it, GET reads it."),
     ),
     components(schemas(Problem, ValueEvent)),

@@ -1,0 +1,421 @@
+//! Like sets and uniques over JSON (issue 14's types, issue 16's API): a
+//! thin shell over the engine's functions in `engine/sets.rs`, as the gRPC
+//! `Likes` service is, with the same validation, messages and idempotency.
+//!
+//! - `PUT /v1/likes/{key}/members/{member}` likes, `DELETE` unlikes (a
+//!   double tap changes nothing; `Idempotency-Key` as for adds);
+//! - `GET /v1/likes/{key}/members/{member}`: 200 when liked, 404 when not;
+//! - `GET /v1/likes/{key}`: the count; `GET /v1/likes/{key}/members`: a page
+//!   of liked members (`page_token` is the hex of gRPC's token);
+//! - `POST /v1/uniques/{key}` observes members; `GET /v1/uniques/{key}` and
+//!   `POST /v1/distinct` estimate distinct members.
+
+use axum::extract::State;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::extract::{CounterKey, IdempotencyKey, JsonBody, Member, QueryParams};
+use super::problem::Problem;
+use super::HttpState;
+
+/// The answer to a like or an unlike.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LikeResult {
+    /// False when nothing changed (already liked, or not liked to unlike).
+    pub changed: bool,
+    /// Whether the member likes it now.
+    pub liked: bool,
+    /// The set's count of liked members now.
+    pub count: u64,
+    /// True for a retry with an `Idempotency-Key` already applied.
+    pub duplicate: bool,
+}
+
+/// A member who likes it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LikedResult {
+    /// The member.
+    pub member: String,
+    /// Always true (a member who does not like it is a 404).
+    pub liked: bool,
+}
+
+/// A like set's count.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LikeCount {
+    /// The set's name.
+    pub key: String,
+    /// Its count of liked members on this node.
+    pub count: u64,
+}
+
+/// The query of a page of members.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// At most this many members (0 or absent: 1,000, the most).
+    #[serde(default)]
+    #[param(minimum = 0, maximum = 4294967295_i64)]
+    pub limit: u32,
+    /// `next_token` of the previous page (absent: the first page).
+    #[serde(default)]
+    pub page_token: Option<String>,
+}
+
+/// A page of liked members.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LikesPage {
+    /// Liked members, in member order.
+    pub members: Vec<String>,
+    /// The token of the next page; absent after the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_token: Option<String>,
+}
+
+/// Members seen by a uniques key.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ObserveBody {
+    /// The members (1 to 128 bytes each), at most 10,000.
+    #[schema(schema_with = members_schema)]
+    pub members: Vec<String>,
+}
+
+/// The answer to an observe.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ObserveResult {
+    /// Registers raised (0: every member was already counted).
+    pub registers_raised: u64,
+    /// The key's estimate of distinct members after.
+    pub estimate: u64,
+}
+
+/// Keys whose distinct members to estimate together.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DistinctBody {
+    /// The uniques keys, 1 to 1,000.
+    #[schema(schema_with = keys_schema)]
+    pub keys: Vec<String>,
+}
+
+/// An estimate of distinct members.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DistinctResult {
+    /// The estimate (HyperLogLog, about 0.8% standard error).
+    pub estimate: u64,
+    /// A digest of the merged registers: equal on two nodes means they agree.
+    pub registers_digest: String,
+}
+
+/// An array of strings of `1..=max_len` characters, `min_items..=max_items` long.
+fn strings(max_len: usize, min_items: usize, max_items: usize) -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+                .max_length(Some(max_len)),
+        )
+        .min_items(Some(min_items))
+        .max_items(Some(max_items))
+        .into()
+}
+
+fn members_schema() -> utoipa::openapi::schema::Schema {
+    strings(128, 0, crate::replica::MAX_MEMBERS_PER_CALL)
+}
+
+fn keys_schema() -> utoipa::openapi::schema::Schema {
+    strings(256, 1, crate::replica::MAX_KEYS_PER_CALL)
+}
+
+async fn like_or_unlike(
+    state: &HttpState,
+    key: &str,
+    member: &str,
+    like: bool,
+    idempotency: &IdempotencyKey,
+) -> Result<Json<LikeResult>, Problem> {
+    let accepted = state
+        .engine
+        .like(
+            key.as_bytes(),
+            member.as_bytes(),
+            like,
+            idempotency.as_deref(),
+        )
+        .await
+        .map_err(|e| Problem::of_engine(&e))?;
+    Ok(Json(LikeResult {
+        changed: accepted.changed,
+        liked: accepted.liked,
+        count: accepted.count,
+        duplicate: accepted.duplicate,
+    }))
+}
+
+/// Likes: the member likes the set's object (once, however often).
+#[utoipa::path(
+    put,
+    path = "/v1/likes/{key}/members/{member}",
+    tag = "likes",
+    params(
+        ("key" = String, Path, min_length = 1, max_length = 256, description = "The like set: UTF-8, 1 to 256 bytes."),
+        ("member" = String, Path, min_length = 1, max_length = 128, description = "Who likes: UTF-8, 1 to 128 bytes."),
+        ("Idempotency-Key" = Option<String>, Header, max_length = 128, description = "Optional: a retry with the same key is answered as the first."),
+    ),
+    responses(
+        (status = 200, description = "Liked (changed tells whether it was not before).", body = LikeResult),
+        (status = 400, description = "A bad key, member or Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The Idempotency-Key was used for another request, or the cluster does not take like sets yet.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 429, 503, 507).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn like(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+    Member(member): Member,
+    idempotency: IdempotencyKey,
+) -> Result<Json<LikeResult>, Problem> {
+    like_or_unlike(&state, &key, &member, true, &idempotency).await
+}
+
+/// Unlikes: the member no longer likes it.
+#[utoipa::path(
+    delete,
+    path = "/v1/likes/{key}/members/{member}",
+    tag = "likes",
+    params(
+        ("key" = String, Path, min_length = 1, max_length = 256, description = "The like set: UTF-8, 1 to 256 bytes."),
+        ("member" = String, Path, min_length = 1, max_length = 128, description = "Who unlikes: UTF-8, 1 to 128 bytes."),
+        ("Idempotency-Key" = Option<String>, Header, max_length = 128, description = "Optional: a retry with the same key is answered as the first."),
+    ),
+    responses(
+        (status = 200, description = "Not liked now (changed tells whether it was).", body = LikeResult),
+        (status = 400, description = "A bad key, member or Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The Idempotency-Key was used for another request, or the cluster does not take like sets yet.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 429, 503, 507).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn unlike(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+    Member(member): Member,
+    idempotency: IdempotencyKey,
+) -> Result<Json<LikeResult>, Problem> {
+    like_or_unlike(&state, &key, &member, false, &idempotency).await
+}
+
+/// Whether a member likes it.
+#[utoipa::path(
+    get,
+    path = "/v1/likes/{key}/members/{member}",
+    tag = "likes",
+    params(
+        ("key" = String, Path, min_length = 1, max_length = 256, description = "The like set."),
+        ("member" = String, Path, min_length = 1, max_length = 128, description = "The member."),
+    ),
+    responses(
+        (status = 200, description = "The member likes it.", body = LikedResult),
+        (status = 400, description = "A bad key or member.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "The member does not like it (never did, or unliked).", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn liked(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+    Member(member): Member,
+) -> Result<Json<LikedResult>, Problem> {
+    let liked = state
+        .engine
+        .liked(key.as_bytes(), &[member.as_bytes()])
+        .map_err(|e| Problem::of_engine(&e))?;
+    if !liked.first().copied().unwrap_or(false) {
+        // As a starred-repository API answers: the membership is the resource.
+        return Err(Problem::new(
+            tonic::Code::NotFound,
+            format!("{member:?} does not like {key:?}"),
+        ));
+    }
+    Ok(Json(LikedResult {
+        liked: true,
+        member,
+    }))
+}
+
+/// A like set's count.
+#[utoipa::path(
+    get,
+    path = "/v1/likes/{key}",
+    tag = "likes",
+    params(("key" = String, Path, min_length = 1, max_length = 256, description = "The like set.")),
+    responses(
+        (status = 200, description = "The count of liked members.", body = LikeCount),
+        (status = 400, description = "A bad key.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn count(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+) -> Result<Json<LikeCount>, Problem> {
+    let count = state
+        .engine
+        .like_count(key.as_bytes())
+        .map_err(|e| Problem::of_engine(&e))?;
+    Ok(Json(LikeCount { key, count }))
+}
+
+fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn from_hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
+        .collect()
+}
+
+/// A page of the members who like it.
+#[utoipa::path(
+    get,
+    path = "/v1/likes/{key}/members",
+    tag = "likes",
+    params(
+        ("key" = String, Path, min_length = 1, max_length = 256, description = "The like set."),
+        PageQuery,
+    ),
+    responses(
+        (status = 200, description = "Liked members in member order, and the next page's token.", body = LikesPage),
+        (status = 400, description = "A bad key or page token.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn members(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+    QueryParams(query): QueryParams<PageQuery>,
+) -> Result<Json<LikesPage>, Problem> {
+    let token = match query.page_token.as_deref() {
+        None | Some("") => Vec::new(),
+        Some(text) => from_hex(text).ok_or_else(|| {
+            Problem::invalid(
+                "page_token is not a token this node gave (pass next_token as it came)",
+            )
+        })?,
+    };
+    let page = state
+        .engine
+        .list_likes(key.as_bytes(), &token, query.limit as usize)
+        .map_err(|e| Problem::of_engine(&e))?;
+    Ok(Json(LikesPage {
+        members: page.members,
+        next_token: page.next_token.map(|token| to_hex(&token)),
+    }))
+}
+
+/// Observes members in a uniques key ("seen by").
+#[utoipa::path(
+    post,
+    path = "/v1/uniques/{key}",
+    tag = "likes",
+    params(("key" = String, Path, min_length = 1, max_length = 256, description = "The uniques key.")),
+    request_body = ObserveBody,
+    responses(
+        (status = 200, description = "Observed; the key's estimate after.", body = ObserveResult),
+        (status = 400, description = "A bad key, member or body, or more than 10,000 members.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The cluster does not take uniques yet.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 413, 415, 429, 503, 507).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn observe(
+    State(state): State<HttpState>,
+    charge: Option<axum::Extension<crate::security::ItemCharge>>,
+    CounterKey(key): CounterKey,
+    JsonBody(body): JsonBody<ObserveBody>,
+) -> Result<Json<ObserveResult>, Problem> {
+    super::counters::charge_items(charge, body.members.len());
+    let members: Vec<&[u8]> = body.members.iter().map(|m| m.as_bytes()).collect();
+    let (accepted, estimate) = state
+        .engine
+        .observe(key.as_bytes(), &members)
+        .await
+        .map_err(|e| Problem::of_engine(&e))?;
+    Ok(Json(ObserveResult {
+        registers_raised: accepted.raised as u64,
+        estimate: estimate.round() as u64,
+    }))
+}
+
+fn distinct_of(state: &HttpState, keys: &[&[u8]]) -> Result<Json<DistinctResult>, Problem> {
+    let union = state
+        .engine
+        .distinct(keys)
+        .map_err(|e| Problem::of_engine(&e))?;
+    Ok(Json(DistinctResult {
+        estimate: union.estimate().round() as u64,
+        registers_digest: format!("{:016x}", union.digest()),
+    }))
+}
+
+/// One uniques key's estimate of distinct members.
+#[utoipa::path(
+    get,
+    path = "/v1/uniques/{key}",
+    tag = "likes",
+    params(("key" = String, Path, min_length = 1, max_length = 256, description = "The uniques key.")),
+    responses(
+        (status = 200, description = "The estimate.", body = DistinctResult),
+        (status = 400, description = "A bad key.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn estimate(
+    State(state): State<HttpState>,
+    CounterKey(key): CounterKey,
+) -> Result<Json<DistinctResult>, Problem> {
+    distinct_of(&state, &[key.as_bytes()])
+}
+
+/// The distinct members of several uniques keys together.
+#[utoipa::path(
+    post,
+    path = "/v1/distinct",
+    tag = "likes",
+    request_body = DistinctBody,
+    responses(
+        (status = 200, description = "The estimate of the union.", body = DistinctResult),
+        (status = 400, description = "A bad key or body, or not 1 to 1,000 keys.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 413, 415, 429, 503).", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn distinct(
+    State(state): State<HttpState>,
+    JsonBody(body): JsonBody<DistinctBody>,
+) -> Result<Json<DistinctResult>, Problem> {
+    let keys: Vec<&[u8]> = body.keys.iter().map(|k| k.as_bytes()).collect();
+    distinct_of(&state, &keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_through_hex() {
+        let token = vec![1, 0xab, 0, 0xff, b'a'];
+        assert_eq!(from_hex(&to_hex(&token)), Some(token));
+        for bad in ["a", "zz", "0g", "é0"] {
+            assert_eq!(from_hex(bad), None, "{bad}");
+        }
+    }
+}
