@@ -100,6 +100,10 @@ pub struct ClusterStatus {
     /// Fold epochs the answering node applied to its counters.
     #[cfg_attr(feature = "serde", serde(default))]
     pub folds_applied: u64,
+    /// The cluster's partition count P as the answering node's data
+    /// directory records it (0: a build before partitions).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub partitions: u32,
 }
 
 /// A retired writer (a replica id that never writes again) and its fold.
@@ -166,9 +170,14 @@ pub struct Member {
     #[cfg_attr(feature = "serde", serde(default))]
     pub protocol_oldest: u32,
     /// True when the member shares no protocol version with the answering
-    /// node: the two exchange no state until the older one is upgraded.
+    /// node (the two exchange no state until the older one is upgraded), or
+    /// announces another partition count.
     #[cfg_attr(feature = "serde", serde(default))]
     pub refused: bool,
+    /// The partition count the member announces (0: a build before
+    /// partitions, which holds every partition).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub partitions: u32,
 }
 
 impl Member {
@@ -231,6 +240,7 @@ pub(crate) fn status_from_proto(response: proto::StatusResponse) -> Result<Clust
             .collect(),
         converged: response.converged,
         cluster_version: response.cluster_version,
+        partitions: response.partitions,
         hot_keys: response
             .hot_keys
             .into_iter()
@@ -269,6 +279,7 @@ fn member_from_proto(member: proto::Member) -> Member {
         protocol_version: member.protocol_version,
         protocol_oldest: member.protocol_oldest,
         refused: member.refused,
+        partitions: member.partitions,
     }
 }
 

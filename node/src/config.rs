@@ -146,6 +146,14 @@ pub enum ConfigError {
     /// A zero sync or gossip interval.
     #[error("--sync-interval and --gossip-interval must be above zero")]
     ZeroInterval,
+    /// A partition count out of range.
+    #[error("{setting}: {problem}")]
+    Partitions {
+        /// Where the value came from.
+        setting: String,
+        /// What is wrong with it.
+        problem: crate::partition::BadPartitionCount,
+    },
 }
 
 use crate::engine::{Durability, FreeSpaceFloor};
@@ -192,6 +200,12 @@ pub struct RunArgs {
     /// The cluster's id; nodes of another cluster are refused. [default: tally]
     #[arg(long, env = "TALLY_CLUSTER_ID")]
     pub cluster_id: Option<String>,
+    /// The cluster's partition count P, fixed when the cluster is created: every node of
+    /// every region must be given the same, and a data directory keeps the one it was
+    /// created with (a different value is refused at start; a peer announcing another is
+    /// refused). [default: the data directory's, or 256 for a new one]
+    #[arg(long, env = "TALLY_PARTITIONS")]
+    pub partitions: Option<u64>,
     /// When an add is acknowledged: `sync` after it is flushed to disk (the default);
     /// `async` as soon as it is applied in memory, so a crash can lose the adds of the
     /// last commit interval (about a millisecond under load); `replicated` once it is
@@ -322,6 +336,7 @@ struct FileSettings {
     peer_source_ip: Option<String>,
     seeds: Option<Vec<String>>,
     cluster_id: Option<String>,
+    partitions: Option<u64>,
     durability: Option<Durability>,
     write_copies: Option<usize>,
     sync_interval: Option<String>,
@@ -374,6 +389,8 @@ pub struct Settings {
     pub seeds: Vec<String>,
     /// See [`RunArgs`].
     pub cluster_id: String,
+    /// See [`RunArgs`]; `None` when not given (the data directory's, or the default).
+    pub partitions: Option<crate::partition::PartitionCount>,
     /// See [`RunArgs`].
     pub durability: Durability,
     /// See [`RunArgs`].
@@ -431,6 +448,7 @@ impl Settings {
             peer_source_ip: None,
             seeds: Vec::new(),
             cluster_id: "tally".into(),
+            partitions: None,
             durability: Durability::Sync,
             write_copies: 2,
             sync_interval: Duration::from_millis(200),
@@ -542,6 +560,16 @@ impl Settings {
                 });
             }
             settings.cluster_id = cluster_id;
+        }
+        let partitions_source = source!(partitions);
+        if let Some(count) = take!(partitions) {
+            let count = crate::partition::PartitionCount::new(count).map_err(|problem| {
+                ConfigError::Partitions {
+                    setting: partitions_source,
+                    problem,
+                }
+            })?;
+            settings.partitions = Some(count);
         }
         if let Some(durability) = take!(durability) {
             settings.durability = durability;

@@ -8,6 +8,7 @@
 //!   replica from a backup.
 
 pub mod api;
+pub mod cluster_file;
 pub mod config;
 pub mod crdt;
 pub mod dev;

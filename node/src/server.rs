@@ -47,6 +47,9 @@ pub enum StartError {
     /// The store would not open (its message says what to do).
     #[error(transparent)]
     Open(#[from] OpenError),
+    /// The data directory belongs to another cluster or partition count.
+    #[error(transparent)]
+    ClusterFile(#[from] crate::cluster_file::ClusterFileError),
     /// The store opened but its state could not be read back.
     #[error("cannot recover the store in {}: {error}", dir.display())]
     Recover {
@@ -171,6 +174,11 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         tracing::warn!(to = %aside.display(), "the damaged store was moved aside; this node is a new replica and rebuilds from its peers");
     }
     let identity = store.identity().clone();
+    let cluster = crate::cluster_file::settle(
+        &settings.data_dir,
+        &settings.cluster_id,
+        settings.partitions,
+    )?;
     let protocol = ProtocolWindow::at(store.format(), newest);
     let store: Arc<dyn Store> = match &settings.test_store_fault_file {
         Some(file) => {
@@ -209,6 +217,10 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     );
     engine.core().peers_mut().set_own_protocol(protocol);
     engine.set_write_copies(settings.write_copies);
+    engine
+        .core()
+        .peers_mut()
+        .set_own_partitions(cluster.partitions.get());
 
     let listen = |setting: &'static str, addr: SocketAddr| {
         move |error| StartError::Listen {
@@ -246,6 +258,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         seeds: settings.seeds.clone(),
         gossip_interval: settings.gossip_interval,
         protocol,
+        partitions: cluster.partitions.get(),
     })
     .await
     .map_err(|error| StartError::Gossip {

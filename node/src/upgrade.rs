@@ -3,8 +3,9 @@
 //!
 //! Once per period the keeper reads the members the core knows and:
 //! - logs, once per peer and window, each peer that shares no protocol
-//!   version with this node (the core never pulls from it and refuses its
-//!   pulls; `tally status` shows it);
+//!   version with this node, and once per peer and count each peer that
+//!   announces another partition count (the core never pulls from either and
+//!   refuses their pulls; `tally status` shows them);
 //! - moves the cluster version up when every member speaks a newer version
 //!   than the data directory is in. The store persists the new format first
 //!   ([`crate::store::Store::raise_format`]); only then does the node write
@@ -74,16 +75,38 @@ pub fn spawn_upgrade_keeper(
         let started = Instant::now();
         let mut refused_logged: HashSet<(ReplicaId, ProtocolWindow, ProtocolWindow)> =
             HashSet::new();
+        let mut partitions_logged: HashSet<(ReplicaId, u32)> = HashSet::new();
         let mut published = engine.store().format();
         let mut ticker = tokio::time::interval(config.period);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             ticker.tick().await;
-            let (members, own): (Vec<Member>, ProtocolWindow) = {
+            let (members, own, own_partitions) = {
                 let core = engine.core();
-                let members = core.peers().peers().map(|p| p.member.clone()).collect();
-                (members, core.peers().own_protocol())
+                let members: Vec<Member> = core.peers().peers().map(|p| p.member.clone()).collect();
+                let refused: Vec<bool> = members
+                    .iter()
+                    .map(|member| !core.peers().partitions_agree(member))
+                    .collect();
+                let own_partitions = core.peers().own_partitions();
+                let members: Vec<(Member, bool)> = members.into_iter().zip(refused).collect();
+                (members, core.peers().own_protocol(), own_partitions)
             };
+            for (member, _) in members.iter().filter(|(_, refused)| *refused) {
+                if partitions_logged.insert((member.replica, member.partitions)) {
+                    tracing::error!(
+                        peer = %member.node_name,
+                        replica = %member.replica,
+                        region = %member.region,
+                        theirs = member.partitions,
+                        ours = own_partitions,
+                        "refusing a peer that announces another partition count: a cluster's \
+                         partition count is fixed at creation; restart that node with \
+                         --partitions {own_partitions} and a new --data-dir"
+                    );
+                }
+            }
+            let members: Vec<Member> = members.into_iter().map(|(member, _)| member).collect();
             for member in &members {
                 if !own.talks_with(&member.protocol)
                     && refused_logged.insert((member.replica, member.protocol, own))

@@ -64,6 +64,7 @@ impl Spec {
             seeds: seeds.iter().map(|seed| seed.gossip.to_string()).collect(),
             gossip_interval: GOSSIP_INTERVAL,
             protocol: Default::default(),
+            partitions: 256,
         }
     }
 

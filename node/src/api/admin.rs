@@ -60,6 +60,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         protocol_version: core.peers().own_protocol().newest,
         protocol_oldest: core.peers().own_protocol().oldest,
         refused: false,
+        partitions: core.peers().own_partitions(),
     };
     let members: Vec<pb::Member> = core
         .peers()
@@ -83,6 +84,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
                 protocol_version: peer.member.protocol.newest,
                 protocol_oldest: peer.member.protocol.oldest,
                 refused: !core.peers().talks_with(&peer.member),
+                partitions: peer.member.partitions,
             }
         })
         .collect();
@@ -106,6 +108,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         })
         .collect();
     let folds_applied = folds.applied();
+    let core_partitions = core.peers().own_partitions();
     drop(core);
     pb::StatusResponse {
         self_: Some(own),
@@ -115,6 +118,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         cluster_version: engine.store().format(),
         retired,
         folds_applied,
+        partitions: core_partitions,
         hot_keys: engine
             .hot_keys(HOT_KEYS_IN_STATUS)
             .into_iter()

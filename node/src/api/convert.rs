@@ -67,6 +67,7 @@ pub fn pull_status(refused: &PullRefused) -> Status {
         PullRefused::WrongCluster { .. } => Code::PermissionDenied,
         PullRefused::WrongReplica { .. } => Code::FailedPrecondition,
         PullRefused::IncompatibleProtocol { .. } => Code::FailedPrecondition,
+        PullRefused::PartitionCount { .. } => Code::FailedPrecondition,
         PullRefused::Storage(_) => Code::Unavailable,
     };
     Status::new(code, refused.to_string())

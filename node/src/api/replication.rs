@@ -152,6 +152,7 @@ fn refusal_reason(refused: &crate::replica::PullRefused) -> &'static str {
         crate::replica::PullRefused::WrongCluster { .. } => "wrong_cluster",
         crate::replica::PullRefused::WrongReplica { .. } => "wrong_replica",
         crate::replica::PullRefused::IncompatibleProtocol { .. } => "incompatible_protocol",
+        crate::replica::PullRefused::PartitionCount { .. } => "partition_count",
         crate::replica::PullRefused::Storage(_) => "storage",
     }
 }

@@ -3,8 +3,8 @@
 //! phi-accrual failure detector) sees it.
 //!
 //! Chitchat carries small metadata only: each node publishes its region, node
-//! name, replica id, gRPC address, durable sequence and state digest as
-//! key-values. Counter state travels over gRPC (the anti-entropy loop), never
+//! name, replica id, gRPC address, durable sequence, state digest, protocol
+//! versions and partition count as key-values. Counter state travels over gRPC (the anti-entropy loop), never
 //! here.
 //!
 //! Invariants of [`MembershipHandle::members`]:
@@ -61,6 +61,8 @@ const KEY_DIGEST: &str = "digest";
 const KEY_PROTOCOL: &str = "protocol";
 /// The oldest protocol version the node speaks (it rises with the cluster version).
 const KEY_PROTOCOL_OLDEST: &str = "protocol_oldest";
+/// The cluster's partition count as the node has it (absent: a build before partitions).
+const KEY_PARTITIONS: &str = "partitions";
 /// Set (to `true`) by a node that is shutting down.
 const KEY_LEAVING: &str = "leaving";
 
@@ -101,6 +103,8 @@ pub struct MembershipConfig {
     pub gossip_interval: Duration,
     /// The protocol versions this node speaks at start.
     pub protocol: ProtocolWindow,
+    /// The cluster's partition count (a peer announcing another is refused).
+    pub partitions: u32,
 }
 
 /// What [`MembershipHandle::publish`] last received.
@@ -207,6 +211,7 @@ impl MembershipHandle {
                 KEY_PROTOCOL_OLDEST.to_string(),
                 config.protocol.oldest.to_string(),
             ),
+            (KEY_PARTITIONS.to_string(), config.partitions.to_string()),
         ];
         let chitchat_handle = spawn_chitchat(chitchat_config, initial_key_values, transport)
             .await
@@ -547,6 +552,7 @@ fn parse_member<'a>(
         digest: hex_field(KEY_DIGEST)?,
         protocol,
         folds: get(super::fold_report::KEY_FOLDS).and_then(super::fold_report::decode),
+        partitions: version(KEY_PARTITIONS)?,
     })
 }
 

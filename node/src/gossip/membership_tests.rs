@@ -43,6 +43,7 @@ fn config(gossip_listen: SocketAddr, gossip_interval: Duration) -> MembershipCon
         replica: ReplicaId(1),
         gossip_listen,
         gossip_advertise: gossip_listen,
+        partitions: 256,
         grpc_advertise: "127.0.0.1:7100".into(),
         seeds: Vec::new(),
         gossip_interval,
@@ -90,6 +91,20 @@ fn parses_the_announced_protocol_versions() {
         ProtocolWindow::at(2, 2)
     );
     announcing.insert(KEY_PROTOCOL, "two".to_string());
+    assert!(parse(&announcing, true).is_err());
+}
+
+#[test]
+fn parses_the_announced_partition_count() {
+    assert_eq!(
+        parse(&values(1), true).unwrap().partitions,
+        0,
+        "none announced"
+    );
+    let mut announcing = values(1);
+    announcing.insert(KEY_PARTITIONS, "64".to_string());
+    assert_eq!(parse(&announcing, true).unwrap().partitions, 64);
+    announcing.insert(KEY_PARTITIONS, "many".to_string());
     assert!(parse(&announcing, true).is_err());
 }
 

@@ -82,11 +82,12 @@ pub fn render(status: &pb::StatusResponse) -> String {
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"2\">\
          <title>Tally · {node}</title><style>{STYLE}</style></head><body>\
          <h1>Tally · {node} <span class=\"sub\">({region})</span></h1>\
-         <div class=\"sub\">cluster <code>{cluster}</code> · cluster version {version} · replica <code>{replica:016x}</code> · durable sequence {seq} · digest <code>{digest:016x}</code></div>",
+         <div class=\"sub\">cluster <code>{cluster}</code> · {partitions} partitions · cluster version {version} · replica <code>{replica:016x}</code> · durable sequence {seq} · digest <code>{digest:016x}</code></div>",
         node = escape(&own.node_name),
         region = escape(&own.region),
         cluster = escape(&status.cluster_id),
         version = status.cluster_version,
+        partitions = status.partitions,
         replica = own.replica,
         seq = own.durable_seq,
         digest = own.digest,
@@ -169,7 +170,7 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
             "digest": format!("{:016x}", m.digest), "durable_seq": m.durable_seq,
             "since_last_sync_ms": m.since_last_sync_ms, "seq_lag": m.seq_lag,
             "protocol_version": m.protocol_version, "protocol_oldest": m.protocol_oldest,
-            "refused": m.refused,
+            "refused": m.refused, "partitions": m.partitions,
         })
     };
     serde_json::json!({
@@ -178,6 +179,7 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
         "members": status.members.iter().map(member).collect::<Vec<_>>(),
         "converged": status.converged,
         "cluster_version": status.cluster_version,
+        "partitions": status.partitions,
         "problems": problems(status),
         "hot_keys": status.hot_keys.iter().map(|h| serde_json::json!({
             "key": String::from_utf8_lossy(&h.key), "op": h.op, "rate_per_sec": h.rate_per_sec, "count": h.count,
@@ -208,6 +210,7 @@ mod tests {
                 ..Default::default()
             }],
             cluster_version: 2,
+            partitions: 64,
             converged: false,
             cluster_id: "c".into(),
             retired: Vec::new(),
@@ -224,6 +227,8 @@ mod tests {
         assert!(!html.contains("<script>"));
         assert!(html.contains("us-1") && html.contains("down") && html.contains("not converged"));
         assert!(html.contains("cluster version 2") && html.contains("1..1 refused"));
+        assert!(html.contains("64 partitions"));
+        assert_eq!(to_json(&status)["partitions"], 64);
         assert_eq!(to_json(&status)["members"][0]["refused"], true);
         assert_eq!(to_json(&status)["hot_keys"][0]["key"], "<script>x</script>");
         assert!(problems(&status).is_empty());

@@ -9,7 +9,8 @@
 //! store returns for it is durable. Because the log is stamped per commit and
 //! every commit rewrites each counter it holds, the hottest key is shipped in
 //! every round, never starved. A refused message merges nothing. A pull from
-//! a node that shares no protocol version with this one is refused.
+//! a node that shares no protocol version with this one, or that announces
+//! another partition count, is refused.
 
 use crate::crdt::{FoldError, PnCounter, ReplicaId};
 
@@ -117,6 +118,14 @@ pub enum PullRefused {
         /// The caller's.
         theirs: ProtocolWindow,
     },
+    /// The caller announces another partition count than this node's.
+    #[error("pull refused: the caller announces {theirs} partitions, this node {ours}; a cluster's partition count is fixed: restart the caller with --partitions {ours} and a new --data-dir")]
+    PartitionCount {
+        /// Ours.
+        ours: u32,
+        /// The caller's.
+        theirs: u32,
+    },
     /// The change log could not be read.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -214,6 +223,16 @@ impl Replica {
             return Err(PullRefused::IncompatibleProtocol {
                 ours,
                 theirs: request.protocol,
+            });
+        }
+        if let Some(caller) = self
+            .peers()
+            .member(request.caller)
+            .filter(|caller| !self.peers().partitions_agree(caller))
+        {
+            return Err(PullRefused::PartitionCount {
+                ours: self.peers().own_partitions(),
+                theirs: caller.partitions,
             });
         }
         if let Some(expected) = request

@@ -7,7 +7,8 @@
 //! and a failing one is retried with a growing back-off. Membership comes in as
 //! events ([`PeerBook::handle_membership`]); nothing here reads a clock. A
 //! peer that shares no protocol version with this node
-//! ([`ProtocolWindow::talks_with`]) is listed but never pulled from.
+//! ([`ProtocolWindow::talks_with`]), or that announces another partition
+//! count, is listed but never pulled from.
 
 use std::collections::BTreeMap;
 
@@ -40,6 +41,8 @@ pub struct Member {
     pub protocol: ProtocolWindow,
     /// Its last fold report (retirements and folds), if it published one.
     pub folds: Option<super::folds::FoldReport>,
+    /// The partition count it announces (0: none, a build before partitions).
+    pub partitions: u32,
 }
 
 /// A pull to start now.
@@ -90,6 +93,8 @@ pub struct PeerBook {
     /// How far the delta log (like sets, uniques) was pulled from each peer.
     delta_watermarks: BTreeMap<ReplicaId, DeltaCursor>,
     delta_watermarks_dirty: bool,
+    /// This node's partition count (0: not set, every count agrees).
+    own_partitions: u32,
 }
 
 /// The longest a failing peer waits before it is tried again.
@@ -154,10 +159,35 @@ impl PeerBook {
         self.own_protocol = Some(window);
     }
 
-    /// Whether this node and `member` share a protocol version (if not, the
-    /// member is never pulled from, and its pulls are refused).
+    /// Whether this node and `member` share a protocol version and agree on
+    /// the partition count (if not, the member is never pulled from, and its
+    /// pulls are refused).
     pub fn talks_with(&self, member: &Member) -> bool {
-        self.own_protocol().talks_with(&member.protocol)
+        self.own_protocol().talks_with(&member.protocol) && self.partitions_agree(member)
+    }
+
+    /// This node's partition count (0 when not set).
+    pub fn own_partitions(&self) -> u32 {
+        self.own_partitions
+    }
+
+    /// Sets this node's partition count (the data directory's).
+    pub fn set_own_partitions(&mut self, partitions: u32) {
+        self.own_partitions = partitions;
+    }
+
+    /// Whether `member` has the same partition count as this node, or one
+    /// of the two announces none (a build before partitions holds every
+    /// partition, which agrees with any count).
+    pub fn partitions_agree(&self, member: &Member) -> bool {
+        member.partitions == 0
+            || self.own_partitions == 0
+            || member.partitions == self.own_partitions
+    }
+
+    /// The member with replica id `replica`, if known.
+    pub fn member(&self, replica: ReplicaId) -> Option<&Member> {
+        self.peers.get(&replica).map(|peer| &peer.member)
     }
 
     /// Replaces the membership view (every other node, alive or not).
@@ -175,9 +205,8 @@ impl PeerBook {
     pub fn poll_pulls(&mut self, now_ms: u64, own_region: &str) -> Vec<PullPlan> {
         self.rotation = self.rotation.wrapping_add(1);
         let mut by_region: BTreeMap<&str, Vec<&PeerState>> = BTreeMap::new();
-        let own_protocol = self.own_protocol();
         for peer in self.peers.values() {
-            if !own_protocol.talks_with(&peer.member.protocol) {
+            if !self.talks_with(&peer.member) {
                 continue;
             }
             by_region
@@ -394,6 +423,21 @@ mod tests {
         book.handle_pull_failed(0, ReplicaId(2), 200);
         assert!(book.poll_pulls(100, "eu").is_empty());
         assert_eq!(book.poll_pulls(400, "eu").len(), 1);
+    }
+
+    #[test]
+    fn a_peer_with_another_partition_count_is_never_pulled_from() {
+        let mut book = PeerBook::default();
+        book.set_own_partitions(64);
+        let mut other = member(1, "us");
+        other.partitions = 128;
+        let mut same = member(2, "ap");
+        same.partitions = 64;
+        let unannounced = member(3, "sa"); // a build before partitions
+        book.handle_membership(vec![other.clone(), same, unannounced]);
+        assert!(!book.talks_with(&other));
+        let pulled: Vec<ReplicaId> = book.poll_pulls(0, "eu").iter().map(|p| p.peer).collect();
+        assert_eq!(pulled, vec![ReplicaId(2), ReplicaId(3)]);
     }
 
     #[test]

@@ -379,6 +379,42 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
 }
 
 #[test]
+fn pulls_from_a_member_with_another_partition_count_are_refused() {
+    let mut node = Node::new(1, "eu");
+    let request = PullRequest {
+        cluster_id: CLUSTER.into(),
+        caller: ReplicaId(2),
+        expected: None,
+        after: Cursor::default(),
+        max_bytes: 1000,
+        directory_digest: None,
+        protocol: ProtocolWindow::default(),
+        deltas_after: None,
+    };
+    node.replica.peers_mut().set_own_partitions(64);
+    let caller = |partitions| crate::replica::Member {
+        replica: ReplicaId(2),
+        region: "us".into(),
+        partitions,
+        ..Default::default()
+    };
+    node.replica.peers_mut().handle_membership(vec![caller(64)]);
+    assert!(node.replica.handle_pull(&node.store, &request).is_ok());
+    node.replica
+        .peers_mut()
+        .handle_membership(vec![caller(128)]);
+    let refused = node.replica.handle_pull(&node.store, &request).unwrap_err();
+    assert!(matches!(
+        refused,
+        PullRefused::PartitionCount {
+            ours: 64,
+            theirs: 128
+        }
+    ));
+    assert!(refused.to_string().contains("--partitions 64"), "{refused}");
+}
+
+#[test]
 fn pulls_from_a_node_without_a_shared_protocol_version_are_refused() {
     let mut node = Node::new(1, "eu");
     let mut request = PullRequest {

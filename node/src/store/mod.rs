@@ -12,7 +12,7 @@
 //! calls it once per batch.
 
 mod change_index;
-mod disk_sync;
+pub(crate) mod disk_sync;
 pub mod encoding;
 mod fault;
 mod memory;

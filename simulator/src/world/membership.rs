@@ -139,6 +139,7 @@ impl Membership {
                 digest: node.replica.digest().0,
                 protocol: node.replica.peers().own_protocol(),
                 folds: None,
+                partitions: node.replica.peers().own_partitions(),
             });
         }
         nodes[observer]

@@ -195,7 +195,7 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(&status);
     }
-    print_line(format_args!("cluster: {}", status.cluster_id))?;
+    print_line(cluster_line(&status))?;
     print_line(format_args!(
         "cluster version: {} (this node speaks protocol versions {}..{})",
         status.cluster_version, status.node.protocol_oldest, status.node.protocol_version
@@ -310,8 +310,17 @@ fn name_problems(status: &ClusterStatus) -> Vec<String> {
         .collect()
 }
 
-/// One line per member that shares no protocol version with the answering
-/// node (see "Upgrading" in the README).
+/// `cluster: ID`, with the partition count when the node has one.
+fn cluster_line(status: &ClusterStatus) -> String {
+    match status.partitions {
+        0 => format!("cluster: {}", status.cluster_id),
+        partitions => format!("cluster: {}, {partitions} partitions", status.cluster_id),
+    }
+}
+
+/// One line per member that the answering node refuses: it shares no
+/// protocol version with it (see "Upgrading" in the README), or announces
+/// another partition count.
 fn version_problems(status: &ClusterStatus) -> Vec<String> {
     let own = &status.node;
     status
@@ -319,6 +328,20 @@ fn version_problems(status: &ClusterStatus) -> Vec<String> {
         .iter()
         .filter(|member| member.refused)
         .map(|member| {
+            if member.partitions != 0 && own.partitions != 0 && member.partitions != own.partitions
+            {
+                return format!(
+                    "problem: {} ({}, replica {}) is refused: it announces {} partitions, this \
+                     node {}; a cluster's partition count is fixed: restart it with \
+                     --partitions {} and a new --data-dir",
+                    member.node_name,
+                    member.region,
+                    member.replica_hex(),
+                    member.partitions,
+                    own.partitions,
+                    own.partitions
+                );
+            }
             format!(
                 "problem: {} ({}, replica {}) is refused: it speaks protocol versions {}..{}, \
                  this node {}..{}; no state is exchanged with it until the older of the two \
@@ -376,6 +399,7 @@ mod tests {
             protocol_version: 2,
             protocol_oldest: 1,
             refused: false,
+            partitions: 256,
         }
     }
 
@@ -389,7 +413,24 @@ mod tests {
             cluster_version: 1,
             retired: Vec::new(),
             folds_applied: 0,
+            partitions: 256,
         }
+    }
+
+    #[test]
+    fn a_member_with_another_partition_count_is_a_problem_that_names_both() {
+        let mut other = member("n2", true, 7);
+        other.partitions = 64;
+        other.refused = true;
+        let cluster = status(true, vec![other]);
+        let problems = version_problems(&cluster);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("announces 64 partitions, this node 256")
+                && problems[0].contains("--partitions 256"),
+            "{problems:?}"
+        );
+        assert_eq!(cluster_line(&cluster), "cluster: test, 256 partitions");
     }
 
     #[test]
