@@ -179,7 +179,10 @@ mod tests {
         assert_eq!(facts.partitions, PartitionCount::default());
         // Without --partitions the stored count is taken; the same count is fine.
         assert_eq!(settle(dir.path(), "prod", None).unwrap(), facts);
-        assert_eq!(settle(dir.path(), "prod", Some(count(256))).unwrap(), facts);
+        assert_eq!(
+            settle(dir.path(), "prod", Some(count(1024))).unwrap(),
+            facts
+        );
         let other = tempfile::tempdir().unwrap();
         let facts = settle(other.path(), "prod", Some(count(64))).unwrap();
         assert_eq!(facts.partitions, count(64));

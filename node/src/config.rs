@@ -203,7 +203,7 @@ pub struct RunArgs {
     /// The cluster's partition count P, fixed when the cluster is created: every node of
     /// every region must be given the same, and a data directory keeps the one it was
     /// created with (a different value is refused at start; a peer announcing another is
-    /// refused). [default: the data directory's, or 256 for a new one]
+    /// refused). [default: the data directory's, or 1024 for a new one]
     #[arg(long, env = "TALLY_PARTITIONS")]
     pub partitions: Option<u64>,
     /// When an add is acknowledged: `sync` after it is flushed to disk (the default);

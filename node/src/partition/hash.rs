@@ -18,12 +18,14 @@ impl std::fmt::Display for Partition {
     }
 }
 
-/// The partition count used when none is given: 256. Enough that a region of
-/// up to ~80 nodes still gives each node several partitions per replica (the
-/// spread of counters per node is about `1/sqrt(partitions per node)`), and
-/// few enough that a partition set fits in 64 hex characters of gossip and
-/// the per-partition bookkeeping of a node stays a few kilobytes.
-pub const DEFAULT_PARTITIONS: u32 = 256;
+/// The partition count used when none is given: 1024. P is fixed for a
+/// cluster's life and caps how far a region can grow: a node should own a
+/// dozen or more partitions per replica for the counters to spread evenly
+/// (the spread is about `1/sqrt(partitions per node)`), so 1024 serves
+/// regions of up to ~250 nodes at RF 3, and a node's partition set is 256
+/// hex characters of gossip. Beyond that, create the cluster with more (see
+/// deploy/CAPACITY.md for the seed's scale).
+pub const DEFAULT_PARTITIONS: u32 = 1024;
 
 /// The largest partition count accepted.
 pub const MAX_PARTITIONS: u32 = 65_536;
