@@ -353,11 +353,10 @@ fn refused_chunks_merge_nothing() {
     assert_eq!(node.replica.region_of(ReplicaId(9)), Some("us"));
 }
 
-#[test]
-fn pulls_from_another_cluster_or_replica_are_refused() {
-    let node = Node::new(1, "eu");
-    let mut request = PullRequest {
-        cluster_id: "other".into(),
+/// A pull by replica 2 of this cluster, from the start.
+fn pull_from_2() -> PullRequest {
+    PullRequest {
+        cluster_id: CLUSTER.into(),
         caller: ReplicaId(2),
         expected: None,
         after: Cursor::default(),
@@ -365,6 +364,15 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
         directory_digest: None,
         protocol: ProtocolWindow::default(),
         deltas_after: None,
+    }
+}
+
+#[test]
+fn pulls_from_another_cluster_or_replica_are_refused() {
+    let node = Node::new(1, "eu");
+    let mut request = PullRequest {
+        cluster_id: "other".into(),
+        ..pull_from_2()
     };
     assert!(matches!(
         node.replica.handle_pull(&node.store, &request),
@@ -381,16 +389,7 @@ fn pulls_from_another_cluster_or_replica_are_refused() {
 #[test]
 fn pulls_from_a_member_with_another_partition_count_are_refused() {
     let mut node = Node::new(1, "eu");
-    let request = PullRequest {
-        cluster_id: CLUSTER.into(),
-        caller: ReplicaId(2),
-        expected: None,
-        after: Cursor::default(),
-        max_bytes: 1000,
-        directory_digest: None,
-        protocol: ProtocolWindow::default(),
-        deltas_after: None,
-    };
+    let request = pull_from_2();
     node.replica.peers_mut().set_own_partitions(64);
     let caller = |partitions| crate::replica::Member {
         replica: ReplicaId(2),
@@ -417,16 +416,7 @@ fn pulls_from_a_member_with_another_partition_count_are_refused() {
 #[test]
 fn pulls_from_a_node_without_a_shared_protocol_version_are_refused() {
     let mut node = Node::new(1, "eu");
-    let mut request = PullRequest {
-        cluster_id: CLUSTER.into(),
-        caller: ReplicaId(2),
-        expected: None,
-        after: Cursor::default(),
-        max_bytes: 1000,
-        directory_digest: None,
-        protocol: ProtocolWindow::default(),
-        deltas_after: None,
-    };
+    let mut request = pull_from_2();
     assert!(node.replica.handle_pull(&node.store, &request).is_ok());
     // The cluster version moved to 2: a version-1 caller is refused...
     node.replica
