@@ -44,7 +44,7 @@
 //! - `tally bench [--op add|get|mixed] [--concurrency 64] [--connections N]
 //!   [--keys 1] [--duration 10s] [--warmup 1s] [--no-coalesce]
 //!   [--batches-in-flight N] [--batch-size N] [--coalesce-window 200us]
-//!   [--read-cache] [--threads N]` (connections: 1, or 4 with
+//!   [--read-cache] [--threads N] [--durability sync|replicated]` (connections: 1, or 4 with
 //!   `--no-coalesce`; threads: half the cores, at least 1):
 //!   - text, three lines:
 //!     `bench: op=add concurrency=64 connections=1 keys=1 duration=10.00s

@@ -99,6 +99,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub no_coalesce: bool,
 
+    /// The durability the adds ask for: `sync` or `replicated` (on the copies
+    /// of the node's region too; see `tally add --durability`). [default: the
+    /// node's own]
+    #[arg(long, value_enum)]
+    pub durability: Option<super::DurabilityArg>,
+
     /// Coalesced batches in flight per connection (the client's default
     /// unless given).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
@@ -195,6 +201,9 @@ fn client_config(base: ClientConfig, args: &BenchArgs) -> ClientConfig {
     }
     if args.read_cache {
         config = config.with_read_cache(READ_CACHE_CAPACITY, READ_CACHE_TTL);
+    }
+    if let Some(durability) = args.durability {
+        config = config.with_durability(durability.into());
     }
     config
 }
