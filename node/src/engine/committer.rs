@@ -165,10 +165,7 @@ async fn commit_all(
         }
         let started = Instant::now();
         let store = engine.store.clone();
-        let task = tokio::task::spawn_blocking(move || {
-            store.write(&batch)?;
-            store.flush()
-        });
+        let task = tokio::task::spawn_blocking(move || store.commit(&batch));
         let cause: Arc<str> = match tokio::time::timeout(COMMIT_STALL_LIMIT, task).await {
             Ok(Ok(Ok(()))) => {
                 let (digest, replicated, copies_pending) = {

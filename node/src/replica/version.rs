@@ -13,8 +13,10 @@
 //!   set aside (VERSIONS.md); version 6 takes copy pushes (the `Copy` RPC of
 //!   replicated durability), sent only to a member that announces it,
 //!   whatever the cluster version (it writes no new format, so it needs no
-//!   finalize). A node that announces nothing (a build before versions)
-//!   counts as `1..=1`.
+//!   finalize); version 7 adds the store's commit log (`store::commit_log`:
+//!   a local change, versioned so that a build without it refuses a
+//!   directory whose log holds commits). A node that announces nothing (a
+//!   build before versions) counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
 //!   directory before anything of it is written, and only rises: to the
@@ -34,7 +36,7 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 6;
+pub const NEWEST: u32 = 7;
 /// The version that brought like sets and uniques (their records and the
 /// delta log): writes of them wait for this cluster version, and only a peer
 /// that speaks it is asked for its delta log.

@@ -8,10 +8,12 @@
 //! ([`ChangeIndex`], rebuilt from the counter records by [`rebuild_changes`])
 //! and number replicas for their counter records ([`Ordinals`]). Writes become
 //! durable only at [`Store::flush`] (for sled, after an `fdatasync` of its
-//! files: see `disk_sync`); the group committer ([`crate::engine`])
-//! calls it once per batch.
+//! files: see `disk_sync`) or [`Store::commit`], which the group committer
+//! ([`crate::engine`]) calls once per batch (for sled from format 7 on, one
+//! append and one `fdatasync` of its commit log: see `commit_log`).
 
 mod change_index;
+mod commit_log;
 pub(crate) mod disk_sync;
 pub mod encoding;
 mod fault;
@@ -41,6 +43,13 @@ pub trait Store: DurableState + Send + Sync + 'static {
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError>;
     /// Makes everything written so far durable.
     fn flush(&self) -> Result<(), StorageError>;
+    /// Writes a batch and makes it durable: what the group committer calls
+    /// once per batch. A store may do it faster than [`Store::write`] and
+    /// [`Store::flush`] (sled appends it to its commit log).
+    fn commit(&self, batch: &CommitBatch) -> Result<(), StorageError> {
+        self.write(batch)?;
+        self.flush()
+    }
     /// The node stops and writes nothing more: the store may save what
     /// makes its next open faster, but must open correctly without it.
     fn close(&self) -> Result<(), StorageError> {
@@ -339,6 +348,8 @@ pub fn stored_identity(bytes: Option<&[u8]>) -> Result<Option<Identity>, Storage
     bytes.map(encoding::decode_identity).transpose()
 }
 
+#[cfg(test)]
+mod commit_log_tests;
 #[cfg(test)]
 mod fold_suite;
 #[cfg(test)]

@@ -35,6 +35,7 @@ use crate::replica::{
     StorageError, StoredCounter,
 };
 
+use super::commit_log::{self, CommitLog, COMMIT_LOG_FORMAT};
 use super::disk_sync::{sync_dir, DiskSync};
 use super::encoding::{self, COUNTER, META_DURABLE_SEQ, META_IDENTITY, ORDINAL, RETIRED_CHANGE};
 use super::{
@@ -178,6 +179,9 @@ pub struct SledStore {
     format: AtomicU32,
     /// The newest format this build may write.
     newest_format: u32,
+    /// The commit log, from format [`COMMIT_LOG_FORMAT`] on (see
+    /// `commit_log`); `None` below it, where each commit flushes sled.
+    log: Mutex<Option<CommitLog>>,
     /// Where a damaged store was moved, when it was.
     pub moved_aside: Option<PathBuf>,
 }
@@ -318,6 +322,21 @@ impl SledStore {
             db.flush().map_err(|e| classify(dir, e))?;
             disk.after_flush().map_err(io_error(dir))
         };
+        // Commits acknowledged through the commit log and not yet in sled's
+        // durable state go back in before anything reads the store.
+        let mut log = commit_log::open_existing(dir).map_err(io_error(dir))?;
+        if let Some((_, logged)) = &log {
+            if commit_log::replay(&db, logged).map_err(|e| corrupt(e.0))? {
+                flush(&db)?;
+            }
+        }
+        if log.is_none() && format >= COMMIT_LOG_FORMAT {
+            log = Some(commit_log::create(dir).map_err(io_error(dir))?);
+        }
+        let mut log = log.map(|(log, _)| log);
+        if let Some(log) = &mut log {
+            log.start_over();
+        }
         let stored = db.get(META_IDENTITY).map_err(|e| classify(dir, e))?;
         let stored = stored_identity(stored.as_deref()).map_err(|e| corrupt(e.0))?;
         if stored.is_none() && initialised {
@@ -354,6 +373,7 @@ impl SledStore {
             path: dir.to_path_buf(),
             format: AtomicU32::new(format),
             newest_format,
+            log: Mutex::new(log),
             moved_aside: None,
         })
     }
@@ -367,6 +387,54 @@ impl SledStore {
     /// on every read for the rest of the process.
     fn changes(&self) -> MutexGuard<'_, ChangeIndex> {
         self.changes.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The commit log, locked (held through a whole commit or flush, so the
+    /// two never interleave). A poisoned lock is taken as is: the log's own
+    /// state records a failed sync.
+    fn log(&self) -> MutexGuard<'_, Option<CommitLog>> {
+        self.log.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies `batch` to sled (visible to reads, not durable), after
+    /// `before_apply` has seen its operations (the commit log appends them).
+    fn apply(
+        &self,
+        batch: &CommitBatch,
+        before_apply: impl FnOnce(&[Op]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        let mut ordinals = self
+            .ordinals
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let new = ordinals.plan(batch);
+        let format = self.format.load(Ordering::Acquire);
+        let ops = batch_ops(batch, &ordinals, &new, format);
+        before_apply(&ops)?;
+        let mut sled_batch = sled::Batch::default();
+        for op in ops {
+            match op {
+                Op::Put(key, value) => sled_batch.insert(key, value),
+                Op::Delete(key) => sled_batch.remove(key),
+            }
+        }
+        self.db.apply_batch(sled_batch).map_err(storage)?;
+        ordinals.extend(&new);
+        drop(ordinals);
+        self.changes().apply(batch);
+        Ok(())
+    }
+
+    /// Makes everything applied to sled durable: sled's flush, then
+    /// [`DiskSync::after_flush`].
+    fn flush_sled(&self) -> Result<(), StorageError> {
+        self.db.flush().map_err(storage)?;
+        self.disk.after_flush().map_err(|error| {
+            StorageError(format!(
+                "cannot sync the store's files to disk in {}: {error}",
+                self.path.display()
+            ))
+        })
     }
 }
 
@@ -642,34 +710,34 @@ impl Store for SledStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
-        let mut ordinals = self
-            .ordinals
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let new = ordinals.plan(batch);
-        let mut sled_batch = sled::Batch::default();
-        let format = self.format.load(Ordering::Acquire);
-        for op in batch_ops(batch, &ordinals, &new, format) {
-            match op {
-                Op::Put(key, value) => sled_batch.insert(key, value),
-                Op::Delete(key) => sled_batch.remove(key),
-            }
-        }
-        self.db.apply_batch(sled_batch).map_err(storage)?;
-        ordinals.extend(&new);
-        drop(ordinals);
-        self.changes().apply(batch);
-        Ok(())
+        self.apply(batch, |_| Ok(()))
     }
 
     fn flush(&self) -> Result<(), StorageError> {
-        self.db.flush().map_err(storage)?;
-        self.disk.after_flush().map_err(|error| {
-            StorageError(format!(
-                "cannot sync the store's files to disk in {}: {error}",
-                self.path.display()
-            ))
-        })
+        let mut log = self.log();
+        self.flush_sled()?;
+        if let Some(log) = log.as_mut() {
+            log.start_over();
+        }
+        Ok(())
+    }
+
+    fn commit(&self, batch: &CommitBatch) -> Result<(), StorageError> {
+        let mut log = self.log();
+        let Some(log) = log.as_mut() else {
+            drop(log);
+            self.write(batch)?;
+            return self.flush();
+        };
+        self.apply(batch, |ops| {
+            log.append(batch.seq, ops)
+                .map_err(|error| StorageError(error.to_string()))
+        })?;
+        if log.wants_checkpoint() {
+            self.flush_sled()?;
+            log.start_over();
+        }
+        Ok(())
     }
 
     fn close(&self) -> Result<(), StorageError> {
@@ -710,6 +778,15 @@ impl Store for SledStore {
                 ))
             },
         )?;
+        if format >= COMMIT_LOG_FORMAT {
+            let mut log = self.log();
+            if log.is_none() {
+                let (created, _) = commit_log::create(&self.path).map_err(|error| {
+                    StorageError(format!("cannot create the commit log: {error}"))
+                })?;
+                *log = Some(created);
+            }
+        }
         self.format.store(format, Ordering::Release);
         Ok(())
     }
