@@ -16,7 +16,7 @@ use tally_node::replica::DurableState;
 use tally_node::store::{OnCorrupt, SledStore, Store};
 
 const KEYS: [&str; 3] = ["post:1:likes", "post:2:likes", "video:9:views"];
-const LIMIT: Duration = Duration::from_secs(60);
+const LIMIT: Duration = Duration::from_secs(180);
 
 fn start_cluster(root: &std::path::Path, retire_after: &str) -> Vec<NodeProcess> {
     let mut specs: Vec<NodeSpec> = ["eu", "us", "ap"]
