@@ -125,7 +125,7 @@ pub struct Metrics {
     /// Like sets whose count differed from a recount of their members: a bug.
     pub like_count_mismatches: Counter,
     /// Slots (live writers) per counter, observed for every counter committed.
-    pub counter_slots: Histogram,
+    pub slots_per_key: Histogram,
     /// Fold epochs this node applied to its counters.
     pub folds_done: Gauge,
     /// Retired writers whose fold waits (for a member's report or agreement).
@@ -181,7 +181,7 @@ impl Metrics {
             set_merge_changes: Counter::default(),
             like_recounts: Counter::default(),
             like_count_mismatches: Counter::default(),
-            counter_slots: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            slots_per_key: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             folds_done: Gauge::default(),
             folds_waiting: Gauge::default(),
             retired_writers: Gauge::default(),
@@ -378,9 +378,9 @@ impl Metrics {
             metrics.http_event_streams.clone(),
         );
         registry.register(
-            "counter_slots",
+            "slots_per_key",
             "Slots (live writers, folded ones excluded) per counter, observed per counter committed",
-            metrics.counter_slots.clone(),
+            metrics.slots_per_key.clone(),
         );
         registry.register(
             "folds_done",

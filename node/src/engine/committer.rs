@@ -160,7 +160,7 @@ async fn commit_all(
         for (_, state) in &batch.counters {
             engine
                 .metrics
-                .counter_slots
+                .slots_per_key
                 .observe(state.slots().len() as f64);
         }
         let started = Instant::now();
