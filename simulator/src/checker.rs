@@ -14,7 +14,13 @@
 //!   equal the sum of its acknowledged adds plus a subset of its unacknowledged
 //!   ones, each at most once (see `ledger.rs` for why the subset decodes
 //!   uniquely). For a wiped replica, acknowledged adds count up to some commit
-//!   (what it shipped before the wipe), never out of order.
+//!   (what it shipped before the wipe), never out of order; the ones past
+//!   that commit are counted as lost to the wipe;
+//! - **replicated durability**: with `--durability replicated`, when a
+//!   replica's disk is lost, the other nodes together hold durably every add
+//!   it acknowledged ("acknowledged add lost to a wipe" otherwise), and a copy
+//!   answers a push only once the pushed slots are durable there (checked as
+//!   it answers, in `world/copies.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +57,11 @@ pub struct SlotStats {
     /// Adds applied by two incarnations of one node: a retry after a wipe
     /// (the idempotency table went with the disk). Reported, not a violation.
     pub applied_across_wipe: u64,
+    /// Acknowledged adds of wiped replicas missing from the final state:
+    /// lost with their disk before any peer held them. Allowed in `sync`
+    /// mode (counted); in `replicated` mode only after every other disk that
+    /// held them was lost too.
+    pub acked_lost_to_wipe: u64,
 }
 
 /// See the module documentation.
@@ -67,10 +78,28 @@ pub struct Checker {
     pub violation_count: u64,
     heal_at: Option<u64>,
     last_change: Vec<u64>,
+    /// Replicated durability: every acknowledged add must be held by another
+    /// node when its replica's disk is lost.
+    replicated: bool,
+    /// Per dead incarnation (as `dead`), per key: the most any other node
+    /// held durably of its slot at the moment its disk was lost.
+    held_at_wipe: Vec<Vec<Slot>>,
 }
 
 /// Violations kept in full; the rest are only counted.
 pub const MAX_KEPT: usize = 20;
+
+/// The p and n sums of (ticket, negative, magnitude) adds.
+fn sums(adds: &[(u64, bool, u64)]) -> (u64, u64) {
+    adds.iter()
+        .fold((0, 0), |(p, n), (_, negative, magnitude)| {
+            if *negative {
+                (p, n + magnitude)
+            } else {
+                (p + magnitude, n)
+            }
+        })
+}
 
 fn slot_text(slot: Slot) -> String {
     format!("(p {}, n {})", slot.p, slot.n)
@@ -90,7 +119,21 @@ impl Checker {
             violation_count: 0,
             heal_at: None,
             last_change: vec![0; keys],
+            replicated: false,
+            held_at_wipe: Vec::new(),
         }
+    }
+
+    /// Replicated durability is on: a wiped replica's acknowledged adds must
+    /// all be durable on some other node at the moment of the wipe
+    /// ("acknowledged add lost to a wipe" otherwise).
+    pub fn require_replicated(&mut self) {
+        self.replicated = true;
+    }
+
+    /// What node `node` last committed of `replica`'s slot of key `key`.
+    pub fn durable_slot(&self, node: usize, key: usize, replica: ReplicaId) -> Slot {
+        self.durable[node * self.keys + key].slot(replica)
     }
 
     /// Records a violation.
@@ -235,6 +278,19 @@ impl Checker {
         let old = self.node_ids[node];
         if let Some(entry) = self.owners.iter_mut().find(|(id, _)| *id == old) {
             let range = node * self.keys..(node + 1) * self.keys;
+            let writers = self.node_ids.len();
+            let held = (0..self.keys)
+                .map(|key| {
+                    (0..writers)
+                        .filter(|other| *other != node)
+                        .map(|other| self.durable[other * self.keys + key].slot(old))
+                        .fold(Slot::default(), |most, slot| Slot {
+                            p: most.p.max(slot.p),
+                            n: most.n.max(slot.n),
+                        })
+                })
+                .collect();
+            self.held_at_wipe.push(held);
             self.dead.push(self.durable[range.clone()].to_vec());
             entry.1 = Owner::Dead(self.dead.len() - 1);
             for state in &mut self.durable[range.clone()] {
@@ -368,7 +424,7 @@ impl Checker {
                     })
                     .collect();
             }
-            let fits = |cut: usize| -> Option<(u64, u64)> {
+            let fits = |cut: usize, slot: Slot| -> Option<(u64, u64)> {
                 let (mut p, mut n) = (0u64, 0u64);
                 for (_, negative, magnitude) in &group.certain[..cut] {
                     if *negative {
@@ -382,8 +438,28 @@ impl Checker {
                 (rest_p & !group.unknown_p == 0 && rest_n & !group.unknown_n == 0)
                     .then_some((rest_p, rest_n))
             };
-            match cuts.iter().find_map(|cut| fits(*cut)) {
-                Some((rest_p, rest_n)) => {
+            if let (true, Some(Owner::Dead(dead))) = (self.replicated, self.owner(replica)) {
+                let held = self.held_at_wipe[dead][key];
+                if fits(group.certain.len(), held).is_none() {
+                    let (p, n) = sums(&group.certain);
+                    self.violate(
+                        now,
+                        "acknowledged add lost to a wipe",
+                        format!(
+                            "key {key}, replica {replica} (wiped): its acknowledged adds sum to \
+                             (p {p}, n {n}), but when its disk was lost the other nodes held \
+                             only {} of its slot (replicated durability)",
+                            slot_text(held)
+                        ),
+                    );
+                }
+            }
+            let found = cuts
+                .iter()
+                .find_map(|cut| fits(*cut, slot).map(|rest| (*cut, rest)));
+            match found {
+                Some((cut, (rest_p, rest_n))) => {
+                    stats.acked_lost_to_wipe += (group.certain.len() - cut) as u64;
                     let applied = rest_p.count_ones() + rest_n.count_ones();
                     let unknown = group.unknown_p.count_ones() + group.unknown_n.count_ones();
                     stats.unacked_applied += u64::from(applied);
@@ -397,13 +473,7 @@ impl Checker {
                     }
                 }
                 None => {
-                    let (p, n) = group.certain.iter().fold((0u64, 0u64), |(p, n), c| {
-                        if c.1 {
-                            (p, n + c.2)
-                        } else {
-                            (p + c.2, n)
-                        }
-                    });
+                    let (p, n) = sums(&group.certain);
                     let state = if self.is_dead(replica) {
                         "wiped"
                     } else {
@@ -440,5 +510,54 @@ impl Checker {
             .filter(|(_, owner)| matches!(owner, Owner::Dead(_)))
             .map(|(id, _)| *id)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: ReplicaId = ReplicaId(0xa);
+    const B: ReplicaId = ReplicaId(0xb);
+    const C: ReplicaId = ReplicaId(0xc);
+
+    /// n0 (replica A) acknowledges one add of 1 on key 0; n1 (B) holds
+    /// `copy` of A's slot durably when n0's disk is lost (n0 comes back as C).
+    fn wiped_with_copy(replicated: bool, copy: u64) -> (Checker, SlotStats) {
+        let mut checker = Checker::new(2, 1);
+        if replicated {
+            checker.require_replicated();
+        }
+        checker.started_fresh(0, 0, A);
+        checker.started_fresh(0, 1, B);
+        let mut ledger = Ledger::new(2, 1);
+        let add = ledger.issue(0, 0, 0, false, true).unwrap();
+        ledger.delivered(add, A);
+        ledger.answered(add, A, 1, false);
+        let slot = |p| PnCounter::from_slots([(A, Slot { p, n: 0 })]);
+        checker.committed(1, 0, 0, &slot(1));
+        checker.committed(1, 1, 0, &slot(copy));
+        checker.started_fresh(2, 0, C);
+        let stats = checker.check_slots(3, &ledger, &[slot(copy)]);
+        (checker, stats)
+    }
+
+    #[test]
+    fn a_wipe_may_lose_an_acknowledged_add_only_in_sync_mode() {
+        let (checker, stats) = wiped_with_copy(false, 0);
+        assert_eq!(checker.violation_count, 0, "{:?}", checker.violations);
+        assert_eq!(stats.acked_lost_to_wipe, 1);
+
+        let (checker, _) = wiped_with_copy(true, 0);
+        assert_eq!(
+            checker.violations.first().map(|v| v.kind),
+            Some("acknowledged add lost to a wipe"),
+            "{:?}",
+            checker.violations
+        );
+
+        let (checker, stats) = wiped_with_copy(true, 1);
+        assert_eq!(checker.violation_count, 0, "{:?}", checker.violations);
+        assert_eq!(stats.acked_lost_to_wipe, 0);
     }
 }

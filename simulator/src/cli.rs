@@ -13,7 +13,7 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::faults::FaultPlan;
 use crate::network::LatencyMatrix;
-use crate::options::{BugName, FaultSet, SimOptions};
+use crate::options::{BugName, Durability, FaultSet, SimOptions};
 use crate::replay::replay_command;
 use crate::shrink::shrink;
 use crate::sweep::{sweep, SweepSummary};
@@ -112,6 +112,15 @@ pub struct SimArgs {
     /// Nodes (the last ones) in async durability mode.
     #[arg(long, default_value_t = 0)]
     async_nodes: usize,
+    /// When the other nodes acknowledge an add: sync (once flushed on the
+    /// node) or replicated (also on --write-copies - 1 more nodes of the
+    /// region; needs that many nodes per region).
+    #[arg(long, value_enum, default_value_t = Durability::Sync)]
+    durability: Durability,
+    /// Nodes of the region that hold a replicated add before it is
+    /// acknowledged, the taking node included (2 to 7).
+    #[arg(long, default_value_t = 2)]
+    write_copies: usize,
     /// Client timeout (ms).
     #[arg(long, default_value_t = 300)]
     client_timeout_ms: u64,
@@ -152,6 +161,8 @@ impl SimArgs {
             burst_clients_per_region: self.burst_clients_per_region,
             burst_ms: self.burst_ms,
             async_nodes: self.async_nodes,
+            durability: self.durability,
+            write_copies: self.write_copies,
             client_timeout_ms: self.client_timeout_ms,
             max_retries: self.max_retries,
             pull_budget_bytes: self.pull_budget_bytes,
@@ -318,9 +329,18 @@ pub fn render_run(result: &RunResult, options: &SimOptions, plan: Option<&FaultP
     let _ = writeln!(
         out,
         "slots: {} checked; unacknowledged adds applied {}, lost {}; applied by two incarnations \
-         across a wipe {}",
-        s.slots, s.unacked_applied, s.unacked_lost, s.applied_across_wipe
+         across a wipe {}; acknowledged adds lost to a wipe {}",
+        s.slots, s.unacked_applied, s.unacked_lost, s.applied_across_wipe, s.acked_lost_to_wipe
     );
+    if options.durability == crate::options::Durability::Replicated {
+        let c = &result.copies;
+        let _ = writeln!(
+            out,
+            "copies: {} pushes, {} confirmed, {} failed; {} taken by copies; {} adds answered \
+             UNAVAILABLE (copies unconfirmed in time)",
+            c.pushes, c.confirmed, c.failed, c.taken, c.unconfirmed_adds
+        );
+    }
     match result.convergence_ms {
         Some(ms) => {
             let _ = writeln!(
@@ -418,5 +438,22 @@ mod tests {
         assert_eq!(args.sim.options(), options);
         let replayed = load_plan(args.plan.as_deref().unwrap(), &options).unwrap();
         assert_eq!(replayed, plan);
+
+        let replicated = SimOptions {
+            nodes_per_region: 3,
+            durability: Durability::Replicated,
+            write_copies: 3,
+            ..SimOptions::default()
+        };
+        let line = replay_command(7, &replicated, None);
+        assert!(
+            line.contains("--durability replicated --write-copies 3"),
+            "{line}"
+        );
+        let cli = Cli::try_parse_from(shell_words(&line)).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let Command::Run(args) = cli.command else {
+            panic!("{line} is not a run command");
+        };
+        assert_eq!(args.sim.options(), replicated);
     }
 }

@@ -65,6 +65,9 @@ pub struct LogicalAdd {
     pub delivered: Vec<ReplicaId>,
     /// An async node made it durable before its answer arrived.
     pub durable_early: Option<ReplicaId>,
+    /// The attempt that was answered `UNAVAILABLE` (replicated mode: too few
+    /// copies confirmed in time), 0 for none.
+    pub unavailable_at: u8,
 }
 
 impl LogicalAdd {
@@ -118,6 +121,9 @@ pub struct WorkloadStats {
     pub lane_skips: u64,
     /// Adds on the hot key.
     pub hot_adds: u64,
+    /// Attempts answered `UNAVAILABLE` (replicated mode: too few copies
+    /// confirmed in time; the outcome is unknown to the caller).
+    pub unavailable: u64,
 }
 
 /// See the module documentation.
@@ -175,6 +181,7 @@ impl Ledger {
             outcome: Outcome::Pending,
             delivered: Vec::new(),
             durable_early: None,
+            unavailable_at: 0,
         });
         self.stats.adds += 1;
         if key == 0 {

@@ -18,7 +18,7 @@ pub mod rng;
 pub mod world;
 
 pub use faults::{FaultPlan, Op, Shape};
-pub use options::{BugName, FaultSet, SimOptions};
+pub use options::{BugName, Durability, FaultSet, SimOptions};
 pub use world::{run, RunResult};
 pub mod chaos;
 pub mod cli;

@@ -159,17 +159,21 @@ pub enum BugName {
     /// A like set's merge takes the incoming member length instead of the max
     /// (caught only with `--sets`).
     LastWriterLength,
+    /// A copy answers a push before the commit that makes it durable there
+    /// (caught only with `--durability replicated`).
+    AckBeforeCopyDurable,
 }
 
 impl BugName {
     /// Every planted bug.
-    pub const ALL: [BugName; 6] = [
+    pub const ALL: [BugName; 7] = [
         BugName::ServeLiveState,
         BugName::ReuseReplicaIdAfterWipe,
         BugName::MergeByAddition,
         BugName::ApplyRetryTwice,
         BugName::SwapPAndN,
         BugName::LastWriterLength,
+        BugName::AckBeforeCopyDurable,
     ];
 
     /// The name on the command line.
@@ -181,7 +185,28 @@ impl BugName {
             BugName::ApplyRetryTwice => "apply-retry-twice",
             BugName::SwapPAndN => "swap-p-and-n",
             BugName::LastWriterLength => "last-writer-length",
+            BugName::AckBeforeCopyDurable => "ack-before-copy-durable",
         }
+    }
+}
+
+/// When the (non-async) nodes acknowledge an add.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, clap::ValueEnum)]
+pub enum Durability {
+    /// Once the group commit that holds it is flushed on the taking node.
+    #[default]
+    Sync,
+    /// Once it is flushed there and on `write_copies - 1` other nodes of the
+    /// region (the copies), by the core's copy pushes (`world/copies.rs`).
+    Replicated,
+}
+
+impl fmt::Display for Durability {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Durability::Sync => "sync",
+            Durability::Replicated => "replicated",
+        })
     }
 }
 
@@ -214,6 +239,11 @@ pub struct SimOptions {
     pub burst_ms: u64,
     /// Nodes (the last ones) that acknowledge before the flush (async mode).
     pub async_nodes: usize,
+    /// When the other nodes acknowledge.
+    pub durability: Durability,
+    /// Nodes of the region that hold a replicated add before it is
+    /// acknowledged, the taking node included (as `--write-copies`).
+    pub write_copies: usize,
     /// How long a caller waits for an answer (ms).
     pub client_timeout_ms: u64,
     /// Retries of a keyed add before the caller gives up.
@@ -247,6 +277,8 @@ impl Default for SimOptions {
             burst_clients_per_region: 2,
             burst_ms: 4_000,
             async_nodes: 0,
+            durability: Durability::Sync,
+            write_copies: 2,
             client_timeout_ms: 300,
             max_retries: 3,
             pull_budget_bytes: 16 << 10,
@@ -309,6 +341,21 @@ impl SimOptions {
         if self.async_nodes > self.node_count() {
             return Err("--async-nodes is more than the nodes".into());
         }
+        if self.durability == Durability::Replicated {
+            if !(2..=7).contains(&self.write_copies) {
+                return Err("--write-copies must be 2 to 7 (the taking node included)".into());
+            }
+            if self.write_copies > self.nodes_per_region {
+                return Err(format!(
+                    "--durability replicated --write-copies {} needs at least {} nodes per region \
+                     (--nodes-per-region is {})",
+                    self.write_copies, self.write_copies, self.nodes_per_region
+                ));
+            }
+            if self.async_nodes > 0 {
+                return Err("--async-nodes and --durability replicated do not mix".into());
+            }
+        }
         if self.planted_bug.is_some() && !cfg!(feature = "planted-bugs") {
             return Err(
                 "--planted-bug needs a build with the `planted-bugs` feature \
@@ -347,6 +394,10 @@ impl SimOptions {
         flag!(burst_clients_per_region, "burst-clients-per-region");
         flag!(burst_ms, "burst-ms");
         flag!(async_nodes, "async-nodes");
+        flag!(durability, "durability");
+        if self.durability == Durability::Replicated {
+            args.push(format!("--write-copies {}", self.write_copies));
+        }
         flag!(client_timeout_ms, "client-timeout-ms");
         flag!(max_retries, "max-retries");
         flag!(pull_budget_bytes, "pull-budget-bytes");
@@ -369,6 +420,13 @@ impl fmt::Display for SimOptions {
             "topology: {} region(s) x {} node(s); async nodes: {}",
             self.regions, self.nodes_per_region, self.async_nodes
         )?;
+        if self.durability == Durability::Replicated {
+            writeln!(
+                f,
+                "durability: replicated, {} copies (the taking node included)",
+                self.write_copies
+            )?;
+        }
         writeln!(
             f,
             "faults: {} ({} ops/min); run {} ms, then heal and quiesce",

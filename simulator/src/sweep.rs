@@ -169,6 +169,35 @@ impl SweepSummary {
             format!("{applied} / {lost}")
         );
         let _ = writeln!(out, "{:<28}{:>12}", "applied across a wipe", across);
+        let acked_lost: u64 = self
+            .results
+            .iter()
+            .map(|r| r.slots.acked_lost_to_wipe)
+            .sum();
+        let acked: u64 = self.results.iter().map(|r| r.workload.acked).sum();
+        let _ = writeln!(
+            out,
+            "{:<28}{:>12}",
+            "acked lost to a wipe",
+            format!("{acked_lost} of {acked}")
+        );
+        if options.durability == crate::options::Durability::Replicated {
+            let sum = |f: fn(&crate::world::CopyStats) -> u64| -> u64 {
+                self.results.iter().map(|r| f(&r.copies)).sum()
+            };
+            let _ = writeln!(
+                out,
+                "{:<28}{:>12}",
+                "pushes confirmed / failed",
+                format!("{} / {}", sum(|c| c.confirmed), sum(|c| c.failed))
+            );
+            let _ = writeln!(
+                out,
+                "{:<28}{:>12}",
+                "adds copies-unconfirmed",
+                sum(|c| c.unconfirmed_adds)
+            );
+        }
         let _ = writeln!(
             out,
             "{:<28}{:>12}",

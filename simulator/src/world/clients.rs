@@ -5,9 +5,11 @@
 //! gives up after a few tries without learning whether the add landed.
 //!
 //! Invariant: a sync-mode answer is sent only once the node's durable
-//! sequence reaches the add's `durable_at_seq` (see `replication.rs`); an
-//! async-mode answer is sent at once and the add counts as durable only when
-//! its commit completes before any crash.
+//! sequence reaches the add's `durable_at_seq` (see `replication.rs`), a
+//! replicated-mode one only once its replicated sequence does (`copies.rs`;
+//! past its deadline the add is answered `UNAVAILABLE`, which the caller
+//! treats as a timeout); an async-mode answer is sent at once and the add
+//! counts as durable only when its commit completes before any crash.
 
 use tally_node::crdt::ReplicaId;
 use tally_node::replica::AddRequest;
@@ -83,9 +85,18 @@ impl World<'_> {
 
     pub(super) fn client_timeout(&mut self, client: u32, add: u32, attempt: u8) {
         let entry = &self.ledger.adds[add as usize];
-        if entry.outcome != crate::ledger::Outcome::Pending || entry.attempts != attempt {
+        if entry.outcome != crate::ledger::Outcome::Pending
+            || entry.attempts != attempt
+            || entry.unavailable_at == attempt
+        {
             return;
         }
+        self.attempt_failed(client, add);
+    }
+
+    /// An attempt ended without an answer that says whether it landed.
+    fn attempt_failed(&mut self, client: u32, add: u32) {
+        let entry = &self.ledger.adds[add as usize];
         let retry = entry.keyed
             && u32::from(entry.attempts) <= self.options.max_retries
             && !self.clients_stopped;
@@ -130,15 +141,18 @@ impl World<'_> {
         let idempotency_key = entry.keyed.then(|| format!("c{client}-a{add}"));
         let state = &mut self.nodes[node];
         let now = state.local_now(self.now);
-        let result = state.replica.handle_add(
-            now,
-            &state.store,
-            AddRequest {
-                key: &self.key_names[key],
-                delta,
-                idempotency_key: idempotency_key.as_deref(),
-            },
-        );
+        let request = AddRequest {
+            key: &self.key_names[key],
+            delta,
+            idempotency_key: idempotency_key.as_deref(),
+        };
+        let result = if state.replicated {
+            state
+                .replica
+                .handle_add_replicated(now, &state.store, request)
+        } else {
+            state.replica.handle_add(now, &state.store, request)
+        };
         self.trace
             .mix_all(&[node as u64, add as u64, attempt as u64]);
         let accepted = match result {
@@ -161,8 +175,14 @@ impl World<'_> {
             accepted.duplicate as u64,
         ]);
         let replica = state.id();
-        let durable = state.replica.durable_seq();
+        let durable = if state.replicated {
+            state.replica.replicated_seq()
+        } else {
+            state.replica.durable_seq()
+        };
         let is_async = state.is_async;
+        let replicated = state.replicated;
+        let epoch = state.epoch;
         if let Some(live) = state.replica.cached_state(&self.key_names[key]) {
             let live = live.clone();
             self.checker.observe(self.now, node, key, &live);
@@ -187,8 +207,30 @@ impl World<'_> {
                 .entry(ticket)
                 .or_default()
                 .push((client, add, attempt));
+            if replicated {
+                let wait = self.copy_wait_ms();
+                self.schedule(
+                    wait,
+                    Event::CopyWaitExpired(node as u16, epoch, ticket, client, add, attempt),
+                );
+            }
         }
         self.wake_commit(node);
+    }
+
+    /// The node answered `UNAVAILABLE` (too few copies confirmed in time):
+    /// the caller does not know whether the add landed and treats it as a
+    /// timeout, retrying a keyed add with the same idempotency key.
+    pub(super) fn add_unavailable(&mut self, client: u32, add: u32, attempt: u8) {
+        self.trace
+            .mix_all(&[client as u64, add as u64, attempt as u64]);
+        let entry = &mut self.ledger.adds[add as usize];
+        if entry.outcome != crate::ledger::Outcome::Pending || entry.attempts != attempt {
+            return;
+        }
+        entry.unavailable_at = attempt;
+        self.ledger.stats.unavailable += 1;
+        self.attempt_failed(client, add);
     }
 
     pub(super) fn reply(

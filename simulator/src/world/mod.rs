@@ -9,6 +9,7 @@
 //! runs of a seed can be compared with one number.
 
 mod clients;
+mod copies;
 mod membership;
 mod node;
 mod replication;
@@ -27,6 +28,7 @@ use crate::options::SimOptions;
 use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
 
+pub use copies::CopyStats;
 pub use membership::Membership;
 pub use node::{SimNode, CLUSTER, EPOCH_MS};
 
@@ -70,6 +72,20 @@ pub enum NetMsg {
     Refused {
         /// The pull.
         pull: u64,
+    },
+    /// A push to a copy (replicated durability).
+    Copy {
+        /// The sender's push id.
+        push: u64,
+        /// The push.
+        data: std::sync::Arc<tally_node::replica::CopyPush>,
+    },
+    /// A copy's answer to a push: `ok` once durable there, or refused.
+    CopyAnswer {
+        /// The push it answers.
+        push: u64,
+        /// Durable on the copy.
+        ok: bool,
     },
 }
 
@@ -128,6 +144,17 @@ pub enum Event {
     Sample,
     /// The next like, unlike or observe (`--sets`).
     SetOp,
+    /// A push to the copies got no (or too few) answers in time: (node,
+    /// epoch, push).
+    PushTimeout(u16, u32, u64),
+    /// A failed push may be tried again: (node, epoch).
+    PushRetry(u16, u32),
+    /// A replicated add's wait for its copies ends: (node, epoch, ticket,
+    /// client, add, attempt).
+    CopyWaitExpired(u16, u32, u64, u32, u32, u8),
+    /// A replicated add's attempt is answered `UNAVAILABLE`: (client, add,
+    /// attempt).
+    AddUnavailable(u32, u32, u8),
 }
 
 impl Event {
@@ -139,7 +166,10 @@ impl Event {
             | Event::SyncRound(node, epoch)
             | Event::Housekeeping(node, epoch)
             | Event::PullTimeout(node, epoch, _)
-            | Event::MembershipRefresh(node, epoch) => Some((*node as usize, Some(*epoch))),
+            | Event::MembershipRefresh(node, epoch)
+            | Event::PushTimeout(node, epoch, _)
+            | Event::PushRetry(node, epoch)
+            | Event::CopyWaitExpired(node, epoch, ..) => Some((*node as usize, Some(*epoch))),
             _ => None,
         }
     }
@@ -163,6 +193,10 @@ impl Event {
             Event::Probe => 15,
             Event::Sample => 16,
             Event::SetOp => 17,
+            Event::PushTimeout(..) => 18,
+            Event::PushRetry(..) => 19,
+            Event::CopyWaitExpired(..) => 20,
+            Event::AddUnavailable(..) => 21,
         }
     }
 }
@@ -234,6 +268,8 @@ pub struct RunResult {
     pub replicas: usize,
     /// Hot key's final value.
     pub hot_value: i64,
+    /// Replicated durability: pushes, copies, adds left unconfirmed.
+    pub copies: CopyStats,
     /// Report series, when asked for.
     #[serde(skip)]
     pub series: Option<Series>,
@@ -287,6 +323,8 @@ pub struct World<'a> {
     pulls: u64,
     next_pull: u64,
     next_serve: u64,
+    next_push: u64,
+    copy_stats: CopyStats,
     series: Option<Series>,
     max_skew_jump: u64,
     commits_at_equal: u64,
@@ -369,6 +407,8 @@ impl<'a> World<'a> {
             pulls: 0,
             next_pull: 1,
             next_serve: 1,
+            next_push: 1,
+            copy_stats: CopyStats::default(),
             series: record.then(Series::default),
             max_skew_jump,
             commits_at_equal: 0,
@@ -377,6 +417,9 @@ impl<'a> World<'a> {
                 .sets
                 .then(|| sets::SetWorkload::new(stream(seed, Subsystem::Sets))),
         };
+        if options.durability == crate::options::Durability::Replicated {
+            world.checker.require_replicated();
+        }
         world.start();
         world
     }
@@ -503,6 +546,14 @@ impl<'a> World<'a> {
                 }
             }
             Event::SetOp => self.set_op(),
+            Event::PushTimeout(node, _, push) => self.push_timeout(node as usize, push),
+            Event::PushRetry(node, _) => self.push_retry(node as usize),
+            Event::CopyWaitExpired(node, _, ticket, client, add, attempt) => {
+                self.copy_wait_expired(node as usize, ticket, client, add, attempt)
+            }
+            Event::AddUnavailable(client, add, attempt) => {
+                self.add_unavailable(client, add, attempt)
+            }
             Event::Probe | Event::Sample => unreachable!("handled above"),
         }
     }
@@ -801,6 +852,7 @@ impl<'a> World<'a> {
             idle_commits: self.idle_commits,
             replicas: self.checker.replica_count(),
             hot_value,
+            copies: self.copy_stats,
             series: self.series,
         }
     }

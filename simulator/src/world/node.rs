@@ -1,7 +1,8 @@
 //! One simulated node: the real replica core (`tally_node::replica::Replica`)
 //! on a `MemoryStore` disk, plus the little runtime state the node's engine
 //! keeps around it (the commit in flight, adds waiting for durability, pulls in
-//! flight, events held while paused).
+//! flight, the push to the copies in flight and pushes taken as a copy,
+//! events held while paused).
 //!
 //! Invariant: the core is opened exactly as the node opens it — from
 //! `store.recover` after a crash that kept the disk, or on a fresh store with
@@ -39,6 +40,25 @@ pub struct PullState {
 /// An add waiting for its commit: (client, add, attempt).
 pub type Waiter = (u32, u32, u8);
 
+/// The push to the copies this node has in flight (replicated durability).
+#[derive(Debug)]
+pub struct PushState {
+    /// Its id (answers and the timeout name it).
+    pub id: u64,
+    /// The durable sequence it brings the copies up to.
+    pub upto_seq: u64,
+    /// The copies it was sent to.
+    pub targets: usize,
+    /// Copies that answered that it is durable there.
+    pub confirmed: usize,
+    /// Copies that answered at all.
+    pub answered: usize,
+}
+
+/// A push this node took as a copy, to be answered once durable here:
+/// (the sender's node, its push id, the sending replica, the pushed slots).
+pub type CopyWaiter = (usize, u64, ReplicaId, super::copies::PushedSlots);
+
 /// See the module documentation.
 pub struct SimNode {
     /// Its region's index.
@@ -73,6 +93,19 @@ pub struct SimNode {
     pub deferred: Vec<Event>,
     /// Crashes so far.
     pub crashes: u32,
+    /// Takes adds in replicated mode (`handle_add_replicated`); its sync-mode
+    /// waiters are answered at `replicated_seq` instead of `durable_seq`.
+    pub replicated: bool,
+    /// The push to the copies in flight.
+    pub push: Option<PushState>,
+    /// Failed pushes in a row (the pause before the next attempt doubles).
+    pub push_failures: u32,
+    /// A retry of a failed push is scheduled.
+    pub push_retry_scheduled: bool,
+    /// Successive pushes rotate over the region's copies.
+    pub push_turn: u64,
+    /// Pushes taken as a copy, by the commit that makes them durable here.
+    pub copy_waiting: BTreeMap<u64, Vec<CopyWaiter>>,
 }
 
 /// The core's settings in the simulator.
@@ -95,6 +128,7 @@ pub fn replica_config(options: &SimOptions) -> ReplicaConfig {
             BugName::ApplyRetryTwice => PlantedBug::ApplyRetryTwice,
             BugName::SwapPAndN => PlantedBug::SwapPAndN,
             BugName::LastWriterLength => PlantedBug::LastWriterLength,
+            BugName::AckBeforeCopyDurable => PlantedBug::AckBeforeCopyDurable,
         });
     }
     config
@@ -123,6 +157,13 @@ impl SimNode {
             pulls: BTreeMap::new(),
             deferred: Vec::new(),
             crashes: 0,
+            replicated: options.durability == crate::options::Durability::Replicated
+                && !options.is_async(index),
+            push: None,
+            push_failures: 0,
+            push_retry_scheduled: false,
+            push_turn: 0,
+            copy_waiting: BTreeMap::new(),
         }
     }
 
@@ -150,6 +191,10 @@ impl SimNode {
         self.async_pending.clear();
         self.pulls.clear();
         self.deferred.clear();
+        self.push = None;
+        self.push_failures = 0;
+        self.push_retry_scheduled = false;
+        self.copy_waiting.clear();
     }
 
     /// Starts the process again, on the kept disk or on a fresh one.

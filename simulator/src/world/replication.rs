@@ -86,20 +86,36 @@ impl World<'_> {
         let replica = state.id();
         self.trace
             .mix_all(&[node as u64, seq, state.replica.digest().0]);
-        let later = state.waiting.split_off(&(durable + 1));
-        let ready = std::mem::replace(&mut state.waiting, later);
         let later = state.async_pending.split_off(&(durable + 1));
         let made_durable = std::mem::replace(&mut state.async_pending, later);
+        self.release_waiters(node);
+        self.sets_durable(node, durable);
+        for add in made_durable.into_values().flatten() {
+            self.ledger.async_durable(add, replica);
+        }
+        self.copies_durable(node);
+        self.wake_commit(node);
+        self.pump_push(node);
+    }
+
+    /// Answers the waiting adds whose ticket is reached: the durable
+    /// sequence, or in replicated mode the replicated one (durable here and
+    /// on the copies).
+    pub(super) fn release_waiters(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        let reached = if state.replicated {
+            state.replica.replicated_seq()
+        } else {
+            state.replica.durable_seq()
+        };
+        let replica = state.id();
+        let later = state.waiting.split_off(&(reached + 1));
+        let ready = std::mem::replace(&mut state.waiting, later);
         for (ticket, waiters) in ready {
             for (client, add, _) in waiters {
                 self.reply(client, add, replica, ticket, false);
             }
         }
-        self.sets_durable(node, durable);
-        for add in made_durable.into_values().flatten() {
-            self.ledger.async_durable(add, replica);
-        }
-        self.wake_commit(node);
     }
 
     pub(super) fn housekeeping(&mut self, node: usize) {
@@ -109,6 +125,7 @@ impl World<'_> {
         let epoch = state.epoch;
         self.schedule(HOUSEKEEPING_MS, Event::Housekeeping(node as u16, epoch));
         self.wake_commit(node);
+        self.pump_push(node);
     }
 
     pub(super) fn sync_round(&mut self, node: usize) {
@@ -162,7 +179,7 @@ impl World<'_> {
         }
     }
 
-    fn send(&mut self, from: usize, to: usize, msg: NetMsg) {
+    pub(super) fn send(&mut self, from: usize, to: usize, msg: NetMsg) {
         let deliveries = self.net.send(from, to);
         if let Some(second) = deliveries.second {
             self.schedule(
@@ -200,6 +217,8 @@ impl World<'_> {
                 self.trace.mix(pull);
                 self.end_pull(to, pull, false);
             }
+            NetMsg::Copy { push, data } => self.copy_arrives(to, from, push, &data),
+            NetMsg::CopyAnswer { push, ok } => self.copy_answered(to, push, ok),
         }
     }
 
