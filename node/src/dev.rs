@@ -82,6 +82,9 @@ pub fn dev_settings(args: &DevArgs) -> anyhow::Result<Vec<Settings>> {
                 vec![first_gossip.clone()]
             };
             settings.durability = args.durability;
+            // One build, all directories new: nothing to roll back to, so
+            // the cluster version rises to the newest once all have met.
+            settings.cluster_version_upgrade = crate::config::ClusterVersionUpgrade::Auto;
             settings.sync_interval = sync_interval;
             settings.warn_if_insecure = false;
             nodes.push(settings);

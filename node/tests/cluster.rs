@@ -520,6 +520,22 @@ async fn the_dev_cluster_runs_three_regions_from_one_command() {
     let expected: BTreeMap<String, i64> = [("dev:likes".to_string(), 3)].into();
     let took = wait_converged(&endpoints, &expected).await;
     println!("dev cluster converged in {took:?}");
+    // A dev cluster moves to the newest cluster version by itself once its
+    // nodes have met, so likes work without `tally admin finalize` (a node
+    // left at version 1 refuses them with FAILED_PRECONDITION).
+    let client = quick_client(&endpoints[1]).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let liked = loop {
+        match client.like("dev:post", "member-1").await {
+            Ok(outcome) => break outcome,
+            Err(error) if std::time::Instant::now() < deadline => {
+                println!("like not taken yet: {error}");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            Err(error) => panic!("the dev cluster never took a like: {error}\n{log}"),
+        }
+    };
+    assert_eq!(liked.count, 1, "{liked:?}");
     send_signal(child.id(), "-TERM");
     let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
         .await
