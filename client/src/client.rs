@@ -30,8 +30,10 @@ use tonic_health::pb::HealthCheckRequest;
 
 /// The health-check name of the counters service.
 const COUNTERS_SERVICE: &str = "tally.v1.Counters";
+use crate::coalesce::like_wire::LikeBatch;
 use crate::coalesce::reads::{spawn_read_coalescer, ReadCoalescerHandle};
 use crate::coalesce::wire::encode_add;
+use crate::coalesce::wire::AddBatch;
 use crate::coalesce::{spawn_coalescer, CoalescerHandle};
 use crate::request::{
     add_result_outcome, get_result_value, key_bytes, merge_batch, new_idempotency_key, with_timeout,
@@ -120,7 +122,9 @@ pub struct Client {
     /// `None` for a client over the caller's channel.
     endpoint: Option<Arc<str>>,
     /// `None` when adds are not coalesced.
-    coalescer: Option<CoalescerHandle>,
+    coalescer: Option<CoalescerHandle<AddBatch>>,
+    /// `None` when likes are not coalesced (they are when adds are).
+    like_coalescer: Option<CoalescerHandle<LikeBatch>>,
     /// `None` when reads are not coalesced (they are when adds are).
     read_coalescer: Option<ReadCoalescerHandle>,
     /// `None` when there is no read cache.
@@ -160,6 +164,9 @@ impl Client {
         let coalescer = config
             .batch_settings()
             .map(|settings| spawn_coalescer(channel.clone(), settings));
+        let like_coalescer = config
+            .batch_settings()
+            .map(|settings| spawn_coalescer(channel.clone(), settings));
         let read_coalescer = config
             .read_settings()
             .map(|settings| spawn_read_coalescer(channel.clone(), settings));
@@ -174,6 +181,7 @@ impl Client {
             policy: config.retry_policy(),
             endpoint: endpoint.map(Into::into),
             coalescer,
+            like_coalescer,
             read_coalescer,
             read_cache,
             durability: config.durability().wire(),
@@ -183,6 +191,11 @@ impl Client {
     /// The retry policy of every call (`likes.rs` uses it too).
     pub(crate) fn policy(&self) -> &RetryPolicy {
         &self.policy
+    }
+
+    /// The coalescing task of likes, when likes are coalesced.
+    pub(crate) fn like_coalescer(&self) -> Option<&CoalescerHandle<LikeBatch>> {
+        self.like_coalescer.as_ref()
     }
 
     /// A stub of the `Likes` service on this client's transport.
@@ -267,7 +280,7 @@ impl Client {
                     idempotency_key.as_bytes(),
                     self.durability,
                 );
-                coalescer.add(body).await?
+                coalescer.submit(body).await?
             }
             None => {
                 let request = AddRequest {

@@ -129,7 +129,7 @@ impl ClientConfig {
         self
     }
 
-    /// Turns the coalescing of adds and reads on (the default) or off.
+    /// Turns the coalescing of adds, likes and reads on (the default) or off.
     ///
     /// When on, concurrent [`Client::add`] and [`Client::add_with_key`] calls
     /// on one client (and its clones) are gathered and sent to the node as
@@ -147,7 +147,13 @@ impl ClientConfig {
     /// the reads were made (so a read still sees every add acknowledged
     /// before it). Reads with the breakdown are never coalesced.
     ///
+    /// And it coalesces [`Client::like`] and [`Client::unlike`] the same way
+    /// as adds, with the same settings, into `LikeBatch` calls (a second
+    /// task): each like keeps its own idempotency key, answer and deadline.
+    ///
     /// [`Client::get`]: crate::Client::get
+    /// [`Client::like`]: crate::Client::like
+    /// [`Client::unlike`]: crate::Client::unlike
     pub fn with_coalescing(mut self, coalescing: bool) -> Self {
         self.coalescing = coalescing;
         self

@@ -3,7 +3,9 @@
 //!
 //! Every like and unlike carries an idempotency key generated once per call
 //! and reused by its retries, so a retried like is applied once even if an
-//! unlike came in between. Keys and members are checked before anything is
+//! unlike came in between. With coalescing on (the default), concurrent
+//! likes and unlikes on one client go out together as one `LikeBatch` call
+//! (one group commit on the node), each with its own key and answer. Keys and members are checked before anything is
 //! sent (members: 1 to 128 bytes, at most 10,000 per call).
 
 use std::future::Future;
@@ -18,6 +20,7 @@ use tonic::Response;
 use serde::{Deserialize, Serialize};
 
 use crate::client::Client;
+use crate::coalesce::like_wire::encode_like;
 use crate::request::{key_bytes, new_idempotency_key, with_timeout};
 use crate::trace::{CallTrace, Subject};
 use crate::transport::Transport;
@@ -134,8 +137,14 @@ impl Client {
     /// # }
     /// ```
     ///
+    /// With coalescing on (the default, [`crate::ClientConfig::with_coalescing`]),
+    /// the like may travel in one `LikeBatch` call with other likes and
+    /// unlikes made on this client at the same time; its answer, its error
+    /// and its deadline stay its own.
+    ///
     /// **Deadline:** the config's, retries included. **Cancellation:** a
-    /// dropped call may still be applied, once.
+    /// dropped call may still be applied, once (if it was not yet sent, it
+    /// is not).
     pub async fn like(&self, key: &str, member: &str) -> Result<LikeOutcome, Error> {
         self.like_or_unlike(key, member, true).await
     }
@@ -167,6 +176,15 @@ impl Client {
             .run(async {
                 validate_key(key)?;
                 validate_member(member)?;
+                if let Some(coalescer) = self.like_coalescer() {
+                    let body = encode_like(
+                        key.as_bytes(),
+                        member.as_bytes(),
+                        idempotency_key.as_str().as_bytes(),
+                        !like,
+                    );
+                    return coalescer.submit(body).await;
+                }
                 let request = LikeRequest {
                     key: key_bytes(key),
                     member: key_bytes(member),

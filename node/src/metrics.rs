@@ -118,6 +118,8 @@ pub struct Metrics {
     pub http_event_streams: Gauge,
     /// Like-set and uniques operations, by kind.
     pub set_ops: Family<SetOpLabels, Counter>,
+    /// Items per `LikeBatch` call (how well clients coalesce their likes).
+    pub like_batch_items: Histogram,
     /// Like-set members and uniques registers changed by merges.
     pub set_merge_changes: Counter,
     /// Like sets recounted (`tally admin verify` and the background check).
@@ -178,6 +180,7 @@ impl Metrics {
             idempotency_capacity: Gauge::default(),
             http_event_streams: Gauge::default(),
             set_ops: Family::default(),
+            like_batch_items: Histogram::new(exponential_buckets(1.0, 2.0, 15)),
             set_merge_changes: Counter::default(),
             like_recounts: Counter::default(),
             like_count_mismatches: Counter::default(),
@@ -306,6 +309,11 @@ impl Metrics {
             "set_ops",
             "Like-set and uniques operations, by kind (unchanged: a like or unlike that changed nothing)",
             metrics.set_ops.clone(),
+        );
+        registry.register(
+            "like_batch_items",
+            "Likes and unlikes per LikeBatch call",
+            metrics.like_batch_items.clone(),
         );
         registry.register(
             "set_merge_changes",

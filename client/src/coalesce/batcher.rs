@@ -1,4 +1,6 @@
-//! The batching of coalesced adds as a state machine without I/O or clocks:
+//! The batching of coalesced adds (and likes: the batcher knows items only
+//! as encoded bytes and their answers as [`Answer`]s of the waiter's
+//! outcome type) as a state machine without I/O or clocks:
 //! time comes in as `now`, randomness as `jitter`, adds as
 //! [`Batcher::handle_submit`] and answers as [`Batcher::handle_batch_done`];
 //! batches to send come out of [`Batcher::poll_transmit`] and the next moment
@@ -29,18 +31,20 @@ use std::time::{Duration, Instant};
 
 use tonic::{Code, Status};
 
-use super::wire::{AddAnswer, EncodedAdd};
+use super::wire::{Answer, EncodedItem};
 use crate::retry::{is_transient_code, is_transient_status, Backoff};
-use crate::{AddOutcome, Error};
+use crate::Error;
 
 /// Where an add's answer goes.
 pub(crate) trait Waiter {
+    /// What the caller gets for its item (an add's, a like's outcome).
+    type Outcome;
     /// True when nobody waits for the answer any more (the caller's future
     /// was dropped): the add need not be sent.
     fn is_closed(&self) -> bool;
     /// Delivers the answer, and how many times the add was sent (for the
     /// caller's tracing span).
-    fn answer(self, result: Result<AddOutcome, Error>, attempts: u32);
+    fn answer(self, result: Result<Self::Outcome, Error>, attempts: u32);
 }
 
 /// How adds are gathered and retried.
@@ -64,7 +68,7 @@ pub(crate) struct BatchSettings {
 /// An add as its caller submits it.
 pub(crate) struct PendingAdd<W> {
     /// The add, encoded as an element of `AddBatchRequest.adds`.
-    pub(crate) body: EncodedAdd,
+    pub(crate) body: EncodedItem,
     /// Where its answer goes.
     pub(crate) waiter: W,
 }
@@ -84,7 +88,7 @@ pub(crate) struct OutgoingBatch {
 }
 
 struct Item<W> {
-    body: EncodedAdd,
+    body: EncodedItem,
     /// Its submission time plus the configured deadline (so a retried add
     /// knows when it first arrived, and waits for no new gather window).
     deadline: Instant,
@@ -237,7 +241,7 @@ impl<W: Waiter> Batcher<W> {
         &mut self,
         now: Instant,
         id: u64,
-        outcome: Result<Vec<AddAnswer>, Status>,
+        outcome: Result<Vec<Answer<W::Outcome>>, Status>,
         jitter: f64,
     ) {
         let Some(position) = self.in_flight.iter().position(|batch| batch.id == id) else {
@@ -282,9 +286,15 @@ impl<W: Waiter> Batcher<W> {
         }
     }
 
-    fn handle_item_result(&mut self, now: Instant, item: Item<W>, answer: AddAnswer, jitter: f64) {
+    fn handle_item_result(
+        &mut self,
+        now: Instant,
+        item: Item<W>,
+        answer: Answer<W::Outcome>,
+        jitter: f64,
+    ) {
         match answer {
-            AddAnswer::Error { code, message } if is_transient_code(Code::from_i32(code)) => {
+            Answer::Error { code, message } if is_transient_code(Code::from_i32(code)) => {
                 let status = Status::new(Code::from_i32(code), message);
                 self.retry_or_fail(now, item, &status, jitter);
             }
@@ -294,11 +304,11 @@ impl<W: Waiter> Batcher<W> {
                 };
                 waiter.answer(
                     match answer {
-                        AddAnswer::Ok(outcome) => Ok(outcome),
-                        AddAnswer::Error { code, message } => {
+                        Answer::Ok(outcome) => Ok(outcome),
+                        Answer::Error { code, message } => {
                             Err(Error::from_code(Code::from_i32(code), message))
                         }
-                        AddAnswer::Empty => Err(Error::Protocol(
+                        Answer::Empty => Err(Error::Protocol(
                             "a batch result has neither a value nor an error".to_owned(),
                         )),
                     },
@@ -468,7 +478,8 @@ mod tests {
     use std::rc::Rc;
 
     use super::*;
-    use crate::coalesce::wire::encode_add;
+    use crate::coalesce::wire::{encode_add, AddAnswer};
+    use crate::AddOutcome;
 
     /// An answer, with the number of the add it answers.
     type Numbered = (usize, Result<AddOutcome, Error>);
@@ -484,6 +495,7 @@ mod tests {
     }
 
     impl Waiter for TestWaiter {
+        type Outcome = AddOutcome;
         fn is_closed(&self) -> bool {
             self.closed
         }

@@ -1,10 +1,12 @@
 //! Client-side coalescing of adds: concurrent [`Client::add`] calls on one
 //! client are sent to its node together, as one `AddBatch` call, each add
-//! keeping its own idempotency key and getting its own answer. Reads are
-//! coalesced the same way into `GetBatch` calls, in [`reads`].
+//! keeping its own idempotency key and getting its own answer. Likes and
+//! unlikes are coalesced the same way into `LikeBatch` calls (a second task
+//! of the same code, over [`like_wire::LikeBatch`]); reads into `GetBatch`
+//! calls, in [`reads`].
 //!
-//! [`spawn_coalescer`] starts one background task per client (shared by its
-//! clones). A caller encodes its add, sends it with a oneshot reply channel
+//! [`spawn_coalescer`] starts one background task per client and batch
+//! method (shared by its clones). A caller encodes its add, sends it with a oneshot reply channel
 //! over an unbounded mpsc channel, and waits for the reply; the task drives a
 //! [`Batcher`] (the policy, without I/O) and runs its batches as gRPC calls.
 //!
@@ -21,6 +23,7 @@
 //! [`Client::add`]: crate::Client::add
 
 mod batcher;
+pub(crate) mod like_wire;
 pub(crate) mod reads;
 pub(crate) mod wire;
 
@@ -37,44 +40,62 @@ use tonic::{GrpcMethod, Status};
 
 pub(crate) use batcher::BatchSettings;
 use batcher::{Batcher, OutgoingBatch, PendingAdd, Waiter};
-use wire::{AddAnswer, AddBatchCodec, EncodedAdd};
+use wire::{Answer, BatchCodec, BatchRpc, EncodedItem};
 
-use crate::{AddOutcome, Error};
+use crate::Error;
 
-/// Where the task sends an add's answer, with the number of times it sent
-/// the add.
-type ReplyTx = oneshot::Sender<(Result<AddOutcome, Error>, u32)>;
+/// Where the task sends an item's answer, with the number of times it sent
+/// the item.
+type ReplyTx<O> = oneshot::Sender<(Result<O, Error>, u32)>;
 
-impl Waiter for ReplyTx {
+impl<O> Waiter for ReplyTx<O> {
+    type Outcome = O;
+
     fn is_closed(&self) -> bool {
         oneshot::Sender::is_closed(self)
     }
 
-    fn answer(self, result: Result<AddOutcome, Error>, attempts: u32) {
+    fn answer(self, result: Result<O, Error>, attempts: u32) {
         // The caller may have gone away meanwhile; then nobody wants it.
         let _ = self.send((result, attempts));
     }
 }
 
-/// A client's way to its coalescing task. Cloning it shares the task; the
-/// task stops when the last clone is dropped.
-#[derive(Clone, Debug)]
-pub(crate) struct CoalescerHandle {
-    submit_tx: mpsc::UnboundedSender<PendingAdd<ReplyTx>>,
+/// A client's way to its coalescing task for the batch method `R`. Cloning
+/// it shares the task; the task stops when the last clone is dropped.
+#[derive(Debug)]
+pub(crate) struct CoalescerHandle<R: BatchRpc> {
+    submit_tx: mpsc::UnboundedSender<PendingAdd<ReplyTx<R::Outcome>>>,
 }
 
-/// Starts the coalescing task of a client on the current tokio runtime.
-pub(crate) fn spawn_coalescer(channel: Transport, settings: BatchSettings) -> CoalescerHandle {
+impl<R: BatchRpc> Clone for CoalescerHandle<R> {
+    fn clone(&self) -> Self {
+        CoalescerHandle {
+            submit_tx: self.submit_tx.clone(),
+        }
+    }
+}
+
+/// Starts a coalescing task of a client, for the batch method `R`, on the
+/// current tokio runtime.
+pub(crate) fn spawn_coalescer<R: BatchRpc>(
+    channel: Transport,
+    settings: BatchSettings,
+) -> CoalescerHandle<R> {
     let (submit_tx, submit_rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(Grpc::new(channel), Batcher::new(settings), submit_rx));
+    tokio::spawn(run::<R>(
+        Grpc::new(channel),
+        Batcher::new(settings),
+        submit_rx,
+    ));
     CoalescerHandle { submit_tx }
 }
 
-impl CoalescerHandle {
-    /// Sends one encoded add with the rest of its batch, and waits for its
+impl<R: BatchRpc> CoalescerHandle<R> {
+    /// Sends one encoded item with the rest of its batch, and waits for its
     /// answer, which comes within the configured deadline. The number of
-    /// times the add was sent goes to the caller's tracing span.
-    pub(crate) async fn add(&self, body: EncodedAdd) -> Result<AddOutcome, Error> {
+    /// times the item was sent goes to the caller's tracing span.
+    pub(crate) async fn submit(&self, body: EncodedItem) -> Result<R::Outcome, Error> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let pending = PendingAdd {
             body,
@@ -104,14 +125,12 @@ fn task_stopped() -> Error {
     }
 }
 
-const ADD_BATCH_PATH: &str = "/tally.v1.Counters/AddBatch";
-
-/// The task: feeds the batcher with adds, answers and timeouts, and sends
+/// The task: feeds the batcher with items, answers and timeouts, and sends
 /// the batches it emits.
-async fn run(
+async fn run<R: BatchRpc>(
     grpc: Grpc<Transport>,
-    mut batcher: Batcher<ReplyTx>,
-    mut submit_rx: mpsc::UnboundedReceiver<PendingAdd<ReplyTx>>,
+    mut batcher: Batcher<ReplyTx<R::Outcome>>,
+    mut submit_rx: mpsc::UnboundedReceiver<PendingAdd<ReplyTx<R::Outcome>>>,
 ) {
     let mut calls = FuturesUnordered::new();
     let timer = tokio::time::sleep(Duration::ZERO);
@@ -121,7 +140,7 @@ async fn run(
         let now = Instant::now().into_std();
         batcher.handle_timeout(now);
         while let Some(batch) = batcher.poll_transmit(now) {
-            calls.push(send_batch(grpc.clone(), batch));
+            calls.push(send_batch::<R>(grpc.clone(), batch));
         }
         let wake_at = batcher.poll_timeout();
         if wake_at != timer_at {
@@ -158,10 +177,10 @@ async fn run(
 /// Sends one batch; answers with its id and the per-item results or the
 /// failure of the whole call. The call is abandoned at its timeout even if
 /// the node never answers.
-async fn send_batch(
+async fn send_batch<R: BatchRpc>(
     mut grpc: Grpc<Transport>,
     batch: OutgoingBatch,
-) -> (u64, Result<Vec<AddAnswer>, Status>) {
+) -> (u64, Result<Vec<Answer<R::Outcome>>, Status>) {
     let OutgoingBatch {
         id,
         payload,
@@ -177,11 +196,11 @@ async fn send_batch(
         request.set_timeout(timeout);
         request
             .extensions_mut()
-            .insert(GrpcMethod::new("tally.v1.Counters", "AddBatch"));
+            .insert(GrpcMethod::new(R::SERVICE, R::METHOD));
         grpc.unary(
             request,
-            PathAndQuery::from_static(ADD_BATCH_PATH),
-            AddBatchCodec,
+            PathAndQuery::from_static(R::PATH),
+            BatchCodec::<R>::default(),
         )
         .await
         .map(tonic::Response::into_inner)
@@ -222,7 +241,8 @@ mod tests {
         // Nothing listens on port 1: the lazy channel never connects.
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
         let before = metrics.num_alive_tasks();
-        let handle = spawn_coalescer(Transport::new(channel, None), settings());
+        let handle: CoalescerHandle<wire::AddBatch> =
+            spawn_coalescer(Transport::new(channel, None), settings());
         let clone = handle.clone();
         assert_eq!(metrics.num_alive_tasks(), before + 1);
         drop(handle);
@@ -242,10 +262,11 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_node_fails_the_add_within_its_deadline() {
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
-        let handle = spawn_coalescer(Transport::new(channel, None), settings());
+        let handle: CoalescerHandle<wire::AddBatch> =
+            spawn_coalescer(Transport::new(channel, None), settings());
         let body = wire::encode_add(b"k", 1, b"key", 0);
         let deadline = Instant::now() + Duration::from_millis(200);
-        let error = handle.add(body).await.unwrap_err();
+        let error = handle.submit(body).await.unwrap_err();
         assert!(error.is_transient(), "{error:?}");
         assert!(Instant::now() <= deadline + Duration::from_millis(100));
     }

@@ -1,5 +1,7 @@
-//! The bytes of a coalesced `AddBatch` call, built without the generated
-//! request types.
+//! The bytes of a coalesced batch call (`AddBatch`, and `LikeBatch` with
+//! the item encoding of `like_wire.rs`), built without the generated
+//! request types. [`BatchRpc`] names what differs between the two: the
+//! method, and how an item's `ok` answer decodes.
 //!
 //! Each add is encoded once, by its caller, as the bytes it takes inside an
 //! `AddBatchRequest` (field 1, length-delimited, holding an `AddRequest`);
@@ -9,10 +11,11 @@
 //! cloning it; an add with a key of up to 49 bytes is kept inline, so
 //! encoding it allocates nothing.
 //!
-//! [`AddBatchCodec`] sends such a payload and decodes the answer straight
-//! into one [`AddAnswer`] per add, which is all the client needs of it
-//! (the same result as decoding the generated `AddBatchResponse`, without
-//! building it).
+//! [`BatchCodec`] sends such a payload and decodes the answer straight
+//! into one [`Answer`] per item, which is all the client needs of it
+//! (the same result as decoding the generated `AddBatchResponse` or
+//! `LikeBatchResponse`, without building it: both are a repeated field 1
+//! of results, each a oneof of `ok` (1) and `error` (2)).
 
 use prost::bytes::{Buf, BufMut};
 use prost::encoding::{
@@ -23,6 +26,48 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
 
 use crate::AddOutcome;
+
+/// A batch method that the coalescing task can send: its name, and how the
+/// `ok` answer of one item decodes.
+pub(crate) trait BatchRpc: Send + Sync + 'static {
+    /// What a caller gets for one item.
+    type Outcome: Send + Sync + std::fmt::Debug + 'static;
+    /// The gRPC service, as `tally.v1.Counters`.
+    const SERVICE: &'static str;
+    /// The method, as `AddBatch`.
+    const METHOD: &'static str;
+    /// `/SERVICE/METHOD`.
+    const PATH: &'static str;
+    /// Decodes the fields of one item's `ok` message.
+    fn decode_ok(buf: &[u8]) -> Result<Self::Outcome, String>;
+}
+
+/// `Counters.AddBatch`.
+#[derive(Debug)]
+pub(crate) struct AddBatch;
+
+impl BatchRpc for AddBatch {
+    type Outcome = AddOutcome;
+    const SERVICE: &'static str = "tally.v1.Counters";
+    const METHOD: &'static str = "AddBatch";
+    const PATH: &'static str = "/tally.v1.Counters/AddBatch";
+
+    fn decode_ok(mut inner: &[u8]) -> Result<AddOutcome, String> {
+        let mut outcome = AddOutcome {
+            value: 0,
+            duplicate: false,
+        };
+        while !inner.is_empty() {
+            let (tag, wire_type) = decode_key(&mut inner).map_err(|error| error.to_string())?;
+            match (tag, wire_type) {
+                (1, WireType::Varint) => outcome.value = unzigzag(varint(&mut inner)?),
+                (2, WireType::Varint) => outcome.duplicate = varint(&mut inner)? != 0,
+                _ => skip(wire_type, tag, &mut inner)?,
+            }
+        }
+        Ok(outcome)
+    }
+}
 
 /// `AddBatchRequest.adds`.
 const ADDS_FIELD: u32 = 1;
@@ -39,21 +84,38 @@ const DURABILITY_FIELD: u32 = 4;
 /// a key of up to 49 bytes with any delta, or 58 with a delta of -64 to 63.
 const INLINE_BYTES: usize = 102;
 
-/// One add, encoded as an element of `AddBatchRequest.adds`.
+/// One item, encoded as an element of its batch request's field 1
+/// (`AddBatchRequest.adds`, `LikeBatchRequest.items`).
 #[derive(Clone, Debug)]
-pub(crate) enum EncodedAdd {
+pub(crate) enum EncodedItem {
     /// Short enough to live inline.
     Inline { len: u8, bytes: [u8; INLINE_BYTES] },
     /// Longer.
     Heap(Box<[u8]>),
 }
 
-impl EncodedAdd {
+impl EncodedItem {
     /// The encoded bytes.
     pub(crate) fn as_bytes(&self) -> &[u8] {
         match self {
-            EncodedAdd::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            EncodedAdd::Heap(bytes) => bytes,
+            EncodedItem::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            EncodedItem::Heap(bytes) => bytes,
+        }
+    }
+
+    /// An item of `total_len` bytes that `write` lays down: inline when it fits.
+    pub(crate) fn build(total_len: usize, write: impl FnOnce(&mut &mut [u8])) -> EncodedItem {
+        if total_len <= INLINE_BYTES {
+            let mut bytes = [0; INLINE_BYTES];
+            write(&mut &mut bytes[..total_len]);
+            EncodedItem::Inline {
+                len: total_len as u8,
+                bytes,
+            }
+        } else {
+            let mut buf = vec![0; total_len].into_boxed_slice();
+            write(&mut &mut buf[..]);
+            EncodedItem::Heap(buf)
         }
     }
 }
@@ -63,7 +125,7 @@ fn zigzag(value: i64) -> u64 {
 }
 
 /// The length of a length-delimited field with a one-byte key.
-fn delimited_len(len: usize) -> usize {
+pub(crate) fn delimited_len(len: usize) -> usize {
     1 + encoded_len_varint(len as u64) + len
 }
 
@@ -77,7 +139,7 @@ pub(crate) fn encode_add(
     delta: i64,
     idempotency_key: &[u8],
     durability: i32,
-) -> EncodedAdd {
+) -> EncodedItem {
     let delta = zigzag(delta);
     let durability = durability as u64;
     let durability_len = match durability {
@@ -89,26 +151,9 @@ pub(crate) fn encode_add(
         + encoded_len_varint(delta)
         + delimited_len(idempotency_key.len())
         + durability_len;
-    let total_len = delimited_len(body_len);
-    if total_len <= INLINE_BYTES {
-        let mut bytes = [0; INLINE_BYTES];
-        write_add(
-            &mut &mut bytes[..total_len],
-            body_len,
-            key,
-            delta,
-            idempotency_key,
-            durability,
-        );
-        EncodedAdd::Inline {
-            len: total_len as u8,
-            bytes,
-        }
-    } else {
-        let mut buf = Vec::with_capacity(total_len);
-        write_add(&mut buf, body_len, key, delta, idempotency_key, durability);
-        EncodedAdd::Heap(buf.into_boxed_slice())
-    }
+    EncodedItem::build(delimited_len(body_len), |buf| {
+        write_add(buf, body_len, key, delta, idempotency_key, durability)
+    })
 }
 
 fn write_add(
@@ -135,12 +180,12 @@ fn write_add(
     }
 }
 
-/// The node's answer to one add of a batch, as decoded from an
-/// `AddBatchResponse`.
+/// The node's answer to one item of a batch, as decoded from an
+/// `AddBatchResponse` or a `LikeBatchResponse`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum AddAnswer {
-    /// `AddResult.ok`.
-    Ok(AddOutcome),
+pub(crate) enum Answer<O> {
+    /// `AddResult.ok`, `LikeResult.ok`.
+    Ok(O),
     /// `AddResult.error`: a gRPC code and a message.
     Error {
         /// The `google.rpc.Code` value.
@@ -152,16 +197,22 @@ pub(crate) enum AddAnswer {
     Empty,
 }
 
-/// Decodes an `AddBatchResponse` into its answers, in order. Unknown fields
-/// are skipped and, as protobuf wants, the last of repeated singular fields
-/// (or oneof members) wins.
-pub(crate) fn decode_answers(mut buf: &[u8]) -> Result<Vec<AddAnswer>, String> {
+/// The answer to one add.
+#[cfg(test)]
+pub(crate) type AddAnswer = Answer<AddOutcome>;
+
+/// Decodes a batch response of `R` into its answers, in order. Unknown
+/// fields are skipped and, as protobuf wants, the last of repeated singular
+/// fields (or oneof members) wins.
+pub(crate) fn decode_answers<R: BatchRpc>(
+    mut buf: &[u8],
+) -> Result<Vec<Answer<R::Outcome>>, String> {
     let mut answers = Vec::new();
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|error| error.to_string())?;
         match (tag, wire_type) {
             (1, WireType::LengthDelimited) => {
-                answers.push(decode_answer(take_delimited(&mut buf)?)?);
+                answers.push(decode_answer::<R>(take_delimited(&mut buf)?)?);
             }
             _ => skip(wire_type, tag, &mut buf)?,
         }
@@ -169,28 +220,14 @@ pub(crate) fn decode_answers(mut buf: &[u8]) -> Result<Vec<AddAnswer>, String> {
     Ok(answers)
 }
 
-/// Decodes one `AddResult`.
-fn decode_answer(mut buf: &[u8]) -> Result<AddAnswer, String> {
-    let mut answer = AddAnswer::Empty;
+/// Decodes one result (`AddResult`, `LikeResult`).
+fn decode_answer<R: BatchRpc>(mut buf: &[u8]) -> Result<Answer<R::Outcome>, String> {
+    let mut answer = Answer::Empty;
     while !buf.is_empty() {
         let (tag, wire_type) = decode_key(&mut buf).map_err(|error| error.to_string())?;
         match (tag, wire_type) {
             (1, WireType::LengthDelimited) => {
-                let mut outcome = AddOutcome {
-                    value: 0,
-                    duplicate: false,
-                };
-                let mut inner = take_delimited(&mut buf)?;
-                while !inner.is_empty() {
-                    let (tag, wire_type) =
-                        decode_key(&mut inner).map_err(|error| error.to_string())?;
-                    match (tag, wire_type) {
-                        (1, WireType::Varint) => outcome.value = unzigzag(varint(&mut inner)?),
-                        (2, WireType::Varint) => outcome.duplicate = varint(&mut inner)? != 0,
-                        _ => skip(wire_type, tag, &mut inner)?,
-                    }
-                }
-                answer = AddAnswer::Ok(outcome);
+                answer = Answer::Ok(R::decode_ok(take_delimited(&mut buf)?)?);
             }
             (2, WireType::LengthDelimited) => {
                 let (mut code, mut message) = (0, String::new());
@@ -207,7 +244,7 @@ fn decode_answer(mut buf: &[u8]) -> Result<AddAnswer, String> {
                         _ => skip(wire_type, tag, &mut inner)?,
                     }
                 }
-                answer = AddAnswer::Error { code, message };
+                answer = Answer::Error { code, message };
             }
             _ => skip(wire_type, tag, &mut buf)?,
         }
@@ -215,11 +252,11 @@ fn decode_answer(mut buf: &[u8]) -> Result<AddAnswer, String> {
     Ok(answer)
 }
 
-fn varint(buf: &mut &[u8]) -> Result<u64, String> {
+pub(crate) fn varint(buf: &mut &[u8]) -> Result<u64, String> {
     decode_varint(buf).map_err(|error| error.to_string())
 }
 
-fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8]) -> Result<(), String> {
+pub(crate) fn skip(wire_type: WireType, tag: u32, buf: &mut &[u8]) -> Result<(), String> {
     skip_field(wire_type, tag, buf, DecodeContext::default()).map_err(|error| error.to_string())
 }
 
@@ -241,24 +278,29 @@ fn unzigzag(value: u64) -> i64 {
     ((value >> 1) as i64) ^ -((value & 1) as i64)
 }
 
-/// Sends an encoded `AddBatchRequest` (the concatenation of
-/// [`encode_add`] outputs) and decodes an `AddBatchResponse` into its
-/// answers.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct AddBatchCodec;
+/// Sends an encoded batch request of `R` (the concatenation of its encoded
+/// items) and decodes its response into answers.
+#[derive(Debug)]
+pub(crate) struct BatchCodec<R>(std::marker::PhantomData<R>);
 
-impl Codec for AddBatchCodec {
+impl<R> Default for BatchCodec<R> {
+    fn default() -> Self {
+        BatchCodec(std::marker::PhantomData)
+    }
+}
+
+impl<R: BatchRpc> Codec for BatchCodec<R> {
     type Encode = Vec<u8>;
-    type Decode = Vec<AddAnswer>;
+    type Decode = Vec<Answer<R::Outcome>>;
     type Encoder = PayloadEncoder;
-    type Decoder = ResponseDecoder;
+    type Decoder = ResponseDecoder<R>;
 
     fn encoder(&mut self) -> Self::Encoder {
         PayloadEncoder
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ResponseDecoder
+        ResponseDecoder(std::marker::PhantomData)
     }
 }
 
@@ -278,23 +320,26 @@ impl Encoder for PayloadEncoder {
 
 /// Decodes the answer with [`decode_answers`].
 #[derive(Debug)]
-pub(crate) struct ResponseDecoder;
+pub(crate) struct ResponseDecoder<R>(std::marker::PhantomData<R>);
 
-impl Decoder for ResponseDecoder {
-    type Item = Vec<AddAnswer>;
+impl<R: BatchRpc> Decoder for ResponseDecoder<R> {
+    type Item = Vec<Answer<R::Outcome>>;
     type Error = Status;
 
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Vec<AddAnswer>>, Status> {
+    fn decode(
+        &mut self,
+        src: &mut DecodeBuf<'_>,
+    ) -> Result<Option<Vec<Answer<R::Outcome>>>, Status> {
         let len = src.remaining();
         let decoded = if src.chunk().len() == len {
-            decode_answers(src.chunk())
+            decode_answers::<R>(src.chunk())
         } else {
-            decode_answers(&src.copy_to_bytes(len))
+            decode_answers::<R>(&src.copy_to_bytes(len))
         };
         src.advance(src.remaining());
-        decoded
-            .map(Some)
-            .map_err(|error| Status::internal(format!("cannot decode AddBatchResponse: {error}")))
+        decoded.map(Some).map_err(|error| {
+            Status::internal(format!("cannot decode the {} response: {error}", R::METHOD))
+        })
     }
 }
 
@@ -363,7 +408,7 @@ mod tests {
         let uuid = "0190a6e4-7c1e-7000-8000-000000000001";
         let inline = |key_len: usize, delta: i64| {
             let add = encode_add(&vec![b'k'; key_len], delta, uuid.as_bytes(), 0);
-            matches!(add, EncodedAdd::Inline { .. })
+            matches!(add, EncodedItem::Inline { .. })
         };
         assert!(inline(58, 1));
         assert!(!inline(59, 1));
@@ -375,7 +420,7 @@ mod tests {
     #[track_caller]
     fn assert_decodes_like_prost(response: AddBatchResponse) {
         let bytes = response.encode_to_vec();
-        let ours = decode_answers(&bytes).unwrap();
+        let ours = decode_answers::<AddBatch>(&bytes).unwrap();
         let expected: Vec<AddAnswer> = response
             .results
             .into_iter()
@@ -440,7 +485,7 @@ mod tests {
             .encode_to_vec(),
         );
         prost::encoding::string::encode(7, &"future".to_owned(), &mut bytes);
-        let answers = decode_answers(&bytes).unwrap();
+        let answers = decode_answers::<AddBatch>(&bytes).unwrap();
         assert_eq!(
             answers,
             [AddAnswer::Ok(AddOutcome {
@@ -448,8 +493,8 @@ mod tests {
                 duplicate: false
             })]
         );
-        assert!(decode_answers(&bytes[..bytes.len() - 3]).is_err());
-        assert!(decode_answers(&[0x0a, 0x05, 0x0a]).is_err());
+        assert!(decode_answers::<AddBatch>(&bytes[..bytes.len() - 3]).is_err());
+        assert!(decode_answers::<AddBatch>(&[0x0a, 0x05, 0x0a]).is_err());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The public `Likes` gRPC service (like sets and uniques): a thin shell
 //! over the engine's functions in `engine/sets.rs`, which validate every
 //! request; a bad one gets `INVALID_ARGUMENT` (or `FAILED_PRECONDITION`
-//! before cluster version 3) with a message, and changes nothing.
+//! before cluster version 3) with a message, and changes nothing. In a
+//! `LikeBatch` each item is validated on its own: a bad item gets its own
+//! error in its result and the others are applied.
 
 use std::sync::Arc;
 
@@ -9,9 +11,10 @@ use tally_proto::v1 as pb;
 use tally_proto::v1::likes_server::Likes;
 use tonic::{Request, Response, Status};
 
-use super::convert::status_of;
-use super::counters::charge_items;
-use crate::engine::Engine;
+use super::convert::{item_error, status_of};
+use super::counters::{charge_items, check_batch_size};
+use crate::engine::{Engine, LikeItem};
+use crate::replica::LikeAccepted;
 
 /// See the module documentation.
 pub struct LikesService {
@@ -37,12 +40,16 @@ impl LikesService {
             .like(&request.key, &request.member, like, idempotency_key)
             .await
             .map_err(|e| status_of(&e))?;
-        Ok(Response::new(pb::LikeResponse {
-            changed: accepted.changed,
-            liked: accepted.liked,
-            count: accepted.count,
-            duplicate: accepted.duplicate,
-        }))
+        Ok(Response::new(like_response(&accepted)))
+    }
+}
+
+fn like_response(accepted: &LikeAccepted) -> pb::LikeResponse {
+    pb::LikeResponse {
+        changed: accepted.changed,
+        liked: accepted.liked,
+        count: accepted.count,
+        duplicate: accepted.duplicate,
     }
 }
 
@@ -60,6 +67,44 @@ impl Likes for LikesService {
         request: Request<pb::LikeRequest>,
     ) -> Result<Response<pb::LikeResponse>, Status> {
         self.like_or_unlike(request, false).await
+    }
+
+    async fn like_batch(
+        &self,
+        request: Request<pb::LikeBatchRequest>,
+    ) -> Result<Response<pb::LikeBatchResponse>, Status> {
+        charge_items(&request, request.get_ref().items.len());
+        let items = request.into_inner().items;
+        check_batch_size(items.len())?;
+        self.engine
+            .metrics()
+            .like_batch_items
+            .observe(items.len() as f64);
+        let items: Vec<LikeItem<'_>> = items
+            .iter()
+            .map(|item| LikeItem {
+                key: &item.key,
+                member: &item.member,
+                like: !item.unlike,
+                idempotency_key: (!item.idempotency_key.is_empty())
+                    .then_some(item.idempotency_key.as_str()),
+            })
+            .collect();
+        let results = self
+            .engine
+            .like_batch(&items)
+            .await
+            .map_err(|e| status_of(&e))?;
+        let results = results
+            .into_iter()
+            .map(|result| pb::LikeResult {
+                outcome: Some(match result {
+                    Ok(accepted) => pb::like_result::Outcome::Ok(like_response(&accepted)),
+                    Err(error) => pb::like_result::Outcome::Error(item_error(&error)),
+                }),
+            })
+            .collect();
+        Ok(Response::new(pb::LikeBatchResponse { results }))
     }
 
     async fn liked(

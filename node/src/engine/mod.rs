@@ -19,6 +19,7 @@ mod adds;
 mod committer;
 pub mod disk;
 pub mod hot_keys;
+mod likes;
 mod replicated;
 pub mod sets;
 mod watchers;
@@ -39,6 +40,7 @@ use crate::store::Store;
 pub use committer::CommitterHandle;
 pub use disk::FreeSpaceFloor;
 use hot_keys::{HotKey, HotKeys, Op};
+pub use likes::LikeItem;
 pub use replicated::{CopyAttempt, MAX_WRITE_COPIES, REPLICATED_WAIT_DEFAULT};
 use watchers::Watchers;
 

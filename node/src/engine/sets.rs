@@ -15,8 +15,7 @@ use crate::crdt::causal_length::is_liked;
 use crate::crdt::{check_member, stable_hash, MemberError};
 use crate::replica::version::SETS;
 use crate::replica::{
-    check_key, LikeAccepted, LikeRefused, LikeRequest, ObserveAccepted, MAX_KEYS_PER_CALL,
-    MAX_MEMBERS_PER_CALL,
+    check_key, LikeRefused, ObserveAccepted, MAX_KEYS_PER_CALL, MAX_MEMBERS_PER_CALL,
 };
 use crate::store::sets::{load_like_count, scan_members};
 
@@ -126,7 +125,7 @@ fn resume_after<'a>(key: &str, token: &'a [u8]) -> Result<Option<&'a str>, SetEr
 }
 
 impl Engine {
-    fn check_set_writes(&self) -> Result<(), EngineError> {
+    pub(super) fn check_set_writes(&self) -> Result<(), EngineError> {
         self.check_adds()?;
         let current = self.store.format();
         if current < SETS {
@@ -135,46 +134,11 @@ impl Engine {
         Ok(())
     }
 
-    fn count_set_op(&self, op: &str) {
+    pub(super) fn count_set_op(&self, op: &str) {
         self.metrics
             .set_ops
             .get_or_create(&crate::metrics::SetOpLabels { op: op.into() })
             .inc();
-    }
-
-    /// Likes (or, with `like` false, unlikes) one member, and answers once
-    /// the answer is as durable as the mode asks.
-    pub async fn like(
-        &self,
-        key: &[u8],
-        member: &[u8],
-        like: bool,
-        idempotency_key: Option<&str>,
-    ) -> Result<LikeAccepted, EngineError> {
-        self.check_set_writes()?;
-        let key = check_key(key)?;
-        let member = check_member(member).map_err(SetError::from)?;
-        let accepted = self
-            .core()
-            .handle_like(
-                now_ms(),
-                &*self.store,
-                LikeRequest {
-                    key,
-                    member,
-                    like,
-                    idempotency_key,
-                },
-            )
-            .map_err(SetError::from)?;
-        self.count_set_op(match (accepted.changed, like) {
-            (false, _) => "unchanged",
-            (true, true) => "like",
-            (true, false) => "unlike",
-        });
-        self.commit_wakeup.notify_one();
-        self.wait_durable(accepted.durable_at_seq).await?;
-        Ok(accepted)
     }
 
     /// Whether each member is liked.

@@ -12,6 +12,11 @@ use crate::store::MemoryStore;
 use super::{Durability, Engine};
 
 fn engine() -> Arc<Engine> {
+    memory_engine(Durability::Async)
+}
+
+/// An engine over a fresh in-memory store, with no committer running.
+pub(super) fn memory_engine(durability: Durability) -> Arc<Engine> {
     let store = MemoryStore::new(Identity {
         replica: ReplicaId(1),
         region: "eu".into(),
@@ -19,7 +24,7 @@ fn engine() -> Arc<Engine> {
     Engine::open(
         Arc::new(store),
         ReplicaConfig::default(),
-        Durability::Async,
+        durability,
         Arc::new(Metrics::new()),
     )
     .unwrap()

@@ -14,7 +14,7 @@
 //! merged at the end: a record touches memory its thread just used, and
 //! workers on different threads never contend.
 //!
-//! The client runs as a service would run it: adds and gets coalesced unless
+//! The client runs as a service would run it: adds, likes and gets coalesced unless
 //! `--no-coalesce`, a read cache of the 500 most recently read counters for
 //! 2 s with `--read-cache`. The bench also reports its own CPU time per
 //! operation (Linux only), since on a small machine the load generator's CPU
@@ -94,8 +94,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub warmup: Duration,
 
-    /// Send each add and each get as its own call instead of coalescing
-    /// concurrent ones into batches.
+    /// Send each add, like and get as its own call instead of coalescing
+    /// concurrent ones into batches (AddBatch, LikeBatch, GetBatch).
     #[arg(long)]
     pub no_coalesce: bool,
 
