@@ -14,6 +14,18 @@ use serde::Deserialize;
 /// The smallest page cache sled is given (it needs room for a few pages).
 const MIN_STORE_CACHE_BYTES: u64 = 1 << 20;
 
+/// The largest `--replication-factor`.
+pub const MAX_REPLICATION_FACTOR: u64 = 7;
+
+/// The default `--replication-factor` (a region with fewer nodes keeps one
+/// copy per node: the effective factor is `min(3, eligible nodes)`).
+pub const DEFAULT_REPLICATION_FACTOR: u32 = 3;
+
+/// `--dead-after` must be at least this many gossip intervals, so that a
+/// missed heartbeat (failure detection marks a node down after about eight
+/// silent intervals) never moves a partition.
+const DEAD_AFTER_MIN_GOSSIP_INTERVALS: u32 = 10;
+
 /// Why the settings were refused. `setting` is where the value came from:
 /// `--grpc-addr`, `TALLY_GRPC_ADDR` or `grpc_addr in FILE`.
 #[derive(Debug, thiserror::Error)]
@@ -146,6 +158,24 @@ pub enum ConfigError {
     /// A zero sync or gossip interval.
     #[error("--sync-interval and --gossip-interval must be above zero")]
     ZeroInterval,
+    /// A replication factor outside 1 to [`MAX_REPLICATION_FACTOR`].
+    #[error("{setting} {factor} is not valid: give 1 to {MAX_REPLICATION_FACTOR} (copies of each partition in a region; a region with fewer nodes keeps one per node)")]
+    ReplicationFactor {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        factor: u64,
+    },
+    /// A `--dead-after` too short to be more than a missed heartbeat.
+    #[error("{setting} {text:?} is too short: a node down this long loses its partitions, so give at least {min_ms} ms (ten gossip intervals, --gossip-interval), e.g. 5m")]
+    DeadAfterTooShort {
+        /// Where the value came from.
+        setting: String,
+        /// The value.
+        text: String,
+        /// The shortest allowed, in milliseconds.
+        min_ms: u128,
+    },
     /// A partition count out of range.
     #[error("{setting}: {problem}")]
     Partitions {
@@ -206,6 +236,16 @@ pub struct RunArgs {
     /// refused). [default: the data directory's, or 1024 for a new one]
     #[arg(long, env = "TALLY_PARTITIONS")]
     pub partitions: Option<u64>,
+    /// Copies of each partition per region (RF): a partition's owners in a region are the
+    /// RF nodes of highest rendezvous weight among its joining and active nodes, or all of
+    /// them when the region has fewer (1 to 7). [default: 3, so min(3, nodes in the region)]
+    #[arg(long, env = "TALLY_REPLICATION_FACTOR")]
+    pub replication_factor: Option<u64>,
+    /// How long a node must have been down before the others take its partitions over,
+    /// e.g. 5m; a shorter outage (or a missed heartbeat) moves nothing. At least ten
+    /// gossip intervals. [default: 5m]
+    #[arg(long, env = "TALLY_DEAD_AFTER")]
+    pub dead_after: Option<String>,
     /// When an add is acknowledged: `sync` after it is flushed to disk (the default);
     /// `async` as soon as it is applied in memory, so a crash can lose the adds of the
     /// last commit interval (about a millisecond under load); `replicated` once it is
@@ -337,6 +377,8 @@ struct FileSettings {
     seeds: Option<Vec<String>>,
     cluster_id: Option<String>,
     partitions: Option<u64>,
+    replication_factor: Option<u64>,
+    dead_after: Option<String>,
     durability: Option<Durability>,
     write_copies: Option<usize>,
     sync_interval: Option<String>,
@@ -391,6 +433,10 @@ pub struct Settings {
     pub cluster_id: String,
     /// See [`RunArgs`]; `None` when not given (the data directory's, or the default).
     pub partitions: Option<crate::partition::PartitionCount>,
+    /// See [`RunArgs`].
+    pub replication_factor: u32,
+    /// See [`RunArgs`].
+    pub dead_after: Duration,
     /// See [`RunArgs`].
     pub durability: Durability,
     /// See [`RunArgs`].
@@ -449,6 +495,8 @@ impl Settings {
             seeds: Vec::new(),
             cluster_id: "tally".into(),
             partitions: None,
+            replication_factor: DEFAULT_REPLICATION_FACTOR,
+            dead_after: Duration::from_secs(5 * 60),
             durability: Durability::Sync,
             write_copies: 2,
             sync_interval: Duration::from_millis(200),
@@ -570,6 +618,21 @@ impl Settings {
                 }
             })?;
             settings.partitions = Some(count);
+        }
+        let factor_source = source!(replication_factor);
+        if let Some(factor) = take!(replication_factor) {
+            if !(1..=MAX_REPLICATION_FACTOR).contains(&factor) {
+                return Err(ConfigError::ReplicationFactor {
+                    setting: factor_source,
+                    factor,
+                });
+            }
+            settings.replication_factor = factor as u32;
+        }
+        let dead_after_source = source!(dead_after);
+        let dead_after_text = take!(dead_after);
+        if let Some(text) = &dead_after_text {
+            settings.dead_after = parse_duration(&dead_after_source, text)?;
         }
         if let Some(durability) = take!(durability) {
             settings.durability = durability;
@@ -698,6 +761,15 @@ impl Settings {
         }
         if settings.sync_interval.is_zero() || settings.gossip_interval.is_zero() {
             return Err(ConfigError::ZeroInterval);
+        }
+        let min_dead_after = settings.gossip_interval * DEAD_AFTER_MIN_GOSSIP_INTERVALS;
+        if settings.dead_after < min_dead_after {
+            return Err(ConfigError::DeadAfterTooShort {
+                setting: dead_after_source,
+                text: dead_after_text
+                    .unwrap_or_else(|| format!("{}ms", settings.dead_after.as_millis())),
+                min_ms: min_dead_after.as_millis(),
+            });
         }
         Ok(settings)
     }

@@ -236,3 +236,83 @@ fn the_stronger_durability_wins() {
     assert_eq!(Async.stronger(Sync), Sync);
     assert_eq!(Sync.stronger(Async), Sync);
 }
+
+#[test]
+fn replication_factor_takes_one_to_the_maximum_and_names_the_setting_otherwise() {
+    let resolve = |factor| {
+        Settings::resolve(RunArgs {
+            replication_factor: Some(factor),
+            ..Default::default()
+        })
+    };
+    assert_eq!(Settings::defaults("d".into()).replication_factor, 3);
+    assert_eq!(resolve(1).unwrap().replication_factor, 1);
+    assert_eq!(
+        resolve(MAX_REPLICATION_FACTOR).unwrap().replication_factor,
+        MAX_REPLICATION_FACTOR as u32
+    );
+    for bad in [0, MAX_REPLICATION_FACTOR + 1] {
+        let err = resolve(bad).unwrap_err().to_string();
+        assert!(
+            err.starts_with(&format!("--replication-factor {bad} is not valid"))
+                && err.contains("give 1 to 7"),
+            "{err}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tally.toml");
+    std::fs::write(&path, "replication_factor = 0\n").unwrap();
+    let err = Settings::resolve(RunArgs {
+        config: Some(path),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("replication_factor in"), "{err}");
+}
+
+#[test]
+fn dead_after_has_a_default_and_must_outlast_ten_gossip_intervals() {
+    let resolve = |dead_after: &str, gossip: Option<&str>| {
+        Settings::resolve(RunArgs {
+            dead_after: Some(dead_after.into()),
+            gossip_interval: gossip.map(Into::into),
+            ..Default::default()
+        })
+    };
+    assert_eq!(
+        Settings::defaults("d".into()).dead_after,
+        Duration::from_secs(300)
+    );
+    assert_eq!(
+        resolve("3s", None).unwrap().dead_after,
+        Duration::from_secs(3)
+    );
+    // Ten gossip intervals of 100 ms: 1 s is the floor.
+    assert_eq!(
+        resolve("1s", None).unwrap().dead_after,
+        Duration::from_secs(1)
+    );
+    let err = resolve("999ms", None).unwrap_err().to_string();
+    assert!(
+        err.starts_with("--dead-after \"999ms\" is too short") && err.contains("1000 ms"),
+        "{err}"
+    );
+    let err = resolve("5s", Some("1s")).unwrap_err().to_string();
+    assert!(err.contains("10000 ms"), "{err}");
+    assert!(matches!(
+        resolve("soon", None),
+        Err(ConfigError::NotADuration { setting, .. }) if setting == "--dead-after"
+    ));
+    // A gossip interval above a tenth of the default is refused too, naming --dead-after.
+    let err = Settings::resolve(RunArgs {
+        gossip_interval: Some("31s".into()),
+        ..Default::default()
+    })
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.starts_with("--dead-after \"300000ms\" is too short"),
+        "{err}"
+    );
+}
