@@ -13,6 +13,9 @@
 //!   rendezvous weight), the route of a key, the under-replicated partitions
 //!   and the operator checks of a drain or a removal. [`DownClock`] turns
 //!   failure detection into "down since", for `--dead-after`.
+//! - [`lifecycle`]: one node's own [`NodeState`] and the cluster's removed
+//!   replicas, decided from gossiped [`MemberFacts`], and the
+//!   [`ClusterView`] a node builds from them.
 //! - [`handoff`]: [`Holdings`], one node's per-partition state machine
 //!   (receiving, ready, releasing) that decides when it serves a partition,
 //!   what it pulls from whom, whom it asks to confirm a release, and when it
@@ -35,6 +38,7 @@
 
 pub mod handoff;
 pub mod hash;
+pub mod lifecycle;
 pub mod set;
 pub mod view;
 
@@ -48,5 +52,6 @@ pub use hash::{
     key_hash, rendezvous_weight, BadPartitionCount, Partition, PartitionCount, DEFAULT_PARTITIONS,
     MAX_PARTITIONS,
 };
+pub use lifecycle::{DrainStep, Lifecycle, LifecycleRecord, MemberFacts, ViewSettings};
 pub use set::{BadPartitionSet, PartitionSet};
 pub use view::{AdminRefusal, ClusterView, DownClock, NodeInfo, NodeState};

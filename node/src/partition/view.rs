@@ -117,6 +117,15 @@ pub enum AdminRefusal {
         /// The node.
         node: String,
     },
+    /// A drain is something the node does: a node that is down cannot.
+    #[error(
+        "node {node:?} is down, so it cannot hand its partitions away: start it again and \
+         drain it, or, if it is gone for good, remove it (`tally admin remove {node}`)"
+    )]
+    DrainDownNode {
+        /// The node.
+        node: String,
+    },
     /// It has already left.
     #[error("node {node:?} has already left the cluster")]
     AlreadyLeft {
