@@ -16,6 +16,7 @@ pub mod engine;
 pub mod fold_keeper;
 pub mod gossip;
 pub mod http;
+pub mod lifecycle_file;
 pub mod log_flood;
 pub mod metrics;
 pub mod partition;

@@ -32,7 +32,7 @@
 //! a 100 ms gossip interval), and is forgotten [`DEAD_NODE_GRACE_PERIOD`]
 //! later.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -48,6 +48,7 @@ use tokio::time::MissedTickBehavior;
 use tracing::{debug, error, info};
 
 use crate::crdt::ReplicaId;
+use crate::partition::{MemberFacts, NodeState};
 use crate::replica::version::ProtocolWindow;
 use crate::replica::Member;
 
@@ -65,6 +66,12 @@ const KEY_PROTOCOL_OLDEST: &str = "protocol_oldest";
 const KEY_PARTITIONS: &str = "partitions";
 /// Set (to `true`) by a node that is shutting down.
 const KEY_LEAVING: &str = "leaving";
+/// The node's lifecycle state (absent: a build before lifecycles, `active`).
+const KEY_STATE: &str = "state";
+/// The replicas the node knows to be removed, hex ids joined by commas.
+const KEY_REMOVED: &str = "removed";
+/// The replicas the node asks to drain, hex ids joined by commas.
+const KEY_DRAIN: &str = "drain";
 
 /// Phi above which a node is dead. Chitchat's phi is linear: the silence
 /// divided by the mean heartbeat interval.
@@ -116,6 +123,8 @@ struct Published {
     protocol: Option<ProtocolWindow>,
     /// The fold report's text ([`super::fold_report`]), once there is one.
     folds: Option<String>,
+    /// The lifecycle keys (state, removed, drain), once there are any.
+    lifecycle: Option<[String; 3]>,
 }
 
 /// A running membership: the chitchat server and a task that applies
@@ -125,6 +134,7 @@ pub struct MembershipHandle {
     chitchat_handle: ChitchatHandle,
     publish_tx: watch::Sender<Published>,
     members_rx: watch::Receiver<Vec<Member>>,
+    lifecycle_rx: watch::Receiver<Vec<MemberFacts>>,
     refresh_task: JoinHandle<()>,
     gossip_interval: Duration,
     node_name: String,
@@ -229,12 +239,14 @@ impl MembershipHandle {
 
         let (publish_tx, publish_rx) = watch::channel(Published::default());
         let (members_tx, members_rx) = watch::channel(Vec::new());
+        let (lifecycle_tx, lifecycle_rx) = watch::channel(Vec::new());
         let refresher = Refresher {
             self_id: chitchat_id,
             name_conflict_logged_at: None,
             self_replica: config.replica,
             publish_rx,
             members_tx,
+            lifecycle_tx,
             skipped: HashSet::new(),
         };
         let termination = chitchat_handle.termination_watcher();
@@ -247,6 +259,7 @@ impl MembershipHandle {
             chitchat_handle,
             publish_tx,
             members_rx,
+            lifecycle_rx,
             refresh_task,
             gossip_interval: config.gossip_interval,
             node_name: config.node_name.clone(),
@@ -284,6 +297,32 @@ impl MembershipHandle {
             current.folds = Some(text);
             changed
         });
+    }
+
+    /// Publishes this node's lifecycle: its state, the replicas it knows to
+    /// be removed and those it asks to drain, at the next gossip round.
+    pub fn publish_lifecycle(
+        &self,
+        state: NodeState,
+        removed: &BTreeSet<ReplicaId>,
+        drain_requests: &BTreeSet<ReplicaId>,
+    ) {
+        let keys = [
+            state.as_str().to_string(),
+            hex_list(removed),
+            hex_list(drain_requests),
+        ];
+        self.publish_tx.send_if_modified(|current| {
+            let changed = current.lifecycle.as_ref() != Some(&keys);
+            current.lifecycle = Some(keys);
+            changed
+        });
+    }
+
+    /// The lifecycle facts of the members ([`Self::members`], in the same
+    /// order): their published state, removals and drain requests.
+    pub fn member_lifecycles(&self) -> Vec<MemberFacts> {
+        self.lifecycle_rx.borrow().clone()
     }
 
     /// Every other node of the cluster chitchat knows, alive or not, sorted by
@@ -402,6 +441,7 @@ struct Refresher {
     self_replica: ReplicaId,
     publish_rx: watch::Receiver<Published>,
     members_tx: watch::Sender<Vec<Member>>,
+    lifecycle_tx: watch::Sender<Vec<MemberFacts>>,
     /// Nodes already reported as skipped (to log each once).
     skipped: HashSet<ChitchatId>,
     /// When the error about another live holder of our name was last logged.
@@ -427,6 +467,9 @@ impl Refresher {
                     self.members_tx.send_modify(|members| {
                         members.iter_mut().for_each(|member| member.alive = false)
                     });
+                    self.lifecycle_tx.send_modify(|members| {
+                        members.iter_mut().for_each(|member| member.alive = false)
+                    });
                     return;
                 }
             }
@@ -448,9 +491,23 @@ impl Refresher {
                     if let Some(folds) = &published.folds {
                         state.set(super::fold_report::KEY_FOLDS, folds.clone());
                     }
+                    if let Some([node_state, removed, drain]) = &published.lifecycle {
+                        state.set(KEY_STATE, node_state.clone());
+                        state.set(KEY_REMOVED, removed.clone());
+                        state.set(KEY_DRAIN, drain.clone());
+                    }
                 }
                 self.collect_members(&chitchat)
             };
+            let (members, lifecycles): (Vec<Member>, Vec<MemberFacts>) =
+                members.into_iter().unzip();
+            self.lifecycle_tx.send_if_modified(|current| {
+                let changed = *current != lifecycles;
+                if changed {
+                    *current = lifecycles;
+                }
+                changed
+            });
             self.log_name_conflict(&members);
             self.members_tx.send_if_modified(|current| {
                 let changed = *current != members;
@@ -492,9 +549,10 @@ impl Refresher {
         );
     }
 
-    fn collect_members(&mut self, chitchat: &Chitchat) -> Vec<Member> {
+    fn collect_members(&mut self, chitchat: &Chitchat) -> Vec<(Member, MemberFacts)> {
         let live: HashSet<&ChitchatId> = chitchat.live_nodes().collect();
         let mut candidates = Vec::new();
+        let mut lifecycles = HashMap::new();
         for (chitchat_id, state) in chitchat.node_states() {
             if *chitchat_id == self.self_id {
                 continue;
@@ -504,6 +562,8 @@ impl Refresher {
             }) {
                 Ok(member) => {
                     self.skipped.remove(chitchat_id);
+                    let facts = parse_lifecycle(&member, |key| state.get(key));
+                    lifecycles.insert(chitchat_id.clone(), facts);
                     candidates.push((chitchat_id.clone(), member));
                 }
                 Err(reason) => {
@@ -516,7 +576,53 @@ impl Refresher {
         self.skipped
             .retain(|id| chitchat.node_states().contains_key(id));
         resolve_members(&self.self_id, self.self_replica, candidates)
+            .into_iter()
+            .map(|(chitchat_id, member)| {
+                let facts = lifecycles
+                    .remove(&chitchat_id)
+                    .unwrap_or_else(|| parse_lifecycle(&member, |_| None));
+                (member, facts)
+            })
+            .collect()
     }
+}
+
+/// Reads a member's lifecycle keys; a build that publishes none is
+/// `active`, and an unparsable value is read as absent (logged at debug).
+fn parse_lifecycle<'a>(member: &Member, get: impl Fn(&str) -> Option<&'a str>) -> MemberFacts {
+    let state = match get(KEY_STATE) {
+        None => NodeState::Active,
+        Some(text) => NodeState::parse(text).unwrap_or_else(|| {
+            debug!(node = %member.node_name, state = %text, "unknown lifecycle state; read as active");
+            NodeState::Active
+        }),
+    };
+    let list = |key: &str| -> BTreeSet<ReplicaId> {
+        get(key)
+            .unwrap_or_default()
+            .split(',')
+            .filter(|text| !text.is_empty())
+            .filter_map(|text| parse_hex(text).map(ReplicaId))
+            .collect()
+    };
+    MemberFacts {
+        replica: member.replica,
+        name: member.node_name.clone(),
+        region: member.region.clone(),
+        grpc_addr: member.grpc_addr.clone(),
+        alive: member.alive,
+        state,
+        removed: list(KEY_REMOVED),
+        drain_requests: list(KEY_DRAIN),
+    }
+}
+
+fn hex_list(replicas: &BTreeSet<ReplicaId>) -> String {
+    replicas
+        .iter()
+        .map(|replica| hex(replica.0))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Reads a member from a chitchat node's key-values.
@@ -567,19 +673,19 @@ fn parse_member<'a>(
 /// - Per replica id, the highest generation is kept (a node restarted on the
 ///   same disk, perhaps under another name).
 ///
-/// Sorted by replica id.
+/// Sorted by replica id, each with the chitchat id it came from.
 fn resolve_members(
     self_id: &ChitchatId,
     self_replica: ReplicaId,
     candidates: Vec<(ChitchatId, Member)>,
-) -> Vec<Member> {
+) -> Vec<(ChitchatId, Member)> {
     let mut newest_by_name: HashMap<&str, u64> = HashMap::new();
     newest_by_name.insert(&self_id.node_id, self_id.generation_id);
     for (chitchat_id, _) in &candidates {
         let newest = newest_by_name.entry(&chitchat_id.node_id).or_default();
         *newest = (*newest).max(chitchat_id.generation_id);
     }
-    let mut by_replica: BTreeMap<ReplicaId, (u64, Member)> = BTreeMap::new();
+    let mut by_replica: BTreeMap<ReplicaId, (ChitchatId, Member)> = BTreeMap::new();
     for (chitchat_id, member) in &candidates {
         if chitchat_id == self_id || member.replica == self_replica {
             continue;
@@ -589,13 +695,13 @@ fn resolve_members(
             continue;
         }
         match by_replica.get(&member.replica) {
-            Some((newest, _)) if *newest >= generation => {}
+            Some((newest, _)) if newest.generation_id >= generation => {}
             _ => {
-                by_replica.insert(member.replica, (generation, member.clone()));
+                by_replica.insert(member.replica, (chitchat_id.clone(), member.clone()));
             }
         }
     }
-    by_replica.into_values().map(|(_, member)| member).collect()
+    by_replica.into_values().collect()
 }
 
 fn hex(value: u64) -> String {

@@ -140,7 +140,7 @@ fn live_holders_of_one_name_are_all_members() {
     let replicas = |candidates| {
         resolve_members(&id("me", 5), ReplicaId(100), candidates)
             .iter()
-            .map(|m| m.replica.0)
+            .map(|(_, m)| m.replica.0)
             .collect::<Vec<_>>()
     };
     assert_eq!(
@@ -177,7 +177,33 @@ fn the_newest_incarnation_supersedes_older_ones() {
             (id("c-renamed", 4), member("c-renamed", 3)), // under a new name
         ],
     );
-    let names: Vec<&str> = resolved.iter().map(|m| m.node_name.as_str()).collect();
+    let names: Vec<&str> = resolved.iter().map(|(_, m)| m.node_name.as_str()).collect();
     assert_eq!(names, ["b", "c-renamed"]);
-    assert_eq!(resolved[0].replica, ReplicaId(2));
+    assert_eq!(resolved[0].1.replica, ReplicaId(2));
+    assert_eq!(
+        resolved[1].0,
+        id("c-renamed", 4),
+        "the incarnation it came from"
+    );
+}
+
+#[test]
+fn lifecycle_keys_parse_and_a_build_without_them_is_active() {
+    let values = values(1);
+    let member = parse(&values, true).unwrap();
+    let facts = parse_lifecycle(&member, |key| values.get(key).map(String::as_str));
+    assert_eq!(facts.state, NodeState::Active);
+    assert!(facts.removed.is_empty() && facts.drain_requests.is_empty());
+    let mut values = values;
+    values.insert(KEY_STATE, "draining".into());
+    values.insert(KEY_REMOVED, format!("{},{}", hex(7), hex(8)));
+    values.insert(KEY_DRAIN, hex(9));
+    let facts = parse_lifecycle(&member, |key| values.get(key).map(String::as_str));
+    assert_eq!(facts.state, NodeState::Draining);
+    assert_eq!(facts.removed, BTreeSet::from([ReplicaId(7), ReplicaId(8)]));
+    assert_eq!(facts.drain_requests, BTreeSet::from([ReplicaId(9)]));
+    assert_eq!(hex_list(&facts.removed), values[KEY_REMOVED]);
+    values.insert(KEY_STATE, "sleeping".into());
+    let facts = parse_lifecycle(&member, |key| values.get(key).map(String::as_str));
+    assert_eq!(facts.state, NodeState::Active, "unknown: read as active");
 }
