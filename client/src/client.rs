@@ -203,6 +203,11 @@ impl Client {
         self.likes.clone()
     }
 
+    /// A stub of the `Admin` service on this client's transport.
+    pub(crate) fn admin_stub(&self) -> AdminClient<Transport> {
+        self.admin.clone()
+    }
+
     /// The endpoint this client talks to, normalised (`http://host:port`),
     /// or `None` for a client built over the caller's channel or service.
     pub fn endpoint(&self) -> Option<&str> {

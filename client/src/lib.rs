@@ -63,6 +63,7 @@ mod endpoint;
 mod error;
 mod format;
 mod likes;
+mod partitions;
 mod random;
 mod request;
 mod retry;
@@ -78,6 +79,7 @@ pub use format::format_count;
 pub use likes::{
     validate_member, LikeOutcome, LikesPage, LikesRecount, MAX_MEMBERS_PER_CALL, MAX_MEMBER_BYTES,
 };
+pub use partitions::{PartitionMap, PartitionNode};
 pub use types::{
     AddOutcome, ClusterStatus, Counter, Durability, HotKey, Member, RegionValue, RetiredWriter,
 };

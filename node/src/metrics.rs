@@ -41,6 +41,15 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Labels of a count of nodes: their region and lifecycle state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeStateLabels {
+    /// The nodes' region.
+    pub region: String,
+    /// `joining`, `active`, `draining` or `left`.
+    pub state: String,
+}
+
 /// A label naming a like-set or uniques operation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SetOpLabels {
@@ -139,6 +148,10 @@ pub struct Metrics {
     pub copy_pushes: Family<ReasonLabels, Counter>,
     /// Pushes of other nodes of the region that this node took as a copy.
     pub copies_taken: Counter,
+    /// Partitions this node owns in its region (from the partition map).
+    pub partitions_owned: Gauge,
+    /// Nodes of the cluster as this node sees them, by region and lifecycle state.
+    pub nodes: Family<NodeStateLabels, Gauge>,
 }
 
 impl Metrics {
@@ -190,6 +203,8 @@ impl Metrics {
             retired_writers: Gauge::default(),
             copy_pushes: Family::default(),
             copies_taken: Counter::default(),
+            partitions_owned: Gauge::default(),
+            nodes: Family::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -404,6 +419,16 @@ impl Metrics {
             "retired_writers",
             "Writers (replica ids) retired and fenced, as this node knows",
             metrics.retired_writers.clone(),
+        );
+        registry.register(
+            "partitions_owned",
+            "Partitions this node owns in its region, per the partition map (RF owners per partition)",
+            metrics.partitions_owned.clone(),
+        );
+        registry.register(
+            "nodes",
+            "Nodes of the cluster as this node sees them, by region and lifecycle state",
+            metrics.nodes.clone(),
         );
         Metrics {
             registry,

@@ -50,6 +50,9 @@ pub enum StartError {
     /// The data directory belongs to another cluster or partition count.
     #[error(transparent)]
     ClusterFile(#[from] crate::cluster_file::ClusterFileError),
+    /// The data directory's lifecycle file cannot be read.
+    #[error(transparent)]
+    LifecycleFile(#[from] crate::lifecycle_file::LifecycleFileError),
     /// The store opened but its state could not be read back.
     #[error("cannot recover the store in {}: {error}", dir.display())]
     Recover {
@@ -134,6 +137,7 @@ pub struct NodeHandle {
     upgrade_task: JoinHandle<()>,
     recount_task: JoinHandle<()>,
     fold_task: JoinHandle<()>,
+    lifecycle_task: JoinHandle<()>,
     anti_entropy: AntiEntropyHandle,
     copier: CopierHandle,
     committer: CommitterHandle,
@@ -179,6 +183,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         &settings.cluster_id,
         settings.partitions,
     )?;
+    let lifecycle_record = crate::lifecycle_file::load(&settings.data_dir)?;
     let protocol = ProtocolWindow::at(store.format(), newest);
     let store: Arc<dyn Store> = match &settings.test_store_fault_file {
         Some(file) => {
@@ -280,6 +285,25 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         });
     }
     let membership = Arc::new(membership);
+    let partitioning = crate::gossip::lifecycle::Partitioning::new(
+        lifecycle_record,
+        settings.data_dir.clone(),
+        identity.replica,
+        &settings.node_name,
+        &identity.region,
+        &advertise_grpc,
+        crate::partition::ViewSettings {
+            partitions: cluster.partitions,
+            replication_factor: settings.replication_factor,
+            dead_after_ms: settings.dead_after.as_millis() as u64,
+        },
+        membership.clone(),
+    );
+    let lifecycle_task = crate::gossip::lifecycle::spawn_lifecycle_keeper(
+        engine.clone(),
+        partitioning.clone(),
+        settings.gossip_interval,
+    );
     let membership_task = spawn_membership_feed(engine.clone(), membership.clone());
     let mut upgrade_config = UpgradeConfig::for_gossip_interval(
         newest,
@@ -321,6 +345,8 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     let grpc_task = spawn_grpc(
         engine.clone(),
         info.clone(),
+        partitioning,
+        settings.gossip_interval,
         &security,
         grpc_listener,
         async {
@@ -377,6 +403,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         upgrade_task,
         recount_task,
         fold_task,
+        lifecycle_task,
         anti_entropy,
         copier,
         committer,
@@ -457,6 +484,8 @@ impl NodeHandle {
         let _ = self.recount_task.await;
         self.fold_task.abort();
         let _ = self.fold_task.await;
+        self.lifecycle_task.abort();
+        let _ = self.lifecycle_task.await;
         match Arc::try_unwrap(self.membership) {
             Ok(membership) => {
                 if let Err(error) = membership.shutdown().await {

@@ -306,7 +306,8 @@ impl Counters for FakeNode {
 
 /// A fixed two-member cluster; a backup stream that stops before its
 /// trailer (as when the node dies mid-backup); a finalize refused as with a
-/// member that lags.
+/// member that lags; no partition map (a node from before them); drains
+/// and removals refused.
 #[tonic::async_trait]
 impl Admin for FakeNode {
     type BackupStream =
@@ -336,6 +337,30 @@ impl Admin for FakeNode {
         Err(Status::failed_precondition(
             "replica 0000000000000007 is alive",
         ))
+    }
+
+    /// As a node from before partition maps: `tally status` prints no summary.
+    async fn partition_map(
+        &self,
+        _request: Request<tally_proto::v1::PartitionMapRequest>,
+    ) -> Result<Response<tally_proto::v1::PartitionMapResponse>, Status> {
+        Err(Status::unimplemented("Admin.PartitionMap"))
+    }
+
+    async fn drain(
+        &self,
+        _request: Request<tally_proto::v1::DrainRequest>,
+    ) -> Result<Response<tally_proto::v1::DrainResponse>, Status> {
+        Err(Status::failed_precondition(
+            "node \"fake-1\" is the last node of region \"eu-west\" that can own partitions",
+        ))
+    }
+
+    async fn remove(
+        &self,
+        _request: Request<tally_proto::v1::RemoveRequest>,
+    ) -> Result<Response<tally_proto::v1::RemoveResponse>, Status> {
+        Err(Status::failed_precondition("node \"fake-2\" is alive"))
     }
 
     async fn finalize(

@@ -1,6 +1,7 @@
 //! The `Admin` gRPC service: the cluster as this node sees it, for
-//! `tally status` and the status page, and the backup stream of
-//! `tally admin backup` ([`super::backup`]).
+//! `tally status` and the status page, the backup stream of
+//! `tally admin backup` ([`super::backup`]), and the partition map, drain
+//! and remove of partitioned regions ([`super::partitions`]).
 
 use std::sync::Arc;
 
@@ -9,6 +10,7 @@ use tally_proto::v1::admin_server::Admin;
 use tonic::{Request, Response, Status};
 
 use crate::engine::{now_ms, Engine};
+use crate::gossip::lifecycle::Partitioning;
 
 /// How many hot keys per operation the status shows.
 pub const HOT_KEYS_IN_STATUS: usize = 10;
@@ -32,12 +34,24 @@ pub struct NodeInfo {
 pub struct AdminService {
     engine: Arc<Engine>,
     info: NodeInfo,
+    partitioning: Arc<Partitioning>,
+    gossip_interval: std::time::Duration,
 }
 
 impl AdminService {
-    /// The service over `engine`.
-    pub fn new(engine: Arc<Engine>, info: NodeInfo) -> Self {
-        AdminService { engine, info }
+    /// The service over `engine` and the node's lifecycle and partition map.
+    pub fn new(
+        engine: Arc<Engine>,
+        info: NodeInfo,
+        partitioning: Arc<Partitioning>,
+        gossip_interval: std::time::Duration,
+    ) -> Self {
+        AdminService {
+            engine,
+            info,
+            partitioning,
+            gossip_interval,
+        }
     }
 }
 
@@ -186,6 +200,33 @@ impl Admin for AdminService {
             }
             Err(refused) => Err(Status::invalid_argument(refused.to_string())),
         }
+    }
+
+    async fn partition_map(
+        &self,
+        request: Request<pb::PartitionMapRequest>,
+    ) -> Result<Response<pb::PartitionMapResponse>, Status> {
+        let region = request.into_inner().region;
+        super::partitions::partition_map(&self.partitioning, &region).map(Response::new)
+    }
+
+    async fn drain(
+        &self,
+        request: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::DrainResponse>, Status> {
+        let node = request.into_inner().node;
+        let newly_draining =
+            super::partitions::drain(&self.partitioning, &node, self.gossip_interval).await?;
+        Ok(Response::new(pb::DrainResponse { newly_draining }))
+    }
+
+    async fn remove(
+        &self,
+        request: Request<pb::RemoveRequest>,
+    ) -> Result<Response<pb::RemoveResponse>, Status> {
+        let node = request.into_inner().node;
+        let removed = super::partitions::remove(&self.partitioning, &node)?;
+        Ok(Response::new(pb::RemoveResponse { removed }))
     }
 
     async fn status(

@@ -8,6 +8,7 @@ pub mod convert;
 pub mod copies;
 pub mod counters;
 pub mod likes;
+pub mod partitions;
 pub mod replication;
 pub mod serve;
 pub mod status_codes;

@@ -50,6 +50,8 @@ fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
 pub async fn spawn_grpc(
     engine: Arc<Engine>,
     info: NodeInfo,
+    partitioning: Arc<crate::gossip::lifecycle::Partitioning>,
+    gossip_interval: std::time::Duration,
     security: &Security,
     listener: TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
@@ -67,7 +69,12 @@ pub async fn spawn_grpc(
     ))
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let admin = AdminServer::new(AdminService::new(engine.clone(), info));
+    let admin = AdminServer::new(AdminService::new(
+        engine.clone(),
+        info,
+        partitioning,
+        gossip_interval,
+    ));
     let (health_reporter, health) = tonic_health::server::health_reporter();
     // Every served service answers SERVING (probes ask for a service by
     // name, and `NOT_FOUND` for one that is served misleads them).

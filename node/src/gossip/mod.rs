@@ -1,7 +1,9 @@
-//! Membership (chitchat), the anti-entropy loop over gRPC, and the pusher of
-//! replicated durability's copies.
+//! Membership (chitchat), the anti-entropy loop over gRPC, the pusher of
+//! replicated durability's copies, and the node's lifecycle and partition
+//! map ([`lifecycle`]).
 
 pub mod anti_entropy;
 pub mod copier;
 pub mod fold_report;
+pub mod lifecycle;
 pub mod membership;

@@ -192,8 +192,16 @@ pub async fn retire(target: &Target, replica: &str, json: bool) -> anyhow::Resul
 pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     let client = target.connect().await?;
     let status = client.status().await?;
+    // A node from before partition maps answers UNIMPLEMENTED: no summary.
+    let map = match client.partition_map(None).await {
+        Ok(map) => Some(map),
+        Err(error) if error.code() == Some(tally_client::Code::Unimplemented) => None,
+        Err(error) => return Err(error.into()),
+    };
     if json {
-        return print_json(&status);
+        let mut value = serde_json::to_value(&status)?;
+        value["partition_map"] = serde_json::to_value(&map)?;
+        return print_json(&value);
     }
     print_line(cluster_line(&status))?;
     print_line(format_args!(
@@ -245,6 +253,9 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
             )
             .trim_end(),
         )?;
+    }
+    if let Some(map) = &map {
+        print_line(super::partitions::summary(map))?;
     }
     Ok(())
 }

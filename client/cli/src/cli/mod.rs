@@ -37,10 +37,23 @@
 //!     then, when the node has seen traffic, `hot keys on this node:` and a
 //!     table with the header `OP  KEY  PER SECOND` (a key with spaces breaks
 //!     the no-space rule of cells; use `--json` for those);
+//!     then the partition summary of the node's region: `partitions in
+//!     region R (as NODE computes them): P partitions, replication factor
+//!     RF (E in effect)`, a table with the header `NODE  STATE  ALIVE  OWNS`
+//!     (ALIVE is `yes`, `no`, or `gone` when down for `--dead-after`), and
+//!     `nodes by state: N active, ...`;
 //!   - JSON: `{"cluster_id":..,"node":MEMBER,"members":[MEMBER..],
-//!     "converged":..}`, MEMBER being `{"region","node_name","replica"(hex),
+//!     "converged":..,"partition_map":MAP}`, MEMBER being `{"region","node_name","replica"(hex),
 //!     "grpc_addr","gossip_addr","alive","digest"(hex),"durable_seq",
-//!     "since_last_sync_ms"(or null),"seq_lag"}`.
+//!     "since_last_sync_ms"(or null),"seq_lag"}`, MAP `{"partitions",
+//!     "replication_factor","effective_replication","region","nodes":[{"node_name",
+//!     "region","replica","grpc_addr","state","alive","gone","partitions_owned"}..],
+//!     "owners":[[NODE INDEX..] per partition],"answered_by"}` (null from a
+//!     node without partition maps).
+//! - `tally admin drain NODE`: `node NODE is draining: ...` or `node NODE
+//!   was draining already`; JSON `{"node","newly_draining"}`.
+//! - `tally admin remove NODE`: `node NODE removed (replica HEX): ...`;
+//!   JSON `{"node","removed":[HEX..]}`.
 //! - `tally bench [--op add|get|mixed] [--concurrency 64] [--connections N]
 //!   [--keys 1] [--duration 10s] [--warmup 1s] [--no-coalesce]
 //!   [--batches-in-flight N] [--batch-size N] [--coalesce-window 200us]
@@ -92,6 +105,7 @@ mod commands;
 mod duration;
 mod likes;
 pub mod output;
+mod partitions;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -187,7 +201,7 @@ pub enum Command {
         keys: Vec<String>,
     },
     /// Operator commands: `tally admin backup --to DIR`, `tally admin finalize`,
-    /// `tally admin retire REPLICA`.
+    /// `tally admin retire REPLICA`, `tally admin drain NODE`, `tally admin remove NODE`.
     #[command(subcommand)]
     Admin(AdminCommand),
 }
@@ -218,6 +232,20 @@ pub enum AdminCommand {
     Retire {
         /// The replica id to retire.
         replica: String,
+    },
+    /// Drain a node: it owns no partition from now on, and the other nodes of
+    /// its region take its partitions over. Refused for the last node of a
+    /// region and for a node that is down (remove it instead).
+    Drain {
+        /// The node's name, as `tally status` prints it.
+        node: String,
+    },
+    /// Remove a node that is down for good: it has left the cluster (on every
+    /// node, for good), and the others take its partitions over at once.
+    /// Refused for a live node (drain it instead).
+    Remove {
+        /// The node's name, as `tally status` prints it.
+        node: String,
     },
 }
 
@@ -317,6 +345,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Distinct { keys } => likes::distinct(&target, &keys, json).await,
         Command::Admin(AdminCommand::Retire { replica }) => {
             commands::retire(&target, &replica, json).await
+        }
+        Command::Admin(AdminCommand::Drain { node }) => {
+            partitions::drain(&target, &node, json).await
+        }
+        Command::Admin(AdminCommand::Remove { node }) => {
+            partitions::remove(&target, &node, json).await
         }
     }
 }

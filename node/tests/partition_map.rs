@@ -1,0 +1,276 @@
+//! The partition map over real node processes (issue #11, first node
+//! slice): a region of three nodes and a second region of one, P = 256,
+//! RF = 2. Every node serves the same owners; a node that goes down keeps
+//! its partitions (shorter than --dead-after); `tally admin remove` of the
+//! killed node moves its partitions to the others, a new node joins and
+//! takes about 1/N, `tally admin drain` (asked of another node) moves the
+//! drained node's partitions away, and in each change only the partitions
+//! the change explains move (about 1/N of the owner slots). Bad requests
+//! are refused with a clear error and change nothing.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::{cli, wait_until, NodeProcess, NodeSpec};
+use tally_client::{Client, PartitionMap};
+
+const P: usize = 256;
+const RF: usize = 2;
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn spec(root: &std::path::Path, region: &str, name: &str) -> NodeSpec {
+    let mut spec = NodeSpec::new(root, region, name);
+    spec.extra = [
+        "--partitions",
+        "256",
+        "--replication-factor",
+        "2",
+        // Long enough that a kill never moves a partition during the test.
+        "--dead-after",
+        "10m",
+    ]
+    .map(String::from)
+    .to_vec();
+    spec
+}
+
+/// The partition map of region `eu` as the node at `endpoint` computes it.
+fn map_of(runtime: &tokio::runtime::Runtime, endpoint: &str) -> Option<PartitionMap> {
+    runtime.block_on(async {
+        let client = Client::connect(endpoint).await.ok()?;
+        client.partition_map(Some("eu")).await.ok()
+    })
+}
+
+/// Per partition, the names of its owners in `eu`.
+fn owners(map: &PartitionMap) -> Vec<Vec<String>> {
+    (0..map.partitions)
+        .map(|p| map.owners_of(p).into_iter().map(String::from).collect())
+        .collect()
+}
+
+fn owned(map: &PartitionMap, name: &str) -> u32 {
+    map.nodes
+        .iter()
+        .find(|node| node.node_name == name)
+        .map_or(0, |node| node.partitions_owned)
+}
+
+fn state(map: &PartitionMap, name: &str) -> Option<String> {
+    map.nodes
+        .iter()
+        .find(|node| node.node_name == name)
+        .map(|node| node.state.clone())
+}
+
+/// Waits until every node in `nodes` (live ones) serves the same owners
+/// for `eu` and `accept` holds of that map; returns it.
+fn settled_map(
+    runtime: &tokio::runtime::Runtime,
+    nodes: &[&NodeProcess],
+    what: &str,
+    accept: impl Fn(&PartitionMap) -> bool,
+) -> PartitionMap {
+    wait_until(LIMIT, what, || {
+        let maps: Vec<PartitionMap> = nodes
+            .iter()
+            .map(|node| map_of(runtime, &node.endpoint()))
+            .collect::<Option<_>>()?;
+        let first = owners(&maps[0]);
+        let agree = maps.iter().all(|map| owners(map) == first);
+        (agree && maps.iter().all(&accept)).then(|| maps[0].clone())
+    })
+    .0
+}
+
+/// The owner slots (partition, owner) added from `before` to `after`, and
+/// whether every partition's change is explained: only partitions for which
+/// `explains` holds changed.
+fn moved_slots(
+    before: &PartitionMap,
+    after: &PartitionMap,
+    explains: impl Fn(&[String], &[String]) -> bool,
+) -> usize {
+    let (before, after) = (owners(before), owners(after));
+    let mut moved = 0;
+    for (partition, (old, new)) in before.iter().zip(&after).enumerate() {
+        let old_set: BTreeSet<&String> = old.iter().collect();
+        let new_set: BTreeSet<&String> = new.iter().collect();
+        if old_set != new_set {
+            assert!(
+                explains(old, new),
+                "partition {partition} moved from {old:?} to {new:?}, which the change does not explain"
+            );
+            moved += new_set.difference(&old_set).count();
+        }
+    }
+    moved
+}
+
+/// About 1/N of the P * RF owner slots (binomial spread, generous bounds).
+#[track_caller]
+fn about_one_nth(moved: usize, n: usize) {
+    let share = moved as f64 / (P * RF) as f64;
+    let ideal = 1.0 / n as f64;
+    assert!(
+        (ideal * 0.6..=ideal * 1.4).contains(&share),
+        "{moved} owner slots moved: {share:.3} of {}, ideal {ideal:.3}",
+        P * RF
+    );
+}
+
+#[test]
+fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let mut specs = vec![
+        spec(root.path(), "eu", "eu-1"),
+        spec(root.path(), "eu", "eu-2"),
+        spec(root.path(), "eu", "eu-3"),
+        spec(root.path(), "us", "us-1"),
+    ];
+    let seed = specs[0].gossip;
+    for spec in specs.iter_mut().skip(1) {
+        spec.seeds = vec![seed];
+    }
+    let mut nodes: Vec<NodeProcess> = specs.into_iter().map(NodeProcess::start).collect();
+
+    // 1. Every node, the one of the other region included, serves the same
+    // owners; each eu node owns about P * RF / 3 and all are active.
+    let all: Vec<&NodeProcess> = nodes.iter().collect();
+    let initial = settled_map(&runtime, &all, "the same map on every node", |map| {
+        map.nodes.len() == 3 && map.nodes.iter().all(|node| node.state == "active")
+    });
+    assert_eq!(
+        (
+            initial.partitions,
+            initial.replication_factor,
+            initial.effective_replication
+        ),
+        (256, 2, 2)
+    );
+    for name in ["eu-1", "eu-2", "eu-3"] {
+        let owned = owned(&initial, name);
+        assert!(
+            (110..=230).contains(&owned),
+            "{name} owns {owned} of 256 (ideal 171)"
+        );
+    }
+    assert!(owners(&initial).iter().all(|owners| owners.len() == RF));
+    let (code, out, err) = cli(&nodes[0].endpoint(), &["status"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("partitions in region eu (as eu-1 computes them): 256 partitions, replication factor 2 (2 in effect)")
+            && out.contains("nodes by state: 3 active"),
+        "{out}"
+    );
+
+    // 2. Refusals change nothing: removing a live node, draining the last
+    // node of a region, an unknown node.
+    let (code, _, err) = cli(&nodes[0].endpoint(), &["admin", "remove", "eu-3"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("node \"eu-3\" is alive") && err.contains("drain it"),
+        "{err}"
+    );
+    let (code, _, err) = cli(&nodes[0].endpoint(), &["admin", "drain", "us-1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("last node of region \"us\""), "{err}");
+    let (code, _, err) = cli(&nodes[0].endpoint(), &["admin", "drain", "eu-9"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("no node named \"eu-9\""), "{err}");
+    assert_eq!(
+        owners(&map_of(&runtime, &nodes[1].endpoint()).unwrap()),
+        owners(&initial)
+    );
+
+    // 3. eu-3 is killed: down, but for less than --dead-after, so it keeps
+    // its partitions (a missed heartbeat moves nothing).
+    nodes[2].kill9();
+    let live: Vec<&NodeProcess> = vec![&nodes[0], &nodes[1], &nodes[3]];
+    let down = settled_map(&runtime, &live, "eu-3 seen down", |map| {
+        map.nodes
+            .iter()
+            .any(|node| node.node_name == "eu-3" && !node.alive)
+    });
+    assert_eq!(
+        owners(&down),
+        owners(&initial),
+        "a node down briefly keeps its partitions"
+    );
+
+    // 4. Removed (asked of the other region's node): its partitions go to
+    // eu-1 and eu-2, and nothing else moves.
+    let (code, out, err) = cli(&nodes[3].endpoint(), &["admin", "remove", "eu-3"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("node eu-3 removed (replica "), "{out}");
+    let removed = settled_map(&runtime, &live, "eu-3 left on every node", |map| {
+        state(map, "eu-3").as_deref() == Some("left")
+    });
+    assert_eq!(
+        (owned(&removed, "eu-1"), owned(&removed, "eu-2")),
+        (256, 256)
+    );
+    assert_eq!(owned(&removed, "eu-3"), 0);
+    let moved = moved_slots(&initial, &removed, |old, _| {
+        old.contains(&"eu-3".to_string())
+    });
+    about_one_nth(moved, 3);
+    let (code, _, err) = cli(&nodes[0].endpoint(), &["admin", "remove", "eu-3"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("already left"), "{err}");
+
+    // 5. A new node joins (fresh directory): joining, then active once
+    // caught up; it takes about 1/3 of the owner slots, only from others.
+    let mut joiner = spec(root.path(), "eu", "eu-4");
+    joiner.seeds = vec![seed];
+    nodes.push(NodeProcess::start(joiner));
+    let live: Vec<&NodeProcess> = vec![&nodes[0], &nodes[1], &nodes[3], &nodes[4]];
+    let joined = settled_map(&runtime, &live, "eu-4 active on every node", |map| {
+        state(map, "eu-4").as_deref() == Some("active")
+    });
+    let moved = moved_slots(&removed, &joined, |_, new| {
+        new.contains(&"eu-4".to_string())
+    });
+    about_one_nth(moved, 3);
+
+    // 6. eu-2 is drained, asked of eu-1: it confirms through gossip, owns
+    // nothing, and only its partitions move.
+    let (code, out, err) = cli(&nodes[0].endpoint(), &["admin", "drain", "eu-2"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("node eu-2 is draining"), "{out}");
+    let drained = settled_map(&runtime, &live, "eu-2 draining on every node", |map| {
+        state(map, "eu-2").as_deref() == Some("draining")
+    });
+    assert_eq!(owned(&drained, "eu-2"), 0);
+    assert_eq!(
+        (owned(&drained, "eu-1"), owned(&drained, "eu-4")),
+        (256, 256)
+    );
+    let moved = moved_slots(&joined, &drained, |old, _| {
+        old.contains(&"eu-2".to_string())
+    });
+    about_one_nth(moved, 3);
+    let (code, out, _) = cli(&nodes[3].endpoint(), &["admin", "drain", "eu-2"]);
+    assert_eq!((code, out.trim()), (0, "node eu-2 was draining already"));
+
+    // 7. A drain survives a restart of the drained node (it is on disk).
+    nodes[1].stop();
+    nodes[1].restart();
+    let live: Vec<&NodeProcess> = vec![&nodes[0], &nodes[1], &nodes[3], &nodes[4]];
+    let restarted = settled_map(&runtime, &live, "eu-2 back, still draining", |map| {
+        map.nodes
+            .iter()
+            .any(|node| node.node_name == "eu-2" && node.alive && node.state == "draining")
+    });
+    assert_eq!(owners(&restarted), owners(&drained));
+    let metrics = common::http_get(nodes[1].spec.http, "/metrics").unwrap().1;
+    assert!(metrics.contains("tally_partitions_owned 0"), "{metrics}");
+    assert!(
+        metrics.contains("tally_nodes{region=\"eu\",state=\"draining\"} 1")
+            && metrics.contains("tally_nodes{region=\"eu\",state=\"left\"} 1"),
+        "{metrics}"
+    );
+}
