@@ -95,6 +95,7 @@ pub fn dev_settings(args: &DevArgs) -> anyhow::Result<Vec<Settings>> {
 
 /// Runs the dev cluster until Ctrl-C or SIGTERM.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
+    let mut shutdown = crate::ShutdownSignal::install()?;
     let mut nodes: Vec<NodeHandle> = Vec::new();
     for settings in dev_settings(&args)? {
         match start(settings).await {
@@ -136,7 +137,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
          deploy/README.md shows a secure setup."
     );
     println!("Ctrl-C stops the cluster.");
-    crate::wait_for_shutdown_signal().await;
+    shutdown.recv().await;
     for node in nodes {
         node.shutdown().await;
     }

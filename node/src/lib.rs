@@ -26,21 +26,49 @@ pub mod server;
 pub mod store;
 pub mod upgrade;
 
-/// Waits for Ctrl-C or SIGTERM.
-pub async fn wait_for_shutdown_signal() {
+/// Ctrl-C and SIGTERM, caught from the moment [`ShutdownSignal::install`]
+/// returns. Install it before the node starts: a SIGTERM that arrives while
+/// the node starts (an orchestrator stopping a pod that just became ready)
+/// then ends it cleanly, instead of the signal's default action killing the
+/// process in the middle of a commit.
+pub struct ShutdownSignal {
     #[cfg(unix)]
-    {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-                .expect("installing a SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
+    terminate: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignal {
+    /// Catches both signals from now on. Needs a Tokio runtime.
+    pub fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(ShutdownSignal {
+                terminate: signal(SignalKind::terminate())?,
+                interrupt: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(ShutdownSignal {})
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
+
+    /// Waits for the first of them (one caught before this call counts).
+    pub async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                _ = self.terminate.recv() => {}
+                _ = self.interrupt.recv() => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
+
 pub mod security;

@@ -109,10 +109,11 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = Settings::resolve(cli.run)?;
             init_logs(settings.json_logs);
             let grace = settings.shutdown_grace;
+            let mut shutdown = tally_node::ShutdownSignal::install()?;
             let node = tally_node::server::start(settings).await?;
             let engine = node.engine.clone();
             let failed = tokio::select! {
-                _ = tally_node::wait_for_shutdown_signal() => None,
+                _ = shutdown.recv() => None,
                 cause = engine.store_failed() => Some(cause),
             };
             if failed.is_none() {

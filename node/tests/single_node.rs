@@ -558,3 +558,57 @@ async fn health_readiness_and_metrics() {
     drop(client);
     assert_eq!(node.stop(), Some(0));
 }
+
+/// A SIGTERM that arrives while the node is still starting (its store is
+/// open, it is listening to gossip for another holder of its name) ends it
+/// cleanly once the start is done: exit code 0, not death by the signal's
+/// default action, which is what an orchestrator stopping a just-started
+/// pod would otherwise cause.
+#[test]
+fn a_sigterm_during_start_up_stops_the_node_cleanly() {
+    let root = tempfile::tempdir().unwrap();
+    let mut spec = NodeSpec::new(root.path(), "eu", "starting");
+    // A seed nobody answers on: the start waits seconds for name holders.
+    let silent = free_ports(1)[0];
+    spec.seeds = vec![std::net::SocketAddr::from(([127, 0, 0, 1], silent))];
+    let log = std::fs::File::create(root.path().join("starting.log")).unwrap();
+    let mut child = std::process::Command::new(common::node_binary())
+        .args(spec.args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let marker = spec.data_dir.join("TALLY_DATA_DIR");
+    let deadline = std::time::Instant::now() + GIVE_UP;
+    while !marker.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store was never opened"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the node exited during its start: {status:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the node did not stop after a SIGTERM during its start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let log = std::fs::read_to_string(root.path().join("starting.log")).unwrap_or_default();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a SIGTERM during start-up killed the node instead of stopping it: {status:?}\n{log}"
+    );
+}
