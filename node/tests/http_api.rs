@@ -583,3 +583,128 @@ fn like_sets_and_uniques_over_json() {
     assert_eq!(ok(&api.get("/v1/uniques/views"))["estimate"], 3);
     drop(node);
 }
+
+#[test]
+fn adds_and_batches_may_ask_for_replicated_durability() {
+    // Two nodes of one region that sync once an hour (each pulls once, at
+    // start, before anything is written): an add reaches the other node only
+    // as a copy push, which only a `replicated` add makes.
+    let root = tempfile::tempdir().unwrap();
+    let mut taker = NodeSpec::new(root.path(), "eu", "eu-1");
+    taker.sync_interval = "1h";
+    let mut copy = NodeSpec::new(root.path(), "eu", "eu-2");
+    copy.sync_interval = "1h";
+    copy.seeds = vec![taker.gossip];
+    let taker = NodeProcess::start(taker);
+    let mut copy = NodeProcess::start(copy);
+    let api = Api::new(taker.spec.http);
+    let copy_api = Api::new(copy.spec.http);
+    let add = |key: &str, body: &str, idempotency_key: &str| {
+        api.call(
+            "POST",
+            &format!("/v1/counters/{key}"),
+            &[("idempotency-key", idempotency_key)],
+            Some(body),
+        )
+    };
+
+    // A sync add (the node's default) stays on the taking node.
+    ok(&add("likes", "{\"delta\": 4}", "l-1"));
+    // A replicated one is acknowledged once the copy holds it: retried with
+    // its idempotency key until eu-1 sees eu-2 (it counts once).
+    wait_until(
+        Duration::from_secs(60),
+        "a replicated add over HTTP",
+        || {
+            let reply = add(
+                "votes",
+                "{\"delta\": 3, \"durability\": \"replicated\"}",
+                "v-1",
+            );
+            (reply.status == 200).then_some(())
+        },
+    );
+    assert_eq!(api.value("votes"), 3);
+    assert_eq!(
+        copy_api.value("votes"),
+        3,
+        "the copy holds the replicated add"
+    );
+    assert_eq!(copy_api.value("likes"), 0, "a sync add is not pushed");
+    // "async" is accepted; a sync node applies the stronger mode, its own.
+    ok(&add(
+        "likes",
+        "{\"delta\": 1, \"durability\": \"async\"}",
+        "l-2",
+    ));
+    assert_eq!(api.value("likes"), 5);
+
+    // A batch may ask for it for every add, or per item.
+    let batch = ok(&api.post(
+        "/v1/batch/add",
+        "{\"durability\": \"replicated\", \"adds\": [{\"key\": \"b1\", \"delta\": 1}, \
+         {\"key\": \"b2\", \"delta\": 2, \"idempotency_key\": \"b-2\"}]}",
+    ));
+    assert!(
+        batch["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["ok"].is_object()),
+        "{batch}"
+    );
+    ok(&api.post(
+        "/v1/batch/add",
+        "{\"adds\": [{\"key\": \"b3\", \"delta\": 7, \"durability\": \"replicated\"}]}",
+    ));
+    for (key, value) in [("b1", 1), ("b2", 2), ("b3", 7)] {
+        assert_eq!(copy_api.value(key), value, "{key} on the copy");
+    }
+
+    // A mode that does not exist: 400, and nothing changes.
+    add("votes", "{\"delta\": 1, \"durability\": \"fast\"}", "v-2")
+        .problem(400, "INVALID_ARGUMENT");
+    api.post(
+        "/v1/batch/add",
+        "{\"durability\": \"sometimes\", \"adds\": [{\"key\": \"votes\", \"delta\": 1}]}",
+    )
+    .problem(400, "INVALID_ARGUMENT");
+    assert_eq!(api.value("votes"), 3);
+
+    // The OpenAPI document names the field and its values.
+    let document = ok(&api.get("/v1/openapi.json"));
+    let schemas = &document["components"]["schemas"];
+    assert!(
+        schemas["AddBody"]["properties"]["durability"].is_object(),
+        "{}",
+        schemas["AddBody"]
+    );
+    assert!(
+        schemas["BatchAddBody"]["properties"]["durability"].is_object()
+            && schemas["BatchAddItem"]["properties"]["durability"].is_object(),
+        "{schemas}"
+    );
+    let modes: Vec<&str> = schemas["AddDurability"]["enum"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{}", schemas["AddDurability"]))
+        .iter()
+        .filter_map(|mode| mode.as_str())
+        .collect();
+    assert_eq!(modes, ["sync", "replicated", "async"]);
+
+    // Without its copy, a replicated add is never silently downgraded: 503
+    // naming the copies, its outcome unknown (the add is on eu-1's disk).
+    copy.kill9();
+    let refused = add(
+        "votes",
+        "{\"delta\": 8, \"durability\": \"replicated\"}",
+        "v-3",
+    )
+    .problem(503, "UNAVAILABLE");
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("copies") && detail.contains("same idempotency key"),
+        "{detail}"
+    );
+    drop(taker);
+}

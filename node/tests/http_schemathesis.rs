@@ -9,7 +9,8 @@
 //! never ends, and a page of like-set members takes an opaque page token only
 //! a node can make (every token a fuzzer makes is rightly refused); the
 //! tests of `http_api.rs` cover both. The node upgrades its cluster version
-//! by itself, so that like sets and uniques take writes.
+//! by itself, so that like sets and uniques take writes, and has a second
+//! node in its region, the copy that a `replicated` add needs.
 //!
 //! Without schemathesis it prints a loud SKIPPED line and passes, unless
 //! `TALLY_REQUIRE_SCHEMATHESIS=1` (set by `.ci/run`, which installs it into
@@ -46,8 +47,25 @@ fn schemathesis_finds_nothing_wrong_with_the_json_api() {
     let root = tempfile::tempdir().unwrap();
     let mut spec = NodeSpec::new(root.path(), "eu", "fuzzed");
     spec.extra = vec!["--cluster-version-upgrade".into(), "auto".into()];
+    // A second node of the region, so that an add that asks for
+    // `"durability": "replicated"` has its copy (alone, the node rightly
+    // answers 503 after 5 s, which the no-5xx check would count).
+    let mut copy_spec = NodeSpec::new(root.path(), "eu", "fuzzed-copy");
+    copy_spec.extra = spec.extra.clone();
+    copy_spec.seeds = vec![spec.gossip];
     let node = NodeProcess::start(spec);
+    let copy = NodeProcess::start(copy_spec);
     let base = format!("http://{}", node.spec.http);
+    let api = common::http::Api::new(node.spec.http);
+    common::wait_until(Duration::from_secs(60), "a replicated add", || {
+        let reply = api.call(
+            "POST",
+            "/v1/counters/ready",
+            &[],
+            Some("{\"delta\": 1, \"durability\": \"replicated\"}"),
+        );
+        (reply.status == 200).then_some(())
+    });
     let config = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/schemathesis.toml");
     let hooks =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/schemathesis_hooks.py");
@@ -105,4 +123,5 @@ fn schemathesis_finds_nothing_wrong_with_the_json_api() {
     // It really tested the operations (a run that selected none also exits 0).
     assert!(stdout.contains("Tested: 14"), "{stdout}");
     assert!(node.is_running(), "the node died under the fuzzer");
+    assert!(copy.is_running(), "the copy died under the fuzzer");
 }

@@ -14,9 +14,37 @@ use super::extract::{CounterKey, IdempotencyKey, JsonBody, QueryParams};
 use super::problem::Problem;
 use super::HttpState;
 use crate::api::counters::{check_batch_size, region_net, since_last_sync_ms, MAX_BATCH_ITEMS};
-use crate::engine::{now_ms, CounterRead};
+use crate::engine::{now_ms, CounterRead, Durability};
 use crate::replica::AddAccepted;
 use crate::security::ItemCharge;
+
+/// When an add asks to be acknowledged. The node applies the stronger of
+/// this and its own `--durability` (async < sync < replicated), so a request
+/// can ask for more than the node's default, never less.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AddDurability {
+    /// Once the group commit that holds it is on this node's disk.
+    Sync,
+    /// Once it is on this node's disk and on the other copies of its region
+    /// (`--write-copies`): a lost disk loses no acknowledged add. Too few
+    /// copies within 5 s: 503, and the add's outcome is unknown (retry it
+    /// with the same `Idempotency-Key`).
+    Replicated,
+    /// As soon as it is applied in memory (only weaker than the node's
+    /// default on a node whose default is async: the stronger mode wins).
+    Async,
+}
+
+impl From<AddDurability> for Durability {
+    fn from(asked: AddDurability) -> Durability {
+        match asked {
+            AddDurability::Sync => Durability::Sync,
+            AddDurability::Replicated => Durability::Replicated,
+            AddDurability::Async => Durability::Async,
+        }
+    }
+}
 
 /// The body of an add.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -26,6 +54,9 @@ pub struct AddBody {
     #[schema(schema_with = non_zero_delta)]
     #[serde(deserialize_with = "super::integer::deserialize")]
     pub delta: i64,
+    /// Optional: when to acknowledge (default: the node's `--durability`).
+    #[serde(default)]
+    pub durability: Option<AddDurability>,
 }
 
 /// The answer to an add.
@@ -94,6 +125,10 @@ pub struct BatchAddItem {
     /// Optional: as the `Idempotency-Key` header of a single add.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Optional: when to acknowledge this add (the stronger of this, the
+    /// batch's and the node's own applies).
+    #[serde(default)]
+    pub durability: Option<AddDurability>,
 }
 
 /// Many adds, each applied and answered on its own.
@@ -103,6 +138,10 @@ pub struct BatchAddBody {
     /// The adds, at most 10,000.
     #[schema(max_items = 10_000)]
     pub adds: Vec<BatchAddItem>,
+    /// Optional: when to acknowledge every add of the batch (default: the
+    /// node's `--durability`; an item may ask for a stronger one).
+    #[serde(default)]
+    pub durability: Option<AddDurability>,
 }
 
 /// The answer to one add of a batch: exactly one of `ok` and `error`.
@@ -226,7 +265,8 @@ pub(super) fn counter_value(key: String, read: CounterRead, breakdown: bool) -> 
         (status = 400, description = "A bad key, delta, body or Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The add would overflow the counter; nothing changed.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The Idempotency-Key was used for another add.", body = Problem, content_type = "application/problem+json"),
-        (status = "default", description = "Any other problem (401, 413, 415, 429, 503, 507).", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The node cannot take adds now, or (durability replicated) too few copies confirmed the add in time: its outcome is unknown, retry it with the same Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
+        (status = "default", description = "Any other problem (401, 413, 415, 429, 507).", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn add(
@@ -235,9 +275,19 @@ pub async fn add(
     idempotency: IdempotencyKey,
     JsonBody(body): JsonBody<AddBody>,
 ) -> Result<Json<AddResult>, Problem> {
+    let own = state.engine.durability();
+    let durability = body
+        .durability
+        .map_or(own, |asked| Durability::from(asked).stronger(own));
     let accepted = state
         .engine
-        .add(key.as_bytes(), body.delta, idempotency.as_deref())
+        .add_as(
+            key.as_bytes(),
+            body.delta,
+            idempotency.as_deref(),
+            durability,
+            None,
+        )
         .await
         .map_err(|e| Problem::of_engine(&e))?;
     Ok(Json(add_result(key, &accepted)))
@@ -301,11 +351,17 @@ pub async fn batch_add(
         .engine
         .add_batch(
             body.adds.iter().map(|add| {
+                let asked = match (add.durability, body.durability) {
+                    (Some(own), Some(batch)) => {
+                        Some(Durability::from(own).stronger(Durability::from(batch)))
+                    }
+                    (own, batch) => own.or(batch).map(Durability::from),
+                };
                 (
                     add.key.as_bytes(),
                     add.delta,
                     add.idempotency_key.as_deref().filter(|key| !key.is_empty()),
-                    None,
+                    asked,
                 )
             }),
             None,
