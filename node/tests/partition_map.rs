@@ -274,3 +274,78 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
         "{metrics}"
     );
 }
+
+/// A node down for --dead-after loses its partitions to the rest of its
+/// region without any operator; while it is down for less, nothing moves;
+/// back up, it owns them again (it never left).
+#[test]
+fn a_node_down_longer_than_dead_after_loses_its_partitions_and_gets_them_back() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let root = tempfile::tempdir().unwrap();
+    let mut specs: Vec<NodeSpec> = ["eu-1", "eu-2", "eu-3"]
+        .into_iter()
+        .map(|name| {
+            let mut spec = spec(root.path(), "eu", name);
+            // Long enough that the first look at the down node comes before it.
+            spec.extra[5] = "8s".into();
+            spec
+        })
+        .collect();
+    let seed = specs[0].gossip;
+    for spec in specs.iter_mut().skip(1) {
+        spec.seeds = vec![seed];
+    }
+    let mut nodes: Vec<NodeProcess> = specs.into_iter().map(NodeProcess::start).collect();
+    let all: Vec<&NodeProcess> = nodes.iter().collect();
+    let initial = settled_map(&runtime, &all, "the same map on every node", |map| {
+        map.nodes.len() == 3 && map.nodes.iter().all(|node| node.state == "active")
+    });
+    drop(all);
+
+    nodes[2].kill9();
+    let live: Vec<&NodeProcess> = vec![&nodes[0], &nodes[1]];
+    let down = settled_map(&runtime, &live, "eu-3 seen down", |map| {
+        map.nodes
+            .iter()
+            .any(|node| node.node_name == "eu-3" && !node.alive && !node.gone)
+    });
+    assert_eq!(
+        owners(&down),
+        owners(&initial),
+        "down briefly: nothing moves"
+    );
+    let gone = settled_map(&runtime, &live, "eu-3 gone after --dead-after", |map| {
+        map.nodes
+            .iter()
+            .any(|node| node.node_name == "eu-3" && node.gone)
+    });
+    assert_eq!(
+        state(&gone, "eu-3").as_deref(),
+        Some("active"),
+        "gone is not left"
+    );
+    assert_eq!(
+        (
+            owned(&gone, "eu-1"),
+            owned(&gone, "eu-2"),
+            owned(&gone, "eu-3")
+        ),
+        (256, 256, 0)
+    );
+    let moved = moved_slots(&initial, &gone, |old, _| old.contains(&"eu-3".to_string()));
+    about_one_nth(moved, 3);
+
+    drop(live);
+    nodes[2].restart();
+    let all: Vec<&NodeProcess> = nodes.iter().collect();
+    let back = settled_map(&runtime, &all, "eu-3 back", |map| {
+        map.nodes
+            .iter()
+            .any(|node| node.node_name == "eu-3" && node.alive)
+    });
+    assert_eq!(
+        owners(&back),
+        owners(&initial),
+        "back up: the same owners as before"
+    );
+}

@@ -11,8 +11,10 @@ use tonic::Status;
 use crate::gossip::lifecycle::{LifecycleError, Partitioning};
 use crate::partition::{AdminRefusal, DrainStep, NodeState};
 
-/// How long a drain of another node waits for it to publish `draining`.
-pub const DRAIN_CONFIRM_WAIT: Duration = Duration::from_secs(10);
+/// How long a drain of another node waits for it to publish `draining`:
+/// a few gossip rounds each way take well under a second, and the answer
+/// must come within a client's default deadline (5 s).
+pub const DRAIN_CONFIRM_WAIT: Duration = Duration::from_secs(3);
 
 /// The partition map of `region` (empty: this node's) as this node sees it.
 pub fn partition_map(
