@@ -113,3 +113,53 @@ fn a_partition_while_a_node_is_down_and_clients_cut_off_mid_add_pass() {
         "no add was cut off and retried:\n{stdout}"
     );
 }
+
+/// `--durability replicated`: the nodes run in that mode (their copies take
+/// pushes) and wipes lose no acknowledged add (the check fails the run
+/// otherwise).
+#[test]
+fn replicated_durability_with_wipes_loses_no_acknowledged_add() {
+    let stdout = chaos(&[
+        "--seed",
+        "3",
+        "--regions",
+        "2",
+        "--nodes-per-region",
+        "2",
+        "--faults",
+        "wipe,kill",
+        "--durability",
+        "replicated",
+    ]);
+    assert!(
+        stdout.contains("--durability replicated --write-copies 2"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("is now replica"), "no wipe ran:\n{stdout}");
+    let taken = count_before(&stdout, "copies (since", "taken by copies");
+    assert!(taken > 0, "no copy took a push:\n{stdout}");
+    assert_eq!(
+        count_before(&stdout, "wipes:", "acknowledged adds lost"),
+        0,
+        "{stdout}"
+    );
+}
+
+#[test]
+fn replicated_durability_needs_enough_nodes_per_region() {
+    let output = Command::new(env!("CARGO_BIN_EXE_tally-sim"))
+        .args([
+            "chaos",
+            "--durability",
+            "replicated",
+            "--nodes-per-region",
+            "1",
+        ])
+        .arg("--node-bin")
+        .arg(node_binary())
+        .output()
+        .expect("running tally-sim chaos");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("--nodes-per-region"), "{stderr}");
+}

@@ -21,6 +21,9 @@
 //! (the lane scheme of `ledger.rs`); a wiped replica's surviving slot is its
 //! acknowledged adds up to one instant plus some adds in flight then; a
 //! restarted node keeps its replica id and a wiped one never reuses an id.
+//! With `--durability replicated` the nodes run in that mode and a wiped
+//! replica may lose no acknowledged add (in `sync` mode the ones no peer had
+//! pulled are counted and allowed).
 
 mod check;
 mod links;
@@ -42,6 +45,7 @@ use tally_node::crdt::{PnCounter, ReplicaId};
 
 use crate::checker::Checker;
 use crate::ledger::Ledger;
+use crate::options::Durability;
 use check::AddTimes;
 use links::{Links, Topology};
 use node::{assign_ports, node_ip, wait_ready, NodeProc};
@@ -92,6 +96,16 @@ pub struct ChaosArgs {
     /// Longest wait for convergence after the heal (s).
     #[arg(long, default_value_t = 60)]
     converge_timeout_s: u64,
+    /// The nodes' durability mode: sync, or replicated (an add is
+    /// acknowledged once --write-copies nodes of its region hold it durably;
+    /// then the check allows no acknowledged add lost to a wipe).
+    #[arg(long, value_enum, default_value_t = Durability::Sync)]
+    durability: Durability,
+    /// With --durability replicated: nodes of the region that hold an add
+    /// before it is acknowledged, the taking node included (2 to 7, at most
+    /// --nodes-per-region).
+    #[arg(long, default_value_t = 2)]
+    write_copies: usize,
 }
 
 /// Runs `tally-sim chaos`.
@@ -119,6 +133,18 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     if args.regions == 0 || args.nodes_per_region == 0 || args.keys == 0 {
         bail!("--regions, --nodes-per-region and --keys must be at least 1");
     }
+    let replicated = args.durability == Durability::Replicated;
+    if replicated && !(2..=7).contains(&args.write_copies) {
+        bail!("--write-copies must be 2 to 7 (the taking node included)");
+    }
+    if replicated && args.write_copies > args.nodes_per_region {
+        bail!(
+            "--durability replicated --write-copies {} needs at least {} nodes per region (--nodes-per-region is {})",
+            args.write_copies,
+            args.write_copies,
+            args.nodes_per_region
+        );
+    }
     let topology = Topology::new(args.regions, args.nodes_per_region);
     let n = topology.nodes();
     if n > 250 {
@@ -134,10 +160,12 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     };
     std::fs::create_dir_all(&dir)?;
     println!(
-        "tally-sim chaos --seed {} --regions {} --nodes-per-region {} --duration-s {} --faults {} --wan-ms {} (node {}, data in {})",
+        "tally-sim chaos --seed {} --regions {} --nodes-per-region {} --duration-s {} --faults {} --wan-ms {}{} (node {}, data in {})",
         args.seed, args.regions, args.nodes_per_region, args.duration_s,
         if faults.is_empty() { "none".to_string() } else { faults.join(",") },
-        args.wan_ms, bin.display(), dir.display()
+        args.wan_ms,
+        if replicated { format!(" --durability replicated --write-copies {}", args.write_copies) } else { String::new() },
+        bin.display(), dir.display()
     );
     let plan = schedule::draw(args.seed, &faults, &topology, args.duration_s * 1000);
     println!("schedule ({} faults):", plan.len());
@@ -203,6 +231,10 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         .await?;
         proxies.push((tcp, udp, client_proxy));
         let data_dir = dir.join(format!("n{i}"));
+        let mode = [
+            ("--durability", args.durability.to_string()),
+            ("--write-copies", args.write_copies.to_string()),
+        ];
         let node_args: Vec<String> = [
             ("--data-dir", data_dir.display().to_string()),
             ("--region", region.clone()),
@@ -218,6 +250,7 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             ("--sync-interval", "200ms".into()),
         ]
         .into_iter()
+        .chain(mode.into_iter().filter(|_| replicated))
         .flat_map(|(flag, value)| [flag.to_string(), value])
         .collect();
         let mut node = NodeProc {
@@ -230,6 +263,7 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             endpoint: format!("http://{ip}:{}", port.grpc),
             client_endpoint: format!("http://{ip}:{}", port.client_proxy),
             replica: ReplicaId(0),
+            http_addr: format!("{ip}:{}", port.http),
         };
         node.spawn(&bin)?;
         nodes.push(node);
@@ -504,6 +538,25 @@ async fn drive(
             );
         }
     }
+    let mut copies = None;
+    if args.durability == Durability::Replicated {
+        let (mut confirmed, mut failed, mut taken) = (0, 0, 0);
+        for node in nodes.iter() {
+            confirmed += node
+                .metric("tally_copy_pushes_total", "reason=\"confirmed\"")
+                .await
+                .unwrap_or(0);
+            failed += node
+                .metric("tally_copy_pushes_total", "reason=\"failed\"")
+                .await
+                .unwrap_or(0);
+            taken += node
+                .metric("tally_copies_taken_total", "")
+                .await
+                .unwrap_or(0);
+        }
+        copies = Some((confirmed, failed, taken));
+    }
     let mut book = shared.book.lock().expect("book lock");
     let book = &mut *book;
     for (add, node, epoch) in book.across_wipe.clone() {
@@ -526,6 +579,22 @@ async fn drive(
         println!(
             "wipes: {} slots of wiped replicas checked, {} acknowledged adds lost with their disk (never pulled), {} answered across a wipe",
             wiped.slots, wiped.acked_lost, book.across_wipe.len()
+        );
+    }
+    if let Some((confirmed, failed, taken)) = copies {
+        println!(
+            "copies (since each node's last start): {confirmed} pushes confirmed, {failed} failed, {taken} taken by copies"
+        );
+    }
+    if args.durability == Durability::Replicated && wiped.acked_lost > 0 {
+        checker.violate(
+            0,
+            "acknowledged add lost to a wipe",
+            format!(
+                "{} acknowledged adds were lost with their disk, but --durability replicated \
+                 acknowledges an add only once {} nodes of its region hold it durably",
+                wiped.acked_lost, args.write_copies
+            ),
         );
     }
     if checker.violation_count == 0 {

@@ -120,9 +120,37 @@ pub struct NodeProc {
     pub client_endpoint: String,
     /// Its current replica id.
     pub replica: ReplicaId,
+    /// Its HTTP address (`/metrics`).
+    pub http_addr: String,
 }
 
 impl NodeProc {
+    /// The value of one counter of its `/metrics` (summed over label sets
+    /// matching `labels`), since the process last started; `None` when the
+    /// node does not answer.
+    pub async fn metric(&self, name: &str, labels: &str) -> Option<u64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let fetch = async {
+            let mut stream = tokio::net::TcpStream::connect(&self.http_addr).await.ok()?;
+            // HTTP/1.0: the answer is not chunked, and ends with the connection.
+            let request = format!("GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n", self.http_addr);
+            stream.write_all(request.as_bytes()).await.ok()?;
+            let mut body = String::new();
+            stream.read_to_string(&mut body).await.ok()?;
+            Some(body)
+        };
+        let body = tokio::time::timeout(std::time::Duration::from_secs(5), fetch)
+            .await
+            .ok()??;
+        let total = body
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| line.split_once(' '))
+            .filter(|(series, _)| series.split('{').next() == Some(name) && series.contains(labels))
+            .filter_map(|(_, value)| value.trim().parse::<f64>().ok())
+            .sum::<f64>();
+        Some(total as u64)
+    }
     /// Starts the process.
     pub fn spawn(&mut self, bin: &Path) -> anyhow::Result<()> {
         let log = std::fs::OpenOptions::new()
