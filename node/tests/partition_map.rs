@@ -159,6 +159,12 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
         );
     }
     assert!(owners(&initial).iter().all(|owners| owners.len() == RF));
+    // The metric follows the map (eu-1 owned all 256 while it was alone).
+    let owned_metric = format!("tally_partitions_owned {}\n", owned(&initial, "eu-1"));
+    wait_until(LIMIT, "eu-1's tally_partitions_owned", || {
+        let metrics = common::http_get(nodes[0].spec.http, "/metrics").ok()?.1;
+        metrics.contains(&owned_metric).then_some(())
+    });
     let (code, out, err) = cli(&nodes[0].endpoint(), &["status"]);
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -268,6 +274,9 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
     assert_eq!(owners(&restarted), owners(&drained));
     let metrics = common::http_get(nodes[1].spec.http, "/metrics").unwrap().1;
     assert!(metrics.contains("tally_partitions_owned 0"), "{metrics}");
+    // eu-1's count followed each change (171-ish, 256 after the removal, ...).
+    let eu1 = common::http_get(nodes[0].spec.http, "/metrics").unwrap().1;
+    assert!(eu1.contains("tally_partitions_owned 256"), "{eu1}");
     assert!(
         metrics.contains("tally_nodes{region=\"eu\",state=\"draining\"} 1")
             && metrics.contains("tally_nodes{region=\"eu\",state=\"left\"} 1"),

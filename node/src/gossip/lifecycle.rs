@@ -43,6 +43,10 @@ pub enum LifecycleError {
     Persist(#[from] LifecycleFileError),
 }
 
+/// What a node's ownership depends on, per node: name, region, state,
+/// eligible (not gone).
+type OwnershipInput = (String, String, NodeState, bool);
+
 struct Inner {
     lifecycle: Lifecycle,
     /// While joining: each live peer of the region's durable sequence when
@@ -61,6 +65,8 @@ pub struct Partitioning {
     grpc_addr: String,
     replica: ReplicaId,
     membership: Arc<MembershipHandle>,
+    /// The ownership inputs the metrics were last computed from.
+    last_inputs: Mutex<Option<Vec<OwnershipInput>>>,
 }
 
 impl Partitioning {
@@ -97,6 +103,7 @@ impl Partitioning {
             grpc_addr: grpc_addr.to_string(),
             replica,
             membership,
+            last_inputs: Mutex::new(None),
         });
         partitioning.publish(&partitioning.lock().lifecycle);
         partitioning
@@ -230,10 +237,29 @@ impl Partitioning {
             tracing::info!(from = %before, to = %after, "lifecycle state changed");
         }
         let (view, _) = self.view();
+        // Ownership is a function of these inputs only: recount (P rankings
+        // of the region's nodes) only when they change, not every round.
+        let inputs: Vec<OwnershipInput> = view
+            .nodes()
+            .map(|node| {
+                (
+                    node.name.clone(),
+                    node.region.clone(),
+                    node.state,
+                    view.is_eligible(node),
+                )
+            })
+            .collect();
         let metrics = engine.metrics();
-        metrics
-            .partitions_owned
-            .set(view.owned_by(&self.node_name).len() as i64);
+        {
+            let mut last = self.last_inputs.lock().unwrap_or_else(|p| p.into_inner());
+            if last.as_ref() != Some(&inputs) {
+                metrics
+                    .partitions_owned
+                    .set(view.owned_by(&self.node_name).len() as i64);
+                *last = Some(inputs);
+            }
+        }
         let regions: BTreeSet<&str> = view.regions().into_iter().collect();
         for region in regions {
             for state in [
