@@ -34,6 +34,18 @@ fn a_data_directory_keeps_its_partition_count_and_cluster() {
         text.starts_with("cluster: test-cluster, 64 partitions"),
         "{text}"
     );
+    // A single node owns every partition: the default RF 3 is 1 in effect.
+    let map = &status_json(&node.endpoint())["partition_map"];
+    assert_eq!(
+        (
+            &map["replication_factor"],
+            &map["effective_replication"],
+            &map["nodes"][0]["partitions_owned"],
+            &map["nodes"][0]["state"],
+        ),
+        (&3.into(), &1.into(), &64.into(), &"active".into()),
+        "{map}"
+    );
     node.stop();
     let cluster_file = std::fs::read_to_string(spec.data_dir.join("CLUSTER")).unwrap();
 
