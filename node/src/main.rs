@@ -90,8 +90,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_logs(false);
             let restored = tally_node::restore::run(args).await?;
             println!(
-                "restored {} counters of replica {} (region {}) at its sequence {} into a new replica {} (region {}); start tally-node on that --data-dir with --cluster-id {}",
+                "restored {} counters and {} like-set and uniques records of replica {} (region {}) at its sequence {} into a new replica {} (region {}); start tally-node on that --data-dir with --cluster-id {}",
                 restored.counters,
+                restored.set_deltas,
                 restored.from_replica,
                 restored.from_region,
                 restored.from_seq,

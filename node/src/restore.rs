@@ -12,7 +12,11 @@
 //! The backup is read twice: once to check it whole (header first, trailer
 //! last, every message decodes) before anything is written, then to merge.
 //! The restored state's digest must equal the trailer's, or the restore fails
-//! and says the backup is damaged. Idempotency records are not in a backup:
+//! and says the backup is damaged. Like sets and uniques (backup format 2)
+//! enter the same way, as the old replica's delta-log records merged by max;
+//! their count is checked against the trailer's, and the new directory is
+//! moved to the format that holds them (cluster version 3) first, as the
+//! source's was. Idempotency records are not in a backup:
 //! a client's retry of an add made before the backup is applied again on the
 //! new replica (document the recovery point to clients as "the backup's
 //! sequence").
@@ -66,6 +70,8 @@ pub struct Restored {
     pub cluster_id: String,
     /// Counters restored.
     pub counters: u64,
+    /// Like-set and uniques delta-log records restored.
+    pub set_deltas: u64,
     /// The restored state's digest (hex), equal to the backup's.
     pub digest: String,
 }
@@ -93,19 +99,20 @@ fn check_backup(path: &Path) -> anyhow::Result<Checked> {
             path.display()
         ),
     };
-    if header.format_version != tally_proto::backup::FORMAT_VERSION {
+    if header.format_version != reader.version() {
         bail!(
             "{}: the header says format version {}, the file says {}: it is damaged",
             path.display(),
             header.format_version,
-            tally_proto::backup::FORMAT_VERSION
+            reader.version()
         );
     }
     let mut trailer = None;
-    let mut counters = 0u64;
+    let (mut counters, mut set_deltas) = (0u64, 0u64);
     while let Some(chunk) = reader.next_chunk()? {
         match (chunk.part, &trailer) {
             (Some(Part::Counters(part)), None) => counters += part.counters.len() as u64,
+            (Some(Part::Sets(part)), None) => set_deltas += part.set_deltas.len() as u64,
             (Some(Part::Trailer(last)), None) => trailer = Some(last),
             _ => bail!("{}: messages out of order: it is damaged", path.display()),
         }
@@ -116,11 +123,12 @@ fn check_backup(path: &Path) -> anyhow::Result<Checked> {
             path.display()
         );
     };
-    if trailer.counters != counters {
+    if trailer.counters != counters || trailer.set_deltas != set_deltas {
         bail!(
-            "{} holds {counters} counters but its trailer says {}: it is damaged",
+            "{} holds {counters} counters and {set_deltas} like-set and uniques records but its trailer says {} and {}: it is damaged",
             path.display(),
-            trailer.counters
+            trailer.counters,
+            trailer.set_deltas
         );
     }
     Ok(Checked { header, trailer })
@@ -191,6 +199,9 @@ async fn restore_into(
             args.data_dir.display()
         );
     }
+    if checked.trailer.set_deltas > 0 {
+        store.raise_format(crate::replica::version::SETS)?;
+    }
     let store: Arc<dyn Store> = Arc::new(store);
     let defaults = Settings::defaults(args.data_dir.clone());
     let config = ReplicaConfig {
@@ -209,7 +220,7 @@ async fn restore_into(
     merged?;
     let (digest, dirty) = {
         let core = engine.core();
-        (core.digest(), core.dirty_counters())
+        (core.digest(), core.dirty_counters() + core.dirty_sets())
     };
     if dirty > 0 {
         bail!("{dirty} restored counters were not written: the restore failed; try again");
@@ -230,12 +241,13 @@ async fn restore_into(
         from_seq: checked.trailer.seq,
         cluster_id: checked.header.cluster_id,
         counters: checked.trailer.counters,
+        set_deltas: checked.trailer.set_deltas,
         digest: format!("{:016x}", digest.0),
     })
 }
 
-/// Merges every counters message of the backup, as chunks pulled from
-/// `source`, in commits of about a chunk.
+/// Merges every counters and sets message of the backup, as chunks pulled
+/// from `source`, in commits of about a chunk.
 async fn merge_backup(
     engine: &Arc<Engine>,
     path: &Path,
@@ -245,26 +257,49 @@ async fn merge_backup(
     let mut reader = open_backup(path)?;
     let mut replicas = Some(checked.trailer.replicas.clone());
     while let Some(chunk) = reader.next_chunk()? {
-        let Some(Part::Counters(part)) = chunk.part else {
-            continue;
-        };
-        for counters in part.counters.chunks(MAX_CHUNK_COUNTERS) {
-            let wire = pb::PullChunk {
-                source_replica: source.0,
-                counters: counters.to_vec(),
-                replicas: replicas.take().unwrap_or_default(),
-                ..Default::default()
-            };
-            let chunk = chunk_from(wire).map_err(|(_, reason)| {
-                anyhow::anyhow!("{}: {reason}: the backup is damaged", path.display())
-            })?;
-            engine
-                .merge_chunk(source, chunk)
-                .with_context(|| format!("{}: the backup is damaged", path.display()))?;
-            engine
-                .wait_for_commit_backlog(MAX_CHUNK_COUNTERS / 32)
-                .await;
+        match chunk.part {
+            Some(Part::Counters(part)) => {
+                for counters in part.counters.chunks(MAX_CHUNK_COUNTERS) {
+                    let wire = pb::PullChunk {
+                        source_replica: source.0,
+                        counters: counters.to_vec(),
+                        replicas: replicas.take().unwrap_or_default(),
+                        ..Default::default()
+                    };
+                    merge_wire(engine, path, source, wire).await?;
+                }
+            }
+            Some(Part::Sets(part)) => {
+                let wire = pb::PullChunk {
+                    source_replica: source.0,
+                    set_deltas: part.set_deltas,
+                    deltas_next: Some(Default::default()),
+                    ..Default::default()
+                };
+                merge_wire(engine, path, source, wire).await?;
+            }
+            _ => {}
         }
     }
+    Ok(())
+}
+
+/// Merges one chunk as if pulled from `source`, then lets the committer
+/// catch up (a restore holds about a chunk in memory at a time).
+async fn merge_wire(
+    engine: &Arc<Engine>,
+    path: &Path,
+    source: ReplicaId,
+    wire: pb::PullChunk,
+) -> anyhow::Result<()> {
+    let chunk = chunk_from(wire).map_err(|(_, reason)| {
+        anyhow::anyhow!("{}: {reason}: the backup is damaged", path.display())
+    })?;
+    engine
+        .merge_chunk(source, chunk)
+        .with_context(|| format!("{}: the backup is damaged", path.display()))?;
+    engine
+        .wait_for_commit_backlog(MAX_CHUNK_COUNTERS / 32)
+        .await;
     Ok(())
 }

@@ -4,6 +4,8 @@
 //! of a fresh cluster from the backup, and every value is the backup's,
 //! exactly: nothing added after the backup, nothing counted twice (the
 //! backup is restored into both regions' new nodes, and they merge by max).
+//! Like sets and uniques too: every member's state, the derived count (and a
+//! recount), and the uniques registers (their digest) are the backup's.
 
 mod common;
 
@@ -15,7 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::load::quick_client;
-use common::{cli, node_binary, Cluster, NodeProcess, NodeSpec};
+use common::{cli, node_binary, wait_until, Cluster, NodeProcess, NodeSpec};
+use tally_client::Client;
 
 const LIMIT: Duration = Duration::from_secs(30);
 /// Enough counters for several chunks of the backup stream (about 450 a chunk).
@@ -59,6 +62,48 @@ async fn wait_values(endpoints: &[String], expected: &BTreeMap<String, i64>) {
             "values not reached after {LIMIT:?}: {} wrong, first {:?}",
             wrong.len(),
             &wrong[..wrong.len().min(5)]
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the sets hold when the backup is taken.
+#[derive(Clone, Debug, PartialEq)]
+struct Sets {
+    /// Every member ever liked or unliked, and whether it is liked.
+    members: BTreeMap<String, bool>,
+    /// The uniques key's estimate and registers digest.
+    uniques: (u64, u64),
+}
+
+const LIKERS: &str = "post:7:likers";
+const VIEWERS: &str = "post:7:viewers";
+
+/// Waits until `client` holds `sets` exactly: each member, the count, a
+/// recount, the uniques registers.
+async fn wait_sets(client: &Client, sets: &Sets) {
+    let started = std::time::Instant::now();
+    let count = sets.members.values().filter(|liked| **liked).count() as u64;
+    let members: Vec<&String> = sets.members.keys().collect();
+    loop {
+        let liked = client.liked(LIKERS, &members).await.unwrap_or_default();
+        let held: BTreeMap<String, bool> =
+            members.iter().map(|m| m.to_string()).zip(liked).collect();
+        let uniques = client.distinct_with_digest(&[VIEWERS]).await.ok();
+        let stored = client.like_count(LIKERS).await.ok();
+        if held == sets.members && uniques == Some(sets.uniques) && stored == Some(count) {
+            let recount = client.verify_likes(LIKERS).await.unwrap();
+            assert!(
+                recount.consistent && recount.recounted == count,
+                "{recount:?}"
+            );
+            return;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "sets not reached after {LIMIT:?}: count {stored:?} (want {count}), uniques {uniques:?} (want {:?}), {} members differ",
+            sets.uniques,
+            held.iter().filter(|(m, l)| sets.members.get(*m) != Some(l)).count()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -115,6 +160,54 @@ fn a_cluster_restored_from_a_backup_holds_exactly_the_backup() {
         wait_values(&endpoints, &backed_up).await;
     });
 
+    // Like sets and uniques, written in both regions (they need cluster
+    // version 3): 300 members like, every third unlikes on the other
+    // region, 8,000 viewers are observed.
+    wait_until(LIMIT, "finalize", || {
+        (cli(&eu, &["admin", "finalize"]).0 == 0).then_some(())
+    });
+    for endpoint in &endpoints {
+        wait_until(LIMIT, "likes accepted", || {
+            (cli(endpoint, &["like", "warm-up", "x"]).0 == 0).then_some(())
+        });
+    }
+    let backed_up_sets = rt.block_on(async {
+        let regions = [quick_client(&eu).await, quick_client(&us).await];
+        let mut members = BTreeMap::new();
+        for i in 0..300usize {
+            let member = format!("user-{i:03}");
+            regions[i % 2].like(LIKERS, &member).await.unwrap();
+            members.insert(member, true);
+        }
+        for i in (0..300usize).step_by(3) {
+            let member = format!("user-{i:03}");
+            regions[(i + 1) % 2].unlike(LIKERS, &member).await.unwrap();
+            members.insert(member, false);
+        }
+        for (region, range) in [(0, 0..5000), (1, 5000..8000)] {
+            let viewers: Vec<String> = range.map(|i| format!("viewer-{i}")).collect();
+            for part in viewers.chunks(1000) {
+                regions[region].observe(VIEWERS, part).await.unwrap();
+            }
+        }
+        // Both regions agree on the registers; that is what the backup holds.
+        let started = std::time::Instant::now();
+        let uniques = loop {
+            let a = regions[0].distinct_with_digest(&[VIEWERS]).await.unwrap();
+            let b = regions[1].distinct_with_digest(&[VIEWERS]).await.unwrap();
+            if a == b {
+                break a;
+            }
+            assert!(started.elapsed() < LIMIT, "uniques did not converge");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let sets = Sets { members, uniques };
+        for client in &regions {
+            wait_sets(client, &sets).await;
+        }
+        sets
+    });
+
     // The backup runs while a writer keeps adding 1 to a key of its own.
     let stop = Arc::new(AtomicBool::new(false));
     let acked = Arc::new(AtomicI64::new(0));
@@ -147,7 +240,8 @@ fn a_cluster_restored_from_a_backup_holds_exactly_the_backup() {
     assert!(stdout.contains("backup of replica"), "{stdout}");
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(backup_dir.join("manifest.json")).unwrap()).unwrap();
-    assert_eq!(manifest["format_version"], 1);
+    assert_eq!(manifest["format_version"], 2);
+    assert!(manifest["set_deltas"].as_u64().unwrap() > 0, "{manifest}");
     assert_eq!(manifest["region"], "eu");
     let old_eu_replica = manifest["replica"].as_str().unwrap().to_string();
 
@@ -161,6 +255,16 @@ fn a_cluster_restored_from_a_backup_holds_exactly_the_backup() {
             .unwrap();
         assert!(added.iter().all(|a| a.is_ok()), "an add failed");
         client.add("after:backup", 9).await.unwrap();
+        // Likes, unlikes and views after the backup: not restored either.
+        for i in 0..20usize {
+            client.like(LIKERS, &format!("late-{i}")).await.unwrap();
+            client
+                .unlike(LIKERS, &format!("user-{:03}", i * 3 + 1))
+                .await
+                .unwrap();
+        }
+        let late: Vec<String> = (0..3000).map(|i| format!("late-viewer-{i}")).collect();
+        client.observe(VIEWERS, &late).await.unwrap();
     });
 
     // A second backup is refused into the same directory, with a reason.
@@ -262,6 +366,16 @@ fn a_cluster_restored_from_a_backup_holds_exactly_the_backup() {
             .unwrap();
         with_during.insert("post:1:likes".into(), backed_up["post:1:likes"] + 4);
         wait_values(&endpoints, &with_during).await;
+
+        // The sets are the backup's, exactly, on both new nodes: no late
+        // member, no late unlike, no late viewer.
+        let mut expected_sets = backed_up_sets.clone();
+        for i in 0..20usize {
+            expected_sets.members.insert(format!("late-{i}"), false);
+        }
+        for endpoint in &endpoints {
+            wait_sets(&quick_client(endpoint).await, &expected_sets).await;
+        }
     });
     drop((new_eu, new_us));
 }

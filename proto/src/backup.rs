@@ -1,12 +1,14 @@
 //! The backup file that `tally admin backup` writes and `tally-node restore`
 //! reads: the `Admin.Backup` stream as it came off the wire, framed.
 //!
-//! Layout (format version 1): the 8 bytes `TALLYBAK`, the format version as a
+//! Layout (format versions 1 and 2): the 8 bytes `TALLYBAK`, the format version as a
 //! little-endian `u32`, then every `BackupChunk` of the stream, each prefixed
 //! with its length as a protobuf varint (`encode_length_delimited`). The
 //! version is also in the header message; a reader refuses a version it does
 //! not know before decoding anything else, so a future format can change
-//! everything after those 12 bytes.
+//! everything after those 12 bytes. Version 2 adds `BackupSets` messages
+//! (like sets and uniques) and the trailer's `set_deltas`; a version-1 file
+//! (counters only) still reads.
 
 use std::io::{self, Read, Write};
 
@@ -14,8 +16,10 @@ use prost::Message;
 
 use crate::v1::BackupChunk;
 
-/// The backup format this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The backup format this build writes (and the newest it reads).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest backup format this build reads.
+pub const OLDEST_FORMAT_VERSION: u32 = 1;
 /// The file in a backup directory that holds the stream.
 pub const DATA_FILE: &str = "backup.tally";
 /// The first bytes of a backup file.
@@ -36,7 +40,7 @@ pub enum BackupFileError {
     )]
     NotABackup,
     /// A format this build does not know.
-    #[error("backup format version {found} is not supported by this build (it reads version {FORMAT_VERSION}); restore with the Tally release that took the backup, or a newer one")]
+    #[error("backup format version {found} is not supported by this build (it reads versions {OLDEST_FORMAT_VERSION} to {FORMAT_VERSION}); restore with the Tally release that took the backup, or a newer one")]
     UnsupportedVersion {
         /// The version in the file.
         found: u32,
@@ -82,9 +86,15 @@ impl<W: Write> BackupWriter<W> {
 pub struct BackupReader<R: Read> {
     input: R,
     index: u64,
+    version: u32,
 }
 
 impl<R: Read> BackupReader<R> {
+    /// The file's format version.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
     /// Checks the magic bytes and the format version.
     pub fn new(mut input: R) -> Result<Self, BackupFileError> {
         let mut head = [0u8; 12];
@@ -93,10 +103,14 @@ impl<R: Read> BackupReader<R> {
             return Err(BackupFileError::NotABackup);
         }
         let found = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-        if found != FORMAT_VERSION {
+        if !(OLDEST_FORMAT_VERSION..=FORMAT_VERSION).contains(&found) {
             return Err(BackupFileError::UnsupportedVersion { found });
         }
-        Ok(BackupReader { input, index: 0 })
+        Ok(BackupReader {
+            input,
+            index: 0,
+            version: found,
+        })
     }
 
     /// The next message, or `None` at a clean end of the file.
@@ -214,8 +228,12 @@ mod tests {
             Err(BackupFileError::NotABackup)
         ));
         let mut future = bytes.clone();
-        future[8] = 2;
+        future[8] = 3;
         let error = read_all(&future).unwrap_err();
-        assert!(error.to_string().contains("version 2"), "{error}");
+        assert!(error.to_string().contains("version 3"), "{error}");
+        let mut older = bytes.clone();
+        older[8] = 1;
+        let reader = BackupReader::new(&older[..]).unwrap();
+        assert_eq!(reader.version(), 1);
     }
 }

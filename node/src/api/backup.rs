@@ -1,25 +1,29 @@
 //! The `Admin.Backup` stream: a consistent snapshot of this node's durable
 //! state, read while the node keeps serving.
 //!
-//! The snapshot is a full pull from the replica's own change log, served
-//! chunk by chunk like a peer's (the core's lock is held per chunk only).
-//! Each chunk holds counters in their durable state; a counter changed by a
-//! commit while the backup runs comes again, later in the log, with its newer
-//! state. The scan ends at the durable sequence `S` it reads, under the same
-//! lock, with the digest: merged by max, the counters are exactly the durable
-//! state at `S`, whose digest the trailer carries so a restore can check it.
-//! Only durable state is ever read (invariant 2), whatever the durability mode.
+//! The snapshot is a full pull from the replica's own change log and its
+//! whole delta log (like sets and uniques), served chunk by chunk like a
+//! peer's (the core's lock is held per chunk only). Each chunk holds
+//! counters in their durable state and delta-log records of durable
+//! commits; a counter or member changed by a commit while the backup runs
+//! comes again, later in the log, with its newer state. The scan ends when
+//! both logs reach the durable sequence `S` read, under the same lock, with
+//! the digest: merged by max, counters and sets are exactly the durable
+//! state at `S`, whose (counters') digest the trailer carries so a restore
+//! can check it. Only durable state is ever read (invariant 2), whatever the
+//! durability mode. The delta log is never compacted, so read from its start
+//! it holds every member and register the node has.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use tally_proto::v1 as pb;
 use tally_proto::v1::backup_chunk::Part;
 use tonic::Status;
 
 use crate::engine::{now_ms, Engine};
-use crate::replica::{Cursor, PullRequest};
+use crate::replica::{Cursor, DeltaCursor, PullRequest};
 
 use super::convert::{chunk_to, pull_status};
 use super::replication::CHUNK_BYTES;
@@ -30,9 +34,15 @@ pub type BackupStream = Pin<Box<dyn Stream<Item = Result<pb::BackupChunk, Status
 
 enum Stage {
     Header(pb::BackupHeader, PullRequest),
-    Counters(PullRequest),
-    Trailer(pb::BackupTrailer),
+    Pulling(PullRequest),
     Done,
+}
+
+/// Counter states and delta-log records sent so far.
+#[derive(Clone, Copy, Default)]
+struct Sent {
+    counters: u64,
+    set_deltas: u64,
 }
 
 /// The backup of `engine`'s durable state, as a stream that reads a chunk
@@ -62,67 +72,81 @@ pub fn backup_stream(engine: Arc<Engine>, info: &NodeInfo) -> BackupStream {
         directory_digest: None,
         // The node reads itself: always in its own window.
         protocol,
-        // Backups hold counters only (like sets and uniques: not yet).
-        deltas_after: None,
+        // The whole delta log: every like-set member and uniques register.
+        deltas_after: Some(DeltaCursor::default()),
     };
-    let sent = 0u64;
     let stream = futures::stream::unfold(
-        (Stage::Header(header, request), sent),
+        (Stage::Header(header, request), Sent::default()),
         move |(stage, sent)| {
             let engine = engine.clone();
-            async move { next_message(&engine, stage, sent) }
+            async move { next_messages(&engine, stage, sent) }
         },
-    );
+    )
+    .flat_map(futures::stream::iter);
     Box::pin(stream)
 }
 
-type Step = Option<(Result<pb::BackupChunk, Status>, (Stage, u64))>;
+type Step = Option<(Vec<Result<pb::BackupChunk, Status>>, (Stage, Sent))>;
 
 fn message(part: Part) -> pb::BackupChunk {
     pb::BackupChunk { part: Some(part) }
 }
 
-fn next_message(engine: &Engine, stage: Stage, mut sent: u64) -> Step {
+/// The messages of the next step: the header, or the counters and sets of
+/// one pulled chunk (none when it held nothing), and the trailer after the
+/// chunk that ends both scans.
+fn next_messages(engine: &Engine, stage: Stage, mut sent: Sent) -> Step {
     match stage {
         Stage::Header(header, request) => Some((
-            Ok(message(Part::Header(header))),
-            (Stage::Counters(request), sent),
+            vec![Ok(message(Part::Header(header)))],
+            (Stage::Pulling(request), sent),
         )),
-        Stage::Counters(mut request) => loop {
+        Stage::Pulling(mut request) => {
             let (chunk, seq, digest) = match engine.serve_backup_chunk(&request) {
                 Ok(served) => served,
                 Err(refused) => {
                     tracing::warn!(%refused, "backup stopped");
-                    return Some((Err(pull_status(&refused)), (Stage::Done, sent)));
+                    return Some((vec![Err(pull_status(&refused))], (Stage::Done, sent)));
                 }
             };
+            let last = chunk.is_last();
+            request.after = chunk.next.clone();
+            if chunk.deltas_next.is_some() {
+                request.deltas_after = chunk.deltas_next.clone();
+            }
             let wire = chunk_to(&chunk);
-            sent += wire.counters.len() as u64;
-            let next = if chunk.complete {
-                tracing::info!(seq, counters = sent, "backup finished");
-                Stage::Trailer(pb::BackupTrailer {
-                    seq,
-                    digest: digest.0,
-                    counters: sent,
-                    replicas: wire.replicas,
-                    finished_at_unix_ms: now_ms(),
-                })
-            } else {
-                request.after = chunk.next;
-                Stage::Counters(request)
-            };
+            sent.counters += wire.counters.len() as u64;
+            sent.set_deltas += wire.set_deltas.len() as u64;
+            let mut messages = Vec::new();
             if !wire.counters.is_empty() {
-                let counters = pb::BackupCounters {
+                messages.push(Ok(message(Part::Counters(pb::BackupCounters {
                     counters: wire.counters,
-                };
-                return Some((Ok(message(Part::Counters(counters))), (next, sent)));
+                }))));
             }
-            match next {
-                Stage::Counters(again) => request = again,
-                trailer => return next_message(engine, trailer, sent),
+            if !wire.set_deltas.is_empty() {
+                messages.push(Ok(message(Part::Sets(pb::BackupSets {
+                    set_deltas: wire.set_deltas,
+                }))));
             }
-        },
-        Stage::Trailer(trailer) => Some((Ok(message(Part::Trailer(trailer))), (Stage::Done, sent))),
+            if !last {
+                return Some((messages, (Stage::Pulling(request), sent)));
+            }
+            tracing::info!(
+                seq,
+                counters = sent.counters,
+                set_deltas = sent.set_deltas,
+                "backup finished"
+            );
+            messages.push(Ok(message(Part::Trailer(pb::BackupTrailer {
+                seq,
+                digest: digest.0,
+                counters: sent.counters,
+                replicas: wire.replicas,
+                finished_at_unix_ms: now_ms(),
+                set_deltas: sent.set_deltas,
+            }))));
+            Some((messages, (Stage::Done, sent)))
+        }
         Stage::Done => None,
     }
 }

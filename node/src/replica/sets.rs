@@ -654,6 +654,11 @@ impl Replica {
         Ok(union)
     }
 
+    /// Like sets and uniques keys with changes no commit has taken yet.
+    pub fn dirty_sets(&self) -> usize {
+        self.sets.dirty.len()
+    }
+
     /// Like sets and uniques keys held in memory.
     pub fn cached_sets(&self) -> usize {
         self.sets.likes.len() + self.sets.uniques.len()

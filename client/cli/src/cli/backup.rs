@@ -34,6 +34,8 @@ struct Manifest {
     /// The state digest at `seq`, 16 hex digits.
     digest: String,
     counters: u64,
+    /// Like-set and uniques delta-log records.
+    set_deltas: u64,
     bytes: u64,
     started_at_unix_ms: u64,
     finished_at_unix_ms: u64,
@@ -75,7 +77,7 @@ async fn take(target: &Target, dir: &Path, partial: &Path, json: bool) -> anyhow
         writer.write(&chunk)?;
         match chunk.part {
             Some(Part::Header(first)) if header.is_none() => header = Some(first),
-            Some(Part::Counters(_)) if header.is_some() => {}
+            Some(Part::Counters(_) | Part::Sets(_)) if header.is_some() => {}
             Some(Part::Trailer(last)) if header.is_some() => trailer = Some(last),
             _ => bail!("the node sent the backup out of order; nothing was kept"),
         }
@@ -108,6 +110,7 @@ async fn take(target: &Target, dir: &Path, partial: &Path, json: bool) -> anyhow
         seq: trailer.seq,
         digest: format!("{:016x}", trailer.digest),
         counters: trailer.counters,
+        set_deltas: trailer.set_deltas,
         bytes,
         started_at_unix_ms: header.started_at_unix_ms,
         finished_at_unix_ms: trailer.finished_at_unix_ms,
@@ -121,12 +124,13 @@ async fn take(target: &Target, dir: &Path, partial: &Path, json: bool) -> anyhow
         return print_json(&manifest);
     }
     print_line(format_args!(
-        "backup of replica {} (region {}, node {}) at seq {}: {} counters, {} bytes in {}",
+        "backup of replica {} (region {}, node {}) at seq {}: {} counters, {} like-set and uniques records, {} bytes in {}",
         manifest.replica,
         manifest.region,
         manifest.node_name,
         manifest.seq,
         manifest.counters,
+        manifest.set_deltas,
         manifest.bytes,
         final_path.display()
     ))?;
