@@ -29,6 +29,11 @@ pub struct DevArgs {
     /// Anti-entropy interval.
     #[arg(long, default_value = "200ms")]
     pub sync_interval: String,
+    /// Copies of each partition per region (see `tally-node --help`); with
+    /// fewer nodes per region, one per node.
+    #[arg(long, default_value_t = crate::config::DEFAULT_REPLICATION_FACTOR,
+          value_parser = clap::value_parser!(u32).range(1..=crate::config::MAX_REPLICATION_FACTOR as i64))]
+    pub replication_factor: u32,
 }
 
 /// Names of the dev cluster's regions, in order.
@@ -86,6 +91,7 @@ pub fn dev_settings(args: &DevArgs) -> anyhow::Result<Vec<Settings>> {
             // the cluster version rises to the newest once all have met.
             settings.cluster_version_upgrade = crate::config::ClusterVersionUpgrade::Auto;
             settings.sync_interval = sync_interval;
+            settings.replication_factor = args.replication_factor;
             settings.warn_if_insecure = false;
             nodes.push(settings);
         }
@@ -142,4 +148,39 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         node.shutdown().await;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        dev: DevArgs,
+    }
+
+    #[test]
+    fn every_node_takes_the_replication_factor_and_a_bad_one_is_refused() {
+        let args = Command::parse_from([
+            "dev",
+            "--nodes-per-region",
+            "3",
+            "--replication-factor",
+            "2",
+        ]);
+        let nodes = dev_settings(&args.dev).unwrap();
+        assert_eq!(nodes.len(), 9);
+        assert!(nodes.iter().all(|node| node.replication_factor == 2));
+        let default = Command::parse_from(["dev"]);
+        assert_eq!(default.dev.replication_factor, 3);
+        for bad in ["0", "8"] {
+            let error = Command::try_parse_from(["dev", "--replication-factor", bad])
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(error.contains("--replication-factor"), "{error}");
+        }
+    }
 }
