@@ -21,11 +21,15 @@
 //!   it acknowledged ("acknowledged add lost to a wipe" otherwise), and a copy
 //!   answers a push only once the pushed slots are durable there (checked as
 //!   it answers, in `world/copies.rs`).
+//! - **folds (9)**, with `--retire`: every state a replica holds or commits
+//!   is checked against the fold accounting (`fold_check.rs`), and a folded
+//!   writer's adds are counted once, through its final slot in the base.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use tally_node::crdt::{PnCounter, ReplicaId, Slot};
 
+use crate::fold_check::FoldAccounting;
 use crate::ledger::Ledger;
 
 /// One broken invariant.
@@ -84,6 +88,8 @@ pub struct Checker {
     /// Per dead incarnation (as `dead`), per key: the most any other node
     /// held durably of its slot at the moment its disk was lost.
     held_at_wipe: Vec<Vec<Slot>>,
+    /// The folds committed, and each folded writer's final slots.
+    pub folds: FoldAccounting,
 }
 
 /// Violations kept in full; the rest are only counted.
@@ -121,6 +127,7 @@ impl Checker {
             last_change: vec![0; keys],
             replicated: false,
             held_at_wipe: Vec::new(),
+            folds: FoldAccounting::new(keys),
         }
     }
 
@@ -187,27 +194,30 @@ impl Checker {
             .collect()
     }
 
+    /// Checks that node `node`'s state of `key` may go from `old` to `new`
+    /// (`what` says which copy): no slot goes back, and folds are exact.
+    fn check_change(
+        &mut self,
+        now: u64,
+        node: usize,
+        key: usize,
+        old: &PnCounter,
+        new: &PnCounter,
+        what: &str,
+    ) {
+        let mut found = Vec::new();
+        found.extend(self.folds.check_state(key, new));
+        found.extend(self.folds.check_change(key, old, new));
+        for (kind, detail) in found {
+            self.violate(now, kind, format!("n{node} {what}: {detail}"));
+        }
+    }
+
     /// Node `node` holds `state` for key `key` (after an add or a merge).
     pub fn observe(&mut self, now: u64, node: usize, key: usize, state: &PnCounter) {
         let index = node * self.keys + key;
-        if !self.views[index].is_covered_by(state) {
-            let detail = self.views[index]
-                .slots()
-                .iter()
-                .find(|(id, slot)| {
-                    let new = state.slot(*id);
-                    new.p < slot.p || new.n < slot.n
-                })
-                .map(|(id, slot)| {
-                    format!(
-                        "n{node} key {key}: slot of {id} went from {} to {}",
-                        slot_text(*slot),
-                        slot_text(state.slot(*id))
-                    )
-                })
-                .unwrap_or_default();
-            self.violate(now, "slot went backwards", detail);
-        }
+        let old = std::mem::take(&mut self.views[index]);
+        self.check_change(now, node, key, &old, state, "in memory");
         let own = self.node_ids[node];
         for (replica, slot) in state.slots() {
             if *replica == own {
@@ -246,13 +256,8 @@ impl Checker {
     /// Node `node` completed a commit that wrote `state` for `key`.
     pub fn committed(&mut self, now: u64, node: usize, key: usize, state: &PnCounter) {
         let index = node * self.keys + key;
-        if !self.durable[index].is_covered_by(state) {
-            self.violate(
-                now,
-                "slot went backwards",
-                format!("n{node} key {key}: a commit wrote less than the previous one"),
-            );
-        }
+        let old = std::mem::take(&mut self.durable[index]);
+        self.check_change(now, node, key, &old, state, "commit");
         self.durable[index] = state.clone();
     }
 
@@ -391,15 +396,46 @@ impl Checker {
                 }
             }
         }
+        // A folded writer's slot is its final slot, counted in the base.
+        let final_slot = |folds: &FoldAccounting, key: usize, replica: ReplicaId| {
+            let state = &finals[key];
+            match folds.folded_by(replica, state.folded().epoch) {
+                true => folds.final_slot(replica, key).unwrap_or_default(),
+                false => state.slot(replica),
+            }
+        };
+        let mut fold_found = Vec::new();
         for (key, state) in finals.iter().enumerate() {
-            for (replica, slot) in state.slots() {
-                if !groups.contains_key(&(key, *replica)) && *slot != Slot::default() {
+            fold_found.extend(self.folds.check_state(key, state));
+        }
+        for (kind, detail) in fold_found {
+            self.violate(now, kind, format!("final state: {detail}"));
+        }
+        let folded: Vec<(usize, ReplicaId, Slot)> = self
+            .folds
+            .finals()
+            .flat_map(|(writer, slots)| {
+                slots
+                    .iter()
+                    .enumerate()
+                    .map(move |(key, slot)| (key, writer, *slot))
+            })
+            .filter(|(key, writer, _)| self.folds.folded_by(*writer, finals[*key].folded().epoch))
+            .collect();
+        for (key, state) in finals.iter().enumerate() {
+            let slots = state.slots().iter().copied();
+            let folded = folded
+                .iter()
+                .filter(|(k, _, _)| *k == key)
+                .map(|(_, writer, slot)| (*writer, *slot));
+            for (replica, slot) in slots.chain(folded) {
+                if !groups.contains_key(&(key, replica)) && slot != Slot::default() {
                     self.violate(
                         now,
                         "slot without adds",
                         format!(
                             "key {key}: replica {replica} has slot {} but no add ever reached it",
-                            slot_text(*slot)
+                            slot_text(slot)
                         ),
                     );
                 }
@@ -409,12 +445,13 @@ impl Checker {
         let mut applied_at: BTreeMap<u32, u32> = BTreeMap::new();
         for ((key, replica), mut group) in groups {
             stats.slots += 1;
-            let slot = finals[key].slot(replica);
+            let slot = final_slot(&self.folds, key, replica);
             group.certain.sort_unstable();
             // Cuts: how many of the acknowledged adds (by commit) count. A
-            // replica that is still alive must count them all.
+            // replica that is still alive must count them all (a folded one
+            // was retired: it counts what it shipped, as a wiped one).
             let mut cuts = vec![group.certain.len()];
-            if self.is_dead(replica) {
+            if self.is_dead(replica) || self.folds.is_folded(replica) {
                 cuts = (0..=group.certain.len())
                     .rev()
                     .filter(|i| {
@@ -474,7 +511,9 @@ impl Checker {
                 }
                 None => {
                     let (p, n) = sums(&group.certain);
-                    let state = if self.is_dead(replica) {
+                    let state = if self.folds.folded_by(replica, finals[key].folded().epoch) {
+                        "folded"
+                    } else if self.is_dead(replica) {
                         "wiped"
                     } else {
                         "live"

@@ -143,6 +143,14 @@ pub struct SimArgs {
     /// every member's final length, the derived counts and the registers.
     #[arg(long)]
     sets: bool,
+    /// Retire writers and fold them: a wiped node's old id is retired after
+    /// --retire-after-ms, operators retire stopped nodes, and the checker
+    /// counts every folded writer's adds once, through the folded base.
+    #[arg(long)]
+    retire: bool,
+    /// The simulated --retire-after, in milliseconds (with --retire).
+    #[arg(long, default_value_t = 2_000)]
+    retire_after_ms: u64,
 }
 
 impl SimArgs {
@@ -170,6 +178,8 @@ impl SimArgs {
             cache_capacity: self.cache_capacity,
             planted_bug: self.planted_bug,
             sets: self.sets,
+            retire: self.retire,
+            retire_after_ms: self.retire_after_ms,
         }
     }
 }
@@ -339,6 +349,20 @@ pub fn render_run(result: &RunResult, options: &SimOptions, plan: Option<&FaultP
             "copies: {} pushes, {} confirmed, {} failed; {} taken by copies; {} adds answered \
              UNAVAILABLE (copies unconfirmed in time)",
             c.pushes, c.confirmed, c.failed, c.taken, c.unconfirmed_adds
+        );
+    }
+    if options.retire {
+        let f = &result.folds;
+        let _ = writeln!(
+            out,
+            "folds: {} retired ({} by an operator, {} refused), {} writers folded in {} epochs, \
+             at most {} slots per counter at the end",
+            f.retired,
+            f.operator_retired,
+            f.operator_refused,
+            f.writers_folded,
+            f.epochs,
+            f.max_slots
         );
     }
     match result.convergence_ms {

@@ -115,6 +115,16 @@ pub enum Op {
         /// End.
         until_ms: u64,
     },
+    /// An operator retires a stopped node (`tally admin retire`, sent to a
+    /// running node), having wiped its data directory first as the docs
+    /// ask: the node comes back with a new id. Refused, changing nothing,
+    /// while the cluster still sees the node up (only with `--retire`).
+    Retire {
+        /// The node whose current id is retired.
+        node: usize,
+        /// When.
+        at_ms: u64,
+    },
 }
 
 impl Op {
@@ -125,7 +135,8 @@ impl Op {
             | Op::Crash { at_ms, .. }
             | Op::Pause { at_ms, .. }
             | Op::Skew { at_ms, .. }
-            | Op::Flaky { at_ms, .. } => *at_ms,
+            | Op::Flaky { at_ms, .. }
+            | Op::Retire { at_ms, .. } => *at_ms,
         }
     }
 
@@ -135,7 +146,7 @@ impl Op {
             Op::Partition { heal_at_ms, .. } => *heal_at_ms,
             Op::Crash { restart_at_ms, .. } => *restart_at_ms,
             Op::Pause { resume_at_ms, .. } => *resume_at_ms,
-            Op::Skew { at_ms, .. } => *at_ms,
+            Op::Skew { at_ms, .. } | Op::Retire { at_ms, .. } => *at_ms,
             Op::Flaky { until_ms, .. } => *until_ms,
         }
     }
@@ -149,6 +160,7 @@ impl Op {
             Op::Pause { .. } => "pause",
             Op::Skew { .. } => "skew",
             Op::Flaky { .. } => "flaky-net",
+            Op::Retire { .. } => "retire",
         }
     }
 }
@@ -213,6 +225,7 @@ impl fmt::Display for Op {
                 f,
                 "flaky-net loss {loss_pct}% dup {dup_pct}% reorder {reorder_pct}% from {at_ms} to {until_ms}"
             ),
+            Op::Retire { node, at_ms } => write!(f, "retire n{node} at {at_ms}"),
         }
     }
 }
@@ -378,6 +391,12 @@ impl FromStr for Op {
                     until_ms,
                 }
             }
+            "retire" => {
+                let node = parse_node(words.next().ok_or("missing node")?)?;
+                expect(words.next(), "at")?;
+                let at_ms = parse_num(words.next(), "time")?;
+                Op::Retire { node, at_ms }
+            }
             other => return Err(format!("unknown operation {other:?}")),
         };
         if let Some(extra) = words.next() {
@@ -425,9 +444,10 @@ impl FaultPlan {
                     }
                     Shape::MajoritiesRing => true,
                 },
-                Op::Crash { node, .. } | Op::Pause { node, .. } | Op::Skew { node, .. } => {
-                    node_ok(node)
-                }
+                Op::Crash { node, .. }
+                | Op::Pause { node, .. }
+                | Op::Skew { node, .. }
+                | Op::Retire { node, .. } => node_ok(node),
                 Op::Flaky { .. } => true,
             };
             if !ok {
@@ -526,6 +546,30 @@ impl FaultPlan {
             };
             ops.push(op);
         }
+        if options.retire {
+            // An operator retires some stopped nodes while they are down
+            // (sometimes too early, while the cluster still sees them up).
+            let crashes: Vec<(usize, u64, u64)> = ops
+                .iter()
+                .filter_map(|op| match op {
+                    Op::Crash {
+                        node,
+                        at_ms,
+                        restart_at_ms,
+                        ..
+                    } => Some((*node, *at_ms, *restart_at_ms)),
+                    _ => None,
+                })
+                .collect();
+            for (node, at_ms, restart_at_ms) in crashes {
+                if chance(&mut rng, 0.4) {
+                    ops.push(Op::Retire {
+                        node,
+                        at_ms: between(&mut rng, at_ms, restart_at_ms),
+                    });
+                }
+            }
+        }
         ops.sort_by_key(|op| (op.start_ms(), op.end_ms()));
         FaultPlan(ops)
     }
@@ -580,19 +624,44 @@ mod tests {
 
     #[test]
     fn a_generated_plan_prints_and_parses_back() {
-        let options = SimOptions {
-            regions: 3,
-            nodes_per_region: 2,
-            ..Default::default()
+        for retire in [false, true] {
+            let options = SimOptions {
+                regions: 3,
+                nodes_per_region: 2,
+                retire,
+                ..Default::default()
+            };
+            let mut retirements = 0;
+            for seed in 0..50 {
+                let plan = FaultPlan::generate(seed, &options);
+                let parsed: FaultPlan = plan.to_string().parse().unwrap();
+                assert_eq!(parsed, plan);
+                let one_line: FaultPlan = plan.one_line().parse().unwrap();
+                assert_eq!(one_line, plan);
+                plan.validate(&options).unwrap();
+                assert!(plan.0.iter().all(|op| op.end_ms() <= options.duration_ms));
+                retirements += plan.0.iter().filter(|op| op.kind() == "retire").count();
+            }
+            assert_eq!(
+                retirements > 0,
+                retire,
+                "retire operations only with --retire"
+            );
+        }
+    }
+
+    #[test]
+    fn retirements_leave_the_other_operations_as_they_were() {
+        let options = SimOptions::default();
+        let retiring = SimOptions {
+            retire: true,
+            ..SimOptions::default()
         };
-        for seed in 0..50 {
-            let plan = FaultPlan::generate(seed, &options);
-            let parsed: FaultPlan = plan.to_string().parse().unwrap();
-            assert_eq!(parsed, plan);
-            let one_line: FaultPlan = plan.one_line().parse().unwrap();
-            assert_eq!(one_line, plan);
-            plan.validate(&options).unwrap();
-            assert!(plan.0.iter().all(|op| op.end_ms() <= options.duration_ms));
+        for seed in 0..20 {
+            let plain = FaultPlan::generate(seed, &options);
+            let mut with = FaultPlan::generate(seed, &retiring);
+            with.0.retain(|op| op.kind() != "retire");
+            assert_eq!(with, plain, "seed {seed}");
         }
     }
 

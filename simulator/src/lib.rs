@@ -9,6 +9,7 @@
 
 pub mod checker;
 pub mod faults;
+pub mod fold_check;
 pub mod ledger;
 pub mod network;
 pub mod options;

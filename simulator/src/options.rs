@@ -162,11 +162,17 @@ pub enum BugName {
     /// A copy answers a push before the commit that makes it durable there
     /// (caught only with `--durability replicated`).
     AckBeforeCopyDurable,
+    /// A merge takes a folded writer's slot again after its fold (a double
+    /// count; caught only with `--retire`).
+    MergeKeepsFoldedSlot,
+    /// A fold waits only for the members that are up, not for every member
+    /// (a loss; caught only with `--retire`).
+    FoldBeforeAgreement,
 }
 
 impl BugName {
     /// Every planted bug.
-    pub const ALL: [BugName; 7] = [
+    pub const ALL: [BugName; 9] = [
         BugName::ServeLiveState,
         BugName::ReuseReplicaIdAfterWipe,
         BugName::MergeByAddition,
@@ -174,6 +180,8 @@ impl BugName {
         BugName::SwapPAndN,
         BugName::LastWriterLength,
         BugName::AckBeforeCopyDurable,
+        BugName::MergeKeepsFoldedSlot,
+        BugName::FoldBeforeAgreement,
     ];
 
     /// The name on the command line.
@@ -186,6 +194,8 @@ impl BugName {
             BugName::SwapPAndN => "swap-p-and-n",
             BugName::LastWriterLength => "last-writer-length",
             BugName::AckBeforeCopyDurable => "ack-before-copy-durable",
+            BugName::MergeKeepsFoldedSlot => "merge-keeps-folded-slot",
+            BugName::FoldBeforeAgreement => "fold-before-agreement",
         }
     }
 }
@@ -259,6 +269,13 @@ pub struct SimOptions {
     /// Likes, unlikes and observes on like sets and uniques keys too
     /// (`world/sets.rs`), checked exactly at the end.
     pub sets: bool,
+    /// Retirements and folds (`world/folds.rs`): each node runs the fold
+    /// protocol, a wiped node's old id is retired once it has been gone for
+    /// `retire_after_ms` while its new incarnation is up, and operators
+    /// retire stopped nodes (`retire` operations of the plan).
+    pub retire: bool,
+    /// The simulated `--retire-after` (ms).
+    pub retire_after_ms: u64,
 }
 
 impl Default for SimOptions {
@@ -286,6 +303,8 @@ impl Default for SimOptions {
             cache_capacity: 48,
             planted_bug: None,
             sets: false,
+            retire: false,
+            retire_after_ms: 2_000,
         }
     }
 }
@@ -409,6 +428,10 @@ impl SimOptions {
         if self.sets {
             args.push("--sets".to_string());
         }
+        if self.retire {
+            args.push("--retire".to_string());
+        }
+        flag!(retire_after_ms, "retire-after-ms");
         args.join(" ")
     }
 }
@@ -458,6 +481,13 @@ impl fmt::Display for SimOptions {
             write!(
                 f,
                 "\nsets: likes, unlikes and observes on like sets and uniques keys"
+            )?;
+        }
+        if self.retire {
+            write!(
+                f,
+                "\nretirements: wiped ids retired after {} ms, operator retirements, folds",
+                self.retire_after_ms
             )?;
         }
         if let Some(bug) = self.planted_bug {

@@ -168,7 +168,7 @@ impl Frame {
 fn shade_faults(svg: &mut String, frame: &Frame, run: &RunResult) {
     let mut lane = 0usize;
     for op in &run.plan.0 {
-        if matches!(op, Op::Skew { .. }) {
+        if matches!(op, Op::Skew { .. } | Op::Retire { .. }) {
             continue;
         }
         let start = op.start_ms().min(run.heal_ms) as f64 / 1000.0;

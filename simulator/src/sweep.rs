@@ -60,7 +60,21 @@ pub fn sweep(
                 if index >= count {
                     return;
                 }
-                let result = run(first + index, options, plan.cloned(), false);
+                // A seed that panics must not leave the progress loop
+                // waiting for it forever: it is counted, then re-raised.
+                let seed = first + index;
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    run(seed, options, plan.cloned(), false)
+                }));
+                let result = match outcome {
+                    Ok(result) => result,
+                    Err(panic) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        eprintln!("seed {seed} panicked");
+                        std::panic::resume_unwind(panic);
+                    }
+                };
                 if !result.passed() {
                     failed.fetch_add(1, Ordering::Relaxed);
                 }
@@ -196,6 +210,30 @@ impl SweepSummary {
                 "{:<28}{:>12}",
                 "adds copies-unconfirmed",
                 sum(|c| c.unconfirmed_adds)
+            );
+        }
+        if options.retire {
+            let sum = |f: fn(&RunResult) -> u64| self.results.iter().map(f).sum::<u64>();
+            let _ = writeln!(
+                out,
+                "{:<28}{:>12}",
+                "retired / folded writers",
+                format!(
+                    "{} / {}",
+                    sum(|r| r.folds.retired),
+                    sum(|r| r.folds.writers_folded)
+                )
+            );
+            let _ = writeln!(out, "{:<28}{:>12}", "fold epochs", sum(|r| r.folds.epochs));
+            let _ = writeln!(
+                out,
+                "{:<28}{:>12}",
+                "operator retire ok/refused",
+                format!(
+                    "{} / {}",
+                    sum(|r| r.folds.operator_retired),
+                    sum(|r| r.folds.operator_refused)
+                )
             );
         }
         let _ = writeln!(

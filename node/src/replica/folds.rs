@@ -11,9 +11,12 @@
 //! - **Agreement rule**: a retired writer is ready to fold when every
 //!   counted member reports the same digest as ours. Counted members are
 //!   every replica this node has ever learned of (its directory, all
-//!   regions, live or down), less the retired ones: a member that was never
-//!   removed counts even when it is down or cut off, so a fold waits through
-//!   partitions instead of guessing.
+//!   regions, live or down, and every member gossip shows), less the retired
+//!   ones: a member that was never removed counts even when it is down or
+//!   cut off, so a fold waits through partitions instead of guessing. A node
+//!   proposes or joins a fold only of a writer it has learned of by state
+//!   (in its directory): a node that just started on an empty disk knows
+//!   nobody yet, and "every member I know agrees" would hold of nobody.
 //! - **Epochs**: a node whose ready writers are not folded proposes a
 //!   candidate record for the next epoch; candidates only grow (a member's
 //!   agreeing writers are added), and a node commits its candidate once every
@@ -94,6 +97,13 @@ pub enum FoldWait {
         ours: WriterDigest,
         /// Theirs.
         theirs: WriterDigest,
+    },
+    /// This node has not learned of the writer by state yet (a node that
+    /// just started on an empty disk): it cannot tell who holds its slots.
+    #[error("this node has no state of writer {writer} yet (it joined after it); it waits for anti-entropy")]
+    NotLearned {
+        /// The writer.
+        writer: ReplicaId,
     },
     /// A member has not committed the candidate for the epoch yet.
     #[error("member {member} has not agreed to fold epoch {epoch} yet")]
@@ -373,8 +383,9 @@ impl Folds {
             .filter(|writer| self.book.folded_at(*writer).is_none())
     }
 
-    /// One round of the protocol on the members' latest reports. `counted`
-    /// is every replica this node knows (its directory) other than itself;
+    /// One round of the protocol on the members' latest reports, by a node
+    /// that has learned of every writer. `counted` is every replica this
+    /// node knows (its directory and the members) other than itself;
     /// retired ones are left out here. Returns the records committed or
     /// adopted in this round.
     pub fn handle_reports(
@@ -382,7 +393,19 @@ impl Folds {
         counted: &[ReplicaId],
         members: &[FoldMember],
     ) -> Result<Vec<FoldRecord>, FoldError> {
-        let committed = self.round(counted, members);
+        self.handle_reports_knowing(counted, members, &|_| true)
+    }
+
+    /// [`Self::handle_reports`], where `learned(writer)` says whether this
+    /// node has learned of a writer by state: it proposes and joins folds of
+    /// those only (committed records are adopted all the same).
+    pub fn handle_reports_knowing(
+        &mut self,
+        counted: &[ReplicaId],
+        members: &[FoldMember],
+        learned: &dyn Fn(ReplicaId) -> bool,
+    ) -> Result<Vec<FoldRecord>, FoldError> {
+        let committed = self.round(counted, members, learned);
         self.applied = self.applicable_upto();
         committed
     }
@@ -391,6 +414,7 @@ impl Folds {
         &mut self,
         counted: &[ReplicaId],
         members: &[FoldMember],
+        learned: &dyn Fn(ReplicaId) -> bool,
     ) -> Result<Vec<FoldRecord>, FoldError> {
         let reports: HashMap<ReplicaId, &FoldReport> = members
             .iter()
@@ -424,11 +448,17 @@ impl Folds {
             .unfolded_retired()
             .collect::<Vec<_>>()
             .into_iter()
-            .filter_map(|writer| match self.agreement(writer, &counted, &reports) {
-                Ok(digest) => Some((writer, digest)),
-                Err(wait) => {
-                    self.waits.insert(writer, wait);
-                    None
+            .filter_map(|writer| {
+                let agreement = match learned(writer) {
+                    true => self.agreement(writer, &counted, &reports),
+                    false => Err(FoldWait::NotLearned { writer }),
+                };
+                match agreement {
+                    Ok(digest) => Some((writer, digest)),
+                    Err(wait) => {
+                        self.waits.insert(writer, wait);
+                        None
+                    }
                 }
             })
             .collect();
@@ -445,6 +475,7 @@ impl Folds {
             for (writer, digest) in &theirs.writers {
                 let agrees = self.is_retired(*writer)
                     && self.book.folded_at(*writer).is_none()
+                    && learned(*writer)
                     && self.digest_of(*writer) == *digest;
                 if agrees {
                     writers.entry(*writer).or_insert(*digest);

@@ -89,6 +89,13 @@ pub enum PlantedBug {
     LastWriterLength,
     /// A copy answers a push before the commit that makes it durable there.
     AckBeforeCopyDurable,
+    /// A merge takes a folded writer's slot from a state of a lower fold
+    /// epoch again, though the base already counts it (a double count).
+    MergeKeepsFoldedSlot,
+    /// The fold agreement counts only the members failure detection says
+    /// are up, so a fold is taken before a down or cut-off member reported
+    /// the writer's final state (a loss).
+    FoldBeforeAgreement,
 }
 
 impl Default for ReplicaConfig {
@@ -381,10 +388,13 @@ impl Replica {
         let entry = self.counters.get_mut(key).expect("inserted above");
         entry.last_used_ms = now_ms;
         // Folds this node applied since the counter was written reach it as
-        // it is used (and the fold sweep reaches the rest).
+        // it is used (and the fold sweep reaches the rest). A counter nobody
+        // wrote only takes the epoch: nothing to write (a read must not).
+        let written = !entry.live.is_empty();
         if entry
             .live
             .apply_folds(self.folds.book(), self.folds.applied())
+            && written
         {
             self.mark_dirty(key);
         }

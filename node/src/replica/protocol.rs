@@ -420,6 +420,8 @@ impl Replica {
         };
         #[cfg(feature = "planted-bugs")]
         let by_addition = self.config.planted_bug == Some(super::PlantedBug::MergeByAddition);
+        #[cfg(feature = "planted-bugs")]
+        let keeps_folded = self.config.planted_bug == Some(super::PlantedBug::MergeKeepsFoldedSlot);
         for (key, incoming) in chunk.counters {
             let entry = self.entry(store, &key, now_ms)?;
             #[cfg(feature = "planted-bugs")]
@@ -442,7 +444,29 @@ impl Replica {
             if theirs.p > ours.p || theirs.n > ours.n {
                 report.own_slot_raised += 1;
             }
-            match entry.live.merge_folded(&incoming, &book) {
+            #[cfg(feature = "planted-bugs")]
+            let folded_slots: Vec<(ReplicaId, crate::crdt::Slot)> = match keeps_folded {
+                true => incoming
+                    .slots()
+                    .iter()
+                    .filter(|(writer, _)| book.folded_at(*writer).is_some())
+                    .copied()
+                    .collect(),
+                false => Vec::new(),
+            };
+            let merged = entry.live.merge_folded(&incoming, &book);
+            #[cfg(feature = "planted-bugs")]
+            let merged = merged.map(|changed| {
+                let epoch = entry.live.folded().epoch;
+                let mut again = false;
+                for (writer, slot) in &folded_slots {
+                    if book.folded_at(*writer).is_some_and(|at| at <= epoch) {
+                        again |= entry.live.merge_slot(*writer, *slot);
+                    }
+                }
+                changed || again
+            });
+            match merged {
                 Ok(true) => {
                     report.changed.push((key.clone(), entry.live.clone()));
                     self.mark_dirty(&key);

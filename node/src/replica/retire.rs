@@ -143,14 +143,32 @@ impl Replica {
             self.folds
                 .retire_replaced(now_ms, own, node_name, members, after);
         }
-        let counted: Vec<ReplicaId> = self
+        // Every replica learned of by state, and every member gossip shows
+        // (a member counts before any of its state reached this node).
+        let mut counted: Vec<ReplicaId> = self
             .directory
             .entries()
             .into_iter()
             .map(|(replica, _)| replica)
-            .filter(|replica| *replica != own)
             .collect();
-        let committed = self.folds.handle_reports(&counted, members)?;
+        for member in members {
+            if !self.directory.contains(&member.replica) {
+                counted.push(member.replica);
+            }
+        }
+        counted.retain(|replica| *replica != own);
+        #[cfg(feature = "planted-bugs")]
+        let counted = match self.config.planted_bug {
+            Some(super::PlantedBug::FoldBeforeAgreement) => counted
+                .into_iter()
+                .filter(|replica| members.iter().any(|m| m.replica == *replica && m.alive))
+                .collect(),
+            _ => counted,
+        };
+        let directory = &self.directory;
+        let committed = self
+            .folds
+            .handle_reports_knowing(&counted, members, &|writer| directory.contains(&writer))?;
         self.fold_cached();
         Ok(committed)
     }
@@ -160,7 +178,9 @@ impl Replica {
         let applied = self.folds.applied();
         let mut changed = Vec::new();
         for (key, entry) in self.counters.iter_mut() {
-            if entry.live.apply_folds(self.folds.book(), applied) {
+            // A counter nobody wrote only takes the epoch (see `entry`).
+            let written = !entry.live.is_empty();
+            if entry.live.apply_folds(self.folds.book(), applied) && written {
                 changed.push(key.clone());
             }
         }

@@ -5,7 +5,7 @@
 use super::super::tests::Node;
 use super::*;
 use crate::crdt::{FoldedBase, WriterDigest};
-use crate::replica::folds::FoldReport;
+use crate::replica::folds::{FoldReport, FoldWait};
 use crate::replica::{AddRefused, AddRequest};
 use crate::store::{compute_writer_digests, Store};
 
@@ -70,6 +70,18 @@ fn cluster() -> (Node, Node, FoldMember) {
     (a, b, dead)
 }
 
+/// The cluster with W retired by an operator at `a`, after `rounds` rounds.
+fn retired_cluster(rounds: usize) -> (Node, Node, FoldMember) {
+    let (mut a, mut b, dead) = cluster();
+    a.replica
+        .handle_retire(W, std::slice::from_ref(&dead))
+        .unwrap();
+    for _ in 0..rounds {
+        fold_round(&mut [&mut a, &mut b], std::slice::from_ref(&dead));
+    }
+    (a, b, dead)
+}
+
 #[test]
 fn a_fold_moves_the_writers_slots_into_the_base_and_changes_no_value() {
     let (mut a, mut b, dead) = cluster();
@@ -112,6 +124,26 @@ fn a_fold_moves_the_writers_slots_into_the_base_and_changes_no_value() {
     a.commit();
     b.pull_from(&a, 1 << 20);
     assert_eq!(b.value("likes"), 26);
+}
+
+#[test]
+fn a_read_of_a_counter_nobody_wrote_writes_nothing_after_a_fold() {
+    let (mut a, _, _) = retired_cluster(3);
+    assert_eq!(a.replica.folds().applied(), 1);
+    assert!(a.replica.poll_commit().is_none(), "the fold is committed");
+    // Found by the simulator: reading an unknown key at a folded node made
+    // an empty counter at the fold's epoch dirty, so a read wrote it to
+    // disk and every peer pulled it.
+    let unknown = a.replica.handle_get(9, &a.store, "never-written").unwrap();
+    assert_eq!(unknown.exact_value(), 0);
+    assert!(unknown.slots().is_empty());
+    assert_eq!(a.replica.dirty_counters(), 0);
+    assert!(a.replica.poll_commit().is_none());
+    // A first add to it is written at the node's epoch, as any other.
+    a.add("never-written", 4);
+    a.commit();
+    let written = a.replica.handle_get(9, &a.store, "never-written").unwrap();
+    assert_eq!((written.exact_value(), written.folded().epoch), (4, 1));
 }
 
 #[test]
@@ -186,14 +218,48 @@ fn a_retired_replica_is_fenced() {
 }
 
 #[test]
-fn a_chunk_folded_at_an_unknown_epoch_is_refused_whole() {
-    let (mut a, mut b, dead) = cluster();
-    a.replica
-        .handle_retire(W, std::slice::from_ref(&dead))
-        .unwrap();
+fn a_node_on_an_empty_disk_never_folds_a_writer_it_holds_nothing_of() {
+    // Found by the simulator: a node restarted on a wiped disk heard from
+    // the others' reports that its old id was retired; its directory held
+    // only itself, so "every counted member agrees" held of nobody, and it
+    // committed a fold of the writer at an empty state. Everyone adopted
+    // the record and merged its empty base over the writer's real slots.
+    let (mut a, mut b, dead) = retired_cluster(1);
+    assert!(a.replica.folds().is_retired(W) && b.replica.folds().is_retired(W));
+    let mut fresh = Node::new(4, "ap");
+    let others = [member(&a, true), member(&b, true), dead.clone()];
     for _ in 0..3 {
-        fold_round(&mut [&mut a, &mut b], std::slice::from_ref(&dead));
+        fresh
+            .replica
+            .handle_fold_round(1, "x", &others, None)
+            .unwrap();
+        assert!(fresh.replica.folds().is_retired(W));
+        assert_eq!(fresh.replica.folds().book().epoch(), 0);
+        assert_eq!(fresh.replica.folds().candidate(), None);
     }
+    assert!(matches!(
+        fresh.replica.folds().waits().get(&W),
+        Some(FoldWait::NotLearned { .. })
+    ));
+    // Once it pulled the writer's state it counts the members it pulled
+    // from, and the fold goes on with everyone.
+    fresh.pull_from(&a, 1 << 20);
+    fresh.commit();
+    for _ in 0..4 {
+        fold_round(
+            &mut [&mut a, &mut b, &mut fresh],
+            std::slice::from_ref(&dead),
+        );
+    }
+    for node in [&mut a, &mut b, &mut fresh] {
+        assert_eq!(node.replica.folds().book().folded_at(W), Some(1));
+        assert_eq!((node.value("likes"), node.value("views")), (25, 18));
+    }
+}
+
+#[test]
+fn a_chunk_folded_at_an_unknown_epoch_is_refused_whole() {
+    let (a, _, _) = retired_cluster(3);
     let mut fresh = Node::new(4, "eu");
     fresh.add("likes", 100);
     fresh.commit();

@@ -145,8 +145,9 @@ impl FromStr for PlanOp {
             _ => {
                 let op: Op = line.parse()?;
                 match op {
-                    Op::Pause { .. } | Op::Skew { .. } => Err(format!(
-                        "{op}: pauses and clock skews are not modelled in the partitioned world"
+                    Op::Pause { .. } | Op::Skew { .. } | Op::Retire { .. } => Err(format!(
+                        "{op}: pauses, clock skews and retirements are not modelled in the \
+                         partitioned world"
                     )),
                     op => Ok(PlanOp::Fault(op)),
                 }

@@ -363,7 +363,7 @@ impl<'a> PWorld<'a> {
                     self.net.end_flaky(index);
                 }
             }
-            PlanOp::Fault(Op::Pause { .. } | Op::Skew { .. }) => {}
+            PlanOp::Fault(Op::Pause { .. } | Op::Skew { .. } | Op::Retire { .. }) => {}
             PlanOp::Member(op) => self.member(op),
         }
     }

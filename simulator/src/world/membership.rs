@@ -8,7 +8,14 @@
 //! reachable when a path of two-way links joins them, so a bridge or a one-way
 //! partition leaves peers "alive" that a pull cannot reach (pulls then time
 //! out and back off, as in the real node).
+//!
+//! Fold reports (`--retire`) travel with membership, as they do in
+//! chitchat: an observer's view of a node's report is refreshed whenever
+//! gossip reaches that node now, and otherwise stays the last one heard
+//! (stale, never invented).
 
+use tally_node::crdt::ReplicaId;
+use tally_node::replica::folds::FoldReport;
 use tally_node::replica::Member;
 
 use super::node::SimNode;
@@ -24,11 +31,16 @@ pub struct Membership {
     reported: Vec<bool>,
     up_delay: Vec<u64>,
     down_delay: Vec<u64>,
+    /// Per (observer, target): the target's last fold report heard, with
+    /// the incarnation that published it.
+    reports: Vec<Option<(ReplicaId, FoldReport)>>,
+    /// Whether fold reports are gossiped (`--retire`).
+    folds: bool,
 }
 
 impl Membership {
     /// Everyone up and known to everyone.
-    pub fn new(seed: u64, n: usize) -> Self {
+    pub fn new(seed: u64, n: usize, folds: bool) -> Self {
         let mut rng = stream(seed, Subsystem::Membership);
         let up_delay = (0..n)
             .map(|_| between(&mut rng, 100, UP_DELAY_MAX_MS))
@@ -41,6 +53,8 @@ impl Membership {
             reported: vec![true; n * n],
             up_delay,
             down_delay,
+            reports: vec![None; n * n],
+            folds,
         }
     }
 
@@ -128,6 +142,14 @@ impl Membership {
                 bits |= 1 << target;
             }
             let node = &nodes[target];
+            if self.folds && self.truth[index] {
+                self.reports[index] = Some((node.id(), node.replica.folds().report()));
+            }
+            // A new incarnation has published nothing the observer heard yet.
+            let report = self.reports[index]
+                .as_ref()
+                .filter(|(id, _)| *id == node.id())
+                .map(|(_, report)| report.clone());
             members.push(Member {
                 replica: node.id(),
                 region: node.region_name.clone(),
@@ -138,7 +160,7 @@ impl Membership {
                 durable_seq: node.replica.durable_seq(),
                 digest: node.replica.digest().0,
                 protocol: node.replica.peers().own_protocol(),
-                folds: None,
+                folds: report,
                 partitions: node.replica.peers().own_partitions(),
             });
         }

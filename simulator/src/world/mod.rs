@@ -10,6 +10,7 @@
 
 mod clients;
 mod copies;
+mod folds;
 mod membership;
 mod node;
 mod replication;
@@ -29,6 +30,7 @@ use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
 
 pub use copies::CopyStats;
+pub use folds::{FoldStats, FOLD_PERIOD_MS};
 pub use membership::Membership;
 pub use node::{SimNode, CLUSTER, EPOCH_MS};
 
@@ -155,6 +157,8 @@ pub enum Event {
     /// A replicated add's attempt is answered `UNAVAILABLE`: (client, add,
     /// attempt).
     AddUnavailable(u32, u32, u8),
+    /// A node's fold round (`--retire`): (node, epoch).
+    FoldRound(u16, u32),
 }
 
 impl Event {
@@ -169,7 +173,8 @@ impl Event {
             | Event::MembershipRefresh(node, epoch)
             | Event::PushTimeout(node, epoch, _)
             | Event::PushRetry(node, epoch)
-            | Event::CopyWaitExpired(node, epoch, ..) => Some((*node as usize, Some(*epoch))),
+            | Event::CopyWaitExpired(node, epoch, ..)
+            | Event::FoldRound(node, epoch) => Some((*node as usize, Some(*epoch))),
             _ => None,
         }
     }
@@ -197,6 +202,7 @@ impl Event {
             Event::PushRetry(..) => 19,
             Event::CopyWaitExpired(..) => 20,
             Event::AddUnavailable(..) => 21,
+            Event::FoldRound(..) => 22,
         }
     }
 }
@@ -270,6 +276,8 @@ pub struct RunResult {
     pub hot_value: i64,
     /// Replicated durability: pushes, copies, adds left unconfirmed.
     pub copies: CopyStats,
+    /// Retirements and folds (`--retire`).
+    pub folds: FoldStats,
     /// Report series, when asked for.
     #[serde(skip)]
     pub series: Option<Series>,
@@ -331,6 +339,8 @@ pub struct World<'a> {
     idle_commits: u64,
     /// The like-set and uniques workload, with `--sets`.
     sets: Option<sets::SetWorkload>,
+    /// Retirements and folds so far (`--retire`).
+    fold_stats: FoldStats,
 }
 
 impl<'a> World<'a> {
@@ -379,7 +389,7 @@ impl<'a> World<'a> {
         let mut world = World {
             options,
             seed,
-            membership: Membership::new(seed, n),
+            membership: Membership::new(seed, n, options.retire),
             net: Network::new(seed, options, matrix),
             ledger: Ledger::new(n, options.keys),
             checker: Checker::new(n, options.keys),
@@ -416,6 +426,7 @@ impl<'a> World<'a> {
             sets: options
                 .sets
                 .then(|| sets::SetWorkload::new(stream(seed, Subsystem::Sets))),
+            fold_stats: FoldStats::default(),
         };
         if options.durability == crate::options::Durability::Replicated {
             world.checker.require_replicated();
@@ -448,7 +459,7 @@ impl<'a> World<'a> {
                 continue;
             }
             self.schedule(op.start_ms(), Event::FaultStart(i));
-            if !matches!(op, Op::Skew { .. }) {
+            if !matches!(op, Op::Skew { .. } | Op::Retire { .. }) {
                 self.schedule(op.end_ms().min(duration), Event::FaultEnd(i));
             }
         }
@@ -474,6 +485,7 @@ impl<'a> World<'a> {
         self.schedule(offset, Event::SyncRound(node as u16, epoch));
         let offset = between(&mut self.disk_rng, 0, 99);
         self.schedule(offset, Event::Housekeeping(node as u16, epoch));
+        self.start_fold_rounds(node);
     }
 
     /// Runs to the end and checks everything.
@@ -554,6 +566,7 @@ impl<'a> World<'a> {
             Event::AddUnavailable(client, add, attempt) => {
                 self.add_unavailable(client, add, attempt)
             }
+            Event::FoldRound(node, _) => self.fold_round(node as usize),
             Event::Probe | Event::Sample => unreachable!("handled above"),
         }
     }
@@ -601,6 +614,11 @@ impl<'a> World<'a> {
                     self.net.start_flaky(index, loss_pct, dup_pct, reorder_pct);
                 } else {
                     self.net.end_flaky(index);
+                }
+            }
+            Op::Retire { node, .. } => {
+                if starting {
+                    self.operator_retire(node);
                 }
             }
         }
@@ -720,7 +738,8 @@ impl<'a> World<'a> {
             .max(1);
         let latency = self.net.matrix().max_one_way_ms();
         let fsync = FSYNC_BASE_MAX_MS + if o.faults.tail { FSYNC_TAIL_MAX_MS } else { 0 };
-        UP_DELAY_MAX_MS
+        self.fold_window_ms()
+            + UP_DELAY_MAX_MS
             + o.pull_timeout_ms()
             + MAX_BACKOFF_MS
             + self.max_skew_jump
@@ -741,7 +760,10 @@ impl<'a> World<'a> {
         let stable = self
             .equal_since
             .is_some_and(|since| self.now - since >= STABLE_MS);
-        if stable && !self.ledger.any_pending() {
+        let folds_done = self
+            .heal_at
+            .is_some_and(|heal| self.now >= heal + self.fold_window_ms());
+        if stable && folds_done && !self.ledger.any_pending() {
             self.finished = true;
             self.idle_commits = self.commits - self.commits_at_equal;
         } else {
@@ -818,9 +840,17 @@ impl<'a> World<'a> {
             let SimNode { replica, store, .. } = &mut self.nodes[node];
             let states = (0..keys)
                 .map(|key| {
-                    replica
+                    let state = replica
                         .handle_get(now, &*store, &self.key_names[key])
-                        .unwrap_or_default()
+                        .unwrap_or_default();
+                    // A counter nobody wrote reads at the node's fold epoch,
+                    // which differs between nodes that folded and nodes that
+                    // took the folds by merges: it is absent all the same.
+                    let base = state.folded();
+                    match state.slots().is_empty() && base.p == 0 && base.n == 0 {
+                        true => PnCounter::new(),
+                        false => state,
+                    }
                 })
                 .collect();
             finals.push(states);
@@ -830,6 +860,7 @@ impl<'a> World<'a> {
             self.check_sets();
         }
         let slots = self.checker.check_slots(self.now, &self.ledger, &finals[0]);
+        self.finish_fold_stats(&finals);
         let hot_value = finals[0][0].exact_value() as i64;
         self.trace.mix(hot_value as u64);
         RunResult {
@@ -853,6 +884,7 @@ impl<'a> World<'a> {
             replicas: self.checker.replica_count(),
             hot_value,
             copies: self.copy_stats,
+            folds: self.fold_stats,
             series: self.series,
         }
     }

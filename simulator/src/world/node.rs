@@ -129,6 +129,8 @@ pub fn replica_config(options: &SimOptions) -> ReplicaConfig {
             BugName::SwapPAndN => PlantedBug::SwapPAndN,
             BugName::LastWriterLength => PlantedBug::LastWriterLength,
             BugName::AckBeforeCopyDurable => PlantedBug::AckBeforeCopyDurable,
+            BugName::MergeKeepsFoldedSlot => PlantedBug::MergeKeepsFoldedSlot,
+            BugName::FoldBeforeAgreement => PlantedBug::FoldBeforeAgreement,
         });
     }
     config
