@@ -13,7 +13,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{cli, wait_until, NodeProcess, NodeSpec};
+use common::{cli, start_seeded, wait_until, NodeProcess, NodeSpec};
 use tally_client::{Client, PartitionMap};
 
 const P: usize = 256;
@@ -129,17 +129,13 @@ fn about_one_nth(moved: usize, n: usize) {
 fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let mut specs = vec![
+    let specs = vec![
         spec(root.path(), "eu", "eu-1"),
         spec(root.path(), "eu", "eu-2"),
         spec(root.path(), "eu", "eu-3"),
         spec(root.path(), "us", "us-1"),
     ];
-    let seed = specs[0].gossip;
-    for spec in specs.iter_mut().skip(1) {
-        spec.seeds = vec![seed];
-    }
-    let mut nodes: Vec<NodeProcess> = specs.into_iter().map(NodeProcess::start).collect();
+    let mut nodes = start_seeded(specs);
 
     // 1. Every node, the one of the other region included, serves the same
     // owners; each eu node owns about P * RF / 3 and all are active.
@@ -236,7 +232,7 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
     // 5. A new node joins (fresh directory): joining, then active once
     // caught up; it takes about 1/3 of the owner slots, only from others.
     let mut joiner = spec(root.path(), "eu", "eu-4");
-    joiner.seeds = vec![seed];
+    joiner.seeds = vec![nodes[0].spec.gossip];
     nodes.push(NodeProcess::start(joiner));
     let live: Vec<&NodeProcess> = vec![&nodes[0], &nodes[1], &nodes[3], &nodes[4]];
     let joined = settled_map(&runtime, &live, "eu-4 active on every node", |map| {
@@ -296,7 +292,7 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
 fn a_node_down_longer_than_dead_after_loses_its_partitions_and_gets_them_back() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let root = tempfile::tempdir().unwrap();
-    let mut specs: Vec<NodeSpec> = ["eu-1", "eu-2", "eu-3"]
+    let specs: Vec<NodeSpec> = ["eu-1", "eu-2", "eu-3"]
         .into_iter()
         .map(|name| {
             let mut spec = spec(root.path(), "eu", name);
@@ -305,11 +301,7 @@ fn a_node_down_longer_than_dead_after_loses_its_partitions_and_gets_them_back() 
             spec
         })
         .collect();
-    let seed = specs[0].gossip;
-    for spec in specs.iter_mut().skip(1) {
-        spec.seeds = vec![seed];
-    }
-    let mut nodes: Vec<NodeProcess> = specs.into_iter().map(NodeProcess::start).collect();
+    let mut nodes = start_seeded(specs);
     let all: Vec<&NodeProcess> = nodes.iter().collect();
     let initial = settled_map(&runtime, &all, "the same map on every node", |map| {
         map.nodes.len() == 3 && map.nodes.iter().all(|node| node.state == "active")

@@ -403,6 +403,16 @@ pub fn wait_until<T>(
     }
 }
 
+/// Starts the nodes of `specs` in order, every one after the first seeded
+/// from the first's gossip address, each waited on until ready.
+pub fn start_seeded(mut specs: Vec<NodeSpec>) -> Vec<NodeProcess> {
+    let seed = specs[0].gossip;
+    for spec in specs.iter_mut().skip(1) {
+        spec.seeds = vec![seed];
+    }
+    specs.into_iter().map(NodeProcess::start).collect()
+}
+
 /// A cluster: `layout` lists (region, nodes in it). Every node seeds from the first.
 pub struct Cluster {
     pub root: tempfile::TempDir,
@@ -421,11 +431,7 @@ impl Cluster {
                 specs.push(spec);
             }
         }
-        let seed = specs[0].gossip;
-        for spec in specs.iter_mut().skip(1) {
-            spec.seeds = vec![seed];
-        }
-        let nodes = specs.into_iter().map(NodeProcess::start).collect();
+        let nodes = start_seeded(specs);
         Cluster { root, nodes }
     }
 
