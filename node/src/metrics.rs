@@ -41,6 +41,17 @@ pub struct ReasonLabels {
     pub reason: String,
 }
 
+/// Labels of a count of forwarded requests: the `Counters` method and what
+/// came of it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    /// `add`, `add_batch`, `get` or `get_batch`.
+    pub method: String,
+    /// `answered` (the first live owner answered), `failed_over` (a later
+    /// owner did) or `served_here` (no owner answered: served locally).
+    pub outcome: String,
+}
+
 /// Labels of a count of nodes: their region and lifecycle state.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct NodeStateLabels {
@@ -152,6 +163,9 @@ pub struct Metrics {
     pub partitions_owned: Gauge,
     /// Nodes of the cluster as this node sees them, by region and lifecycle state.
     pub nodes: Family<NodeStateLabels, Gauge>,
+    /// Requests (a batch: each owner's share) this node forwarded to a
+    /// key's owner, by method and outcome.
+    pub forwarded_requests: Family<ForwardLabels, Counter>,
 }
 
 impl Metrics {
@@ -205,6 +219,7 @@ impl Metrics {
             copies_taken: Counter::default(),
             partitions_owned: Gauge::default(),
             nodes: Family::default(),
+            forwarded_requests: Family::default(),
             registry: Registry::default(),
         };
         registry.register("adds", "Adds applied", metrics.adds.clone());
@@ -429,6 +444,11 @@ impl Metrics {
             "nodes",
             "Nodes of the cluster as this node sees them, by region and lifecycle state",
             metrics.nodes.clone(),
+        );
+        registry.register(
+            "forwarded_requests",
+            "Counters requests (a batch: each owner's share) forwarded to the key's first live owner in the region, by method and outcome",
+            metrics.forwarded_requests.clone(),
         );
         Metrics {
             registry,

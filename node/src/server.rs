@@ -332,6 +332,11 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     anti_entropy_config.tls = security.tls.as_ref().map(|tls| tls.client.clone());
     anti_entropy_config.source_ip = settings.peer_source_ip;
     let copier = spawn_copier(engine.clone(), anti_entropy_config.clone());
+    let forwarder = Arc::new(crate::api::forward::Forwarder::new(
+        partitioning.clone(),
+        anti_entropy_config.clone(),
+        engine.metrics().clone(),
+    ));
     let anti_entropy = spawn_anti_entropy(engine.clone(), anti_entropy_config);
 
     let info = NodeInfo {
@@ -346,6 +351,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         engine.clone(),
         info.clone(),
         partitioning,
+        forwarder,
         settings.gossip_interval,
         &security,
         grpc_listener,

@@ -3,7 +3,8 @@
 //! `Counters` is the public API, `Replication` the node-to-node anti-entropy
 //! API and `Admin` the operator API. Conversions to the node's core types live
 //! in the node (`tally_node::api`), never here. [`backup`] frames the
-//! `Admin.Backup` stream as a file.
+//! `Admin.Backup` stream as a file; [`partition`] holds the pinned key hash
+//! of partitioned regions, which the node and the client share.
 
 #![deny(missing_docs)]
 
@@ -13,6 +14,7 @@ pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/tally_descriptor.bin"));
 
 pub mod backup;
+pub mod partition;
 
 /// Package `tally.v1`.
 pub mod v1 {

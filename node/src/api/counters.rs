@@ -1,6 +1,14 @@
 //! The public `Counters` gRPC service: a thin shell over the [`Engine`].
 //! Every request is validated by the engine and the core; a bad one gets an
 //! `INVALID_ARGUMENT` or `OUT_OF_RANGE` status with a message and changes nothing.
+//!
+//! In a region of several nodes, `Add`, `AddBatch`, `Get` and `GetBatch`
+//! for a key this node is not the first live owner of are forwarded to that
+//! owner ([`super::forward`]); a batch is split by owner. `Watch` stays
+//! local: its stream follows this node's merged state, which today holds
+//! every counter, as fresh as the last sync with the owner. With one node
+//! in the region (or one node in all), nothing is forwarded and the only
+//! cost is one atomic load per request.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +26,8 @@ use crate::security::ItemCharge;
 
 use super::convert::{item_error, status_of};
 use super::copies::{deadline_of, durability_from};
+use super::forward::{hint_owners, is_forwarded, Forwarded, Forwarder};
+use crate::partition::Route;
 
 /// The shortest gap between two updates of one `Watch` stream.
 pub const WATCH_MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -27,12 +37,112 @@ pub const MAX_BATCH_ITEMS: usize = 10_000;
 /// See the module documentation.
 pub struct CountersService {
     engine: Arc<Engine>,
+    forwarder: Arc<Forwarder>,
 }
 
 impl CountersService {
-    /// The service over `engine`.
-    pub fn new(engine: Arc<Engine>) -> Self {
-        CountersService { engine }
+    /// The service over `engine`, forwarding by `forwarder`'s routes.
+    pub fn new(engine: Arc<Engine>, forwarder: Arc<Forwarder>) -> Self {
+        CountersService { engine, forwarder }
+    }
+
+    async fn add_here(
+        &self,
+        add: pb::AddRequest,
+        deadline: Option<Duration>,
+    ) -> Result<Response<pb::AddResponse>, Status> {
+        let durability = durability_from(add.durability)?
+            .map_or(self.engine.durability(), |asked| {
+                asked.stronger(self.engine.durability())
+            });
+        let accepted = self
+            .engine
+            .add_as(
+                &add.key,
+                add.delta,
+                idempotency_key(&add.idempotency_key),
+                durability,
+                deadline,
+            )
+            .await
+            .map_err(|e| status_of(&e))?;
+        Ok(Response::new(pb::AddResponse {
+            value: accepted.value,
+            duplicate: accepted.duplicate,
+        }))
+    }
+
+    /// The items of a batch served here, each with its own answer.
+    async fn add_batch_here(
+        &self,
+        adds: Vec<pb::AddRequest>,
+        for_batch: Option<crate::engine::Durability>,
+        deadline: Option<Duration>,
+    ) -> Result<Vec<pb::AddResult>, Status> {
+        let mut asked = Vec::with_capacity(adds.len());
+        for add in &adds {
+            let own = durability_from(add.durability)?;
+            asked.push(match (own, for_batch) {
+                (Some(own), Some(batch)) => Some(own.stronger(batch)),
+                (own, batch) => own.or(batch),
+            });
+        }
+        let results = self
+            .engine
+            .add_batch(
+                adds.iter().zip(asked).map(|(add, durability)| {
+                    (
+                        add.key.as_ref(),
+                        add.delta,
+                        idempotency_key(&add.idempotency_key),
+                        durability,
+                    )
+                }),
+                deadline,
+            )
+            .await;
+        Ok(results
+            .into_iter()
+            .map(|result| pb::AddResult {
+                outcome: Some(match result {
+                    Ok(accepted) => pb::add_result::Outcome::Ok(pb::AddResponse {
+                        value: accepted.value,
+                        duplicate: accepted.duplicate,
+                    }),
+                    Err(error) => pb::add_result::Outcome::Error(item_error(&error)),
+                }),
+            })
+            .collect())
+    }
+
+    fn get_batch_here(&self, gets: Vec<pb::GetRequest>) -> Vec<pb::GetResult> {
+        gets.into_iter()
+            .map(|get| pb::GetResult {
+                outcome: Some(match self.engine.get(&get.key, get.breakdown) {
+                    Ok(read) => pb::get_result::Outcome::Ok(get_response(get.key, read)),
+                    Err(error) => pb::get_result::Outcome::Error(item_error(&error)),
+                }),
+            })
+            .collect()
+    }
+}
+
+fn add_item_error(status: Status) -> pb::AddResult {
+    pb::AddResult {
+        outcome: Some(pb::add_result::Outcome::Error(wire_error(&status))),
+    }
+}
+
+fn get_item_error(status: Status) -> pb::GetResult {
+    pb::GetResult {
+        outcome: Some(pb::get_result::Outcome::Error(wire_error(&status))),
+    }
+}
+
+fn wire_error(status: &Status) -> pb::Error {
+    pb::Error {
+        code: status.code() as i32,
+        message: status.message().to_string(),
     }
 }
 
@@ -127,26 +237,29 @@ impl Counters for CountersService {
         request: Request<pb::AddRequest>,
     ) -> Result<Response<pb::AddResponse>, Status> {
         let deadline = deadline_of(request.metadata());
+        let forwarded = is_forwarded(request.metadata());
+        if let Some(routes) = self.forwarder.routes_for(request.metadata()) {
+            if let Route::Forward(hops) = routes.route(&request.get_ref().key) {
+                let add = request.into_inner();
+                let sent = self
+                    .forwarder
+                    .forward(
+                        "add",
+                        &hops,
+                        add.clone(),
+                        deadline,
+                        |mut client, request| async move { client.add(request).await },
+                    )
+                    .await;
+                return match sent {
+                    Forwarded::Answered(result, owner) => hint_owners(result, &[owner]),
+                    Forwarded::ServeHere => self.add_here(add, deadline).await,
+                };
+            }
+        }
         let add = request.into_inner();
-        let durability = durability_from(add.durability)?
-            .map_or(self.engine.durability(), |asked| {
-                asked.stronger(self.engine.durability())
-            });
-        let accepted = self
-            .engine
-            .add_as(
-                &add.key,
-                add.delta,
-                idempotency_key(&add.idempotency_key),
-                durability,
-                deadline,
-            )
-            .await
-            .map_err(|e| status_of(&e))?;
-        Ok(Response::new(pb::AddResponse {
-            value: accepted.value,
-            duplicate: accepted.duplicate,
-        }))
+        let result = self.add_here(add, deadline).await;
+        self.forwarder.mark_served(forwarded, result)
     }
 
     async fn add_batch(
@@ -155,57 +268,87 @@ impl Counters for CountersService {
     ) -> Result<Response<pb::AddBatchResponse>, Status> {
         charge_items(&request, request.get_ref().adds.len());
         let deadline = deadline_of(request.metadata());
+        let forwarded = is_forwarded(request.metadata());
+        let routes = self.forwarder.routes_for(request.metadata());
         let batch = request.into_inner();
         let adds = batch.adds;
         check_batch_size(adds.len())?;
         let for_batch = durability_from(batch.durability)?;
-        let mut asked = Vec::with_capacity(adds.len());
         for add in &adds {
-            let own = durability_from(add.durability)?;
-            asked.push(match (own, for_batch) {
-                (Some(own), Some(batch)) => Some(own.stronger(batch)),
-                (own, batch) => own.or(batch),
-            });
+            durability_from(add.durability)?;
         }
-        let results = self
-            .engine
-            .add_batch(
-                adds.iter().zip(asked).map(|(add, durability)| {
-                    (
-                        add.key.as_ref(),
-                        add.delta,
-                        idempotency_key(&add.idempotency_key),
-                        durability,
-                    )
-                }),
+        let Some(routes) = routes else {
+            let results = self.add_batch_here(adds, for_batch, deadline).await;
+            let result = results.map(|results| Response::new(pb::AddBatchResponse { results }));
+            return self.forwarder.mark_served(forwarded, result);
+        };
+        let batch_durability = batch.durability;
+        let (results, owners) = self
+            .forwarder
+            .split_batch(
+                "add_batch",
+                &routes,
+                adds,
+                |add| add.key.as_ref(),
                 deadline,
+                |mut client, request| async move {
+                    let (metadata, extensions, adds) = request.into_parts();
+                    let request = Request::from_parts(
+                        metadata,
+                        extensions,
+                        pb::AddBatchRequest {
+                            adds,
+                            durability: batch_durability,
+                        },
+                    );
+                    client
+                        .add_batch(request)
+                        .await
+                        .map(|response| response.map(|batch| batch.results))
+                },
+                |adds| async move {
+                    // Durabilities were checked above: this cannot fail.
+                    self.add_batch_here(adds, for_batch, deadline)
+                        .await
+                        .unwrap_or_default()
+                },
+                add_item_error,
             )
             .await;
-        let results = results
-            .into_iter()
-            .map(|result| pb::AddResult {
-                outcome: Some(match result {
-                    Ok(accepted) => pb::add_result::Outcome::Ok(pb::AddResponse {
-                        value: accepted.value,
-                        duplicate: accepted.duplicate,
-                    }),
-                    Err(error) => pb::add_result::Outcome::Error(item_error(&error)),
-                }),
-            })
-            .collect();
-        Ok(Response::new(pb::AddBatchResponse { results }))
+        hint_owners(Ok(Response::new(pb::AddBatchResponse { results })), &owners)
     }
 
     async fn get(
         &self,
         request: Request<pb::GetRequest>,
     ) -> Result<Response<pb::GetResponse>, Status> {
+        let forwarded = is_forwarded(request.metadata());
+        if let Some(routes) = self.forwarder.routes_for(request.metadata()) {
+            if let Route::Forward(hops) = routes.route(&request.get_ref().key) {
+                let deadline = deadline_of(request.metadata());
+                let get = request.get_ref().clone();
+                let sent = self
+                    .forwarder
+                    .forward(
+                        "get",
+                        &hops,
+                        get,
+                        deadline,
+                        |mut client, request| async move { client.get(request).await },
+                    )
+                    .await;
+                if let Forwarded::Answered(result, owner) = sent {
+                    return hint_owners(result, &[owner]);
+                }
+            }
+        }
         let get = request.into_inner();
-        let read = self
+        let result = self
             .engine
             .get(&get.key, get.breakdown)
-            .map_err(|e| status_of(&e))?;
-        Ok(Response::new(get_response(get.key, read)))
+            .map_err(|e| status_of(&e))
+            .map(|read| Response::new(get_response(get.key, read)));
+        self.forwarder.mark_served(forwarded, result)
     }
 
     async fn get_batch(
@@ -213,18 +356,38 @@ impl Counters for CountersService {
         request: Request<pb::GetBatchRequest>,
     ) -> Result<Response<pb::GetBatchResponse>, Status> {
         charge_items(&request, request.get_ref().gets.len());
+        let deadline = deadline_of(request.metadata());
+        let forwarded = is_forwarded(request.metadata());
+        let routes = self.forwarder.routes_for(request.metadata());
         let gets = request.into_inner().gets;
         check_batch_size(gets.len())?;
-        let results = gets
-            .into_iter()
-            .map(|get| pb::GetResult {
-                outcome: Some(match self.engine.get(&get.key, get.breakdown) {
-                    Ok(read) => pb::get_result::Outcome::Ok(get_response(get.key, read)),
-                    Err(error) => pb::get_result::Outcome::Error(item_error(&error)),
-                }),
-            })
-            .collect();
-        Ok(Response::new(pb::GetBatchResponse { results }))
+        let Some(routes) = routes else {
+            let results = self.get_batch_here(gets);
+            let result = Ok(Response::new(pb::GetBatchResponse { results }));
+            return self.forwarder.mark_served(forwarded, result);
+        };
+        let (results, owners) = self
+            .forwarder
+            .split_batch(
+                "get_batch",
+                &routes,
+                gets,
+                |get| get.key.as_ref(),
+                deadline,
+                |mut client, request| async move {
+                    let (metadata, extensions, gets) = request.into_parts();
+                    let request =
+                        Request::from_parts(metadata, extensions, pb::GetBatchRequest { gets });
+                    client
+                        .get_batch(request)
+                        .await
+                        .map(|response| response.map(|batch| batch.results))
+                },
+                |gets| async move { self.get_batch_here(gets) },
+                get_item_error,
+            )
+            .await;
+        hint_owners(Ok(Response::new(pb::GetBatchResponse { results })), &owners)
     }
 
     type WatchStream = WatchStream;

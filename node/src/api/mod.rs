@@ -7,6 +7,7 @@ pub mod backup;
 pub mod convert;
 pub mod copies;
 pub mod counters;
+pub mod forward;
 pub mod likes;
 pub mod partitions;
 pub mod replication;

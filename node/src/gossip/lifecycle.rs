@@ -13,12 +13,15 @@
 //! is retried). The owners come from the pure core only: every node with
 //! the same membership facts serves the same map.
 //!
-//! This slice computes and publishes ownership; storage and sync are not
-//! scoped by it yet (every node still holds every counter).
+//! It also keeps the node's [`RouteTable`] ([`Partitioning::routes`]),
+//! rebuilt when membership, liveness or an address changes, which the
+//! `Counters` service forwards by. Storage and sync are not scoped by
+//! ownership yet (every node still holds every counter).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -29,7 +32,7 @@ use crate::engine::{now_ms, Engine};
 use crate::lifecycle_file::{self, LifecycleFileError};
 use crate::partition::{
     AdminRefusal, ClusterView, DrainStep, Lifecycle, LifecycleRecord, MemberFacts, NodeState,
-    ViewSettings,
+    RouteTable, ViewSettings,
 };
 
 /// Why an operator's drain or removal failed.
@@ -46,6 +49,10 @@ pub enum LifecycleError {
 /// What a node's ownership depends on, per node: name, region, state,
 /// eligible (not gone).
 type OwnershipInput = (String, String, NodeState, bool);
+
+/// What the routes depend on, per node: its ownership input, whether it is
+/// alive, and its gRPC address.
+type RouteInput = (OwnershipInput, bool, String);
 
 struct Inner {
     lifecycle: Lifecycle,
@@ -67,6 +74,13 @@ pub struct Partitioning {
     membership: Arc<MembershipHandle>,
     /// The ownership inputs the metrics were last computed from.
     last_inputs: Mutex<Option<Vec<OwnershipInput>>>,
+    /// Where each key's requests go, rebuilt when its inputs change.
+    routes: RwLock<Arc<RouteTable>>,
+    /// Whether `routes` serves every key here: read on every request, so
+    /// the single-node and one-node-per-region paths cost one atomic load.
+    routes_all_local: AtomicBool,
+    /// The route inputs `routes` was last built from.
+    last_route_inputs: Mutex<Option<Vec<RouteInput>>>,
 }
 
 impl Partitioning {
@@ -104,6 +118,9 @@ impl Partitioning {
             replica,
             membership,
             last_inputs: Mutex::new(None),
+            routes: RwLock::new(Arc::new(RouteTable::local(settings.partitions))),
+            routes_all_local: AtomicBool::new(true),
+            last_route_inputs: Mutex::new(None),
         });
         partitioning.publish(&partitioning.lock().lifecycle);
         partitioning
@@ -203,6 +220,56 @@ impl Partitioning {
         Ok(removed)
     }
 
+    /// Where keys' requests go, or `None` when every key is served here
+    /// (one node in the region, or no view yet): the request path's check.
+    pub fn routes(&self) -> Option<Arc<RouteTable>> {
+        if self.routes_all_local.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            self.routes
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
+    }
+
+    /// Rebuilds the routes from `view` when what they depend on changed.
+    fn update_routes(&self, view: &ClusterView, endpoints: &BTreeMap<String, (ReplicaId, String)>) {
+        let inputs: Vec<RouteInput> = view
+            .nodes()
+            .map(|node| {
+                (
+                    (
+                        node.name.clone(),
+                        node.region.clone(),
+                        node.state,
+                        view.is_eligible(node),
+                    ),
+                    node.alive,
+                    endpoints
+                        .get(&node.name)
+                        .map(|(_, addr)| addr.clone())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect();
+        let mut last = self
+            .last_route_inputs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if last.as_ref() == Some(&inputs) {
+            return;
+        }
+        let table = RouteTable::build(view, &self.node_name, |name| {
+            endpoints.get(name).map(|(_, addr)| addr.clone())
+        });
+        let all_local = table.all_local();
+        *self.routes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
+        self.routes_all_local.store(all_local, Ordering::Release);
+        *last = Some(inputs);
+    }
+
     /// The state `node` publishes, as this node last heard it.
     pub fn published_state(&self, replica: ReplicaId) -> Option<NodeState> {
         self.lock()
@@ -236,7 +303,8 @@ impl Partitioning {
         if before != after {
             tracing::info!(from = %before, to = %after, "lifecycle state changed");
         }
-        let (view, _) = self.view();
+        let (view, endpoints) = self.view();
+        self.update_routes(&view, &endpoints);
         // Ownership is a function of these inputs only: recount (P rankings
         // of the region's nodes) only when they change, not every round.
         let inputs: Vec<OwnershipInput> = view

@@ -16,6 +16,8 @@
 //! - [`lifecycle`]: one node's own [`NodeState`] and the cluster's removed
 //!   replicas, decided from gossiped [`MemberFacts`], and the
 //!   [`ClusterView`] a node builds from them.
+//! - [`route`]: [`RouteTable`], where this node sends each key's requests:
+//!   here, or its first live owner (then the next ones, on failover).
 //! - [`handoff`]: [`Holdings`], one node's per-partition state machine
 //!   (receiving, ready, releasing) that decides when it serves a partition,
 //!   what it pulls from whom, whom it asks to confirm a release, and when it
@@ -39,6 +41,7 @@
 pub mod handoff;
 pub mod hash;
 pub mod lifecycle;
+pub mod route;
 pub mod set;
 pub mod view;
 
@@ -53,5 +56,6 @@ pub use hash::{
     MAX_PARTITIONS,
 };
 pub use lifecycle::{DrainStep, Lifecycle, LifecycleRecord, MemberFacts, ViewSettings};
+pub use route::{Hop, Route, RouteNode, RouteTable};
 pub use set::{BadPartitionSet, PartitionSet};
 pub use view::{AdminRefusal, ClusterView, DownClock, NodeInfo, NodeState};

@@ -5,6 +5,15 @@
 //! `authorization: Bearer TOKEN`; a missing or unknown token gets
 //! `UNAUTHENTICATED`, a token over its rate `RESOURCE_EXHAUSTED` with a
 //! `retry-after-ms` header and the wait in the message.
+//!
+//! A request another node forwarded to this one (it carries
+//! `tally-forwarded`, see `api::forward`) is let in on the sending node's
+//! certificate instead: tokens require TLS, and a certificate presented on
+//! the gRPC port chains to the cluster CA or the handshake fails, so it
+//! names a node of the cluster. The forwarding node checked the caller's
+//! token and charged its rate; the owner does neither again. Without a
+//! certificate, a forwarded request needs a token like any other (the
+//! marker alone grants nothing: it only makes the node serve locally).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -239,6 +248,14 @@ impl tonic::service::Interceptor for AuthInterceptor {
         let Some(auth) = &self.auth else {
             return Ok(request);
         };
+        if crate::api::forward::is_forwarded(request.metadata())
+            && request.peer_certs().is_some_and(|certs| !certs.is_empty())
+        {
+            request
+                .extensions_mut()
+                .insert(Caller("forwarding node".to_string()));
+            return Ok(request);
+        }
         let header = request
             .metadata()
             .get("authorization")

@@ -1,0 +1,300 @@
+//! Where this node sends a key's requests (issue 11, items 3 and 7): a
+//! [`RouteTable`] built from a [`ClusterView`] once per membership change,
+//! looked up per request. Pure: the view and the nodes' addresses are inputs.
+//!
+//! Invariants kept here:
+//! - a key's route lists its partition's *live* owners in the node's region
+//!   (alive, not gone, active or draining: a joining owner serves nothing
+//!   yet), first owner first, so every node that sees the same membership
+//!   sends a key to the same node;
+//! - when this node is the first live owner, or when no owner is live, the
+//!   route is [`Route::Local`]: the request is served here (every node
+//!   still stores every counter, and slots merge, so that is always safe);
+//! - a table in which every key is local (one node in the region, the
+//!   single-node setup) says so with [`RouteTable::all_local`], so the
+//!   request path skips hashing altogether.
+
+use super::hash::PartitionCount;
+use super::view::{ClusterView, NodeState};
+
+/// A node of the region that some route forwards to.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RouteNode {
+    /// Its node name.
+    pub name: String,
+    /// Where it serves gRPC (`host:port`).
+    pub grpc_addr: String,
+}
+
+/// One entry of a route: another node, or this one.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Hop<'a> {
+    /// This node: serve here.
+    Here,
+    /// Another node: forward to it.
+    Node(&'a RouteNode),
+}
+
+/// Where a key's request goes.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum Route<'a> {
+    /// Serve it here.
+    Local,
+    /// Forward it to the first hop; if that one does not answer, to the
+    /// next, and so on ([`Hop::Here`] and the end of the list both mean
+    /// "serve it here").
+    Forward(Vec<Hop<'a>>),
+}
+
+/// Index of this node in a route's hops.
+const HERE: u16 = u16::MAX;
+
+/// The routes of every partition in one region (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct RouteTable {
+    partitions: PartitionCount,
+    nodes: Vec<RouteNode>,
+    /// Per partition: the live owners, first owner first, as indexes into
+    /// `nodes` ([`HERE`] for this node). Empty for a table with no routes.
+    owners: Vec<Vec<u16>>,
+    all_local: bool,
+}
+
+impl RouteTable {
+    /// A table that serves every key here (before the first membership view).
+    pub fn local(partitions: PartitionCount) -> RouteTable {
+        RouteTable {
+            partitions,
+            nodes: Vec::new(),
+            owners: Vec::new(),
+            all_local: true,
+        }
+    }
+
+    /// The routes of `own_name`'s region in `view`; `grpc_addr` gives each
+    /// node's address (a node without one is not routed to).
+    pub fn build(
+        view: &ClusterView,
+        own_name: &str,
+        grpc_addr: impl Fn(&str) -> Option<String>,
+    ) -> RouteTable {
+        let partitions = view.partitions();
+        let Some(own) = view.node(own_name) else {
+            return RouteTable::local(partitions);
+        };
+        let region = own.region.clone();
+        let mut nodes: Vec<RouteNode> = Vec::new();
+        let mut all_local = true;
+        let owners: Vec<Vec<u16>> = partitions
+            .iter()
+            .map(|partition| {
+                let live: Vec<u16> = view
+                    .owners(&region, partition)
+                    .into_iter()
+                    .filter_map(|name| {
+                        if name == own_name {
+                            return Some(HERE);
+                        }
+                        let node = view.node(name)?;
+                        let serving = matches!(node.state, NodeState::Active | NodeState::Draining);
+                        if !node.alive || view.is_gone(node) || !serving {
+                            return None;
+                        }
+                        let grpc_addr = grpc_addr(name).filter(|addr| !addr.is_empty())?;
+                        let index = match nodes.iter().position(|known| known.name == name) {
+                            Some(index) => index,
+                            None => {
+                                nodes.push(RouteNode {
+                                    name: name.to_string(),
+                                    grpc_addr,
+                                });
+                                nodes.len() - 1
+                            }
+                        };
+                        Some(index as u16)
+                    })
+                    .collect();
+                if live.first().is_some_and(|first| *first != HERE) {
+                    all_local = false;
+                }
+                live
+            })
+            .collect();
+        if all_local {
+            return RouteTable::local(partitions);
+        }
+        RouteTable {
+            partitions,
+            nodes,
+            owners,
+            all_local,
+        }
+    }
+
+    /// Whether every key is served here: the request path need not look.
+    pub fn all_local(&self) -> bool {
+        self.all_local
+    }
+
+    /// Where `key`'s request goes.
+    pub fn route(&self, key: &[u8]) -> Route<'_> {
+        if self.all_local {
+            return Route::Local;
+        }
+        let partition = self.partitions.of_key(key);
+        let owners = &self.owners[partition.0 as usize];
+        match owners.first() {
+            None | Some(&HERE) => Route::Local,
+            Some(_) => Route::Forward(
+                owners
+                    .iter()
+                    .map(|index| match *index {
+                        HERE => Hop::Here,
+                        index => Hop::Node(&self.nodes[index as usize]),
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The name of `key`'s first live owner, `None` when it is this node.
+    pub fn first_owner(&self, key: &[u8]) -> Option<&str> {
+        match self.route(key) {
+            Route::Forward(hops) => match hops.first() {
+                Some(Hop::Node(node)) => Some(node.name.as_str()),
+                _ => None,
+            },
+            Route::Local => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::{NodeInfo, PartitionSet};
+
+    #[track_caller]
+    fn node(name: &str, region: &str, state: NodeState, alive: bool) -> NodeInfo {
+        NodeInfo {
+            name: name.to_string(),
+            region: region.to_string(),
+            state,
+            alive,
+            down_since_ms: (!alive).then_some(0),
+            holding: PartitionSet::empty(PartitionCount::new(16).unwrap()),
+            releasing: PartitionSet::empty(PartitionCount::new(16).unwrap()),
+        }
+    }
+
+    fn view(nodes: Vec<NodeInfo>, now_ms: u64) -> ClusterView {
+        ClusterView::new(PartitionCount::new(16).unwrap(), 2, 1_000, now_ms, nodes)
+    }
+
+    fn addr(name: &str) -> Option<String> {
+        Some(format!("{name}:7100"))
+    }
+
+    fn keys() -> impl Iterator<Item = String> {
+        (0..200).map(|i| format!("post:{i}"))
+    }
+
+    #[test]
+    fn one_node_per_region_serves_every_key_here() {
+        let view = view(
+            vec![
+                node("eu-1", "eu", NodeState::Active, true),
+                node("us-1", "us", NodeState::Active, true),
+            ],
+            0,
+        );
+        let table = RouteTable::build(&view, "eu-1", addr);
+        assert!(table.all_local());
+        assert!(keys().all(|key| table.route(key.as_bytes()) == Route::Local));
+    }
+
+    #[test]
+    fn keys_go_to_their_first_owner_and_every_node_agrees() {
+        let nodes = vec![
+            node("eu-1", "eu", NodeState::Active, true),
+            node("eu-2", "eu", NodeState::Active, true),
+            node("eu-3", "eu", NodeState::Active, true),
+            node("us-1", "us", NodeState::Active, true),
+        ];
+        let view = view(nodes, 0);
+        let tables: Vec<(&str, RouteTable)> = ["eu-1", "eu-2", "eu-3"]
+            .into_iter()
+            .map(|name| (name, RouteTable::build(&view, name, addr)))
+            .collect();
+        let mut forwarded = 0;
+        for key in keys() {
+            let partition = view.partitions().of_key(key.as_bytes());
+            let first = view.owners("eu", partition)[0];
+            for (name, table) in &tables {
+                assert!(!table.all_local());
+                match table.route(key.as_bytes()) {
+                    Route::Local => assert_eq!(first, *name, "{key}"),
+                    Route::Forward(hops) => {
+                        forwarded += 1;
+                        assert_eq!(
+                            hops[0],
+                            Hop::Node(&RouteNode {
+                                name: first.to_string(),
+                                grpc_addr: format!("{first}:7100"),
+                            })
+                        );
+                        // The second owner is the failover; RF 2.
+                        assert_eq!(hops.len(), 2, "{key}");
+                        assert_eq!(table.first_owner(key.as_bytes()), Some(first));
+                    }
+                }
+            }
+        }
+        // Two of three nodes forward each key.
+        assert_eq!(forwarded, 2 * 200);
+    }
+
+    #[test]
+    fn a_down_or_joining_first_owner_is_skipped_and_no_live_owner_means_here() {
+        let mut nodes = vec![
+            node("eu-1", "eu", NodeState::Active, true),
+            node("eu-2", "eu", NodeState::Active, true),
+            node("eu-3", "eu", NodeState::Active, true),
+        ];
+        let full = view(nodes.clone(), 0);
+        nodes[1].alive = false;
+        nodes[1].down_since_ms = Some(0);
+        nodes[2].state = NodeState::Joining;
+        // Down for less than dead-after: eu-2 still owns, but is not live.
+        let partial = view(nodes, 10);
+        let table = RouteTable::build(&partial, "eu-1", addr);
+        for key in keys() {
+            let partition = full.partitions().of_key(key.as_bytes());
+            assert_eq!(
+                partial.owners("eu", partition),
+                full.owners("eu", partition)
+            );
+            // Neither eu-2 (down) nor eu-3 (joining) is ever a hop.
+            assert_eq!(table.route(key.as_bytes()), Route::Local, "{key}");
+        }
+    }
+
+    #[test]
+    fn this_node_as_a_later_owner_is_a_hop_here() {
+        let view = view(
+            vec![
+                node("eu-1", "eu", NodeState::Active, true),
+                node("eu-2", "eu", NodeState::Active, true),
+            ],
+            0,
+        );
+        let table = RouteTable::build(&view, "eu-1", addr);
+        let key = keys()
+            .find(|key| table.route(key.as_bytes()) != Route::Local)
+            .unwrap();
+        let Route::Forward(hops) = table.route(key.as_bytes()) else {
+            unreachable!()
+        };
+        assert_eq!(hops[1], Hop::Here);
+    }
+}

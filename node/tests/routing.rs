@@ -1,0 +1,365 @@
+//! Routing in a partitioned region over real node processes (issue 11,
+//! items 3 and 7): a region of three nodes (and a second region of one),
+//! P = 16, RF = 2. Adds and reads sent to any node are served by the key's
+//! first live owner: a key written through a non-owner has a slot of its
+//! owner only, a read through any node answers the owner's value, a batch
+//! spanning owners is answered per item in order, a non-owner's answer
+//! names the owner, and a stopped owner fails over to the next one with
+//! nothing lost or counted twice.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{start_seeded, NodeProcess, NodeSpec};
+use tally_client::{Client, PartitionMap};
+use tally_proto::partition::PartitionCount;
+use tally_proto::v1 as pb;
+use tally_proto::v1::counters_client::CountersClient;
+use tally_proto::v1::replication_client::ReplicationClient;
+
+const LIMIT: Duration = Duration::from_secs(60);
+const KEYS: usize = 48;
+
+fn spec(root: &std::path::Path, region: &str, name: &str) -> NodeSpec {
+    let mut spec = NodeSpec::new(root, region, name);
+    // Sync rarely, so that a read through a non-owner that is not forwarded
+    // would miss the owner's adds (and a non-owner's slot would show).
+    spec.sync_interval = "3s";
+    spec.extra = [
+        "--partitions",
+        "16",
+        "--replication-factor",
+        "2",
+        "--dead-after",
+        "10m",
+    ]
+    .map(String::from)
+    .to_vec();
+    spec
+}
+
+fn key(i: usize) -> String {
+    format!("post:{i}")
+}
+
+/// The map of `eu` once every eu node serves it with three live, active nodes.
+async fn settled_map(nodes: &[&NodeProcess]) -> PartitionMap {
+    let endpoints: Vec<String> = nodes.iter().map(|node| node.endpoint()).collect();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let mut maps = Vec::new();
+        for endpoint in &endpoints {
+            if let Ok(client) = Client::connect(endpoint.clone()).await {
+                if let Ok(map) = client.partition_map(Some("eu")).await {
+                    maps.push(map);
+                }
+            }
+        }
+        let ready = maps.len() == endpoints.len()
+            && maps.iter().all(|map| {
+                map.owners == maps[0].owners
+                    && map.nodes.len() == 3
+                    && map
+                        .nodes
+                        .iter()
+                        .all(|node| node.state == "active" && node.alive)
+            });
+        if ready {
+            // The routes follow the map in the same keeper round; give
+            // every node one more round.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return maps.swap_remove(0);
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no settled map");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Each key's owners in `eu`, first owner first.
+fn owners_of(map: &PartitionMap, key: &str) -> Vec<String> {
+    let count = PartitionCount::new(u64::from(map.partitions)).unwrap();
+    map.owners_of(count.of_key(key.as_bytes()).0)
+        .into_iter()
+        .map(String::from)
+        .collect()
+}
+
+fn replica_of(map: &PartitionMap, name: &str) -> u64 {
+    map.nodes
+        .iter()
+        .find(|node| node.node_name == name)
+        .unwrap()
+        .replica
+}
+
+async fn counters(endpoint: &str) -> CountersClient<tonic::transport::Channel> {
+    CountersClient::connect(endpoint.to_string()).await.unwrap()
+}
+
+/// Per counter, its slots (replica -> p).
+type Slots = BTreeMap<String, BTreeMap<u64, u64>>;
+
+/// Waits until the slots the node at `endpoint` holds pass `check`.
+async fn wait_slots(endpoint: &str, what: &str, check: impl Fn(&Slots) -> bool) -> Slots {
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let held = slots(endpoint).await;
+        if check(&held) {
+            return held;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{endpoint}: {what}: not reached; slots {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every counter's slots as the node at `endpoint` holds them.
+async fn slots(endpoint: &str) -> Slots {
+    let mut replication = ReplicationClient::connect(endpoint.to_string())
+        .await
+        .unwrap();
+    let mut stream = replication
+        .pull(pb::PullRequest {
+            cluster_id: "test-cluster".into(),
+            caller_replica: 77,
+            max_bytes: 16 << 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut slots = BTreeMap::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        for counter in chunk.counters {
+            let entry: &mut BTreeMap<u64, u64> = slots
+                .entry(String::from_utf8(counter.key.to_vec()).unwrap())
+                .or_default();
+            for slot in counter.slots {
+                entry.insert(slot.replica, slot.p);
+            }
+        }
+    }
+    slots
+}
+
+fn forwarded_count(node: &NodeProcess, outcome: &str) -> u64 {
+    let metrics = common::http_get(node.spec.http, "/metrics").unwrap().1;
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("tally_forwarded_requests_total{")
+                && line.contains(&format!("outcome=\"{outcome}\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+async fn add(
+    client: &mut CountersClient<tonic::transport::Channel>,
+    key: &str,
+    idempotency_key: &str,
+) -> Result<tonic::Response<pb::AddResponse>, tonic::Status> {
+    let mut request = tonic::Request::new(pb::AddRequest {
+        key: key.as_bytes().to_vec().into(),
+        delta: 1,
+        idempotency_key: idempotency_key.into(),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_secs(10));
+    client.add(request).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_node_serves_any_key_through_its_first_live_owner() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = vec![
+        spec(root.path(), "eu", "eu-1"),
+        spec(root.path(), "eu", "eu-2"),
+        spec(root.path(), "eu", "eu-3"),
+        spec(root.path(), "us", "us-1"),
+    ];
+    let mut nodes = tokio::task::spawn_blocking(move || start_seeded(specs))
+        .await
+        .unwrap();
+    let eu: Vec<&NodeProcess> = nodes[..3].iter().collect();
+    let map = settled_map(&eu).await;
+    let names = ["eu-1", "eu-2", "eu-3"];
+    let endpoints: Vec<String> = eu.iter().map(|node| node.endpoint()).collect();
+
+    // 1. Every key is added once through every eu node. A non-owner's
+    // answer names the owner; the owner's names no one.
+    for (node, endpoint) in names.iter().zip(&endpoints) {
+        let mut client = counters(endpoint).await;
+        for i in 0..KEYS {
+            let key = key(i);
+            let answer = add(&mut client, &key, &format!("{key}-{node}"))
+                .await
+                .unwrap();
+            let owner = &owners_of(&map, &key)[0];
+            let hint = answer
+                .metadata()
+                .get("tally-owner")
+                .map(|value| value.to_str().unwrap().to_string());
+            if owner == node {
+                assert_eq!(hint, None, "{key} through its owner {node}");
+            } else {
+                assert_eq!(
+                    hint.as_deref(),
+                    Some(owner.as_str()),
+                    "{key} through {node}"
+                );
+            }
+        }
+    }
+
+    // 2. Read-your-writes through any node: each read answers the owner's
+    // value, 3, at once (the nodes sync only every 3 s).
+    for endpoint in &endpoints {
+        let mut client = counters(endpoint).await;
+        for i in 0..KEYS {
+            let value = client
+                .get(pb::GetRequest {
+                    key: key(i).into_bytes().into(),
+                    breakdown: true,
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .value;
+            assert_eq!(value, 3, "{} through {endpoint}", key(i));
+        }
+    }
+
+    // 3. A batch spanning every owner, with a bad item in the middle, is
+    // answered per item in order; so is a batch read.
+    let mut adds: Vec<pb::AddRequest> = (0..KEYS)
+        .map(|i| pb::AddRequest {
+            key: key(i).into_bytes().into(),
+            delta: 1,
+            idempotency_key: format!("batch-{i}"),
+            ..Default::default()
+        })
+        .collect();
+    adds.insert(KEYS / 2, pb::AddRequest::default());
+    let mut client = counters(&endpoints[0]).await;
+    let answer = client
+        .add_batch(pb::AddBatchRequest {
+            adds,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert!(answer.metadata().get("tally-owner").is_some());
+    let results = answer.into_inner().results;
+    assert_eq!(results.len(), KEYS + 1);
+    for (index, result) in results.into_iter().enumerate() {
+        match (index.cmp(&(KEYS / 2)), result.outcome.unwrap()) {
+            (std::cmp::Ordering::Equal, pb::add_result::Outcome::Error(error)) => {
+                assert_eq!(error.code, tonic::Code::InvalidArgument as i32, "{error:?}")
+            }
+            (std::cmp::Ordering::Equal, other) => panic!("the empty key was taken: {other:?}"),
+            (_, pb::add_result::Outcome::Ok(added)) => assert_eq!(added.value, 4, "item {index}"),
+            (_, other) => panic!("item {index}: {other:?}"),
+        }
+    }
+    let gets: Vec<pb::GetRequest> = (0..KEYS)
+        .rev()
+        .map(|i| pb::GetRequest {
+            key: key(i).into_bytes().into(),
+            breakdown: false,
+        })
+        .collect();
+    let results = counters(&endpoints[1])
+        .await
+        .get_batch(pb::GetBatchRequest { gets })
+        .await
+        .unwrap()
+        .into_inner()
+        .results;
+    for (index, result) in results.into_iter().enumerate() {
+        let Some(pb::get_result::Outcome::Ok(read)) = result.outcome else {
+            panic!("item {index}: {result:?}")
+        };
+        assert_eq!(read.key, key(KEYS - 1 - index).into_bytes(), "in order");
+        assert_eq!(read.value, 4, "{index}");
+    }
+
+    // 4. Once synced, each key has one eu slot: its first owner's, holding
+    // every add; a key written through a non-owner made no slot there.
+    let expected_slots = |key: &str, p: u64| -> BTreeMap<u64, u64> {
+        [(replica_of(&map, &owners_of(&map, key)[0]), p)].into()
+    };
+    let owner_only = |held: &Slots| {
+        (0..KEYS)
+            .map(key)
+            .all(|k| held.get(&k) == Some(&expected_slots(&k, 4)))
+    };
+    wait_slots(
+        &endpoints[0],
+        "each key's slot on its first owner only",
+        owner_only,
+    )
+    .await;
+
+    // 5. The owner of some keys is killed. Adds through another node fail
+    // over to each key's next owner at once (failure detection has not
+    // seen it go yet), with idempotent retries: nothing is lost or doubled.
+    let stopped = "eu-3";
+    let through = 0; // eu-1
+    let moved: Vec<String> = (0..KEYS)
+        .map(key)
+        .filter(|k| owners_of(&map, k)[0] == stopped)
+        .collect();
+    assert!(!moved.is_empty(), "eu-3 owns some of the keys");
+    let failed_over_before =
+        forwarded_count(eu[through], "failed_over") + forwarded_count(eu[through], "served_here");
+    // kill -9: a stop would announce the leave, and the routes would
+    // move before the first add.
+    nodes[2].kill9();
+    let mut client = counters(&endpoints[through]).await;
+    for k in &moved {
+        let idempotency_key = format!("failover-{k}");
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            match add(&mut client, k, &idempotency_key).await {
+                Ok(_) => break,
+                Err(status) if attempts < 20 => {
+                    eprintln!("retrying {k}: {status}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(status) => panic!("{k}: {status}"),
+            }
+        }
+        // A retry of an answered add is a duplicate: counted once.
+        let again = add(&mut client, k, &idempotency_key).await.unwrap();
+        assert!(again.into_inner().duplicate, "{k}");
+    }
+    // Failed over to eu-2, or served here when eu-1 is the next owner.
+    let failed_over = forwarded_count(&nodes[0], "failed_over")
+        + forwarded_count(&nodes[0], "served_here")
+        - failed_over_before;
+    eprintln!("measured: {failed_over} forwarded adds failed over from the stopped eu-3");
+    assert!(failed_over > 0, "no add failed over from the stopped owner");
+    // Every region reads the exact total (4 for each key, 5 for each key
+    // of eu-3) once synced; the failed-over adds are in the second owners'
+    // slots.
+    let expected = |k: &str| if moved.iter().any(|m| m == k) { 5 } else { 4 };
+    for endpoint in [&endpoints[0], &endpoints[1], &nodes[3].endpoint()] {
+        let held = wait_slots(endpoint, "the exact total", |held| {
+            (0..KEYS).map(key).all(|k| {
+                held.get(&k)
+                    .is_some_and(|slots| slots.values().sum::<u64>() == expected(&k))
+            })
+        })
+        .await;
+        for k in &moved {
+            let second = replica_of(&map, &owners_of(&map, k)[1]);
+            assert_eq!(held[k].get(&second), Some(&1), "{k} on its second owner");
+        }
+    }
+}
