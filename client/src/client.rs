@@ -12,6 +12,7 @@
 //! ([`crate::cache`]), `get` answers from it while fresh and every answered
 //! add is reported to it.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::transport::Transport;
@@ -39,6 +40,7 @@ use crate::request::{
     add_result_outcome, get_result_value, key_bytes, merge_batch, new_idempotency_key, with_timeout,
 };
 use crate::retry::RetryPolicy;
+use crate::routing::Router;
 use crate::trace::{CallTrace, Subject};
 use crate::types::{counter_from_proto, status_from_proto};
 use crate::validate::{validate_delta, validate_idempotency_key, validate_key};
@@ -131,6 +133,9 @@ pub struct Client {
     read_cache: Option<Arc<ReadCache>>,
     /// The `durability` field of every add (0: the node's default).
     durability: i32,
+    /// `None` unless the client routes each key to its owner
+    /// ([`crate::Routing::Direct`]).
+    router: Option<Arc<Router>>,
 }
 
 impl Client {
@@ -185,7 +190,35 @@ impl Client {
             read_coalescer,
             read_cache,
             durability: config.durability().wire(),
+            router: None,
         }
+    }
+
+    /// Routes this client's keys by `router` from now on.
+    pub(crate) fn set_router(&mut self, router: Arc<Router>) {
+        self.router = Some(router);
+    }
+
+    /// The active router, if any key goes elsewhere than the endpoint.
+    fn active_router(&self) -> Option<&Router> {
+        self.router.as_deref().filter(|router| router.is_active())
+    }
+
+    /// The client of `key`'s first owner, when it is not the endpoint's.
+    fn routed(&self, key: &str) -> Option<Client> {
+        self.router.as_ref()?.client_for(key.as_bytes())
+    }
+
+    /// Whether a call to a node failed without an answer worth keeping:
+    /// it is sent again through the endpoint (which forwards or fails over).
+    fn node_did_not_answer(&self, error: &Error) -> bool {
+        let unanswered = matches!(error, Error::Unavailable { .. } | Error::Connect { .. });
+        if unanswered {
+            if let Some(router) = &self.router {
+                router.mark_stale();
+            }
+        }
+        unanswered
     }
 
     /// The retry policy of every call (`likes.rs` uses it too).
@@ -271,6 +304,12 @@ impl Client {
     ) -> Result<AddOutcome, Error> {
         validate_key(key)?;
         validate_delta(delta)?;
+        if let Some(owner) = self.routed(key) {
+            match Box::pin(owner.send_add(key, delta, idempotency_key)).await {
+                Err(error) if self.node_did_not_answer(&error) => {}
+                answered => return answered,
+            }
+        }
         // The clock is read only for the cache; the coalescing task times
         // the deadline of a coalesced add.
         let sent_at = self
@@ -348,6 +387,105 @@ impl Client {
     }
 
     async fn send_add_batch(
+        &self,
+        items: Vec<Result<AddRequest, Error>>,
+    ) -> Result<Vec<Result<AddOutcome, Error>>, Error> {
+        if self.active_router().is_some() {
+            return self
+                .split_by_owner(
+                    items,
+                    |add| &add.key,
+                    |client, items| {
+                        Box::pin(async move { client.send_add_batch_here(items).await })
+                    },
+                )
+                .await;
+        }
+        self.send_add_batch_here(items).await
+    }
+
+    /// Sends a batch's items in one call per owner, in parallel (items of
+    /// the endpoint, and of an owner that did not answer, to the
+    /// endpoint), and puts the answers back in the batch's order.
+    async fn split_by_owner<I, T>(
+        &self,
+        items: Vec<Result<I, Error>>,
+        key_of: impl Fn(&I) -> &[u8],
+        send: impl Fn(
+            Client,
+            Vec<Result<I, Error>>,
+        )
+            -> futures::future::BoxFuture<'static, Result<Vec<Result<T, Error>>, Error>>,
+    ) -> Result<Vec<Result<T, Error>>, Error>
+    where
+        I: Clone + Send + 'static,
+        T: Send + 'static,
+    {
+        let router = self.router.as_ref().expect("an active router");
+        let count = items.len();
+        // Groups by owner client (None: the endpoint), in first-seen order.
+        let mut groups: Vec<(Option<Client>, Vec<usize>, Vec<Result<I, Error>>)> = Vec::new();
+        let mut by_endpoint: HashMap<String, usize> = HashMap::new();
+        for (index, item) in items.into_iter().enumerate() {
+            let owner = item
+                .as_ref()
+                .ok()
+                .and_then(|item| router.client_for(key_of(item)));
+            let name = owner
+                .as_ref()
+                .and_then(|client| client.endpoint())
+                .unwrap_or("")
+                .to_string();
+            let group = *by_endpoint.entry(name).or_insert_with(|| {
+                groups.push((owner, Vec::new(), Vec::new()));
+                groups.len() - 1
+            });
+            groups[group].1.push(index);
+            groups[group].2.push(item);
+        }
+        let calls = groups.into_iter().map(|(owner, indexes, items)| {
+            let send = &send;
+            async move {
+                let answers = match owner {
+                    Some(owner) => {
+                        // Only items that passed validation have an owner.
+                        let again: Vec<Result<I, Error>> = items
+                            .iter()
+                            .filter_map(|item| item.as_ref().ok().cloned().map(Ok))
+                            .collect();
+                        match send(owner, items).await {
+                            Err(error) if self.node_did_not_answer(&error) => {
+                                send(self.without_router(), again).await
+                            }
+                            answered => answered,
+                        }
+                    }
+                    None => send(self.without_router(), items).await,
+                };
+                (indexes, answers)
+            }
+        });
+        let mut results: Vec<Option<Result<T, Error>>> = (0..count).map(|_| None).collect();
+        for (indexes, answers) in futures::future::join_all(calls).await {
+            for (index, answer) in indexes.into_iter().zip(answers?) {
+                results[index] = Some(answer);
+            }
+        }
+        Ok(results
+            .into_iter()
+            .map(|result| result.unwrap_or_else(|| Err(Error::Protocol("no answer".to_owned()))))
+            .collect())
+    }
+
+    /// This client, sending everything to its endpoint.
+    fn without_router(&self) -> Client {
+        Client {
+            router: None,
+            ..self.clone()
+        }
+    }
+
+    async fn send_add_batch_here(
         &self,
         items: Vec<Result<AddRequest, Error>>,
     ) -> Result<Vec<Result<AddOutcome, Error>>, Error> {
@@ -429,6 +567,12 @@ impl Client {
 
     async fn read(&self, key: &str, breakdown: bool) -> Result<Counter, Error> {
         validate_key(key)?;
+        if let Some(owner) = self.routed(key) {
+            match Box::pin(owner.read(key, breakdown)).await {
+                Err(error) if self.node_did_not_answer(&error) => {}
+                answered => return answered,
+            }
+        }
         let request = GetRequest {
             key: key_bytes(key),
             breakdown,
@@ -477,6 +621,24 @@ impl Client {
     }
 
     async fn send_get_batch(
+        &self,
+        items: Vec<Result<GetRequest, Error>>,
+    ) -> Result<Vec<Result<i64, Error>>, Error> {
+        if self.active_router().is_some() {
+            return self
+                .split_by_owner(
+                    items,
+                    |get| &get.key,
+                    |client, items| {
+                        Box::pin(async move { client.send_get_batch_here(items).await })
+                    },
+                )
+                .await;
+        }
+        self.send_get_batch_here(items).await
+    }
+
+    async fn send_get_batch_here(
         &self,
         items: Vec<Result<GetRequest, Error>>,
     ) -> Result<Vec<Result<i64, Error>>, Error> {

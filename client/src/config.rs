@@ -6,6 +6,8 @@
 //! [`ClientConfig::connect_lazy`], or over a transport the caller built with
 //! [`ClientConfig::build_with_channel`] / [`ClientConfig::build_with_service`].
 
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::transport::Endpoint;
@@ -21,6 +23,37 @@ use crate::{Client, Error};
 /// The most adds one `AddBatch` call may carry (the node's limit), and so the
 /// largest [`ClientConfig::with_max_batch_size`].
 pub const MAX_BATCH_SIZE: usize = 10_000;
+
+/// Where a [`Client`] sends each key's requests in a region of several
+/// nodes (a partitioned region: each key has a first owner there).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Routing {
+    /// The default: fetch the region's partition map on connect (and every
+    /// 10 s, and at once when a node answers that it forwarded a call), and
+    /// send each key's adds and reads straight to its first live owner,
+    /// over a connection per node; batches, coalesced ones included, are
+    /// split by owner. It takes effect only when the map shows more than
+    /// one node in the region: with one node (or a node that serves no map,
+    /// or refuses `Admin`), every call goes to the configured endpoint, at
+    /// no extra cost. A node the client cannot connect to is left to the
+    /// endpoint, which forwards. On by default because forwarding costs a
+    /// hop per call and the map costs one small call every 10 s. Clients
+    /// built over the caller's channel or service ([`ClientConfig::build_with_channel`],
+    /// [`ClientConfig::build_with_service`]) and [`ClientConfig::connect_lazy`]
+    /// do not route: they know no way to dial other nodes.
+    #[default]
+    Direct,
+    /// Everything to the configured endpoint; a node that is not a key's
+    /// first live owner forwards the request there in one hop, and its
+    /// answer carries a `tally-owner` header naming the owner.
+    ThroughEndpoint,
+    /// Everything to the configured endpoint, served there and never
+    /// forwarded (the request carries the forwarded marker). Every node
+    /// still stores every counter, so the answer is right; the add lands in
+    /// that node's slot. For tests and checkers that account each add to
+    /// the node it was sent to; a service has no reason to use it.
+    Pinned,
+}
 
 /// Settings of a [`Client`]: the per-call deadline, the connect timeout, the
 /// retry policy, the coalescing of adds and the optional read cache.
@@ -49,6 +82,7 @@ pub struct ClientConfig {
     tls_ca_pem: Option<Vec<u8>>,
     token: Option<String>,
     durability: Durability,
+    routing: Routing,
 }
 
 impl Default for ClientConfig {
@@ -67,6 +101,7 @@ impl Default for ClientConfig {
             tls_ca_pem: None,
             token: None,
             durability: Durability::NodeDefault,
+            routing: Routing::Direct,
         }
     }
 }
@@ -256,6 +291,18 @@ impl ClientConfig {
         self
     }
 
+    /// Where each key's requests go ([`Routing`]; default
+    /// [`Routing::Direct`]).
+    pub fn with_routing(mut self, routing: Routing) -> Self {
+        self.routing = routing;
+        self
+    }
+
+    /// The routing of requests.
+    pub fn routing(&self) -> Routing {
+        self.routing
+    }
+
     /// The read cache's capacity and TTL, if it is on.
     pub fn read_cache(&self) -> Option<(usize, Duration)> {
         self.read_cache
@@ -267,6 +314,24 @@ impl ClientConfig {
     /// connection drops.
     pub async fn connect(&self, endpoint: impl Into<String>) -> Result<Client, Error> {
         let uri = normalize_endpoint(&endpoint.into())?;
+        if self.routing != Routing::Direct {
+            return self.connect_node(uri, None).await;
+        }
+        let stale = Arc::new(AtomicBool::new(false));
+        let mut client = self.connect_node(uri.clone(), Some(stale.clone())).await?;
+        let router = Arc::new(crate::routing::Router::new(self, &uri, stale));
+        crate::routing::start(&router, client.admin_stub()).await;
+        client.set_router(router);
+        Ok(client)
+    }
+
+    /// Connects to `uri` (normalised) without routing; answers that name
+    /// another owner set `hint`.
+    pub(crate) async fn connect_node(
+        &self,
+        uri: String,
+        hint: Option<Arc<AtomicBool>>,
+    ) -> Result<Client, Error> {
         let channel = self
             .tonic_endpoint(&uri)?
             .connect()
@@ -276,7 +341,7 @@ impl ClientConfig {
                 message: error_chain(&error),
             })?;
         Ok(Client::from_transport(
-            self.transport(channel)?,
+            self.transport(channel, hint)?,
             self,
             Some(uri),
         ))
@@ -290,7 +355,7 @@ impl ClientConfig {
         let uri = normalize_endpoint(&endpoint.into())?;
         let channel = self.tonic_endpoint(&uri)?.connect_lazy();
         Ok(Client::from_transport(
-            self.transport(channel)?,
+            self.transport(channel, None)?,
             self,
             Some(uri),
         ))
@@ -382,7 +447,11 @@ impl ClientConfig {
         S::Future: Send + 'static,
         S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        Ok(Client::from_transport(self.transport(service)?, self, None))
+        Ok(Client::from_transport(
+            self.transport(service, None)?,
+            self,
+            None,
+        ))
     }
 
     /// The retry policy of every call but a watch's stream.
@@ -421,8 +490,9 @@ impl ClientConfig {
         })
     }
 
-    /// Wraps `service` with the configured token.
-    fn transport<S>(&self, service: S) -> Result<Transport, Error>
+    /// Wraps `service` with the configured token (and the pinning marker);
+    /// `hint` is set by answers that name another owner.
+    fn transport<S>(&self, service: S, hint: Option<Arc<AtomicBool>>) -> Result<Transport, Error>
     where
         S: tower::Service<
                 http::Request<tonic::body::Body>,
@@ -434,13 +504,20 @@ impl ClientConfig {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
-        let token = match &self.token {
-            Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| {
+        let mut headers = http::HeaderMap::new();
+        if let Some(token) = &self.token {
+            let token = format!("Bearer {token}").parse().map_err(|_| {
                 Error::InvalidArgument("the token must be printable ASCII".to_owned())
-            })?),
-            None => None,
-        };
-        Ok(Transport::new(service, token))
+            })?;
+            headers.insert(http::header::AUTHORIZATION, token);
+        }
+        if self.routing == Routing::Pinned {
+            headers.insert(
+                http::HeaderName::from_static("tally-forwarded"),
+                http::HeaderValue::from_static("client"),
+            );
+        }
+        Ok(Transport::with_headers(service, headers, hint))
     }
 
     fn tonic_endpoint(&self, uri: &str) -> Result<Endpoint, Error> {

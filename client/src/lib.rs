@@ -67,13 +67,14 @@ mod partitions;
 mod random;
 mod request;
 mod retry;
+mod routing;
 mod trace;
 mod transport;
 mod types;
 mod validate;
 
 pub use client::Client;
-pub use config::{ClientConfig, MAX_BATCH_SIZE};
+pub use config::{ClientConfig, Routing, MAX_BATCH_SIZE};
 pub use error::Error;
 pub use format::format_count;
 pub use likes::{

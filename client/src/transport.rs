@@ -9,6 +9,8 @@
 //! service underneath is.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tonic::body::Body;
@@ -37,17 +39,56 @@ impl Transport {
         S::Future: Send + 'static,
         S::Error: Into<BoxError>,
     {
+        let mut headers = http::HeaderMap::new();
+        if let Some(token) = token {
+            headers.insert(http::header::AUTHORIZATION, token);
+        }
+        Transport::with_headers(service, headers, None)
+    }
+
+    /// Wraps `service`, adding `headers` to every request (replacing any
+    /// header of the same name), and setting `hint` when an answer carries
+    /// the `tally-owner` header (the node forwarded the request: a routing
+    /// client's map is stale).
+    pub(crate) fn with_headers<S>(
+        service: S,
+        headers: http::HeaderMap,
+        hint: Option<Arc<AtomicBool>>,
+    ) -> Transport
+    where
+        S: Service<http::Request<Body>, Response = http::Response<Body>>
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError>,
+    {
         let service = service.map_err(Into::into);
-        let service = match token {
-            None => BoxCloneSyncService::new(service),
-            Some(token) => BoxCloneSyncService::new(service.map_request(
+        let service = BoxCloneSyncService::new(service.map_response(
+            move |response: http::Response<Body>| {
+                if let Some(hint) = &hint {
+                    if response
+                        .headers()
+                        .contains_key(crate::routing::OWNER_HEADER)
+                    {
+                        hint.store(true, Ordering::Release);
+                    }
+                }
+                response
+            },
+        ));
+        let service = if headers.is_empty() {
+            BoxCloneSyncService::new(service)
+        } else {
+            BoxCloneSyncService::new(service.map_request(
                 move |mut request: http::Request<Body>| {
-                    request
-                        .headers_mut()
-                        .insert(http::header::AUTHORIZATION, token.clone());
+                    for (name, value) in &headers {
+                        request.headers_mut().insert(name, value.clone());
+                    }
                     request
                 },
-            )),
+            ))
         };
         Transport { service }
     }

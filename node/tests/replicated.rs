@@ -4,8 +4,8 @@
 //!
 //! The main test runs three nodes in `eu` and one in `us`, every one with a
 //! one-hour sync interval (a node pulls once, at start, before anything is
-//! written), so no add can leave its node by anti-entropy. Adds go to eu-1
-//! (its default is `sync`; the client asks for `replicated`, and one add
+//! written), so no add can leave its node by anti-entropy. Adds go to eu-1,
+//! the first owner of every key used, so it takes them (its default is `sync`; the client asks for `replicated`, and one add
 //! comes from `tally add --durability replicated`). Then eu-1 is killed with
 //! `kill -9` and its data directory deleted, the copies are killed with
 //! `kill -9` too (what they acknowledged must be on their disks), and every
@@ -20,7 +20,9 @@ use std::time::Duration;
 use common::{cli, wait_until, Cluster, NodeProcess, NodeSpec};
 use tally_client::{ClientConfig, Durability};
 
-const KEYS: [&str; 3] = ["poll:1:votes", "poll:2:votes", "shop:9:sold"];
+/// Keys whose first owner in eu is eu-1 (checked below), so that eu-1 is
+/// the node that takes their adds, forwarded or not.
+const KEYS: [&str; 3] = ["poll:1:votes", "poll:2:votes", "shop:1:sold"];
 const TASKS: usize = 6;
 const ADDS_PER_TASK: usize = 40;
 
@@ -99,13 +101,19 @@ async fn a_wiped_taking_node_loses_no_replicated_add() {
     .unwrap();
     let taker = cluster.nodes[0].endpoint();
     let us = cluster.nodes[3].endpoint();
+    // A key's first owner serves it wherever its adds are sent (a node
+    // always serves the keys it owns first, whatever its state).
+    let map = common::region_map(&taker, 3).await;
+    for key in KEYS {
+        assert_eq!(common::first_owner(&map, key), "eu-1", "{key}");
+    }
 
     let mut expected = replicated_load(taker.clone()).await;
     let (code, stdout, stderr) = cli(
         &taker,
         &[
             "add",
-            "shop:9:sold",
+            "shop:1:sold",
             "5",
             "--durability",
             "replicated",
@@ -117,7 +125,7 @@ async fn a_wiped_taking_node_loses_no_replicated_add() {
         code, 0,
         "tally add --durability replicated: {stdout}{stderr}"
     );
-    *expected.entry("shop:9:sold".into()).or_default() += 5;
+    *expected.entry("shop:1:sold".into()).or_default() += 5;
 
     // Nothing left eu-1 by anti-entropy: us has pulled nothing yet.
     for key in KEYS {

@@ -4,8 +4,9 @@
 //! first live owner: a key written through a non-owner has a slot of its
 //! owner only, a read through any node answers the owner's value, a batch
 //! spanning owners is answered per item in order, a non-owner's answer
-//! names the owner, and a stopped owner fails over to the next one with
-//! nothing lost or counted twice.
+//! names the owner, the routing client sends every key straight to its
+//! owner (no node forwards), and a killed owner fails over to the next one
+//! with nothing lost or counted twice.
 
 mod common;
 
@@ -293,19 +294,67 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
     let expected_slots = |key: &str, p: u64| -> BTreeMap<u64, u64> {
         [(replica_of(&map, &owners_of(&map, key)[0]), p)].into()
     };
-    let owner_only = |held: &Slots| {
-        (0..KEYS)
-            .map(key)
-            .all(|k| held.get(&k) == Some(&expected_slots(&k, 4)))
+    let owner_only = |p: u64| {
+        move |held: &Slots| {
+            (0..KEYS)
+                .map(key)
+                .all(|k| held.get(&k) == Some(&expected_slots(&k, p)))
+        }
     };
     wait_slots(
         &endpoints[0],
         "each key's slot on its first owner only",
-        owner_only,
+        owner_only(4),
     )
     .await;
 
-    // 5. The owner of some keys is killed. Adds through another node fail
+    // 5. The routing client (the default) sends each key straight to its
+    // first owner, single adds (coalesced), batches and reads alike: no
+    // node forwards anything.
+    let forwarded_before: Vec<u64> = eu
+        .iter()
+        .map(|node| forwarded_count(node, "answered"))
+        .collect();
+    let client = Client::connect(endpoints[0].clone()).await.unwrap();
+    for i in 0..KEYS {
+        let added = client
+            .add_with_key(&key(i), 1, &format!("routed-{i}"))
+            .await
+            .unwrap();
+        assert_eq!(added.value, 5, "{}", key(i));
+    }
+    let batch = client
+        .add_batch((0..KEYS).map(|i| (key(i), 1)))
+        .await
+        .unwrap();
+    assert!(
+        batch.iter().all(|added| added.as_ref().unwrap().value == 6),
+        "{batch:?}"
+    );
+    let values = client.get_batch((0..KEYS).map(key)).await.unwrap();
+    assert!(
+        values.iter().all(|value| *value.as_ref().unwrap() == 6),
+        "{values:?}"
+    );
+    assert_eq!(client.get(&key(0)).await.unwrap(), 6);
+    let forwarded_after: Vec<u64> = eu
+        .iter()
+        .map(|node| forwarded_count(node, "answered"))
+        .collect();
+    assert_eq!(
+        forwarded_after, forwarded_before,
+        "the routing client's calls were forwarded"
+    );
+    drop(client);
+    // Synced (before the kill below): still one slot per key, its owner's.
+    wait_slots(
+        &endpoints[0],
+        "the routed adds in the owners' slots",
+        owner_only(6),
+    )
+    .await;
+
+    // 6. The owner of some keys is killed. Adds through another node fail
     // over to each key's next owner at once (failure detection has not
     // seen it go yet), with idempotent retries: nothing is lost or doubled.
     let stopped = "eu-3";
@@ -348,7 +397,7 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
     // Every region reads the exact total (4 for each key, 5 for each key
     // of eu-3) once synced; the failed-over adds are in the second owners'
     // slots.
-    let expected = |k: &str| if moved.iter().any(|m| m == k) { 5 } else { 4 };
+    let expected = |k: &str| if moved.iter().any(|m| m == k) { 7 } else { 6 };
     for endpoint in [&endpoints[0], &endpoints[1], &nodes[3].endpoint()] {
         let held = wait_slots(endpoint, "the exact total", |held| {
             (0..KEYS).map(key).all(|k| {

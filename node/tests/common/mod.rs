@@ -549,3 +549,30 @@ pub fn run_bounded(spec: &NodeSpec, limit: Duration) -> (Option<i32>, String) {
         std::fs::read_to_string(&stderr_path).unwrap_or_default(),
     )
 }
+
+/// The name of `key`'s first owner in `map` (the node that takes its adds
+/// in that region, every node being live).
+pub fn first_owner(map: &tally_client::PartitionMap, key: &str) -> String {
+    let count = tally_proto::partition::PartitionCount::new(u64::from(map.partitions)).unwrap();
+    map.owners_of(count.of_key(key.as_bytes()).0)[0].to_string()
+}
+
+/// Waits until the node at `endpoint` knows `nodes` nodes in its own
+/// region (owners depend on the names only), and returns its partition map.
+pub async fn region_map(endpoint: &str, nodes: usize) -> tally_client::PartitionMap {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(client) = tally_client::Client::connect(endpoint.to_string()).await {
+            if let Ok(map) = client.partition_map(None).await {
+                if map.nodes.len() == nodes {
+                    return map;
+                }
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{endpoint}: {nodes} nodes not seen"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

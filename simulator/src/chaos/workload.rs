@@ -63,7 +63,10 @@ pub async fn client_loop(
 ) {
     let mut rng = stream(seed, Subsystem::Workload);
     let zipf = Zipf::new(shared.names.len(), 1.1);
-    let config = ClientConfig::default();
+    // Pinned: each add lands in the slot of the node it was sent to, which
+    // is what the checker accounts it to (a forwarded add would land in
+    // its key's first owner's slot instead).
+    let config = ClientConfig::default().with_routing(tally_client::Routing::Pinned);
     let mut client = None;
     while !shared.stop.load(Ordering::SeqCst) {
         if client.is_none() {
