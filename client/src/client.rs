@@ -46,6 +46,10 @@ use crate::types::{counter_from_proto, status_from_proto};
 use crate::validate::{validate_delta, validate_idempotency_key, validate_key};
 use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
 
+/// The items of a batch for one owner (`None`: the endpoint): the owner,
+/// their positions in the batch, and the items.
+type OwnerGroup<I> = (Option<Client>, Vec<usize>, Vec<Result<I, Error>>);
+
 /// A connection to one Tally node.
 ///
 /// Cloning is cheap (the clones share one HTTP/2 connection, one coalescing
@@ -424,7 +428,7 @@ impl Client {
         let router = self.router.as_ref().expect("an active router");
         let count = items.len();
         // Groups by owner client (None: the endpoint), in first-seen order.
-        let mut groups: Vec<(Option<Client>, Vec<usize>, Vec<Result<I, Error>>)> = Vec::new();
+        let mut groups: Vec<OwnerGroup<I>> = Vec::new();
         let mut by_endpoint: HashMap<String, usize> = HashMap::new();
         for (index, item) in items.into_iter().enumerate() {
             let owner = item

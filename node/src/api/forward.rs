@@ -111,10 +111,9 @@ impl Forwarder {
     /// The routes a request with `metadata` is forwarded by: `None` when it
     /// is served here (a forwarded request, or every key is local).
     pub fn routes_for(&self, metadata: &MetadataMap) -> Option<Arc<RouteTable>> {
-        if is_forwarded(metadata) {
-            return None;
-        }
-        self.partitioning.routes()
+        // The atomic load first: one node in the region stops here.
+        let routes = self.partitioning.routes()?;
+        (!is_forwarded(metadata)).then_some(routes)
     }
 
     /// Marks the answer (or error) of a request served here for a
@@ -331,4 +330,34 @@ pub fn hint_owners<T>(
         Err(status) => status.metadata_mut().insert(OWNER_HEADER, value),
     };
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_unavailable_the_owner_did_not_send_fails_over() {
+        // A connection that failed: tonic's own UNAVAILABLE, no marker.
+        assert!(did_not_answer(&Status::unavailable("tcp connect error")));
+        // The owner's own UNAVAILABLE (copies missing, outcome unknown)
+        // is its answer: never applied a second time elsewhere.
+        let mut owners = Status::unavailable("only 1 of the 2 copies confirmed");
+        owners
+            .metadata_mut()
+            .insert(SERVED_BY_HEADER, MetadataValue::from_static("eu-2"));
+        assert!(!did_not_answer(&owners));
+        assert!(!did_not_answer(&Status::invalid_argument("bad key")));
+        assert!(!did_not_answer(&Status::deadline_exceeded("late")));
+    }
+
+    #[test]
+    fn a_forwarded_answer_names_its_owners() {
+        let answer = hint_owners(Ok(Response::new(())), &["eu-2".into(), "eu-3".into()]).unwrap();
+        assert_eq!(answer.metadata().get(OWNER_HEADER).unwrap(), "eu-2,eu-3");
+        let error = hint_owners::<()>(Err(Status::internal("x")), &["eu-2".into()]).unwrap_err();
+        assert_eq!(error.metadata().get(OWNER_HEADER).unwrap(), "eu-2");
+        let local = hint_owners(Ok(Response::new(())), &[]).unwrap();
+        assert!(local.metadata().get(OWNER_HEADER).is_none());
+    }
 }

@@ -140,6 +140,13 @@ pub struct Cli {
     #[arg(long, global = true, env = "TALLY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 
+    /// Where each key's calls go in a region of several nodes: `direct` (to
+    /// the key's first owner, by the region's partition map), `endpoint`
+    /// (to --endpoint, which forwards) or `pinned` (served by --endpoint
+    /// itself, never forwarded).
+    #[arg(long, global = true, value_enum, default_value_t = RoutingArg::Direct)]
+    pub routing: RoutingArg,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -272,6 +279,27 @@ pub struct AddArgs {
     pub durability: Option<DurabilityArg>,
 }
 
+/// `tally --routing`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RoutingArg {
+    /// To each key's first owner.
+    Direct,
+    /// To --endpoint, which forwards.
+    Endpoint,
+    /// To --endpoint, served there.
+    Pinned,
+}
+
+impl From<RoutingArg> for tally_client::Routing {
+    fn from(arg: RoutingArg) -> Self {
+        match arg {
+            RoutingArg::Direct => tally_client::Routing::Direct,
+            RoutingArg::Endpoint => tally_client::Routing::ThroughEndpoint,
+            RoutingArg::Pinned => tally_client::Routing::Pinned,
+        }
+    }
+}
+
 /// `tally add --durability`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum DurabilityArg {
@@ -315,9 +343,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         json,
         tls_ca,
         token,
+        routing,
         command,
     } = cli;
-    let mut base = tally_client::ClientConfig::default();
+    let mut base = tally_client::ClientConfig::default().with_routing(routing.into());
     if let Some(path) = tls_ca {
         let pem = std::fs::read(&path).map_err(|e| {
             anyhow::anyhow!("--tls-ca {}: cannot read the file: {e}", path.display())
