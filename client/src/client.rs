@@ -162,7 +162,11 @@ impl Client {
     /// Must be called inside a tokio runtime.
     pub fn from_channel(channel: tonic::transport::Channel) -> Client {
         let config = ClientConfig::default();
-        Client::from_transport(Transport::new(channel, None), &config, None)
+        Client::from_transport(
+            Transport::new(channel, http::HeaderMap::new(), None),
+            &config,
+            None,
+        )
     }
 
     pub(crate) fn from_transport(

@@ -517,7 +517,7 @@ impl ClientConfig {
                 http::HeaderValue::from_static("client"),
             );
         }
-        Ok(Transport::with_headers(service, headers, hint))
+        Ok(Transport::new(service, headers, hint))
     }
 
     fn tonic_endpoint(&self, uri: &str) -> Result<Endpoint, Error> {

@@ -27,30 +27,11 @@ pub(crate) struct Transport {
 }
 
 impl Transport {
-    /// Wraps `service`, adding `authorization: <token>` to every request
-    /// when `token` is set (a previously present header is replaced).
-    pub(crate) fn new<S>(service: S, token: Option<http::HeaderValue>) -> Transport
-    where
-        S: Service<http::Request<Body>, Response = http::Response<Body>>
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Future: Send + 'static,
-        S::Error: Into<BoxError>,
-    {
-        let mut headers = http::HeaderMap::new();
-        if let Some(token) = token {
-            headers.insert(http::header::AUTHORIZATION, token);
-        }
-        Transport::with_headers(service, headers, None)
-    }
-
     /// Wraps `service`, adding `headers` to every request (replacing any
     /// header of the same name), and setting `hint` when an answer carries
     /// the `tally-owner` header (the node forwarded the request: a routing
     /// client's map is stale).
-    pub(crate) fn with_headers<S>(
+    pub(crate) fn new<S>(
         service: S,
         headers: http::HeaderMap,
         hint: Option<Arc<AtomicBool>>,

@@ -21,19 +21,7 @@ const RF: usize = 2;
 const LIMIT: Duration = Duration::from_secs(60);
 
 fn spec(root: &std::path::Path, region: &str, name: &str) -> NodeSpec {
-    let mut spec = NodeSpec::new(root, region, name);
-    spec.extra = [
-        "--partitions",
-        "256",
-        "--replication-factor",
-        "2",
-        // Long enough that a kill never moves a partition during the test.
-        "--dead-after",
-        "10m",
-    ]
-    .map(String::from)
-    .to_vec();
-    spec
+    common::partitioned_spec(root, region, name, P as u32, RF as u32)
 }
 
 /// The partition map of region `eu` as the node at `endpoint` computes it.

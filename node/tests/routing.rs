@@ -24,20 +24,10 @@ const LIMIT: Duration = Duration::from_secs(60);
 const KEYS: usize = 48;
 
 fn spec(root: &std::path::Path, region: &str, name: &str) -> NodeSpec {
-    let mut spec = NodeSpec::new(root, region, name);
+    let mut spec = common::partitioned_spec(root, region, name, 16, 2);
     // Sync rarely, so that a read through a non-owner that is not forwarded
     // would miss the owner's adds (and a non-owner's slot would show).
     spec.sync_interval = "3s";
-    spec.extra = [
-        "--partitions",
-        "16",
-        "--replication-factor",
-        "2",
-        "--dead-after",
-        "10m",
-    ]
-    .map(String::from)
-    .to_vec();
     spec
 }
 

@@ -241,8 +241,10 @@ mod tests {
         // Nothing listens on port 1: the lazy channel never connects.
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
         let before = metrics.num_alive_tasks();
-        let handle: CoalescerHandle<wire::AddBatch> =
-            spawn_coalescer(Transport::new(channel, None), settings());
+        let handle: CoalescerHandle<wire::AddBatch> = spawn_coalescer(
+            Transport::new(channel, http::HeaderMap::new(), None),
+            settings(),
+        );
         let clone = handle.clone();
         assert_eq!(metrics.num_alive_tasks(), before + 1);
         drop(handle);
@@ -262,8 +264,10 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_node_fails_the_add_within_its_deadline() {
         let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
-        let handle: CoalescerHandle<wire::AddBatch> =
-            spawn_coalescer(Transport::new(channel, None), settings());
+        let handle: CoalescerHandle<wire::AddBatch> = spawn_coalescer(
+            Transport::new(channel, http::HeaderMap::new(), None),
+            settings(),
+        );
         let body = wire::encode_add(b"k", 1, b"key", 0);
         let deadline = Instant::now() + Duration::from_millis(200);
         let error = handle.submit(body).await.unwrap_err();

@@ -50,6 +50,15 @@ pub enum LifecycleError {
 /// eligible (not gone).
 type OwnershipInput = (String, String, NodeState, bool);
 
+fn ownership_input(view: &ClusterView, node: &crate::partition::NodeInfo) -> OwnershipInput {
+    (
+        node.name.clone(),
+        node.region.clone(),
+        node.state,
+        view.is_eligible(node),
+    )
+}
+
 /// What the routes depend on, per node: its ownership input, whether it is
 /// alive, and its gRPC address.
 type RouteInput = (OwnershipInput, bool, String);
@@ -240,12 +249,7 @@ impl Partitioning {
             .nodes()
             .map(|node| {
                 (
-                    (
-                        node.name.clone(),
-                        node.region.clone(),
-                        node.state,
-                        view.is_eligible(node),
-                    ),
+                    ownership_input(view, node),
                     node.alive,
                     endpoints
                         .get(&node.name)
@@ -309,14 +313,7 @@ impl Partitioning {
         // of the region's nodes) only when they change, not every round.
         let inputs: Vec<OwnershipInput> = view
             .nodes()
-            .map(|node| {
-                (
-                    node.name.clone(),
-                    node.region.clone(),
-                    node.state,
-                    view.is_eligible(node),
-                )
-            })
+            .map(|node| ownership_input(&view, node))
             .collect();
         let metrics = engine.metrics();
         {

@@ -576,3 +576,25 @@ pub async fn region_map(endpoint: &str, nodes: usize) -> tally_client::Partition
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A node of a partitioned cluster: `partitions` partitions, replication
+/// factor `rf`, and a --dead-after long enough that a kill never moves a
+/// partition during a test.
+pub fn partitioned_spec(
+    root: &Path,
+    region: &str,
+    name: &str,
+    partitions: u32,
+    rf: u32,
+) -> NodeSpec {
+    let mut spec = NodeSpec::new(root, region, name);
+    spec.extra = vec![
+        "--partitions".into(),
+        partitions.to_string(),
+        "--replication-factor".into(),
+        rf.to_string(),
+        "--dead-after".into(),
+        "10m".into(),
+    ];
+    spec
+}
