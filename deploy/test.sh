@@ -17,6 +17,12 @@
 # an add whose answer was lost (node killed, paused, ...) is applied once.
 # The expected total of a key is the sum of the deltas of all adds sent.
 #
+# Every CLI call runs with TALLY_ROUTING=pinned: the node it names serves it
+# (no forwarding to the key's owner in eu-west), so "retried on the same
+# node" holds. A retry that fails over to another owner is recognised only
+# once the first owner's idempotency record reached it (README,
+# "Partitioned regions"), and the kill phase would count such an add twice.
+#
 # Traffic stays inside the compose project's own network: the CLI runs in the
 # containers (docker exec) and talks to its own node; no host port is
 # published. Nothing is exec'd into a container while it is paused: with
@@ -172,14 +178,14 @@ dock() { timeout -k 5 "$1" docker "${@:2}"; }
 tally_in() { # tally_in NODE ARGS...: the CLI inside the node's container
   # (its endpoint, and with security its CA and token, come from the
   # container's environment: TALLY_ENDPOINT, TALLY_TLS_CA, TALLY_TOKEN)
-  dock 60 exec "${cid[$1]}" tally "${@:2}"
+  dock 60 exec -e TALLY_ROUTING=pinned "${cid[$1]}" tally "${@:2}"
 }
 # tally_via VIA NODE ARGS...: the CLI inside VIA's container, talking to
 # NODE over the project network (node certificates name their node).
 tally_via() {
   local scheme=http
   [[ "$secure" == 1 ]] && scheme=https
-  dock 60 exec "${cid[$1]}" tally --endpoint "$scheme://$2:7100" "${@:3}"
+  dock 60 exec -e TALLY_ROUTING=pinned "${cid[$1]}" tally --endpoint "$scheme://$2:7100" "${@:3}"
 }
 # via NODE: the container whose CLI drives NODE's adds (itself, unless
 # routed elsewhere for a phase by setting via_override[NODE]).
@@ -426,7 +432,7 @@ wait_until 30 "eu-west-1 sees ap-south-1 down" ap_south_down
 log "  eu-west-1 sees ap-south-1 down"
 
 log "phase 2: adds on both sides of the partition (4 x 12), and a hot key: tally bench on eu-west-1 for 3 s"
-dock 60 exec "${cid[eu-west-1]}" tally bench --op add --keys 1 --concurrency 8 --connections 2 \
+dock 60 exec -e TALLY_ROUTING=pinned "${cid[eu-west-1]}" tally bench --op add --keys 1 --concurrency 8 --connections 2 \
   --duration 3s --warmup 0s >"$work/bench.out" 2>&1 &
 bench_pid=$!
 start_drivers partitioned 12 "${nodes[@]}"

@@ -144,7 +144,7 @@ pub struct Cli {
     /// the key's first owner, by the region's partition map), `endpoint`
     /// (to --endpoint, which forwards) or `pinned` (served by --endpoint
     /// itself, never forwarded).
-    #[arg(long, global = true, value_enum, default_value_t = RoutingArg::Direct)]
+    #[arg(long, global = true, env = "TALLY_ROUTING", value_enum, default_value_t = RoutingArg::Direct)]
     pub routing: RoutingArg,
 
     #[command(subcommand)]
