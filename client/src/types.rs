@@ -149,6 +149,10 @@ pub struct Member {
     /// The node's published digest of its durable state. JSON: 16 hex digits.
     #[cfg_attr(feature = "serde", serde(with = "hex_u64"))]
     pub digest: u64,
+    /// The node's published digest of its durable like sets and uniques;
+    /// `None` from a build that publishes none. JSON: 16 hex digits or `null`.
+    #[cfg_attr(feature = "serde", serde(default, with = "optional_hex_u64"))]
+    pub sets_digest: Option<u64>,
     /// The node's published durable sequence number.
     pub durable_seq: u64,
     /// Time since the answering node last completed a pull from this member;
@@ -273,6 +277,7 @@ fn member_from_proto(member: proto::Member) -> Member {
         gossip_addr: member.gossip_addr,
         alive: member.alive,
         digest: member.digest,
+        sets_digest: member.sets_digest,
         durable_seq: member.durable_seq,
         since_last_sync: member.since_last_sync_ms.map(Duration::from_millis),
         seq_lag: member.seq_lag,
@@ -323,6 +328,30 @@ mod hex_u64 {
         let text = String::deserialize(deserializer)?;
         u64::from_str_radix(&text, 16)
             .map_err(|error| D::Error::custom(format!("{text:?} is not a hex u64: {error}")))
+    }
+}
+
+/// `Option<u64>` as 16 hex digits, or `null`.
+#[cfg(feature = "serde")]
+mod optional_hex_u64 {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<u64>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => super::hex_u64::serialize(value, serializer),
+            None => serializer.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<u64>, D::Error> {
+        #[derive(Deserialize)]
+        struct Hex(#[serde(with = "super::hex_u64")] u64);
+        Ok(Option::<Hex>::deserialize(deserializer)?.map(|Hex(value)| value))
     }
 }
 

@@ -435,11 +435,11 @@ fn spawn_membership_feed(engine: Arc<Engine>, membership: Arc<MembershipHandle>)
                 engine.core().peers_mut().handle_membership(others);
             }
             durable_rx.borrow_and_update();
-            let (seq, digest) = {
+            let (seq, digest, sets_digest) = {
                 let core = engine.core();
-                (core.durable_seq(), core.digest().0)
+                (core.durable_seq(), core.digest().0, core.sets_digest().0)
             };
-            membership.publish(seq, digest);
+            membership.publish(seq, digest, sets_digest);
             members_changed = tokio::select! {
                 changed = members_rx.changed() => match changed {
                     Ok(()) => true,

@@ -7,6 +7,9 @@
 //!   exactly 700, on each member, and its count matches a recount;
 //! - a uniques key fed 100,000 distinct members across the regions estimates
 //!   within 2% everywhere, with identical registers (digest);
+//! - the sets digest `tally status` compares agrees across the regions
+//!   once they hold the same like sets and uniques, and differs while one
+//!   region is cut off from a like (its counter digest still agreeing);
 //! - bad input (before cluster version 3, empty or long members, 10^6 members
 //!   in one call, foreign or garbage page tokens, an unlike flood) is refused
 //!   or changes nothing.
@@ -177,8 +180,65 @@ async fn three_regions_agree_on_every_member_the_count_and_the_uniques() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // The sets digest `tally status` compares: equal once the regions hold
+    // the same members and registers, and every node says converged.
+    let agreed = wait_sets_digests(&regions, None).await;
+    // ap cut off (frozen): a like in eu reaches us only. The counter
+    // digests still agree; the sets digests say that ap is behind.
+    tokio::task::block_in_place(|| nodes[2].pause());
+    regions[0].like("post:cut", "kim").await.unwrap();
+    let moved = wait_sets_digests(&regions[..2], Some(agreed)).await;
+    let cut_off = regions[0].status().await.unwrap();
+    let ap = cut_off
+        .members
+        .iter()
+        .find(|member| member.region == "ap")
+        .expect("eu knows ap");
+    assert_eq!(ap.digest, cut_off.node.digest, "the counters agree");
+    assert_eq!(ap.sets_digest, Some(agreed), "ap's last publication");
+    assert_ne!(ap.sets_digest, Some(moved));
+    // ap back: it pulls the like, and all three agree again.
+    tokio::task::block_in_place(|| nodes[2].resume());
+    assert_eq!(wait_sets_digests(&regions, Some(agreed)).await, moved);
     for node in nodes.iter_mut() {
         node.stop();
+    }
+}
+
+/// Waits (bounded) until every client's node publishes one sets digest
+/// (other than `not`), every node's status lists the same for each live
+/// member and says converged; returns that digest.
+async fn wait_sets_digests(clients: &[Client], not: Option<u64>) -> u64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut statuses = Vec::new();
+        for client in clients {
+            statuses.push(client.status().await.ok());
+        }
+        let own: Vec<Option<u64>> = statuses
+            .iter()
+            .map(|status| status.as_ref().and_then(|s| s.node.sets_digest))
+            .collect();
+        let agreed = own[0].filter(|digest| Some(*digest) != not);
+        let everywhere = agreed.is_some()
+            && own.iter().all(|digest| *digest == agreed)
+            && statuses.iter().flatten().all(|status| {
+                let listed = status
+                    .members
+                    .iter()
+                    .filter(|member| clients.len() == 3 && member.alive)
+                    .all(|member| member.sets_digest == agreed);
+                listed && (clients.len() < 3 || status.converged)
+            });
+        if let (true, Some(digest)) = (everywhere, agreed) {
+            return digest;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the regions' sets digests did not agree: {own:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

@@ -161,10 +161,11 @@ async fn three_regions_see_each_other_and_the_published_values() {
     }
 
     let mut ap_rx = ap_handle.subscribe();
-    us_handle.publish(7, 0xabc);
+    us_handle.publish(7, 0xabc, 0x5e7);
     let published = |members: &[Member]| {
-        us.find(members)
-            .is_some_and(|m| m.alive && m.durable_seq == 7 && m.digest == 0xabc)
+        us.find(members).is_some_and(|m| {
+            m.alive && m.durable_seq == 7 && m.digest == 0xabc && m.sets_digest == Some(0x5e7)
+        })
     };
     wait_until("eu sees us's publication", &eu_handle, published).await;
     wait_until("ap sees us's publication", &ap_handle, published).await;

@@ -55,6 +55,18 @@ impl AdminService {
     }
 }
 
+/// True when two members publish the same state: the same counter digest,
+/// and the same sets digest unless one of them publishes none (a build
+/// before sets digests: its like sets cannot be compared, and holding that
+/// against it would report a rolling upgrade as diverged until it ends).
+pub fn same_state(a: &pb::Member, b: &pb::Member) -> bool {
+    a.digest == b.digest
+        && match (a.sets_digest, b.sets_digest) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        }
+}
+
 /// The status as this node sees it.
 pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
     let now = now_ms();
@@ -67,6 +79,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         grpc_addr: info.grpc_addr.clone(),
         alive: true,
         digest: core.digest().0,
+        sets_digest: Some(core.sets_digest().0),
         durable_seq: core.durable_seq(),
         since_last_sync_ms: None,
         seq_lag: 0,
@@ -88,6 +101,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
                 grpc_addr: peer.member.grpc_addr.clone(),
                 alive: peer.member.alive,
                 digest: peer.member.digest,
+                sets_digest: peer.member.sets_digest,
                 durable_seq: peer.member.durable_seq,
                 since_last_sync_ms: peer.last_success_ms.map(|at| now.saturating_sub(at)),
                 seq_lag: peer
@@ -105,7 +119,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
     let converged = members
         .iter()
         .filter(|m| m.alive)
-        .all(|m| m.digest == own.digest);
+        .all(|m| same_state(m, &own));
     let folds = core.folds();
     let retired: Vec<pb::RetiredWriter> = folds
         .retired()
@@ -234,5 +248,35 @@ impl Admin for AdminService {
         _request: Request<pb::StatusRequest>,
     ) -> Result<Response<pb::StatusResponse>, Status> {
         Ok(Response::new(status(&self.engine, &self.info)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(digest: u64, sets_digest: Option<u64>) -> pb::Member {
+        pb::Member {
+            digest,
+            sets_digest,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn members_agree_on_both_digests_or_on_the_counters_with_an_older_build() {
+        assert!(same_state(&member(1, Some(2)), &member(1, Some(2))));
+        assert!(
+            !same_state(&member(1, Some(2)), &member(1, Some(3))),
+            "like sets differ"
+        );
+        assert!(
+            !same_state(&member(1, Some(2)), &member(4, Some(2))),
+            "counters differ"
+        );
+        // A build before sets digests publishes none: not held against it.
+        assert!(same_state(&member(1, Some(2)), &member(1, None)));
+        assert!(same_state(&member(1, None), &member(1, Some(2))));
+        assert!(!same_state(&member(1, None), &member(4, Some(2))));
     }
 }

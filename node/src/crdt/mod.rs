@@ -14,7 +14,9 @@ mod laws;
 mod pn_counter;
 
 pub use causal_length::{check_member, CausalLengthSet, LengthOverflow, MemberError};
-pub use digest::{counter_digest, stable_hash, StateDigest};
+pub use digest::{
+    counter_digest, member_digest, register_digest, stable_hash, SetsDigest, StateDigest,
+};
 pub use fold::{writer_slot_hash, FoldBook, FoldError, FoldRecord, FoldedBase, WriterDigest};
 pub use hll::HyperLogLog;
 pub use pn_counter::{AddError, PnCounter, ReplicaId, Slot, ValueOutOfRange};

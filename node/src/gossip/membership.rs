@@ -58,6 +58,9 @@ const KEY_REPLICA: &str = "replica";
 const KEY_GRPC_ADDR: &str = "grpc_addr";
 const KEY_DURABLE_SEQ: &str = "durable_seq";
 const KEY_DIGEST: &str = "digest";
+/// The sets digest (like sets and uniques), apart from `digest` so that the
+/// counter digest means the same on every build; absent from older builds.
+const KEY_SETS_DIGEST: &str = "sets_digest";
 /// The newest protocol version the node speaks (absent: 1, a build before versions).
 const KEY_PROTOCOL: &str = "protocol";
 /// The oldest protocol version the node speaks (it rises with the cluster version).
@@ -119,6 +122,7 @@ pub struct MembershipConfig {
 struct Published {
     durable_seq: u64,
     digest: u64,
+    sets_digest: u64,
     /// Set once the protocol window changed (the cluster version moved).
     protocol: Option<ProtocolWindow>,
     /// The fold report's text ([`super::fold_report`]), once there is one.
@@ -216,6 +220,7 @@ impl MembershipHandle {
             (KEY_GRPC_ADDR.to_string(), config.grpc_advertise.clone()),
             (KEY_DURABLE_SEQ.to_string(), "0".to_string()),
             (KEY_DIGEST.to_string(), hex(0)),
+            (KEY_SETS_DIGEST.to_string(), hex(0)),
             (KEY_PROTOCOL.to_string(), config.protocol.newest.to_string()),
             (
                 KEY_PROTOCOL_OLDEST.to_string(),
@@ -267,14 +272,16 @@ impl MembershipHandle {
         })
     }
 
-    /// Publishes this node's durable sequence and digest. Cheap and never
-    /// blocks: only the latest values are kept, and they reach chitchat at the
-    /// next gossip round.
-    pub fn publish(&self, durable_seq: u64, digest: u64) {
+    /// Publishes this node's durable sequence and digests (counters, and
+    /// like sets with uniques). Cheap and never blocks: only the latest
+    /// values are kept, and they reach chitchat at the next gossip round.
+    pub fn publish(&self, durable_seq: u64, digest: u64, sets_digest: u64) {
         self.publish_tx.send_if_modified(|current| {
-            let changed = (current.durable_seq, current.digest) != (durable_seq, digest);
+            let new = (durable_seq, digest, sets_digest);
+            let changed = (current.durable_seq, current.digest, current.sets_digest) != new;
             current.durable_seq = durable_seq;
             current.digest = digest;
+            current.sets_digest = sets_digest;
             changed
         });
     }
@@ -484,6 +491,7 @@ impl Refresher {
                     let state = chitchat.self_node_state();
                     state.set(KEY_DURABLE_SEQ, published.durable_seq);
                     state.set(KEY_DIGEST, hex(published.digest));
+                    state.set(KEY_SETS_DIGEST, hex(published.sets_digest));
                     if let Some(protocol) = published.protocol {
                         state.set(KEY_PROTOCOL, protocol.newest);
                         state.set(KEY_PROTOCOL_OLDEST, protocol.oldest);
@@ -656,6 +664,9 @@ fn parse_member<'a>(
             .parse()
             .map_err(|_| format!("`{KEY_DURABLE_SEQ}` is not a number: {durable_seq:?}"))?,
         digest: hex_field(KEY_DIGEST)?,
+        sets_digest: get(KEY_SETS_DIGEST)
+            .map(|_| hex_field(KEY_SETS_DIGEST))
+            .transpose()?,
         protocol,
         folds: get(super::fold_report::KEY_FOLDS).and_then(super::fold_report::decode),
         partitions: version(KEY_PARTITIONS)?,

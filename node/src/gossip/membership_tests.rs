@@ -82,6 +82,21 @@ fn parses_published_values() {
 }
 
 #[test]
+fn the_sets_digest_is_optional_for_older_builds() {
+    let mut published = values(0x12);
+    assert_eq!(
+        parse(&published, true).unwrap().sets_digest,
+        None,
+        "an older build"
+    );
+    published.insert(KEY_SETS_DIGEST, hex(0x5e7));
+    assert_eq!(parse(&published, true).unwrap().sets_digest, Some(0x5e7));
+    published.insert(KEY_SETS_DIGEST, "nope".to_string());
+    let error = parse(&published, true).unwrap_err();
+    assert!(error.contains("sets_digest"), "{error}");
+}
+
+#[test]
 fn parses_the_announced_protocol_versions() {
     let mut announcing = values(1);
     announcing.insert(KEY_PROTOCOL, "2".to_string());

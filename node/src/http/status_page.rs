@@ -114,11 +114,14 @@ pub fn render(status: &pb::StatusResponse) -> String {
          <th>alive</th><th>last sync</th><th>sequence lag</th><th>digest</th><th>protocol</th></tr>",
     );
     let row = |html: &mut String, member: &pb::Member, is_self: bool| {
-        let same = member.digest == own.digest;
+        let same = crate::api::admin::same_state(member, &own);
+        let sets = member.sets_digest.map_or(String::new(), |sets| {
+            format!(" · sets <code>{sets:016x}</code>")
+        });
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{}{}</td><td><code>{:016x}</code></td><td>{}</td><td class=\"{}\">{}</td>\
-             <td>{}</td><td>{}</td><td class=\"{}\"><code>{:016x}</code></td><td class=\"{}\">{}..{}{}</td></tr>",
+             <td>{}</td><td>{}</td><td class=\"{}\"><code>{:016x}</code>{}</td><td class=\"{}\">{}..{}{}</td></tr>",
             escape(&member.region),
             escape(&member.node_name),
             if is_self { " (this node)" } else { "" },
@@ -130,6 +133,7 @@ pub fn render(status: &pb::StatusResponse) -> String {
             member.seq_lag,
             if same { "ok" } else { "bad" },
             member.digest,
+            sets,
             if member.refused { "bad" } else { "ok" },
             member.protocol_oldest,
             member.protocol_version,
@@ -167,7 +171,9 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
         serde_json::json!({
             "region": m.region, "node_name": m.node_name, "replica": format!("{:016x}", m.replica),
             "grpc_addr": m.grpc_addr, "gossip_addr": m.gossip_addr, "alive": m.alive,
-            "digest": format!("{:016x}", m.digest), "durable_seq": m.durable_seq,
+            "digest": format!("{:016x}", m.digest),
+            "sets_digest": m.sets_digest.map(|sets| format!("{sets:016x}")),
+            "durable_seq": m.durable_seq,
             "since_last_sync_ms": m.since_last_sync_ms, "seq_lag": m.seq_lag,
             "protocol_version": m.protocol_version, "protocol_oldest": m.protocol_oldest,
             "refused": m.refused, "partitions": m.partitions,

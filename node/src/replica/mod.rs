@@ -29,7 +29,9 @@ pub mod version;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::crdt::{AddError, FoldedBase, PnCounter, ReplicaId, StateDigest, WriterDigest};
+use crate::crdt::{
+    AddError, FoldedBase, PnCounter, ReplicaId, SetsDigest, StateDigest, WriterDigest,
+};
 use directory::Directory;
 use folds::Folds;
 
@@ -234,6 +236,8 @@ pub struct Replica {
     durable_seq: u64,
     /// Digest of the durable state.
     digest: StateDigest,
+    /// Digest of the durable like sets and uniques.
+    sets_digest: SetsDigest,
     directory: Directory,
     superseded_pending: Vec<Change>,
     idempotency: IdempotencyTable,
@@ -295,6 +299,7 @@ impl Replica {
             last_seq: recovered.durable_seq,
             durable_seq: recovered.durable_seq,
             digest: recovered.digest,
+            sets_digest: recovered.sets_digest,
             directory,
             superseded_pending: Vec::new(),
             idempotency,
@@ -312,7 +317,7 @@ impl Replica {
             fold_sweep: retire::FoldSweep::recovered(recovered.fold_swept),
             peers: PeerBook::new(recovered.watermarks)
                 .with_delta_watermarks(recovered.delta_watermarks),
-            sets: sets::Sets::default(),
+            sets: sets::Sets::recovered(recovered.sets_digest),
             copies: copies::CopyBook::starting_at(recovered.durable_seq),
             config,
         }
@@ -336,6 +341,12 @@ impl Replica {
     /// The digest of the durable state.
     pub fn digest(&self) -> StateDigest {
         self.digest
+    }
+
+    /// The digest of the durable like sets and uniques (apart from
+    /// [`Self::digest`], which older builds publish alone).
+    pub fn sets_digest(&self) -> SetsDigest {
+        self.sets_digest
     }
 
     /// Idempotency records held (at most the configured capacity; past it
@@ -607,7 +618,7 @@ impl Replica {
             }
             counters.push((key, entry.live.clone()));
         }
-        let (likes, uniques) = self.sets.take_writes();
+        let (likes, uniques, sets_digest) = self.sets.take_writes();
         let batch = CommitBatch {
             likes,
             uniques,
@@ -620,6 +631,7 @@ impl Replica {
             directory_put: self.directory.take_pending(),
             watermarks,
             digest,
+            sets_digest,
             writer_digests: writer_digests.into_iter().collect(),
             retired,
             fold_records,
@@ -659,6 +671,7 @@ impl Replica {
         self.sets.commit_done(&batch.likes, &batch.uniques);
         self.durable_seq = seq;
         self.digest = batch.digest;
+        self.sets_digest = batch.sets_digest;
         self.folds.set_digests(&batch.writer_digests);
         self.note_committed_for_copies(seq, &keys);
     }

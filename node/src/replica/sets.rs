@@ -18,13 +18,22 @@
 //! commit still has to write it (so a store read never returns a length
 //! older than one the core answered with); an answer's durability ticket
 //! names a commit that makes everything it reported durable.
+//!
+//! The sets digest ([`SetsDigest`]) moves with every length or register
+//! change, at the change: each entry sums its changes since the last commit
+//! was handed out, and handing a commit out adds them to the running digest,
+//! which is then exactly the digest of the state that commit makes durable
+//! (it writes every member and register changed up to that moment). Nothing
+//! is ever rescanned to compute it, except once when a store written by a
+//! build that kept no sets digest opens (`store/sets.rs`).
 
 use std::collections::{BTreeSet, HashMap};
 
 use crate::crdt::causal_length::{
     count_change, is_liked, length_after_like, length_after_unlike, LengthOverflow,
 };
-use crate::crdt::{Crdt, HyperLogLog};
+use crate::crdt::hll::{hash_member, position};
+use crate::crdt::{Crdt, HyperLogLog, SetsDigest};
 
 use super::types::{DurableState, Key, StorageError};
 use super::{request_fingerprint, AddRefused, Keyed, Replica};
@@ -198,6 +207,8 @@ struct LikeEntry {
     /// Listed in [`Sets::dirty`].
     queued: bool,
     last_used_ms: u64,
+    /// The digest change of the lengths changed since the last commit was handed out.
+    digest_change: u64,
 }
 
 impl LikeEntry {
@@ -216,17 +227,21 @@ impl LikeEntry {
     }
 
     /// Raises a member's length and moves the count; true when it changed.
-    fn raise(&mut self, member: &str, old: u64, new: u64) -> bool {
-        new > old && self.set(member, old, new)
+    fn raise(&mut self, key: &str, member: &str, old: u64, new: u64) -> bool {
+        new > old && self.set(key, member, old, new)
     }
 
-    /// Sets a member's length (only a planted bug lowers one) and moves the count.
-    fn set(&mut self, member: &str, old: u64, new: u64) -> bool {
+    /// Sets a member's length (only a planted bug lowers one) and moves the
+    /// count and the digest.
+    fn set(&mut self, key: &str, member: &str, old: u64, new: u64) -> bool {
         if new == old {
             return false;
         }
         self.lengths.insert(member.into(), new);
         self.count = self.count.saturating_add_signed(count_change(old, new));
+        self.digest_change = self
+            .digest_change
+            .wrapping_add(SetsDigest::member_change(key, member, old, new));
         self.changed.insert(member.into());
         true
     }
@@ -244,6 +259,23 @@ struct UniqueEntry {
     /// Listed in [`Sets::dirty`].
     queued: bool,
     last_used_ms: u64,
+    /// The digest change of the registers raised since the last commit was handed out.
+    digest_change: u64,
+}
+
+impl UniqueEntry {
+    /// Raises a register and moves the digest; true when it changed.
+    fn raise(&mut self, key: &str, index: u16, rank: u8) -> bool {
+        let old = self.state.register(index);
+        if !self.state.raise(index, rank) {
+            return false;
+        }
+        self.changed.insert(index);
+        self.digest_change = self
+            .digest_change
+            .wrapping_add(SetsDigest::register_change(key, index, old, rank));
+        true
+    }
 }
 
 /// The core's like sets and uniques. See the module documentation.
@@ -253,9 +285,19 @@ pub(super) struct Sets {
     uniques: HashMap<Key, UniqueEntry>,
     /// Sets with changes since the last commit was handed out, once each.
     dirty: Vec<(SetKind, Key)>,
+    /// The digest of the state the last commit handed out makes durable.
+    digest: SetsDigest,
 }
 
 impl Sets {
+    /// The core's sets, starting from the digest of the durable state.
+    pub(super) fn recovered(digest: SetsDigest) -> Self {
+        Sets {
+            digest,
+            ..Default::default()
+        }
+    }
+
     fn like_entry(
         &mut self,
         store: &(impl DurableState + ?Sized),
@@ -271,6 +313,7 @@ impl Sets {
                 in_flight: BTreeSet::new(),
                 queued: false,
                 last_used_ms: now_ms,
+                digest_change: 0,
             };
             self.likes.insert(Key::from(key), entry);
         }
@@ -293,6 +336,7 @@ impl Sets {
                 committing: false,
                 queued: false,
                 last_used_ms: now_ms,
+                digest_change: 0,
             };
             self.uniques.insert(Key::from(key), entry);
         }
@@ -339,8 +383,9 @@ impl Sets {
         !self.dirty.is_empty()
     }
 
-    /// Hands out the writes of the next commit.
-    pub(super) fn take_writes(&mut self) -> (Vec<LikeWrite>, Vec<UniqueWrite>) {
+    /// Hands out the writes of the next commit, and the sets digest of the
+    /// state it makes durable.
+    pub(super) fn take_writes(&mut self) -> (Vec<LikeWrite>, Vec<UniqueWrite>, SetsDigest) {
         let (mut likes, mut uniques) = (Vec::new(), Vec::new());
         for (kind, key) in self.dirty.drain(..) {
             match kind {
@@ -349,6 +394,7 @@ impl Sets {
                         continue;
                     };
                     entry.queued = false;
+                    self.digest.apply(std::mem::take(&mut entry.digest_change));
                     let changed = std::mem::take(&mut entry.changed);
                     if changed.is_empty() {
                         continue;
@@ -369,6 +415,7 @@ impl Sets {
                         continue;
                     };
                     entry.queued = false;
+                    self.digest.apply(std::mem::take(&mut entry.digest_change));
                     let changed = std::mem::take(&mut entry.changed);
                     if changed.is_empty() {
                         continue;
@@ -385,7 +432,7 @@ impl Sets {
                 }
             }
         }
-        (likes, uniques)
+        (likes, uniques, self.digest)
     }
 
     /// The commit holding these writes is durable.
@@ -478,8 +525,8 @@ impl Sets {
                 for (member, length) in members {
                     let old = entry.length(store, key, member)?;
                     let applied = match last_writer_wins {
-                        true => entry.set(member, old, *length),
-                        false => entry.raise(member, old, *length),
+                        true => entry.set(key, member, old, *length),
+                        false => entry.raise(key, member, old, *length),
                     };
                     changed += usize::from(applied);
                 }
@@ -490,10 +537,7 @@ impl Sets {
             SetDelta::Uniques { key, registers } => {
                 let entry = self.unique_entry(store, key, now_ms)?;
                 for (index, rank) in registers {
-                    if entry.state.raise(*index, *rank) {
-                        entry.changed.insert(*index);
-                        changed += 1;
-                    }
+                    changed += usize::from(entry.raise(key, *index, *rank));
                 }
                 if changed > 0 {
                     self.mark(SetKind::Uniques, key);
@@ -548,7 +592,7 @@ impl Replica {
         } else {
             length_after_unlike(old)?
         };
-        let changed = entry.raise(request.member, old, new);
+        let changed = entry.raise(request.key, request.member, old, new);
         let count = entry.count;
         if changed {
             self.sets.mark(SetKind::Likes, request.key);
@@ -616,10 +660,8 @@ impl Replica {
         let entry = self.sets.unique_entry(store, key, now_ms)?;
         let mut raised = 0;
         for member in members {
-            if let Some((index, _)) = entry.state.observe(member.as_bytes()) {
-                entry.changed.insert(index);
-                raised += 1;
-            }
+            let (index, rank) = position(hash_member(member.as_bytes()));
+            raised += usize::from(entry.raise(key, index, rank));
         }
         if raised > 0 {
             self.sets.mark(SetKind::Uniques, key);

@@ -37,6 +37,9 @@ pub struct Member {
     pub durable_seq: u64,
     /// Its published digest.
     pub digest: u64,
+    /// Its published sets digest (like sets and uniques); `None` from a
+    /// build that publishes none.
+    pub sets_digest: Option<u64>,
     /// The protocol versions it announces (1..=1 when it announces none).
     pub protocol: ProtocolWindow,
     /// Its last fold report (retirements and folds), if it published one.

@@ -6,7 +6,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::crdt::{FoldRecord, HyperLogLog, PnCounter, ReplicaId, StateDigest, WriterDigest};
+use crate::crdt::{
+    FoldRecord, HyperLogLog, PnCounter, ReplicaId, SetsDigest, StateDigest, WriterDigest,
+};
 
 use super::folds::RetireReason;
 use super::sets::{LikeWrite, SetDelta, UniqueWrite};
@@ -155,6 +157,8 @@ pub struct CommitBatch {
     pub watermarks: Vec<(ReplicaId, Cursor)>,
     /// Digest of the whole durable state once this batch is durable.
     pub digest: StateDigest,
+    /// Digest of the durable like sets and uniques once this batch is durable.
+    pub sets_digest: SetsDigest,
     /// Per-writer digests that this batch changes, with their new value
     /// (an empty digest: the writer has no slot left; delete it).
     pub writer_digests: Vec<(ReplicaId, WriterDigest)>,
@@ -210,6 +214,9 @@ pub struct Recovered {
     pub durable_seq: u64,
     /// The digest of the durable state.
     pub digest: StateDigest,
+    /// The digest of the durable like sets and uniques (complete: a store
+    /// that kept none computes it when it opens).
+    pub sets_digest: SetsDigest,
     /// Pull watermarks per peer.
     pub watermarks: Vec<(ReplicaId, Cursor)>,
     /// Delta-log pull watermarks per peer.

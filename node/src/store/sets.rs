@@ -15,12 +15,18 @@
 //!   (member length, member, length)*, per uniques (index BE u16, rank)*,
 //!   after a varint count. What peers pull.
 //! - delta watermark `y` + replica (BE u64) → v1, cursor bytes.
+//! - `msetsdigest` → v1, seq of the commit that wrote it (varint), sets
+//!   digest (LE u64): written by every commit, so a build that kept no sets
+//!   digest and committed since leaves it behind the durable sequence, and
+//!   the store then computes the digest once from every member and register
+//!   ([`recover_digest`]).
 //!
 //! Invariant: a value is read back exactly or reported corrupt, never a
 //! panic and never read as zero.
 
 use crate::crdt::hll::check_register;
-use crate::crdt::HyperLogLog;
+use crate::crdt::hll::REGISTERS;
+use crate::crdt::{member_digest, register_digest, HyperLogLog, SetsDigest};
 use crate::replica::{
     CommitBatch, DeltaCursor, DurableState, Key, SetDelta, SetKind, StorageError,
 };
@@ -38,6 +44,10 @@ pub const UNIQUES: u8 = b'h';
 pub const DELTA: u8 = b'e';
 /// Delta-watermark prefix.
 pub const DELTA_WATERMARK: u8 = b'y';
+/// The sets digest and the commit that wrote it.
+pub const META_SETS_DIGEST: &[u8] = b"msetsdigest";
+/// Records read per scan while computing a sets digest from scratch.
+const DIGEST_SCAN: usize = 4096;
 
 /// The store-key prefix of a like set's members.
 pub fn member_prefix(key: &str) -> Vec<u8> {
@@ -289,6 +299,9 @@ pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
             encode_uniques_delta(&write.registers),
         ));
     }
+    let mut digest = versioned_varints(&[batch.seq]);
+    digest.extend_from_slice(&batch.sets_digest.0.to_le_bytes());
+    ops.push(Op::Put(META_SETS_DIGEST.to_vec(), digest));
     for (replica, cursor) in &batch.delta_watermarks {
         let mut value = vec![VERSION];
         value.extend_from_slice(&cursor.0);
@@ -297,6 +310,84 @@ pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
             value,
         ));
     }
+}
+
+/// The sets digest of the durable state at `durable_seq`: the stored one
+/// when the commit at `durable_seq` wrote it, else computed from every
+/// member and register (once, after a build that kept none wrote).
+pub fn recover_digest(
+    store: &(impl DurableState + ?Sized),
+    durable_seq: u64,
+) -> Result<SetsDigest, StorageError> {
+    if let Some(bytes) = store.get_record(META_SETS_DIGEST)? {
+        let mut reader = Reader::versioned(&bytes, "sets digest")?;
+        let seq = reader.varint()?;
+        let digest = reader.take(8)?;
+        reader.finish()?;
+        if seq == durable_seq {
+            return Ok(SetsDigest(u64::from_le_bytes(
+                digest.try_into().expect("took 8 bytes"),
+            )));
+        }
+    }
+    compute_digest(store)
+}
+
+/// The sets digest computed from every stored member and register.
+pub fn compute_digest(store: &(impl DurableState + ?Sized)) -> Result<SetsDigest, StorageError> {
+    let mut digest = SetsDigest::default();
+    let mut from = vec![MEMBER];
+    loop {
+        let records = store.scan_records(&from, &[MEMBER + 1], DIGEST_SCAN)?;
+        for (record, value) in &records {
+            let key_len = usize::from(
+                *record
+                    .get(1)
+                    .ok_or_else(|| corrupt("like-set member", "key too short"))?,
+            ) + 1;
+            let (key, member) = record
+                .get(2..2 + key_len)
+                .zip(record.get(2 + key_len..))
+                .ok_or_else(|| corrupt("like-set member", "key too short"))?;
+            let text = |bytes| {
+                std::str::from_utf8(bytes).map_err(|_| corrupt("like-set member", "not UTF-8"))
+            };
+            digest.apply(member_digest(
+                text(key)?,
+                text(member)?,
+                decode_length(value)?,
+            ));
+        }
+        match records.last() {
+            Some((last, _)) if records.len() == DIGEST_SCAN => {
+                from = last.clone();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    let mut from = vec![UNIQUES];
+    loop {
+        let records = store.scan_records(&from, &[UNIQUES + 1], DIGEST_SCAN)?;
+        for (record, value) in &records {
+            let key = std::str::from_utf8(&record[1..])
+                .map_err(|_| corrupt("uniques", "key not UTF-8"))?;
+            let reader = Reader::versioned(value, "uniques")?;
+            let state = HyperLogLog::from_bytes(reader.rest())
+                .map_err(|error| corrupt("uniques", &error.to_string()))?;
+            for index in 0..REGISTERS as u16 {
+                digest.apply(register_digest(key, index, state.register(index)));
+            }
+        }
+        match records.last() {
+            Some((last, _)) if records.len() == DIGEST_SCAN => {
+                from = last.clone();
+                from.push(0);
+            }
+            _ => break,
+        }
+    }
+    Ok(digest)
 }
 
 /// Reads a delta watermark's value back.

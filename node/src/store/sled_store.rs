@@ -706,6 +706,7 @@ impl Store for SledStore {
             recovered.writer_digests = super::compute_writer_digests(self)?;
             recovered.writer_digests_current = true;
         }
+        recovered.sets_digest = super::sets::recover_digest(self, recovered.durable_seq)?;
         Ok(recovered)
     }
 

@@ -159,6 +159,7 @@ impl Membership {
                 alive,
                 durable_seq: node.replica.durable_seq(),
                 digest: node.replica.digest().0,
+                sets_digest: Some(node.replica.sets_digest().0),
                 protocol: node.replica.peers().own_protocol(),
                 folds: report,
                 partitions: node.replica.peers().own_partitions(),

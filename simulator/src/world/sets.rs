@@ -19,7 +19,7 @@
 use std::collections::BTreeMap;
 
 use tally_node::crdt::hll::{hash_member, position};
-use tally_node::crdt::ReplicaId;
+use tally_node::crdt::{member_digest, register_digest, ReplicaId, SetsDigest};
 use tally_node::replica::LikeRequest;
 
 use super::{Event, World};
@@ -280,6 +280,24 @@ impl World<'_> {
         }
         let finals = self.read_sets();
         for (node, (members, counts, registers)) in finals.iter().enumerate() {
+            // The digest `tally status` compares, kept incrementally by the
+            // core, is the digest of what the node holds.
+            let mut held = SetsDigest::default();
+            for (key, lengths) in members.iter().enumerate() {
+                for (member, length) in lengths.iter().enumerate() {
+                    held.apply(member_digest(&like_key(key), &member_name(member), *length));
+                }
+            }
+            for (index, rank) in registers.set_registers() {
+                held.apply(register_digest(UNIQUES_KEY, index, rank));
+            }
+            if self.nodes[node].replica.sets_digest() != held {
+                self.checker.violate(
+                    self.now,
+                    "sets digest wrong",
+                    format!("n{node}: the sets digest does not match the like sets and uniques it holds"),
+                );
+            }
             if (members, registers) != (&finals[0].0, &finals[0].2) {
                 self.checker.violate(
                     self.now,

@@ -369,19 +369,34 @@ fn version_problems(status: &ClusterStatus) -> Vec<String> {
         .collect()
 }
 
-/// `converged: yes|no (...)`: the server's verdict, and the digests behind it.
+/// `converged: yes|no (...)`: the server's verdict, and the digests behind
+/// it (the sets digests of the members that publish one).
 fn convergence_line(status: &ClusterStatus) -> String {
     let live: Vec<_> = status.all_members().filter(|member| member.alive).collect();
     let digests: BTreeSet<String> = live.iter().map(|member| member.digest_hex()).collect();
+    let sets: BTreeSet<String> = live
+        .iter()
+        .filter_map(|member| member.sets_digest.map(|sets| format!("{sets:016x}")))
+        .collect();
     let verdict = if status.converged { "yes" } else { "no" };
-    match digests.len() {
-        0 => format!("converged: {verdict} (no live members)"),
-        1 => format!(
+    let first = |set: &BTreeSet<String>| set.first().cloned().unwrap_or_default();
+    match (digests.len(), sets.len()) {
+        (0, _) => format!("converged: {verdict} (no live members)"),
+        (1, 0) => format!(
             "converged: {verdict} (all {} live members hold digest {})",
             live.len(),
-            digests.first().map_or("", String::as_str)
+            first(&digests)
         ),
-        different => {
+        (1, 1) => format!(
+            "converged: {verdict} (all {} live members hold digest {}, sets digest {})",
+            live.len(),
+            first(&digests),
+            first(&sets)
+        ),
+        (1, different) => {
+            format!("converged: {verdict} (live members hold {different} different sets digests)")
+        }
+        (different, _) => {
             format!("converged: {verdict} (live members hold {different} different digests)")
         }
     }
@@ -404,6 +419,7 @@ mod tests {
             gossip_addr: "10.0.0.1:7200".to_owned(),
             alive,
             digest,
+            sets_digest: None,
             durable_seq: 9,
             since_last_sync: Some(Duration::from_millis(1_250)),
             seq_lag: 2,
@@ -488,6 +504,20 @@ mod tests {
         assert_eq!(
             convergence_line(&diverged),
             "converged: no (live members hold 2 different digests)"
+        );
+        // Sets digests: shown when published, compared among those that do.
+        let mut sets = status(true, vec![member("n2", true, 7), member("n3", true, 7)]);
+        sets.node.sets_digest = Some(5);
+        sets.members[0].sets_digest = Some(5);
+        assert_eq!(
+            convergence_line(&sets),
+            "converged: yes (all 3 live members hold digest 0000000000000007, sets digest 0000000000000005)"
+        );
+        sets.members[1].sets_digest = Some(6);
+        sets.converged = false;
+        assert_eq!(
+            convergence_line(&sets),
+            "converged: no (live members hold 2 different sets digests)"
         );
     }
 

@@ -32,8 +32,10 @@
 //!     `REGION  NODE  REPLICA  GRPC ADDRESS  ALIVE  LAST SYNC  SEQ LAG  DIGEST`
 //!     and one row per member, the answering node first (its LAST SYNC is
 //!     `self`; ALIVE is `yes`/`no`; REPLICA and DIGEST are 16 hex digits),
-//!     then `converged: yes (all N live members hold digest HEX)` or
-//!     `converged: no (live members hold N different digests)`;
+//!     then `converged: yes (all N live members hold digest HEX)` (with
+//!     `, sets digest HEX` when the members publish one: like sets and
+//!     uniques) or `converged: no (live members hold N different digests)`
+//!     (or `N different sets digests`);
 //!     then, when the node has seen traffic, `hot keys on this node:` and a
 //!     table with the header `OP  KEY  PER SECOND` (a key with spaces breaks
 //!     the no-space rule of cells; use `--json` for those);
