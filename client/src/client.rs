@@ -41,10 +41,11 @@ use crate::request::{
 };
 use crate::retry::RetryPolicy;
 use crate::routing::Router;
+use crate::slots::slots_from_proto;
 use crate::trace::{CallTrace, Subject};
 use crate::types::{counter_from_proto, status_from_proto};
 use crate::validate::{validate_delta, validate_idempotency_key, validate_key};
-use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, Error};
+use crate::{AddOutcome, ClientConfig, ClusterStatus, Counter, CounterSlots, Error};
 
 /// The items of a batch for one owner (`None`: the endpoint): the owner,
 /// their positions in the batch, and the items.
@@ -573,6 +574,35 @@ impl Client {
             .await
     }
 
+    /// Reads the counter `key` with one slot per live writer and its folded
+    /// base (the sums of writers retired and folded), all from one state on
+    /// the answering node: the value is the base plus every slot's `p - n`.
+    /// Never coalesced, never cached. A node older than this call answers
+    /// without slots, which is an [`Error::Protocol`].
+    ///
+    /// **Deadline** and **cancellation:** as [`Client::get`].
+    pub async fn get_with_slots(&self, key: &str) -> Result<CounterSlots, Error> {
+        CallTrace::start("get_with_slots", Subject::Key(key.len()))
+            .run(async {
+                validate_key(key)?;
+                let request = GetRequest {
+                    key: key_bytes(key),
+                    slots: true,
+                    ..Default::default()
+                };
+                let response = self
+                    .policy
+                    .run("get", |timeout| {
+                        let mut counters = self.counters.clone();
+                        let request = with_timeout(request.clone(), timeout);
+                        async move { counters.get(request).await.map(Response::into_inner) }
+                    })
+                    .await?;
+                slots_from_proto(key, response)
+            })
+            .await
+    }
+
     async fn read(&self, key: &str, breakdown: bool) -> Result<Counter, Error> {
         validate_key(key)?;
         if let Some(owner) = self.routed(key) {
@@ -584,6 +614,7 @@ impl Client {
         let request = GetRequest {
             key: key_bytes(key),
             breakdown,
+            ..Default::default()
         };
         if let (Some(coalescer), false) = (&self.read_coalescer, breakdown) {
             let response = self
@@ -619,7 +650,7 @@ impl Client {
                 validate_key(key)?;
                 Ok(GetRequest {
                     key: key_bytes(key),
-                    breakdown: false,
+                    ..Default::default()
                 })
             })
             .collect();

@@ -68,6 +68,7 @@ mod random;
 mod request;
 mod retry;
 mod routing;
+mod slots;
 mod trace;
 mod transport;
 mod types;
@@ -81,6 +82,7 @@ pub use likes::{
     validate_member, LikeOutcome, LikesPage, LikesRecount, MAX_MEMBERS_PER_CALL, MAX_MEMBER_BYTES,
 };
 pub use partitions::{PartitionMap, PartitionNode};
+pub use slots::{CounterSlots, FoldedSums, WriterSlot};
 pub use types::{
     AddOutcome, ClusterStatus, Counter, Durability, HotKey, Member, RegionValue, RetiredWriter,
 };

@@ -4,7 +4,7 @@
 //! The span is `tally.call` at INFO level, target `tally_client::trace`, with
 //! the fields:
 //!
-//! - `operation`: `add`, `add_batch`, `get`, `get_with_breakdown`,
+//! - `operation`: `add`, `add_batch`, `get`, `get_with_breakdown`, `get_with_slots`,
 //!   `get_batch`, `watch`, `ping` or `status`;
 //! - `key_len`: the key's length in bytes (single-key calls), or `items`:
 //!   the number of entries (batches);

@@ -317,14 +317,14 @@ mod optional_millis {
 
 /// `u64` as 16 lowercase hex digits.
 #[cfg(feature = "serde")]
-mod hex_u64 {
+pub(crate) mod hex_u64 {
     use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(value: &u64, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.serialize_str(&format!("{value:016x}"))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
         let text = String::deserialize(deserializer)?;
         u64::from_str_radix(&text, 16)
             .map_err(|error| D::Error::custom(format!("{text:?} is not a hex u64: {error}")))

@@ -215,6 +215,8 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
     load(&endpoints, &mut tally).await;
     wait_exact(&endpoints, &tally.acked).await;
     assert!(tally.acked_adds > 0);
+    let folded_writers = folded_writers(&endpoints[0]).await;
+    assert_eq!(folded_writers.len(), CYCLES + 1);
     // On disk: at most one slot per live writer (3) plus the base. The sweep
     // may still be running a moment after the status says folded.
     let mut nodes = nodes;
@@ -240,6 +242,7 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
         .await
         .unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
+        check_slots_output(&endpoint, &name, &folded_writers, &tally.acked).await;
         node.stop();
         let (slots, bytes) = stored_slots(node);
         for (key, count, epoch, _) in &slots {
@@ -253,6 +256,70 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
         CYCLES + 1,
         report.join("; ")
     );
+}
+
+/// The replica ids `endpoint` reports folded.
+async fn folded_writers(endpoint: &str) -> Vec<u64> {
+    let status = quick_client(endpoint).await.status().await.unwrap();
+    status
+        .retired
+        .iter()
+        .filter(|writer| writer.folded_epoch > 0)
+        .map(|writer| writer.replica)
+        .collect()
+}
+
+/// `tally --json get KEY --slots` at `endpoint`, for every key: no slot of
+/// a folded writer, at most the 3 live writers, a base, and the base plus
+/// the slots' sums is the value, which is the exact total.
+async fn check_slots_output(
+    endpoint: &str,
+    name: &str,
+    folded: &[u64],
+    expected: &BTreeMap<String, i64>,
+) {
+    for key in KEYS {
+        let endpoint = endpoint.to_string();
+        let (code, out, err) = tokio::task::spawn_blocking(move || {
+            common::cli(&endpoint, &["--json", "get", key, "--slots"])
+        })
+        .await
+        .unwrap();
+        assert_eq!(code, 0, "{name} get {key} --slots: {err}");
+        let counter: serde_json::Value = serde_json::from_str(&out).expect("JSON from get --slots");
+        let value = counter["value"].as_i64().expect("a value");
+        assert_eq!(Some(&value), expected.get(key), "{name} {key}: {out}");
+        let slots = counter["slots"].as_array().expect("a slots list");
+        assert!(
+            slots.len() <= 3,
+            "{name} {key}: {} slots: {out}",
+            slots.len()
+        );
+        let mut sum = i128::from(counter["folded"]["p"].as_u64().expect("folded.p"))
+            - i128::from(counter["folded"]["n"].as_u64().expect("folded.n"));
+        assert!(
+            counter["folded"]["epoch"].as_u64().unwrap() >= 1,
+            "{name} {key}: {out}"
+        );
+        for slot in slots {
+            let replica = u64::from_str_radix(slot["replica"].as_str().unwrap(), 16).unwrap();
+            assert!(
+                !folded.contains(&replica),
+                "{name} {key}: folded writer {replica:016x} still has a slot: {out}"
+            );
+            assert!(
+                slot["region"].as_str().is_some_and(|r| r != "unknown"),
+                "{out}"
+            );
+            sum +=
+                i128::from(slot["p"].as_u64().unwrap()) - i128::from(slot["n"].as_u64().unwrap());
+        }
+        assert_eq!(
+            sum,
+            i128::from(value),
+            "{name} {key}: base + slots != value: {out}"
+        );
+    }
 }
 
 /// The same churn with folding effectively off (`--retire-after 1000h`), to

@@ -131,7 +131,7 @@ fn add(key: &str, delta: i64) -> AddRequest {
 async fn get(client: &mut CountersClient<Channel>, key: &str) -> i64 {
     let request = GetRequest {
         key: key.as_bytes().to_vec().into(),
-        breakdown: false,
+        ..Default::default()
     };
     client
         .get(with_token(request, Some(TOKEN)))

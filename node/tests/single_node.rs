@@ -194,7 +194,7 @@ async fn raw_add(
 async fn raw_get(raw: &mut CountersClient<Channel>, key: &[u8]) -> Result<i64, tonic::Status> {
     let request = GetRequest {
         key: Bytes::copy_from_slice(key),
-        breakdown: false,
+        ..Default::default()
     };
     raw.get(request).await.map(|r| r.into_inner().value)
 }

@@ -54,7 +54,7 @@ async fn add(
 async fn get(raw: &mut CountersClient<Channel>, key: &str) -> Result<i64, tonic::Status> {
     let request = GetRequest {
         key: Bytes::copy_from_slice(key.as_bytes()),
-        breakdown: false,
+        ..Default::default()
     };
     raw.get(request).await.map(|r| r.into_inner().value)
 }

@@ -156,7 +156,7 @@ impl ReadQueue {
             }
             batch.request.gets.push(GetRequest {
                 key: key.clone(),
-                breakdown: false,
+                ..Default::default()
             });
             batch.timeout = batch.timeout.max(timeout);
             batch.waiters.push(waiters);
@@ -324,7 +324,7 @@ mod tests {
             outcome: Some(get_result::Outcome::Ok(GetResponse {
                 key: Bytes::from_static(b"k"),
                 value: 7,
-                regions: Vec::new(),
+                ..Default::default()
             })),
         };
         for waiters in batch.waiters {

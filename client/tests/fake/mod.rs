@@ -191,7 +191,7 @@ impl FakeNode {
         Ok(GetResponse {
             key: key.to_vec().into(),
             value,
-            regions: Vec::new(),
+            ..Default::default()
         })
     }
 }

@@ -20,7 +20,7 @@ use tally_proto::v1::counters_server::Counters;
 use tonic::{Request, Response, Status};
 
 use crate::crdt::ValueOutOfRange;
-use crate::engine::{now_ms, CounterRead, Engine};
+use crate::engine::{now_ms, CounterRead, Engine, ReadParts};
 use crate::replica::RegionPart;
 use crate::security::ItemCharge;
 
@@ -118,7 +118,7 @@ impl CountersService {
     fn get_batch_here(&self, gets: Vec<pb::GetRequest>) -> Vec<pb::GetResult> {
         gets.into_iter()
             .map(|get| pb::GetResult {
-                outcome: Some(match self.engine.get(&get.key, get.breakdown) {
+                outcome: Some(match self.engine.read(&get.key, read_parts(&get)) {
                     Ok(read) => pb::get_result::Outcome::Ok(get_response(get.key, read)),
                     Err(error) => pb::get_result::Outcome::Error(item_error(&error)),
                 }),
@@ -182,6 +182,32 @@ fn get_response(key: prost::bytes::Bytes, read: CounterRead) -> pb::GetResponse 
                 region: part.region,
             })
             .collect(),
+        slots: read.slots.as_ref().map_or_else(Vec::new, |(slots, _)| {
+            slots
+                .iter()
+                .map(|writer| pb::WriterSlot {
+                    replica: writer.replica.0,
+                    region: writer.region.clone(),
+                    p: writer.slot.p,
+                    n: writer.slot.n,
+                })
+                .collect()
+        }),
+        folded: read.slots.map(|(_, base)| pb::FoldedSums {
+            epoch: base.epoch,
+            p_low: base.p as u64,
+            p_high: (base.p >> 64) as u64,
+            n_low: base.n as u64,
+            n_high: (base.n >> 64) as u64,
+        }),
+    }
+}
+
+/// The parts a `GetRequest` asks for besides the value.
+fn read_parts(get: &pb::GetRequest) -> ReadParts {
+    ReadParts {
+        breakdown: get.breakdown,
+        slots: get.slots,
     }
 }
 
@@ -345,7 +371,7 @@ impl Counters for CountersService {
         let get = request.into_inner();
         let result = self
             .engine
-            .get(&get.key, get.breakdown)
+            .read(&get.key, read_parts(&get))
             .map_err(|e| status_of(&e))
             .map(|read| Response::new(get_response(get.key, read)));
         self.forwarder.mark_served(forwarded, result)

@@ -29,11 +29,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::watch;
 
-use crate::crdt::ValueOutOfRange;
+use crate::crdt::{FoldedBase, ValueOutOfRange};
 use crate::metrics::Metrics;
 use crate::replica::{
     check_key, AddRefused, ChunkRefused, KeyError, MergeReport, PullChunk, PullRefused,
-    PullRequest, RegionPart, Replica, ReplicaConfig, StorageError,
+    PullRequest, RegionPart, Replica, ReplicaConfig, StorageError, WriterSlot,
 };
 use crate::store::Store;
 
@@ -148,6 +148,17 @@ pub struct CounterRead {
     pub value: i64,
     /// The per-region breakdown, when asked for.
     pub regions: Vec<RegionPart>,
+    /// The live writers' slots and the folded base, when asked for.
+    pub slots: Option<(Vec<WriterSlot>, FoldedBase)>,
+}
+
+/// Which parts of a counter a read returns besides its value.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct ReadParts {
+    /// The per-region breakdown.
+    pub breakdown: bool,
+    /// The live writers' slots and the folded base (`tally get --slots`).
+    pub slots: bool,
 }
 
 /// Milliseconds since the Unix epoch: the only clock the engine hands the core.
@@ -361,21 +372,36 @@ impl Engine {
 
     /// Reads one counter.
     pub fn get(&self, key: &[u8], breakdown: bool) -> Result<CounterRead, EngineError> {
+        self.read(
+            key,
+            ReadParts {
+                breakdown,
+                slots: false,
+            },
+        )
+    }
+
+    /// Reads one counter with the parts asked for, all from one state.
+    pub fn read(&self, key: &[u8], parts: ReadParts) -> Result<CounterRead, EngineError> {
         let key = check_key(key)?;
         self.check_serving()?;
         self.metrics.gets.inc();
         let mut core = self.core();
         let state = core.handle_get(now_ms(), &*self.store, key)?;
-        let regions = if breakdown {
+        let regions = if parts.breakdown {
             core.breakdown(&state)
         } else {
             Vec::new()
         };
+        let slots = parts
+            .slots
+            .then(|| (core.writer_slots(&state), state.folded()));
         drop(core);
         self.record_hot(Op::Get, key);
         Ok(CounterRead {
             value: state.value()?,
             regions,
+            slots,
         })
     }
 

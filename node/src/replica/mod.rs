@@ -178,6 +178,18 @@ pub struct RegionPart {
     pub last_sync_ms: Option<u64>,
 }
 
+/// One live writer's slot in a counter, with the writer's region, as
+/// `tally get --slots` shows it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct WriterSlot {
+    /// The writing replica.
+    pub replica: ReplicaId,
+    /// Its region, or `"unknown"` when this replica has not learned it.
+    pub region: String,
+    /// Its increments and decrements.
+    pub slot: crate::crdt::Slot,
+}
+
 #[derive(Debug)]
 struct Entry {
     live: PnCounter,
@@ -568,6 +580,20 @@ impl Replica {
             });
         }
         parts
+    }
+
+    /// A counter's slots, one per live writer, in replica id order. Folded
+    /// writers have none: their sums are in the counter's [`PnCounter::folded`].
+    pub fn writer_slots(&self, state: &PnCounter) -> Vec<WriterSlot> {
+        state
+            .slots()
+            .iter()
+            .map(|(replica, slot)| WriterSlot {
+                replica: *replica,
+                region: self.region_of(*replica).unwrap_or("unknown").to_string(),
+                slot: *slot,
+            })
+            .collect()
     }
 
     /// Hands out the next group commit: every counter changed since the last

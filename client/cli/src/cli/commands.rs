@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use anyhow::Context;
 use futures::StreamExt;
 use serde::Serialize;
-use tally_client::{ClusterStatus, Counter};
+use tally_client::{ClusterStatus, Counter, CounterSlots, FoldedSums};
 
 use super::duration::format_age;
 use super::output::{print_json, print_line, render_table, Align};
@@ -61,9 +61,18 @@ pub async fn add(target: &Target, args: &AddArgs, json: bool) -> anyhow::Result<
     Ok(())
 }
 
-/// `tally get KEY [--breakdown]`.
+/// `tally get KEY [--breakdown | --slots]`.
 pub async fn get(target: &Target, args: &GetArgs, json: bool) -> anyhow::Result<()> {
     let client = target.connect().await?;
+    if args.slots {
+        let counter = client.get_with_slots(&args.key).await?;
+        if json {
+            return print_json(&counter);
+        }
+        print_line(counter.value)?;
+        print_line(slots_table(&counter).trim_end())?;
+        return Ok(());
+    }
     if !args.breakdown {
         let value = client.get(&args.key).await?;
         if json {
@@ -110,6 +119,39 @@ fn breakdown_table(counter: &Counter) -> String {
             ("+", Align::Right),
             ("-", Align::Right),
             ("LAST SYNC", Align::Left),
+        ],
+        &rows,
+    )
+}
+
+/// One row per live writer, then the folded base when there is one.
+fn slots_table(counter: &CounterSlots) -> String {
+    let mut rows: Vec<Vec<String>> = counter
+        .slots
+        .iter()
+        .map(|slot| {
+            vec![
+                format!("{:016x}", slot.replica),
+                slot.region.clone(),
+                slot.p.to_string(),
+                slot.n.to_string(),
+            ]
+        })
+        .collect();
+    if counter.folded != FoldedSums::default() {
+        rows.push(vec![
+            format!("(folded, epoch {})", counter.folded.epoch),
+            String::new(),
+            counter.folded.p.to_string(),
+            counter.folded.n.to_string(),
+        ]);
+    }
+    render_table(
+        &[
+            ("REPLICA", Align::Left),
+            ("REGION", Align::Left),
+            ("+", Align::Right),
+            ("-", Align::Right),
         ],
         &rows,
     )

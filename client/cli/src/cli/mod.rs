@@ -23,6 +23,12 @@
 //!   - JSON: `{"key":"KEY","value":41}`; with `--breakdown` also
 //!     `"regions":[{"region":..,"value":..,"increments":..,"decrements":..,
 //!     "local":..,"since_last_sync_ms":..|null}]`.
+//! - `tally get KEY --slots`:
+//!   - text: the value, then a table `REPLICA  REGION  +  -` with one row
+//!     per live writer and a last `(folded, epoch E)` row when writers were
+//!     folded;
+//!   - JSON: `{"key":..,"value":..,"slots":[{"replica":"16 hex digits",
+//!     "region":..,"p":..,"n":..}],"folded":{"epoch":..,"p":..,"n":..}}`.
 //! - `tally watch KEY`: one line per value, the current one first, until the
 //!   stream ends or Ctrl-C (both exit 0):
 //!   - text: the value alone (`41`);
@@ -327,8 +333,13 @@ pub struct GetArgs {
     pub key: String,
 
     /// Also print each region's part and how fresh it is.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "slots")]
     pub breakdown: bool,
+
+    /// Also print one slot per live writer (replica, region, + and -) and
+    /// the folded base of writers retired and folded.
+    #[arg(long)]
+    pub slots: bool,
 }
 
 /// `tally watch`.
