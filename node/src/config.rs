@@ -269,6 +269,13 @@ pub struct RunArgs {
     /// [default: 1h]
     #[arg(long, env = "TALLY_RETIRE_AFTER")]
     pub retire_after: Option<String>,
+    /// How long a node restarted on its old data directory holds adds at
+    /// most (refusing them with UNAVAILABLE) while no peer has told it whether
+    /// its replica id was retired while it was down, e.g. 15s; 0s turns the
+    /// hold off. No hold on a fresh directory or one that never had a peer
+    /// (a single-node cluster). [default: 15s]
+    #[arg(long, env = "TALLY_RESTART_HOLD")]
+    pub restart_hold: Option<String>,
     /// Counters kept in memory; colder ones stay on disk only. [default: 100000]
     #[arg(long, env = "TALLY_CACHE_CAPACITY")]
     pub cache_capacity: Option<usize>,
@@ -384,6 +391,7 @@ struct FileSettings {
     sync_interval: Option<String>,
     gossip_interval: Option<String>,
     retire_after: Option<String>,
+    restart_hold: Option<String>,
     cache_capacity: Option<usize>,
     store_cache_bytes: Option<u64>,
     idempotency_ttl: Option<String>,
@@ -448,6 +456,8 @@ pub struct Settings {
     /// See [`RunArgs`].
     pub retire_after: Duration,
     /// See [`RunArgs`].
+    pub restart_hold: Duration,
+    /// See [`RunArgs`].
     pub cache_capacity: usize,
     /// See [`RunArgs`].
     pub store_cache_bytes: u64,
@@ -502,6 +512,7 @@ impl Settings {
             sync_interval: Duration::from_millis(200),
             gossip_interval: Duration::from_millis(100),
             retire_after: Duration::from_secs(60 * 60),
+            restart_hold: Duration::from_secs(15),
             cache_capacity: 100_000,
             store_cache_bytes: crate::store::DEFAULT_CACHE_BYTES,
             warn_if_insecure: true,
@@ -654,6 +665,10 @@ impl Settings {
         let retire_after_source = source!(retire_after);
         if let Some(text) = take!(retire_after) {
             settings.retire_after = parse_duration(&retire_after_source, &text)?;
+        }
+        let restart_hold_source = source!(restart_hold);
+        if let Some(text) = take!(restart_hold) {
+            settings.restart_hold = parse_duration(&restart_hold_source, &text)?;
         }
         let gossip_interval_source = source!(gossip_interval);
         if let Some(text) = take!(gossip_interval) {

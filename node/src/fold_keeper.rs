@@ -9,6 +9,11 @@
 //! is folded (an older member could not read a folded base), only an
 //! operator's retirement is recorded and gossiped. A node whose own id is
 //! retired is fenced: the core refuses its adds, and this keeper says so.
+//!
+//! A node restarted on its old directory holds adds (the core refuses them
+//! with UNAVAILABLE) until a round ran on a live peer's report, so that it
+//! learns a retirement decided while it was down before it takes an add;
+//! this keeper ends the hold. See `--restart-hold` for when a hold is set.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,6 +56,12 @@ pub fn spawn_fold_keeper(
             let (report, fenced) = {
                 let mut core = engine.core();
                 let members = core.fold_members();
+                let own = core.identity().replica;
+                // A live peer's report carries the cluster's retirements.
+                let heard_peer = members
+                    .iter()
+                    .any(|m| m.alive && m.replica != own && m.report.is_some());
+                let mut round_ran = !folding;
                 if folding {
                     let retire_after = config.retire_after.as_millis() as u64;
                     let now = now_ms();
@@ -61,6 +72,7 @@ pub fn spawn_fold_keeper(
                         Some(retire_after),
                     ) {
                         Ok(committed) => {
+                            round_ran = true;
                             for record in committed {
                                 let writers: Vec<String> =
                                     record.writers.iter().map(|(w, _)| w.to_string()).collect();
@@ -72,6 +84,9 @@ pub fn spawn_fold_keeper(
                     if let Err(error) = core.poll_fold_sweep(now, &*store, SWEEP_PER_TICK) {
                         tracing::warn!(%error, "the fold sweep could not read a counter; it tries again");
                     }
+                }
+                if heard_peer && round_ran && core.release_restart_hold() {
+                    tracing::info!("a peer's fold report arrived: the restart hold ends and adds are taken (unless this replica turned out to be retired)");
                 }
                 let folds = core.folds();
                 let metrics = engine.metrics();

@@ -215,6 +215,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
             dir: settings.data_dir.clone(),
         });
     }
+    hold_adds_after_restart(&engine, &settings);
     engine.watch_disk(
         settings.data_dir.clone(),
         settings.min_free_disk,
@@ -414,6 +415,22 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         copier,
         committer,
     })
+}
+
+/// Sets the restart hold (see `--restart-hold`): a node restarted on a
+/// directory that had peers takes no add until a peer's fold report says
+/// whether its id was retired while it was down, or the bound passes.
+fn hold_adds_after_restart(engine: &Engine, settings: &Settings) {
+    let mut core = engine.core();
+    if settings.restart_hold.is_zero() || !core.needs_restart_hold(!settings.seeds.is_empty()) {
+        return;
+    }
+    let hold_ms = settings.restart_hold.as_millis() as u64;
+    core.hold_adds_until(crate::engine::now_ms().saturating_add(hold_ms));
+    tracing::info!(
+        hold_ms,
+        "restarted on an existing data directory: adds are held until a peer's fold report says whether this replica was retired while it was down"
+    );
 }
 
 /// Feeds membership changes to the core's peer book, and this node's durable

@@ -31,6 +31,7 @@ pub fn code_of(error: &EngineError) -> Code {
         EngineError::Add(AddRefused::IdempotencyKeyTooLong(_)) => Code::InvalidArgument,
         EngineError::Add(AddRefused::IdempotencyKeyReused(_)) => Code::FailedPrecondition,
         EngineError::Add(AddRefused::Fenced(_)) => Code::FailedPrecondition,
+        EngineError::Add(AddRefused::HeldAfterRestart { .. }) => Code::Unavailable,
         EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => Code::Unavailable,
         EngineError::OutOfRange(_) => Code::OutOfRange,
         EngineError::ShuttingDown => Code::Unavailable,

@@ -156,6 +156,15 @@ pub enum AddRefused {
     /// This replica was retired: it never writes again.
     #[error("this node's replica id {0} was retired by the cluster and is fenced: it takes no adds; stop it, wipe its data directory and start it again to join with a new id")]
     Fenced(ReplicaId),
+    /// Restarted on its old directory, this replica has not yet heard from a
+    /// peer whether its id was retired: adds wait (`Replica::hold_adds_until`).
+    #[error("this node restarted on its old data directory and holds adds until a peer tells it whether its replica id {replica} was retired (at most {remaining_ms} ms more); retry, or send the add to another node")]
+    HeldAfterRestart {
+        /// This replica's id.
+        replica: ReplicaId,
+        /// How long the hold lasts at most.
+        remaining_ms: u64,
+    },
 }
 
 /// The region name under which [`Replica::breakdown`] lists a counter's folded base.
@@ -262,6 +271,9 @@ pub struct Replica {
     folds: Folds,
     /// The store-wide fold pass in progress (`retire.rs`).
     fold_sweep: retire::FoldSweep,
+    /// Until when (ms) adds wait after a restart for a peer to say whether
+    /// this replica was retired (`retire.rs`); `None`: no hold.
+    restart_hold_until_ms: Option<u64>,
     /// Like sets and uniques (`sets.rs`).
     sets: sets::Sets,
     /// What waits for a push to the copies (replicated durability).
@@ -327,6 +339,7 @@ impl Replica {
                 recovered.fold_applied,
             ),
             fold_sweep: retire::FoldSweep::recovered(recovered.fold_swept),
+            restart_hold_until_ms: None,
             peers: PeerBook::new(recovered.watermarks)
                 .with_delta_watermarks(recovered.delta_watermarks),
             sets: sets::Sets::recovered(recovered.sets_digest),
@@ -471,6 +484,7 @@ impl Replica {
         if self.folds.is_retired(replica) {
             return Err(AddRefused::Fenced(replica));
         }
+        self.check_restart_hold(now_ms)?;
         let entry = self.entry(store, request.key, now_ms)?;
         let value = entry.live.checked_add(replica, request.delta)?;
         self.mark_dirty(request.key);

@@ -15,7 +15,7 @@ use crate::crdt::{FoldError, FoldRecord, PnCounter, ReplicaId, Slot};
 
 use super::folds::{FoldMember, Folds, RetireRefused};
 use super::types::{Cursor, DurableState, StorageError};
-use super::Replica;
+use super::{AddRefused, Replica};
 
 /// The store-wide fold pass: which epoch every stored counter is folded up
 /// to, and the pass in progress.
@@ -107,6 +107,55 @@ impl Replica {
     /// True when this replica's own id was retired: it must not serve.
     pub fn is_fenced(&self) -> bool {
         self.folds.is_retired(self.identity.replica)
+    }
+
+    /// Holds adds until `until_ms` or until [`Replica::release_restart_hold`]:
+    /// set at start on a recovered directory that has peers, so that a
+    /// replica retired while it was down takes no add before a peer's fold
+    /// report tells it so (and it fences itself).
+    pub fn hold_adds_until(&mut self, until_ms: u64) {
+        self.restart_hold_until_ms = Some(until_ms);
+    }
+
+    /// Ends the restart hold (a round of the fold protocol ran on a live
+    /// peer's report). Returns whether a hold was on.
+    pub fn release_restart_hold(&mut self) -> bool {
+        self.restart_hold_until_ms.take().is_some()
+    }
+
+    /// Whether adds are held at `now_ms`.
+    pub fn restart_hold_on(&self, now_ms: u64) -> bool {
+        self.restart_hold_until_ms
+            .is_some_and(|until| now_ms < until)
+    }
+
+    pub(super) fn check_restart_hold(&mut self, now_ms: u64) -> Result<(), AddRefused> {
+        match self.restart_hold_until_ms {
+            Some(until) if now_ms < until => Err(AddRefused::HeldAfterRestart {
+                replica: self.identity.replica,
+                remaining_ms: until - now_ms,
+            }),
+            Some(_) => {
+                // The bound passed with no peer heard: serve.
+                self.restart_hold_until_ms = None;
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Whether a restart hold is needed at all: the recovered directory knows
+    /// another replica, or it holds committed state and the node has seeds.
+    /// A fresh directory (a new id nobody can have retired) and a node that
+    /// never had a peer (a single-node cluster) need none.
+    pub fn needs_restart_hold(&self, has_seeds: bool) -> bool {
+        let own = self.identity.replica;
+        let knows_peer = self
+            .directory
+            .entries()
+            .into_iter()
+            .any(|(replica, _)| replica != own);
+        knows_peer || (has_seeds && self.durable_seq > 0)
     }
 
     /// Every stored counter is folded up to this epoch.

@@ -6,7 +6,7 @@ use super::super::tests::Node;
 use super::*;
 use crate::crdt::{FoldedBase, WriterDigest};
 use crate::replica::folds::{FoldReport, FoldWait};
-use crate::replica::{AddRefused, AddRequest};
+use crate::replica::{AddAccepted, AddRefused, AddRequest};
 use crate::store::{compute_writer_digests, Store};
 
 const W: ReplicaId = ReplicaId(3);
@@ -313,4 +313,80 @@ fn writer_digests_kept_by_commits_equal_a_full_recomputation() {
     let mut stored = recovered.writer_digests;
     stored.sort_by_key(|(writer, _)| *writer);
     assert_eq!(stored, kept);
+}
+
+fn add_one(node: &mut Node, now_ms: u64) -> Result<AddAccepted, AddRefused> {
+    node.replica.handle_add(
+        now_ms,
+        &node.store,
+        AddRequest {
+            key: "likes",
+            delta: 1,
+            idempotency_key: None,
+        },
+    )
+}
+
+#[test]
+fn a_restart_hold_refuses_adds_until_released_or_expired_and_says_why() {
+    let (mut a, _, _) = cluster();
+    a.replica.hold_adds_until(1_000);
+    let before = a.value("likes");
+    let held = add_one(&mut a, 400).unwrap_err();
+    assert!(
+        matches!(
+            held,
+            AddRefused::HeldAfterRestart {
+                remaining_ms: 600,
+                ..
+            }
+        ),
+        "{held:?}"
+    );
+    assert!(
+        held.to_string()
+            .contains("holds adds until a peer tells it"),
+        "{held}"
+    );
+    assert_eq!(a.value("likes"), before, "a held add changed nothing");
+    // The bound passes with no peer heard: adds are taken.
+    assert!(add_one(&mut a, 1_000).is_ok());
+    assert!(!a.replica.restart_hold_on(1_000));
+    // A release (a peer's report was handled) ends it at once.
+    a.replica.hold_adds_until(5_000);
+    assert!(a.replica.release_restart_hold());
+    assert!(add_one(&mut a, 2_000).is_ok());
+}
+
+#[test]
+fn a_retirement_heard_during_the_hold_fences_instead() {
+    let (mut a, b, _) = cluster();
+    a.replica.hold_adds_until(10_000);
+    let report = FoldReport {
+        retired: vec![a.replica.identity().replica],
+        ..FoldReport::default()
+    };
+    let others = [FoldMember {
+        report: Some(report),
+        ..member(&b, true)
+    }];
+    a.replica.handle_fold_round(1, "x", &others, None).unwrap();
+    a.replica.release_restart_hold();
+    assert!(matches!(add_one(&mut a, 2), Err(AddRefused::Fenced(_))));
+}
+
+#[test]
+fn only_a_directory_that_had_peers_needs_a_restart_hold() {
+    // A single node that never had a peer: no hold, seeds or not... unless
+    // it holds committed state and has seeds (a peer may know it).
+    let mut alone = Node::new(9, "eu");
+    assert!(!alone.replica.needs_restart_hold(false));
+    assert!(!alone.replica.needs_restart_hold(true), "a fresh directory");
+    alone.add("likes", 1);
+    alone.commit();
+    assert!(!alone.replica.needs_restart_hold(false));
+    assert!(alone.replica.needs_restart_hold(true));
+    // A member that pulled a peer's state knows it.
+    let (a, _, _) = cluster();
+    assert!(a.replica.needs_restart_hold(false));
 }
