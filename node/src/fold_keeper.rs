@@ -2,8 +2,9 @@
 //! (`replica/folds.rs`, `replica/retire.rs`). Once per period it feeds the
 //! members' fold reports (from gossip) to the core, lets it retire replaced
 //! incarnations after `--retire-after` and commit or adopt fold records,
-//! advances the fold sweep by a bounded step, publishes this node's report,
-//! and keeps the fold metrics.
+//! advances the fold sweep by a bounded step, prunes folded writers' peer
+//! state and metric series, publishes this node's report, and keeps the
+//! fold metrics.
 //!
 //! Folds are a format of cluster version [`FOLD_VERSION`]: below it nothing
 //! is folded (an older member could not read a folded base), only an
@@ -83,6 +84,12 @@ pub fn spawn_fold_keeper(
                     }
                     if let Err(error) = core.poll_fold_sweep(now, &*store, SWEEP_PER_TICK) {
                         tracing::warn!(%error, "the fold sweep could not read a counter; it tries again");
+                    }
+                    for (writer, region) in core.prune_folded() {
+                        engine
+                            .metrics()
+                            .forget_peer(&writer.to_string(), region.as_deref());
+                        tracing::info!(%writer, "folded writer pruned: its directory entry, pull watermarks and metric series are gone");
                     }
                 }
                 if heard_peer && round_ran && core.release_restart_hold() {

@@ -471,6 +471,24 @@ impl Metrics {
     pub fn encode_text(&self) -> String {
         openmetrics_to_text(&self.encode())
     }
+    /// Drops every per-peer series of a folded writer (issue 13, pruning):
+    /// under its region, and under `unknown` (its region was not known).
+    pub fn forget_peer(&self, peer: &str, region: Option<&str>) {
+        for region in region.into_iter().chain(["unknown"]) {
+            let labels = PeerLabels {
+                peer: peer.to_string(),
+                region: region.to_string(),
+            };
+            self.sync_rounds.remove(&labels);
+            self.sync_errors.remove(&labels);
+            self.sync_received_bytes.remove(&labels);
+            self.sync_received_counters.remove(&labels);
+            self.sync_sent_bytes.remove(&labels);
+            self.sync_sent_counters.remove(&labels);
+            self.sync_lag_seq.remove(&labels);
+            self.sync_age_seconds.remove(&labels);
+        }
+    }
 
     /// Counts a refused message.
     pub fn refused(&self, reason: &str) {

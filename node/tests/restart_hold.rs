@@ -165,28 +165,34 @@ async fn restart_a_retired_node(restart_hold: &'static str) -> Answers {
     // eu and us go down too, so that ap restarts with no peer to hear from
     // (a partition at restart): the window in which, without the hold, it
     // takes adds. Adds go to ap from its first moment.
+    // While held, ap is not ready (/readyz), so it restarts on a thread of
+    // its own while eu comes back.
     let hammering = tokio::spawn(hammer(endpoints[2].clone()));
-    let mut nodes = tokio::task::spawn_blocking(move || {
+    let (mut ap, mut eu_node) = tokio::task::spawn_blocking(move || {
         nodes[0].stop();
         nodes[1].stop();
-        nodes[2].restart();
-        nodes
+        let ap = nodes.pop().unwrap();
+        (ap, nodes.swap_remove(0))
     })
     .await
     .unwrap();
-    // ap serves a while alone, then eu comes back and gossip reaches ap.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut nodes = tokio::task::spawn_blocking(move || {
-        nodes[0].restart();
-        nodes
-    })
-    .await
-    .unwrap();
+    let ap_restart = tokio::task::spawn_blocking(move || {
+        ap.restart();
+        ap
+    });
+    // ap runs a while alone, then eu comes back and gossip reaches ap.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let eu_node = tokio::task::spawn_blocking(move || {
+        eu_node.restart();
+        eu_node
+    });
+    let mut ap = ap_restart.await.unwrap();
+    let _eu_node = eu_node.await.unwrap();
     let answers = hammering.await.unwrap();
     // The retirement is durable: the directory refuses the next start.
     let refused = tokio::task::spawn_blocking(move || {
-        nodes[2].stop();
-        nodes[2].try_restart()
+        ap.stop();
+        ap.try_restart()
     })
     .await
     .unwrap();

@@ -243,7 +243,9 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
         .unwrap();
         tokio::time::sleep(Duration::from_secs(1)).await;
         check_slots_output(&endpoint, &name, &folded_writers, &tally.acked).await;
+        check_metrics_pruned(node, &folded_writers).await;
         node.stop();
+        check_store_pruned(node, &folded_writers);
         let (slots, bytes) = stored_slots(node);
         for (key, count, epoch, _) in &slots {
             assert!(*count <= 3, "{name} {key}: {count} slots after the folds");
@@ -256,6 +258,53 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
         CYCLES + 1,
         report.join("; ")
     );
+}
+
+/// No per-peer metric series of a folded writer is left (pruning). The
+/// prune follows the sweep: wait a little for it.
+async fn check_metrics_pruned(node: &NodeProcess, folded: &[u64]) {
+    let http = node.spec.http;
+    let folded = folded.to_vec();
+    tokio::task::spawn_blocking(move || {
+        wait_until(LIMIT, "folded writers' metric series pruned", || {
+            let (_, text) = common::http_get(http, "/metrics").ok()?;
+            let left: Vec<String> = folded
+                .iter()
+                .map(|writer| format!("peer=\"{writer:016x}\""))
+                .filter(|label| text.contains(label.as_str()))
+                .collect();
+            left.is_empty().then_some(())
+        })
+    })
+    .await
+    .unwrap();
+}
+
+/// The stopped node's store keeps no directory entry or pull watermark of
+/// a folded writer (pruning survives a restart).
+fn check_store_pruned(node: &NodeProcess, folded: &[u64]) {
+    let store = SledStore::open(&node.spec.data_dir, &node.spec.region, 1, OnCorrupt::Refuse)
+        .expect("opening the stopped node's store");
+    let recovered = store.recover(0).unwrap();
+    let name = &node.spec.node_name;
+    for (replica, _) in &recovered.directory {
+        assert!(
+            !folded.contains(&replica.0),
+            "{name}: directory keeps folded {replica}"
+        );
+    }
+    for (replica, _) in &recovered.watermarks {
+        assert!(
+            !folded.contains(&replica.0),
+            "{name}: watermark of folded {replica}"
+        );
+    }
+    for (replica, _) in &recovered.delta_watermarks {
+        assert!(
+            !folded.contains(&replica.0),
+            "{name}: delta watermark of folded {replica}"
+        );
+    }
 }
 
 /// The replica ids `endpoint` reports folded.

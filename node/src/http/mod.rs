@@ -1,6 +1,6 @@
 //! The HTTP port: `/healthz` (the process answers), `/readyz` (the node
-//! serves: its store is open, its commits succeed, and it is not shutting
-//! down; the body says why not), `/metrics`
+//! serves: its store is open, its commits succeed, it is not shutting
+//! down and not holding adds after a restart; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
 //! Prometheus text otherwise), the status page `/status` (HTML) and `/status.json`,
 //! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`]) with its
@@ -153,7 +153,10 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     let unready = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why);
     match state.engine.store_health() {
         StoreHealth::Healthy if state.ready.load(Ordering::Acquire) => {
-            (StatusCode::OK, "ready\n".into())
+            match state.engine.core().restart_hold_remaining(crate::engine::now_ms()) {
+                Some(ms) => unready(format!("not ready: restarted on its old data directory, it holds adds until a peer says whether its replica id was retired (at most {ms} ms more)\n")),
+                None => (StatusCode::OK, "ready\n".into()),
+            }
         }
         StoreHealth::Healthy => unready("not ready: shutting down\n".into()),
         StoreHealth::Failing(cause) => {

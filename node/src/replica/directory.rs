@@ -59,6 +59,17 @@ impl Directory {
         self.pending.push((replica, region));
     }
 
+    /// Forgets a folded writer's entry (its deletion is written with the
+    /// next commit by the caller). Returns whether it was known.
+    pub(crate) fn forget(&mut self, replica: ReplicaId) -> bool {
+        let Some(region) = self.regions.remove(&replica) else {
+            return false;
+        };
+        self.digest = self.digest.wrapping_sub(entry_hash(replica, &region));
+        self.pending.retain(|(id, _)| *id != replica);
+        true
+    }
+
     /// Every entry, by replica id.
     pub(crate) fn entries(&self) -> Vec<(ReplicaId, String)> {
         self.regions

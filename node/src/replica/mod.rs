@@ -274,6 +274,9 @@ pub struct Replica {
     /// Until when (ms) adds wait after a restart for a peer to say whether
     /// this replica was retired (`retire.rs`); `None`: no hold.
     restart_hold_until_ms: Option<u64>,
+    /// Folded writers whose directory entry and watermarks the next commit
+    /// deletes (`retire.rs`, pruning).
+    pruned_pending: Vec<ReplicaId>,
     /// Like sets and uniques (`sets.rs`).
     sets: sets::Sets,
     /// What waits for a push to the copies (replicated durability).
@@ -340,6 +343,7 @@ impl Replica {
             ),
             fold_sweep: retire::FoldSweep::recovered(recovered.fold_swept),
             restart_hold_until_ms: None,
+            pruned_pending: Vec::new(),
             peers: PeerBook::new(recovered.watermarks)
                 .with_delta_watermarks(recovered.delta_watermarks),
             sets: sets::Sets::recovered(recovered.sets_digest),
@@ -625,6 +629,7 @@ impl Replica {
             || delta_watermarks_dirty
             || !self.idempotency_put.is_empty()
             || self.directory.has_pending()
+            || !self.pruned_pending.is_empty()
             || watermarks_dirty;
         let housekeeping =
             !self.idempotency_delete.is_empty() || !self.superseded_pending.is_empty();
@@ -669,6 +674,7 @@ impl Replica {
             idempotency_put: std::mem::take(&mut self.idempotency_put),
             idempotency_delete: std::mem::take(&mut self.idempotency_delete),
             directory_put: self.directory.take_pending(),
+            pruned: std::mem::take(&mut self.pruned_pending),
             watermarks,
             digest,
             sets_digest,
@@ -748,6 +754,7 @@ impl Replica {
         self.idempotency_put.extend(batch.idempotency_put);
         self.idempotency_delete.extend(batch.idempotency_delete);
         self.directory.restore_pending(batch.directory_put);
+        self.pruned_pending.extend(batch.pruned);
         self.folds
             .restore_pending(batch.retired, batch.fold_records);
         self.peers.mark_watermarks_dirty();

@@ -366,6 +366,7 @@ impl Replica {
         if elements > MAX_CHUNK_ELEMENTS {
             return Err(ChunkRefused::OversizedDeltas(elements));
         }
+        let book = self.folds.shared_book();
         let mut learned: Vec<(ReplicaId, String)> = Vec::new();
         for (replica, region) in &chunk.replicas {
             match self.directory.get(replica) {
@@ -377,10 +378,12 @@ impl Replica {
                     })
                 }
                 Some(_) => {}
+                // A folded writer's entry was pruned here; a source that has
+                // not pruned it yet does not bring it back.
+                None if book.folded_at(*replica).is_some() => {}
                 None => learned.push((*replica, region.clone())),
             }
         }
-        let book = self.folds.shared_book();
         let mut seen = std::collections::HashSet::with_capacity(chunk.counters.len());
         for (key, state) in &chunk.counters {
             if !seen.insert(key.as_ref()) {

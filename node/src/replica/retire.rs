@@ -11,7 +11,7 @@
 //! applied epoch, and after a crash the sweep resumes from what is durable
 //! (folding a counter twice changes nothing).
 
-use crate::crdt::{FoldError, FoldRecord, PnCounter, ReplicaId, Slot};
+use crate::crdt::{FoldError, FoldRecord, PnCounter, ReplicaId, Slot, WriterDigest};
 
 use super::folds::{FoldMember, Folds, RetireRefused};
 use super::types::{Cursor, DurableState, StorageError};
@@ -125,8 +125,14 @@ impl Replica {
 
     /// Whether adds are held at `now_ms`.
     pub fn restart_hold_on(&self, now_ms: u64) -> bool {
+        self.restart_hold_remaining(now_ms).is_some()
+    }
+
+    /// How long adds are held at most from `now_ms`, if they are.
+    pub fn restart_hold_remaining(&self, now_ms: u64) -> Option<u64> {
         self.restart_hold_until_ms
-            .is_some_and(|until| now_ms < until)
+            .filter(|until| now_ms < *until)
+            .map(|until| until - now_ms)
     }
 
     pub(super) fn check_restart_hold(&mut self, now_ms: u64) -> Result<(), AddRefused> {
@@ -171,7 +177,8 @@ impl Replica {
         writer: ReplicaId,
         members: &[FoldMember],
     ) -> Result<bool, RetireRefused> {
-        let known = self.directory.contains(&writer);
+        // A folded writer's directory entry is pruned; it is still known.
+        let known = self.directory.contains(&writer) || self.folds.is_retired(writer);
         self.folds
             .retire(writer, self.identity.replica, known, members)
     }
@@ -220,6 +227,42 @@ impl Replica {
             .handle_reports_knowing(&counted, members, &|writer| directory.contains(&writer))?;
         self.fold_cached();
         Ok(committed)
+    }
+
+    /// Prunes what this node keeps per folded writer besides fold records:
+    /// its directory entry and its pull watermarks (deleted with the next
+    /// commit, so the pruning survives a restart) and its in-memory peer
+    /// state. Only once no stored counter holds a slot of the writer (its
+    /// digest here is empty: the sweep folded them all, or this node never
+    /// held any), so no counter still needs its region. Returns each writer
+    /// pruned now, with its region if it was known, for the caller to drop
+    /// its metric labels.
+    pub fn prune_folded(&mut self) -> Vec<(ReplicaId, Option<String>)> {
+        let own = self.identity.replica;
+        let folded: Vec<ReplicaId> = self
+            .folds
+            .book()
+            .records()
+            .iter()
+            .flat_map(|record| record.writers.iter().map(|(writer, _)| *writer))
+            .filter(|writer| *writer != own)
+            .filter(|writer| self.folds.digest_of(*writer) == WriterDigest::default())
+            .collect();
+        let mut pruned = Vec::new();
+        for writer in folded {
+            let region = self.directory.get(&writer).cloned().or_else(|| {
+                self.peers
+                    .peer(writer)
+                    .map(|state| state.member.region.clone())
+            });
+            let had_entry = self.directory.forget(writer);
+            let had_watermark = self.peers.forget(writer);
+            if had_entry || had_watermark {
+                self.pruned_pending.push(writer);
+                pruned.push((writer, region));
+            }
+        }
+        pruned
     }
 
     /// Folds every cached counter up to the applied epoch.

@@ -390,3 +390,39 @@ fn only_a_directory_that_had_peers_needs_a_restart_hold() {
     let (a, _, _) = cluster();
     assert!(a.replica.needs_restart_hold(false));
 }
+
+#[test]
+fn a_folded_writer_is_pruned_for_good_and_a_peer_that_kept_it_does_not_bring_it_back() {
+    let (mut a, b, dead) = retired_cluster(3);
+    // Nothing is pruned while this node's digest says a stored counter
+    // holds a slot of W: the fold rounds folded the cached counters.
+    // a pulled from W: it knows W's region and keeps a watermark of it.
+    assert_eq!(a.replica.region_of(W), Some("ap"));
+    assert_ne!(a.replica.peers().watermark(W), Cursor::default());
+    while a.replica.poll_fold_sweep(1, &a.store, 100).unwrap() > 0 {
+        a.commit();
+    }
+    a.commit();
+    assert_eq!(a.replica.folds().digest_of(W), WriterDigest::default());
+    assert_eq!(a.replica.prune_folded(), vec![(W, Some("ap".to_owned()))]);
+    a.commit();
+    assert_eq!(a.replica.region_of(W), None);
+    assert_eq!(a.replica.peers().watermark(W), Cursor::default());
+    assert!(a.replica.prune_folded().is_empty(), "pruned once");
+    // The deletions were committed: a restart does not bring W back.
+    let mut a = a.restart();
+    assert_eq!(a.replica.region_of(W), None);
+    assert_eq!(a.replica.peers().watermark(W), Cursor::default());
+    // b has not pruned W: its whole directory, sent with a pull, still
+    // names it, and a does not learn it again. Values are unchanged.
+    assert_eq!(b.replica.region_of(W), Some("ap"));
+    a.pull_from(&b, 1 << 20);
+    a.commit();
+    assert_eq!(a.replica.region_of(W), None);
+    assert_eq!((a.value("likes"), a.value("views")), (25, 18));
+    // W is still known as retired: retiring it again is no error.
+    assert_eq!(
+        a.replica.handle_retire(W, std::slice::from_ref(&dead)),
+        Ok(false)
+    );
+}

@@ -311,6 +311,17 @@ impl PeerBook {
         }
     }
 
+    /// Forgets everything kept about a folded writer as a peer: its pull
+    /// watermarks, its directory digest and its sync state. Returns whether
+    /// a persisted watermark was among them (its deletion must be committed).
+    pub fn forget(&mut self, peer: ReplicaId) -> bool {
+        self.peers.remove(&peer);
+        self.directories.remove(&peer);
+        let watermark = self.watermarks.remove(&peer).is_some();
+        let delta = self.delta_watermarks.remove(&peer).is_some();
+        watermark || delta
+    }
+
     /// `peer`'s directory digest as last received from it, if ever.
     pub fn directory_digest(&self, peer: ReplicaId) -> Option<u64> {
         self.directories.get(&peer).copied()

@@ -176,6 +176,9 @@ pub struct CommitBatch {
     pub uniques: Vec<UniqueWrite>,
     /// Delta-log pull watermarks per peer replica, all of them (when one moved).
     pub delta_watermarks: Vec<(ReplicaId, DeltaCursor)>,
+    /// Folded writers whose directory entry and pull watermarks this batch
+    /// deletes (issue 13, pruning: their slots are gone from every counter).
+    pub pruned: Vec<ReplicaId>,
 }
 
 impl CommitBatch {
@@ -186,6 +189,7 @@ impl CommitBatch {
             && self.idempotency_put.is_empty()
             && self.idempotency_delete.is_empty()
             && self.directory_put.is_empty()
+            && self.pruned.is_empty()
             && self.retired.is_empty()
             && self.fold_records.is_empty()
             && self.likes.is_empty()

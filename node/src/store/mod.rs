@@ -132,6 +132,11 @@ pub fn batch_ops(
             encode_cursor(cursor),
         ));
     }
+    for replica in &batch.pruned {
+        ops.push(Op::Delete(replica_key(DIRECTORY, *replica)));
+        ops.push(Op::Delete(replica_key(WATERMARK, *replica)));
+        ops.push(Op::Delete(replica_key(sets::DELTA_WATERMARK, *replica)));
+    }
     for (writer, digest) in &batch.writer_digests {
         let key = replica_key(WRITER_DIGEST, *writer);
         if *digest == crate::crdt::WriterDigest::default() {
