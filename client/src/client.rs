@@ -590,15 +590,7 @@ impl Client {
                     slots: true,
                     ..Default::default()
                 };
-                let response = self
-                    .policy
-                    .run("get", |timeout| {
-                        let mut counters = self.counters.clone();
-                        let request = with_timeout(request.clone(), timeout);
-                        async move { counters.get(request).await.map(Response::into_inner) }
-                    })
-                    .await?;
-                slots_from_proto(key, response)
+                slots_from_proto(key, self.send_get(request).await?)
             })
             .await
     }
@@ -623,15 +615,18 @@ impl Client {
                 .await?;
             return Ok(counter_from_proto(key, response));
         }
-        let response = self
-            .policy
+        Ok(counter_from_proto(key, self.send_get(request).await?))
+    }
+
+    /// Sends one `Get` through the retry policy (not coalesced).
+    async fn send_get(&self, request: GetRequest) -> Result<tally_proto::v1::GetResponse, Error> {
+        self.policy
             .run("get", |timeout| {
                 let mut counters = self.counters.clone();
                 let request = with_timeout(request.clone(), timeout);
                 async move { counters.get(request).await.map(Response::into_inner) }
             })
-            .await?;
-        Ok(counter_from_proto(key, response))
+            .await
     }
 
     /// Reads many counters in one request; each gets its own result, in the

@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::load::quick_client;
-use common::{wait_until, NodeProcess, NodeSpec};
+use common::NodeProcess;
 use prost::bytes::Bytes;
 use tally_proto::v1::counters_client::CountersClient;
 use tally_proto::v1::AddRequest;
@@ -24,26 +24,17 @@ const LIMIT: Duration = Duration::from_secs(120);
 const KEY: &str = "post:1:likes";
 
 fn start_cluster(root: &std::path::Path, restart_hold: &str) -> Vec<NodeProcess> {
-    let mut specs: Vec<NodeSpec> = ["eu", "us", "ap"]
-        .iter()
-        .map(|region| {
-            let mut spec = NodeSpec::new(root, region, &format!("{region}-1"));
-            spec.extra = vec![
-                "--retire-after".into(),
-                "1000h".into(),
-                "--cluster-version-upgrade".into(),
-                "auto".into(),
-                "--restart-hold".into(),
-                restart_hold.into(),
-            ];
-            spec
-        })
-        .collect();
-    let seed = specs[0].gossip;
-    for spec in specs.iter_mut().skip(1) {
-        spec.seeds = vec![seed];
-    }
-    specs.into_iter().map(NodeProcess::start).collect()
+    common::start_three_regions(
+        root,
+        &[
+            "--retire-after",
+            "1000h",
+            "--cluster-version-upgrade",
+            "auto",
+            "--restart-hold",
+            restart_hold,
+        ],
+    )
 }
 
 /// What the restarted node answered to the adds sent to it from the moment
@@ -108,18 +99,10 @@ async fn restart_a_retired_node(restart_hold: &'static str) -> Answers {
     .unwrap();
     let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
     // Retirements travel in fold reports, handled from cluster version 4.
-    for endpoint in &endpoints {
-        let endpoint = endpoint.clone();
-        tokio::task::spawn_blocking(move || {
-            wait_until(LIMIT, "cluster version 4", || {
-                let (code, out, _) = common::cli(&endpoint, &["--json", "status"]);
-                let status: serde_json::Value = serde_json::from_str(&out).ok()?;
-                (code == 0 && status["cluster_version"].as_u64()? >= 4).then_some(())
-            })
-        })
+    let waited = endpoints.clone();
+    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
         .await
         .unwrap();
-    }
     // ap writes, and eu learns ap's replica (retiring needs a known id).
     let ap = quick_client(&endpoints[2]).await;
     for _ in 0..5 {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use common::load::{quick_client, run_for, settle, try_quick_client, Tally};
-use common::{wait_until, NodeProcess, NodeSpec};
+use common::{wait_until, NodeProcess};
 use tally_node::replica::DurableState;
 use tally_node::store::{OnCorrupt, SledStore, Store};
 
@@ -19,24 +19,15 @@ const KEYS: [&str; 3] = ["post:1:likes", "post:2:likes", "video:9:views"];
 const LIMIT: Duration = Duration::from_secs(180);
 
 fn start_cluster(root: &std::path::Path, retire_after: &str) -> Vec<NodeProcess> {
-    let mut specs: Vec<NodeSpec> = ["eu", "us", "ap"]
-        .iter()
-        .map(|region| {
-            let mut spec = NodeSpec::new(root, region, &format!("{region}-1"));
-            spec.extra = vec![
-                "--retire-after".into(),
-                retire_after.into(),
-                "--cluster-version-upgrade".into(),
-                "auto".into(),
-            ];
-            spec
-        })
-        .collect();
-    let seed = specs[0].gossip;
-    for spec in specs.iter_mut().skip(1) {
-        spec.seeds = vec![seed];
-    }
-    specs.into_iter().map(NodeProcess::start).collect()
+    common::start_three_regions(
+        root,
+        &[
+            "--retire-after",
+            retire_after,
+            "--cluster-version-upgrade",
+            "auto",
+        ],
+    )
 }
 
 async fn wait_exact(endpoints: &[String], expected: &BTreeMap<String, i64>) {
@@ -173,18 +164,10 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
     let nodes = start_cluster(root.path(), "1s");
     let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
     // Folds need cluster version 4: every node speaks it, `auto` moves there.
-    for endpoint in &endpoints {
-        let endpoint = endpoint.clone();
-        tokio::task::spawn_blocking(move || {
-            wait_until(LIMIT, "cluster version 4", || {
-                let (code, out, _) = common::cli(&endpoint, &["--json", "status"]);
-                let status: serde_json::Value = serde_json::from_str(&out).ok()?;
-                (code == 0 && status["cluster_version"].as_u64()? >= 4).then_some(())
-            })
-        })
+    let waited = endpoints.clone();
+    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
         .await
         .unwrap();
-    }
     let mut tally = Tally::default();
     let nodes = wipe_cycles(nodes, CYCLES, &mut tally).await;
     let took = wait_folded(&endpoints, CYCLES).await;

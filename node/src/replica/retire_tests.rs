@@ -187,18 +187,23 @@ fn the_sweep_folds_every_stored_counter_and_resumes_after_a_crash() {
     assert_eq!(a.restart().replica.fold_swept(), 1);
 }
 
-#[test]
-fn a_retired_replica_is_fenced() {
-    let (mut a, b, _) = cluster();
+/// `a` runs a fold round on a report of `b` that lists `a` as retired.
+fn hear_own_retirement(a: &mut Node, b: &Node) {
     let report = FoldReport {
         retired: vec![a.replica.identity().replica],
         ..FoldReport::default()
     };
     let others = [FoldMember {
         report: Some(report),
-        ..member(&b, true)
+        ..member(b, true)
     }];
     a.replica.handle_fold_round(1, "x", &others, None).unwrap();
+}
+
+#[test]
+fn a_retired_replica_is_fenced() {
+    let (mut a, b, _) = cluster();
+    hear_own_retirement(&mut a, &b);
     assert!(a.replica.is_fenced());
     let refused = a.replica.handle_add(
         1,
@@ -362,15 +367,7 @@ fn a_restart_hold_refuses_adds_until_released_or_expired_and_says_why() {
 fn a_retirement_heard_during_the_hold_fences_instead() {
     let (mut a, b, _) = cluster();
     a.replica.hold_adds_until(10_000);
-    let report = FoldReport {
-        retired: vec![a.replica.identity().replica],
-        ..FoldReport::default()
-    };
-    let others = [FoldMember {
-        report: Some(report),
-        ..member(&b, true)
-    }];
-    a.replica.handle_fold_round(1, "x", &others, None).unwrap();
+    hear_own_retirement(&mut a, &b);
     a.replica.release_restart_hold();
     assert!(matches!(add_one(&mut a, 2), Err(AddRefused::Fenced(_))));
 }

@@ -383,6 +383,18 @@ pub fn cli(endpoint: &str, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Waits (blocking) until every node of `endpoints` reports at least cluster
+/// version `version` in `tally --json status` (folds need 4), at most `limit`.
+pub fn wait_cluster_version(endpoints: &[String], version: u64, limit: Duration) {
+    for endpoint in endpoints {
+        wait_until(limit, &format!("cluster version {version}"), || {
+            let (code, out, _) = cli(endpoint, &["--json", "status"]);
+            let status: serde_json::Value = serde_json::from_str(&out).ok()?;
+            (code == 0 && status["cluster_version"].as_u64()? >= version).then_some(())
+        });
+    }
+}
+
 /// Polls `check` every 50 ms until it returns `Some`, or panics after `limit`
 /// with `what`. Returns the value and how long it took.
 pub fn wait_until<T>(
@@ -411,6 +423,20 @@ pub fn start_seeded(mut specs: Vec<NodeSpec>) -> Vec<NodeProcess> {
         spec.seeds = vec![seed];
     }
     specs.into_iter().map(NodeProcess::start).collect()
+}
+
+/// One node in each of eu, us and ap (`eu-1`, `us-1`, `ap-1`), each with the
+/// extra flags `extra`, seeded from eu-1 and started in that order.
+pub fn start_three_regions(root: &Path, extra: &[&str]) -> Vec<NodeProcess> {
+    let specs = ["eu", "us", "ap"]
+        .iter()
+        .map(|region| {
+            let mut spec = NodeSpec::new(root, region, &format!("{region}-1"));
+            spec.extra = extra.iter().map(|flag| flag.to_string()).collect();
+            spec
+        })
+        .collect();
+    start_seeded(specs)
 }
 
 /// A cluster: `layout` lists (region, nodes in it). Every node seeds from the first.
