@@ -115,6 +115,19 @@ async fn restart_a_retired_node(restart_hold: &'static str) -> Answers {
         assert!(started.elapsed() < LIMIT, "eu never saw ap's adds");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // Bad retirements are refused with a status that says why, and change
+    // nothing: a live replica, eu's own id, an id nobody knows.
+    let eu_id = eu.status().await.unwrap().node.replica;
+    for (id, code, words) in [
+        (ap_id, tally_client::Code::FailedPrecondition, "is alive"),
+        (eu_id, tally_client::Code::InvalidArgument, "own replica id"),
+        (0x1234, tally_client::Code::InvalidArgument, "no replica"),
+    ] {
+        let refused = eu.retire(id).await.expect_err("a bad retirement was taken");
+        assert_eq!(refused.code(), Some(code), "{refused}");
+        assert!(refused.to_string().contains(words), "{refused}");
+    }
+    assert!(eu.status().await.unwrap().retired.is_empty());
     // ap goes down; eu retires it once failure detection agrees it is down.
     let mut nodes = tokio::task::spawn_blocking(move || {
         let mut nodes = nodes;
