@@ -216,6 +216,7 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
                 .get(pb::GetRequest {
                     key: key(i).into_bytes().into(),
                     breakdown: true,
+                    ..Default::default()
                 })
                 .await
                 .unwrap()
@@ -261,7 +262,7 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
         .rev()
         .map(|i| pb::GetRequest {
             key: key(i).into_bytes().into(),
-            breakdown: false,
+            ..Default::default()
         })
         .collect();
     let results = counters(&endpoints[1])
