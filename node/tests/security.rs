@@ -572,3 +572,73 @@ fn https_api(addr: std::net::SocketAddr, ca_path: &Path) -> common::http::Api {
         .new_agent();
     common::http::Api::with_agent(format!("https://localhost:{}", addr.port()), agent)
 }
+
+/// Forwarding under TLS and tokens (issue 11, routing): a node that is not
+/// a key's owner forwards the caller's add on its own node certificate,
+/// and the owner lets it in without a token; the forwarded marker without
+/// a node certificate grants nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_request_passes_on_the_node_certificate_and_the_marker_alone_on_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let ca = Ca::new("cluster CA");
+    let partitioned = ["--partitions", "16", "--replication-factor", "1"];
+    let first = secure_spec(root.path(), "eu", "eu-1", &ca, &partitioned);
+    let mut second = secure_spec(root.path(), "eu", "eu-2", &ca, &partitioned);
+    second.seeds = vec![first.gossip];
+    let (eu1, eu2) = tokio::task::spawn_blocking(move || {
+        (NodeProcess::start(first), NodeProcess::start(second))
+    })
+    .await
+    .unwrap();
+    let mut client = CountersClient::new(tls_channel(&eu1, None).await);
+    // Once eu-1 routes, a key of eu-2's is forwarded and served there.
+    let mut forwarded_key = None;
+    for attempt in 0..400 {
+        let key = format!("post:{}", attempt % 16);
+        let answer = client
+            .add(with_token(add(&key, 1), Some(TOKEN)))
+            .await
+            .unwrap();
+        if answer
+            .metadata()
+            .get("tally-owner")
+            .map(|v| v.to_str().unwrap())
+            == Some("eu-2")
+        {
+            forwarded_key = Some(key);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let key = forwarded_key.expect("eu-1 never forwarded an add to eu-2");
+    let (_, metrics) = http_get(eu1.spec.http, "/metrics").unwrap();
+    assert!(
+        metrics.contains("tally_forwarded_requests_total{method=\"add\",outcome=\"answered\"} 1"),
+        "{metrics}"
+    );
+    // The marker without a token and without a node certificate: refused.
+    let mut marked = tonic::Request::new(add(&key, 1));
+    marked
+        .metadata_mut()
+        .insert("tally-forwarded", "eu-1".parse().unwrap());
+    let refused = client.add(marked).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    // With a node certificate, no token is needed (as for eu-1's forwards).
+    let dir = root.path().join("eu-1-tls");
+    let identity = Identity::from_pem(
+        std::fs::read(dir.join("eu-1.pem")).unwrap(),
+        std::fs::read(dir.join("eu-1-key.pem")).unwrap(),
+    );
+    let mut as_node = CountersClient::new(tls_channel(&eu2, Some(identity)).await);
+    let mut marked = tonic::Request::new(add(&key, 1));
+    marked
+        .metadata_mut()
+        .insert("tally-forwarded", "eu-1".parse().unwrap());
+    let served = as_node.add(marked).await.unwrap();
+    assert_eq!(
+        served.metadata().get("tally-served-by").unwrap(),
+        "eu-2",
+        "{served:?}"
+    );
+    drop((eu1, eu2));
+}
