@@ -79,6 +79,29 @@ fn kills_stops_cuts_and_wipes_pass() {
     assert!(stdout.contains("schedule ("), "{stdout}");
 }
 
+/// Likes, unlikes and observes under kills, stops, partitions and clients
+/// cut off mid-operation (`--likes`): every region holds the same members
+/// and registers, the count is the members liked, and each member that got
+/// only likes or only unlikes is in the state they decide.
+#[test]
+fn likes_unlikes_and_observes_under_faults_pass() {
+    let stdout = chaos(&[
+        "--seed",
+        "1",
+        "--faults",
+        "kill,stop,partition,client",
+        "--likes",
+    ]);
+    assert!(
+        count_before(&stdout, "likes: ", "likes and unlikes") > 0,
+        "{stdout}"
+    );
+    assert!(
+        count_before(&stdout, "likes: ", "with an exact expectation") > 0,
+        "{stdout}"
+    );
+}
+
 /// The number printed before `label` on the line that starts with `prefix`.
 fn count_before(stdout: &str, prefix: &str, label: &str) -> u64 {
     let line = stdout

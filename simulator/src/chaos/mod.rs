@@ -26,6 +26,7 @@
 //! pulled are counted and allowed).
 
 mod check;
+mod likes;
 mod links;
 mod node;
 mod schedule;
@@ -106,6 +107,11 @@ pub struct ChaosArgs {
     /// --nodes-per-region).
     #[arg(long, default_value_t = 2)]
     write_copies: usize,
+    /// Also drive like sets and uniques (one task per node: likes, unlikes
+    /// with idempotent retries, observes) and check them after the heal;
+    /// the nodes then upgrade their cluster version on their own.
+    #[arg(long)]
+    likes: bool,
 }
 
 /// Runs `tally-sim chaos`.
@@ -251,6 +257,11 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         ]
         .into_iter()
         .chain(mode.into_iter().filter(|_| replicated))
+        .chain(
+            [("--cluster-version-upgrade", "auto".to_string())]
+                .into_iter()
+                .filter(|_| args.likes),
+        )
         .flat_map(|(flag, value)| [flag.to_string(), value])
         .collect();
         let mut node = NodeProc {
@@ -378,6 +389,18 @@ async fn drive(
             }));
         }
     }
+    let like_shared = Arc::new(likes::LikeShared::new());
+    if args.likes {
+        for (i, node) in nodes.iter().enumerate() {
+            let endpoint = node.client_endpoint.clone();
+            let shared = like_shared.clone();
+            let seed = args.seed ^ ((i as u64) << 40);
+            tasks.push(tokio::spawn(async move {
+                likes::like_loop(i, endpoint, seed, shared).await
+            }));
+        }
+    }
+    let mut wiped_any = false;
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.duration_s);
     for step in plan {
@@ -399,6 +422,7 @@ async fn drive(
             Fault::Kill(target) | Fault::Wipe(target) => {
                 let target = *target;
                 let wipe = matches!(step.fault, Fault::Wipe(_));
+                wiped_any |= wipe;
                 if wipe {
                     shared.epochs[target].fetch_add(1, Ordering::SeqCst);
                 }
@@ -489,6 +513,7 @@ async fn drive(
     let remaining = deadline.saturating_duration_since(Instant::now());
     tokio::time::sleep(remaining).await;
     shared.stop.store(true, Ordering::SeqCst);
+    like_shared.stop.store(true, Ordering::SeqCst);
     for task in tasks {
         let _ = task.await;
     }
@@ -499,8 +524,13 @@ async fn drive(
     while heal.elapsed() < Duration::from_secs(args.converge_timeout_s) {
         let mut digests = Vec::new();
         for node in nodes.iter() {
+            // Both digests: the counters' and the like sets' and uniques'.
             let digest = match Client::connect(node.endpoint.clone()).await {
-                Ok(client) => client.status().await.ok().map(|s| s.node.digest),
+                Ok(client) => client
+                    .status()
+                    .await
+                    .ok()
+                    .map(|s| (s.node.digest, s.node.sets_digest)),
                 Err(_) => None,
             };
             digests.push(digest);
@@ -537,6 +567,32 @@ async fn drive(
                 ),
             );
         }
+    }
+    if args.likes {
+        let mut held = Vec::new();
+        for node in nodes.iter() {
+            held.push(likes::read_likes(&node.endpoint).await?);
+        }
+        let book = like_shared.book.lock().expect("like book");
+        // A wipe may lose an acknowledged like with its disk (sync mode):
+        // then only agreement, counts and registers are exact.
+        for (kind, detail) in likes::check(&book, &held, !wiped_any) {
+            checker.violate(0, kind, detail);
+        }
+        let (liked, exact) = likes::summary(&book, &held);
+        let ops: u32 = book
+            .members
+            .iter()
+            .map(|ops| ops.likes_acked + ops.likes_unknown + ops.unlikes)
+            .sum();
+        println!(
+            "likes: {ops} likes and unlikes ({} answered only after a retry), {liked} of {} members liked, {exact} with an exact expectation{}; {} distinct observes acked, estimate {}",
+            like_shared.retried.load(Ordering::SeqCst),
+            likes::MEMBERS,
+            if wiped_any { " (not checked: a wipe)" } else { "" },
+            book.observed_acked,
+            held.first().map_or(0, |h| h.distinct.0),
+        );
     }
     let mut copies = None;
     if args.durability == Durability::Replicated {

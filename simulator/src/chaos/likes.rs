@@ -1,0 +1,416 @@
+//! The chaos like-set workload (`tally-sim chaos --likes`): one client task
+//! per node likes, unlikes and observes through gRPC, with retries that
+//! reuse the operation's idempotency key, and the check after the heal.
+//!
+//! The node's API does not expose causal lengths, so the check is on what
+//! it does expose, and is exact where the operations decide the outcome:
+//! - every region answers the same "liked" for every member, the same
+//!   derived count, equal to the members it says are liked, and a recount
+//!   (`verify`) that agrees with the count;
+//! - a member is liked if every operation that may have reached it was a
+//!   like and at least one was acknowledged, and not liked if none of them
+//!   was a like (an operation whose outcome is unknown may or may not
+//!   count, as the counters' checker allows); with both likes and unlikes,
+//!   which wins depends on lengths the regions saw, and only agreement is
+//!   required;
+//! - every region holds identical registers (the digest of `Distinct`), and
+//!   the estimate lies between the acknowledged and the issued distinct
+//!   observes, within the sketch's error.
+//!
+//! Members are partitioned over the nodes' tasks in two ways: a member of
+//! the "likes only" or "unlikes only" group gets only that operation, from
+//! any node, so the exact rule above applies to it; the others get both.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tally_proto::v1::likes_client::LikesClient;
+use tally_proto::v1::{
+    DistinctRequest, LikeCountRequest, LikeRequest, LikedRequest, ObserveRequest,
+};
+
+use crate::rng::{between, chance, stream, Subsystem};
+
+/// The like set every task writes.
+pub const LIKE_KEY: &str = "chaos:post:likes";
+/// The uniques key every task observes.
+pub const UNIQUES_KEY: &str = "chaos:post:seen";
+/// Members of the like set.
+pub const MEMBERS: usize = 48;
+
+/// Which operations a member gets (by its index).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Group {
+    /// Only likes, from any node.
+    LikesOnly,
+    /// Only unlikes.
+    UnlikesOnly,
+    /// Both.
+    Mixed,
+}
+
+/// The group of member `index`.
+pub fn group(index: usize) -> Group {
+    match index % 4 {
+        0 => Group::LikesOnly,
+        1 => Group::UnlikesOnly,
+        _ => Group::Mixed,
+    }
+}
+
+/// The name of member `index`.
+pub fn member_name(index: usize) -> String {
+    format!("m{index:02}")
+}
+
+/// What the tasks did to one member.
+#[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
+pub struct MemberOps {
+    /// Likes acknowledged.
+    pub likes_acked: u32,
+    /// Likes whose outcome is unknown (given up on).
+    pub likes_unknown: u32,
+    /// Unlikes acknowledged or unknown.
+    pub unlikes: u32,
+}
+
+/// What the tasks share with the checker.
+#[derive(Default)]
+pub struct LikeBook {
+    /// Per member.
+    pub members: Vec<MemberOps>,
+    /// Distinct observes acknowledged.
+    pub observed_acked: u64,
+    /// Distinct observes issued (acknowledged or not).
+    pub observed_issued: u64,
+}
+
+/// The state the like tasks share.
+pub struct LikeShared {
+    /// The book.
+    pub book: Mutex<LikeBook>,
+    /// Set when the load must stop.
+    pub stop: AtomicBool,
+    /// Operations answered only after a retry with their idempotency key.
+    pub retried: AtomicU64,
+}
+
+impl LikeShared {
+    /// A fresh book.
+    pub fn new() -> Self {
+        LikeShared {
+            book: Mutex::new(LikeBook {
+                members: vec![MemberOps::default(); MEMBERS],
+                ..Default::default()
+            }),
+            stop: AtomicBool::new(false),
+            retried: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Default for LikeShared {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// True for an error after which the same request may be sent again: the
+/// node is down, cut off, or not yet at the cluster version of like sets.
+fn transient(status: &tonic::Status) -> bool {
+    use tonic::Code;
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Unknown
+            | Code::Cancelled
+            | Code::FailedPrecondition
+            | Code::ResourceExhausted
+            | Code::Aborted
+    )
+}
+
+/// One task: likes, unlikes and observes against node `node` until `stop`.
+pub async fn like_loop(node: usize, endpoint: String, seed: u64, shared: Arc<LikeShared>) {
+    let mut rng = stream(seed ^ 0x6c69_6b65, Subsystem::Workload);
+    let url = endpoint;
+    let mut client = None;
+    let mut sequence = 0u64;
+    while !shared.stop.load(Ordering::SeqCst) {
+        if client.is_none() {
+            client = LikesClient::connect(url.clone()).await.ok();
+            if client.is_none() {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        }
+        let likes = client.as_mut().expect("connected above");
+        sequence += 1;
+        let idempotency_key = format!("chaos-like-{seed:x}-{node}-{sequence}");
+        if chance(&mut rng, 0.2) {
+            // A distinct member per observe: the sketch's exact range.
+            let member = format!("viewer-{node}-{sequence}");
+            shared.book.lock().expect("like book").observed_issued += 1;
+            let request = ObserveRequest {
+                key: UNIQUES_KEY.as_bytes().to_vec().into(),
+                members: vec![member.into_bytes().into()],
+            };
+            let acked = retry(&shared, || {
+                let mut likes = likes.clone();
+                let request = request.clone();
+                async move { likes.observe(request).await.map(|_| ()) }
+            })
+            .await;
+            if acked {
+                shared.book.lock().expect("like book").observed_acked += 1;
+            }
+        } else {
+            let index = between(&mut rng, 0, MEMBERS as u64 - 1) as usize;
+            let like = match group(index) {
+                Group::LikesOnly => true,
+                Group::UnlikesOnly => false,
+                Group::Mixed => chance(&mut rng, 0.6),
+            };
+            let request = LikeRequest {
+                key: LIKE_KEY.as_bytes().to_vec().into(),
+                member: member_name(index).into_bytes().into(),
+                idempotency_key,
+            };
+            let acked = retry(&shared, || {
+                let mut likes = likes.clone();
+                let request = request.clone();
+                async move {
+                    match like {
+                        true => likes.like(request).await.map(|_| ()),
+                        false => likes.unlike(request).await.map(|_| ()),
+                    }
+                }
+            })
+            .await;
+            let mut book = shared.book.lock().expect("like book");
+            let ops = &mut book.members[index];
+            match (like, acked) {
+                (true, true) => ops.likes_acked += 1,
+                (true, false) => ops.likes_unknown += 1,
+                (false, _) => ops.unlikes += 1,
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(between(&mut rng, 5, 40))).await;
+    }
+}
+
+/// Sends one request until it is answered (the same request, so the same
+/// idempotency key), an error is not transient, or the load stops: true
+/// when it was answered.
+async fn retry<F, Fut>(shared: &LikeShared, mut send: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
+{
+    let mut failures = 0;
+    loop {
+        let attempt = tokio::time::timeout(Duration::from_secs(3), send()).await;
+        match attempt {
+            Ok(Ok(())) => {
+                if failures > 0 {
+                    shared.retried.fetch_add(1, Ordering::SeqCst);
+                }
+                return true;
+            }
+            Ok(Err(status)) if !transient(&status) => return false,
+            _ => {}
+        }
+        if shared.stop.load(Ordering::SeqCst) {
+            return false;
+        }
+        failures += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What one region holds, as its API answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldLikes {
+    /// Whether each member is liked.
+    pub liked: Vec<bool>,
+    /// The derived count.
+    pub count: u64,
+    /// The recount agreed with the count.
+    pub recount_consistent: bool,
+    /// The uniques estimate and the digest of its registers.
+    pub distinct: (u64, u64),
+}
+
+/// Reads what the node at `endpoint` holds.
+pub async fn read_likes(endpoint: &str) -> anyhow::Result<HeldLikes> {
+    let mut likes = LikesClient::connect(endpoint.to_string()).await?;
+    let key: tonic::codegen::Bytes = LIKE_KEY.as_bytes().to_vec().into();
+    let liked = likes
+        .liked(LikedRequest {
+            key: key.clone(),
+            members: (0..MEMBERS)
+                .map(|i| member_name(i).into_bytes().into())
+                .collect(),
+        })
+        .await?
+        .into_inner()
+        .liked;
+    let count = likes
+        .like_count(LikeCountRequest { key: key.clone() })
+        .await?
+        .into_inner()
+        .count;
+    let recount = tally_client::Client::connect(endpoint.to_string())
+        .await?
+        .verify_likes(LIKE_KEY)
+        .await?;
+    let distinct = likes
+        .distinct(DistinctRequest {
+            keys: vec![UNIQUES_KEY.as_bytes().to_vec().into()],
+        })
+        .await?
+        .into_inner();
+    Ok(HeldLikes {
+        liked,
+        count,
+        recount_consistent: recount.consistent,
+        distinct: (distinct.estimate, distinct.registers_digest),
+    })
+}
+
+/// The check of the module documentation: each violation as (kind, detail).
+/// `exact_members`: check each member's state against its operations (not
+/// after a wipe, which may lose an acknowledged like with its disk).
+pub fn check(
+    book: &LikeBook,
+    held: &[HeldLikes],
+    exact_members: bool,
+) -> Vec<(&'static str, String)> {
+    let mut violations = Vec::new();
+    let Some(first) = held.first() else {
+        return violations;
+    };
+    for (node, region) in held.iter().enumerate() {
+        if region.liked != first.liked || region.distinct.1 != first.distinct.1 {
+            violations.push((
+                "like sets differ",
+                format!("n{node} and n0 hold different members or registers"),
+            ));
+        }
+        let liked = region.liked.iter().filter(|liked| **liked).count() as u64;
+        if region.count != liked || !region.recount_consistent {
+            violations.push((
+                "derived count wrong",
+                format!(
+                    "n{node}: count {}, members liked {liked}, recount consistent {}",
+                    region.count, region.recount_consistent
+                ),
+            ));
+        }
+    }
+    for (index, ops) in book.members.iter().enumerate().filter(|_| exact_members) {
+        let expected = match (ops.likes_acked + ops.likes_unknown, ops.unlikes) {
+            (0, _) => Some(false),
+            (_, 0) if ops.likes_acked > 0 => Some(true),
+            _ => None,
+        };
+        if let Some(expected) = expected {
+            if first.liked.get(index) != Some(&expected) {
+                violations.push((
+                    "like state not exact",
+                    format!(
+                        "{}: liked {:?}, but its operations ({ops:?}) say {expected}",
+                        member_name(index),
+                        first.liked.get(index)
+                    ),
+                ));
+            }
+        }
+    }
+    // The sketch is exact to a few percent at these sizes (sparse form).
+    let estimate = first.distinct.0 as f64;
+    let (low, high) = (book.observed_acked as f64, book.observed_issued as f64);
+    if estimate < low * 0.95 - 2.0 || estimate > high * 1.05 + 2.0 {
+        violations.push((
+            "uniques estimate out of range",
+            format!("estimate {estimate}, {low} distinct observes acknowledged, {high} issued"),
+        ));
+    }
+    violations
+}
+
+/// Counts for the summary line: (members liked, members with an exact expectation).
+pub fn summary(book: &LikeBook, held: &[HeldLikes]) -> (usize, usize) {
+    let liked = held
+        .first()
+        .map_or(0, |h| h.liked.iter().filter(|l| **l).count());
+    let exact = book
+        .members
+        .iter()
+        .filter(|ops| {
+            ops.likes_acked + ops.likes_unknown == 0 || (ops.unlikes == 0 && ops.likes_acked > 0)
+        })
+        .count();
+    (liked, exact)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(liked: Vec<bool>) -> HeldLikes {
+        let count = liked.iter().filter(|l| **l).count() as u64;
+        HeldLikes {
+            liked,
+            count,
+            recount_consistent: true,
+            distinct: (10, 7),
+        }
+    }
+
+    fn book() -> LikeBook {
+        let mut members = vec![MemberOps::default(); 3];
+        members[0].likes_acked = 2;
+        members[1].unlikes = 3;
+        members[2] = MemberOps {
+            likes_acked: 1,
+            likes_unknown: 0,
+            unlikes: 1,
+        };
+        LikeBook {
+            members,
+            observed_acked: 10,
+            observed_issued: 11,
+        }
+    }
+
+    #[test]
+    fn the_check_passes_an_exact_state_and_catches_each_wrong_one() {
+        let right = held(vec![true, false, false]);
+        assert!(check(&book(), &[right.clone(), right.clone()], true).is_empty());
+        // A mixed member may come out either way, but everywhere the same.
+        let other = held(vec![true, false, true]);
+        assert!(check(&book(), &[other.clone(), other.clone()], true).is_empty());
+        let kinds = |held: &[HeldLikes]| -> Vec<&'static str> {
+            check(&book(), held, true)
+                .into_iter()
+                .map(|(kind, _)| kind)
+                .collect()
+        };
+        assert_eq!(kinds(&[right.clone(), other]), ["like sets differ"]);
+        // A liked-only member lost, an unliked-only member liked.
+        assert!(kinds(&[held(vec![false, false, false])]).contains(&"like state not exact"));
+        assert!(kinds(&[held(vec![true, true, false])]).contains(&"like state not exact"));
+        let mut drifted = right.clone();
+        drifted.count = 2;
+        assert_eq!(kinds(&[drifted]), ["derived count wrong"]);
+        let mut registers = right.clone();
+        registers.distinct.1 = 8;
+        assert_eq!(kinds(&[right.clone(), registers]), ["like sets differ"]);
+        let mut estimate = right;
+        estimate.distinct.0 = 30;
+        assert_eq!(kinds(&[estimate]), ["uniques estimate out of range"]);
+    }
+}
