@@ -46,31 +46,29 @@ impl Transport {
         S::Error: Into<BoxError>,
     {
         let service = service.map_err(Into::into);
-        let service = BoxCloneSyncService::new(service.map_response(
-            move |response: http::Response<Body>| {
-                if let Some(hint) = &hint {
-                    if response
-                        .headers()
-                        .contains_key(crate::routing::OWNER_HEADER)
-                    {
-                        hint.store(true, Ordering::Release);
-                    }
-                }
-                response
-            },
-        ));
-        let service = if headers.is_empty() {
-            BoxCloneSyncService::new(service)
-        } else {
-            BoxCloneSyncService::new(service.map_request(
-                move |mut request: http::Request<Body>| {
+        // One boxed layer whatever is set, as before routing: the headers
+        // (none for a plain client) and the hint check (only where a
+        // router listens) cost nothing when absent.
+        let service = BoxCloneSyncService::new(
+            service
+                .map_request(move |mut request: http::Request<Body>| {
                     for (name, value) in &headers {
                         request.headers_mut().insert(name, value.clone());
                     }
                     request
-                },
-            ))
-        };
+                })
+                .map_response(move |response: http::Response<Body>| {
+                    if let Some(hint) = &hint {
+                        if response
+                            .headers()
+                            .contains_key(crate::routing::OWNER_HEADER)
+                        {
+                            hint.store(true, Ordering::Release);
+                        }
+                    }
+                    response
+                }),
+        );
         Transport { service }
     }
 }
