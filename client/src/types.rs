@@ -182,6 +182,12 @@ pub struct Member {
     /// partitions, which holds every partition).
     #[cfg_attr(feature = "serde", serde(default))]
     pub partitions: u32,
+    /// The newest protocol version of the build that created the member's
+    /// data directory (0: a build that does not announce it). A cluster whose
+    /// every member was created at the newest version moves to it without
+    /// `tally admin finalize`.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub born_at: u32,
 }
 
 impl Member {
@@ -285,6 +291,7 @@ fn member_from_proto(member: proto::Member) -> Member {
         protocol_oldest: member.protocol_oldest,
         refused: member.refused,
         partitions: member.partitions,
+        born_at: member.born_at,
     }
 }
 

@@ -265,6 +265,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         gossip_interval: settings.gossip_interval,
         protocol,
         partitions: cluster.partitions.get(),
+        born_at: engine.store().born_at(),
     })
     .await
     .map_err(|error| StartError::Gossip {

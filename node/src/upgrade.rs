@@ -13,7 +13,9 @@
 //!
 //! In manual mode (`--cluster-version-upgrade manual`, the default) the
 //! keeper moves the version only to follow a member that was finalized
-//! ([`followed_cluster_version`]); `tally admin finalize` ([`finalize`])
+//! ([`followed_cluster_version`]), or when the cluster is new: every data
+//! directory in it was created by a build of this version
+//! ([`new_cluster_version`]). `tally admin finalize` ([`finalize`])
 //! persists the new version first and the keeper then announces it, so the
 //! rest of the cluster follows through gossip.
 //!
@@ -32,7 +34,8 @@ use crate::crdt::ReplicaId;
 use crate::engine::Engine;
 use crate::gossip::membership::MembershipHandle;
 use crate::replica::version::{
-    finalize_target, followed_cluster_version, next_cluster_version, ProtocolWindow,
+    finalize_target, followed_cluster_version, new_cluster_version, next_cluster_version,
+    ProtocolWindow,
 };
 use crate::replica::Member;
 
@@ -142,11 +145,15 @@ pub fn spawn_upgrade_keeper(
                 continue;
             }
             let current = engine.store().format();
-            let target = if config.manual {
-                followed_cluster_version(current, config.newest, &members)
-            } else {
-                next_cluster_version(current, config.newest, &members)
-            };
+            let target =
+                if config.manual {
+                    let born_at = engine.store().born_at();
+                    followed_cluster_version(current, config.newest, &members).max(
+                        new_cluster_version(current, config.newest, born_at, &members),
+                    )
+                } else {
+                    next_cluster_version(current, config.newest, &members)
+                };
             if target <= current {
                 continue;
             }

@@ -350,6 +350,8 @@ async fn pulls_from_another_cluster_are_refused_and_status_lists_the_members() {
         .pull(tally_proto::v1::PullRequest {
             cluster_id: "someone-else".into(),
             caller_replica: 77,
+            protocol_version: tally_node::replica::version::NEWEST,
+            protocol_oldest: tally_node::replica::version::OLDEST,
             ..Default::default()
         })
         .await

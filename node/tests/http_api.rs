@@ -15,10 +15,17 @@ use common::http::{Api, Reply};
 use common::{wait_until, Cluster, NodeProcess, NodeSpec};
 
 fn start_node(extra: &[&str]) -> (tempfile::TempDir, NodeProcess, Api) {
+    start_node_with(extra, NodeProcess::start)
+}
+
+fn start_node_with(
+    extra: &[&str],
+    start: impl FnOnce(NodeSpec) -> NodeProcess,
+) -> (tempfile::TempDir, NodeProcess, Api) {
     let root = tempfile::tempdir().unwrap();
     let mut spec = NodeSpec::new(root.path(), "eu", "http-1");
     spec.extra = extra.iter().map(|s| s.to_string()).collect();
-    let node = NodeProcess::start(spec);
+    let node = start(spec);
     let api = Api::new(node.spec.http);
     (root, node, api)
 }
@@ -492,8 +499,9 @@ fn bad_http_settings_stop_the_start_naming_the_flag() {
 /// the gRPC `Likes` service, including its refusal before cluster version 3.
 #[test]
 fn like_sets_and_uniques_over_json() {
-    let (_root, node, api) = start_node(&[]);
-    // A fresh cluster in manual upgrade mode is not at version 3 yet.
+    // A directory of a build before like sets, upgraded in place: in manual
+    // upgrade mode it is not at version 3 until finalized.
+    let (_root, node, api) = start_node_with(&[], NodeProcess::start_on_old_directory);
     let early = api
         .call("PUT", "/v1/likes/p/members/sam", &[], None)
         .problem(422, "FAILED_PRECONDITION");

@@ -65,6 +65,7 @@ impl Spec {
             gossip_interval: GOSSIP_INTERVAL,
             protocol: Default::default(),
             partitions: 256,
+            born_at: tally_node::replica::version::NEWEST,
         }
     }
 

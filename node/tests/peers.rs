@@ -52,6 +52,8 @@ async fn pulls_from_strangers_are_labelled_unknown_in_the_metrics() {
                 cluster_id: "test-cluster".into(),
                 caller_replica: *caller,
                 max_bytes: 1 << 20,
+                protocol_version: tally_node::replica::version::NEWEST,
+                protocol_oldest: tally_node::replica::version::OLDEST,
                 ..Default::default()
             })
             .await

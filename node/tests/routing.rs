@@ -118,6 +118,9 @@ async fn slots(endpoint: &str) -> Slots {
             cluster_id: "test-cluster".into(),
             caller_replica: 77,
             max_bytes: 16 << 20,
+            // A caller of every version: the cluster is new, so it is at the newest.
+            protocol_version: tally_node::replica::version::NEWEST,
+            protocol_oldest: tally_node::replica::version::OLDEST,
             ..Default::default()
         })
         .await

@@ -5,9 +5,12 @@
 //! marker); then the old version is refused, both as a binary opening the
 //! upgraded data directory and as a peer. That test runs in
 //! `--cluster-version-upgrade auto`; the manual mode (the default) is tested
-//! below: an all-new cluster stays at version 1 (a rollback still starts)
-//! until `tally admin finalize`, which is refused while an old member is
-//! present and, once accepted, moves every node.
+//! below: a cluster upgraded in place (every node on the current build, its
+//! directories created by an older one) stays at version 1 (a rollback still
+//! starts) until `tally admin finalize`, which is refused while an old member
+//! is present and, once accepted, moves every node. A new cluster, whose
+//! every directory this build created, moves to the newest by itself; one
+//! older directory among them holds it back.
 
 mod common;
 
@@ -172,10 +175,10 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
 #[test]
 fn in_manual_mode_the_version_waits_for_finalize_which_refuses_while_an_old_member_is_present() {
     let root = tempfile::tempdir().unwrap();
-    let eu = NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"));
+    let eu = NodeProcess::start_on_old_directory(NodeSpec::new(root.path(), "eu", "eu-1"));
     let mut us_spec = NodeSpec::new(root.path(), "us", "us-1");
     us_spec.seeds = vec![eu.spec.gossip];
-    let mut us = NodeProcess::start(us_spec);
+    let mut us = NodeProcess::start_on_old_directory(us_spec);
 
     // Every node runs the current build, and still nothing moves.
     add(&eu, "likes", "5");
@@ -186,18 +189,7 @@ fn in_manual_mode_the_version_waits_for_finalize_which_refuses_while_an_old_memb
         let us = member(&eu, "us-1")?;
         (us["protocol_version"] == NEWEST).then_some(())
     });
-    let watched = Instant::now();
-    while watched.elapsed() < Duration::from_secs(4) {
-        for node in [&eu, &us] {
-            assert_eq!(
-                cluster_version(node),
-                Some(1),
-                "{} moved without finalize",
-                node.spec.node_name
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    stays_at_version_1(&[&eu, &us], Duration::from_secs(4));
     assert!(marker(&eu.spec.data_dir).ends_with("format 1\n"));
     assert!(marker(&us.spec.data_dir).ends_with("format 1\n"));
 
@@ -252,5 +244,67 @@ fn in_manual_mode_the_version_waits_for_finalize_which_refuses_while_an_old_memb
     // Again: nothing to do.
     let (code, stdout, stderr) = cli(&eu.endpoint(), &["admin", "finalize"]);
     assert_eq!(code, 0, "finalize again: {stderr}");
+    assert!(stdout.contains("already finalized"), "{stdout}");
+}
+
+/// Watches `nodes` for `period` and fails if any leaves cluster version 1.
+#[track_caller]
+fn stays_at_version_1(nodes: &[&NodeProcess], period: Duration) {
+    let watched = Instant::now();
+    while watched.elapsed() < period {
+        for node in nodes {
+            assert_eq!(
+                cluster_version(node),
+                Some(1),
+                "{} moved without finalize",
+                node.spec.node_name
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_new_cluster_moves_to_the_newest_version_by_itself_unless_a_directory_is_older() {
+    let root = tempfile::tempdir().unwrap();
+    // One new directory beside one made by an older build: nothing moves,
+    // for a rollback of the older one must still start.
+    let old = NodeProcess::start_on_old_directory(NodeSpec::new(root.path(), "eu", "eu-old"));
+    let mut new_spec = NodeSpec::new(root.path(), "us", "us-new");
+    new_spec.seeds = vec![old.spec.gossip];
+    let new = NodeProcess::start(new_spec);
+    wait_until(Duration::from_secs(10), "us-new to see eu-old", || {
+        let seen = member(&new, "eu-old")?;
+        (seen["protocol_version"] == NEWEST).then_some(seen)
+    });
+    assert_eq!(member(&new, "eu-old").unwrap()["born_at"], 1);
+    assert_eq!(member(&old, "us-new").unwrap()["born_at"], NEWEST);
+    stays_at_version_1(&[&old, &new], Duration::from_secs(4));
+    drop((old, new));
+
+    // Every directory new (manual mode, the default, no finalize): both
+    // move to the newest and write it in their markers.
+    let eu = NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"));
+    let mut us_spec = NodeSpec::new(root.path(), "us", "us-1");
+    us_spec.seeds = vec![eu.spec.gossip];
+    let us = NodeProcess::start(us_spec);
+    for node in [&eu, &us] {
+        let what = format!("{} at cluster version {NEWEST}", node.spec.node_name);
+        wait_until(Duration::from_secs(30), &what, || {
+            (cluster_version(node) == Some(u64::from(NEWEST))).then_some(())
+        });
+        assert!(
+            marker(&node.spec.data_dir).ends_with(&format!("format {NEWEST}\n")),
+            "{}",
+            marker(&node.spec.data_dir)
+        );
+    }
+    assert_eq!(status(&eu).unwrap()["node"]["born_at"], NEWEST);
+    add(&eu, "likes", "2");
+    add(&us, "likes", "3");
+    wait_for_value(&eu, "likes", 5);
+    wait_for_value(&us, "likes", 5);
+    let (code, stdout, stderr) = cli(&eu.endpoint(), &["admin", "finalize"]);
+    assert_eq!(code, 0, "finalize: {stderr}");
     assert!(stdout.contains("already finalized"), "{stdout}");
 }

@@ -88,6 +88,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         protocol_oldest: core.peers().own_protocol().oldest,
         refused: false,
         partitions: core.peers().own_partitions(),
+        born_at: engine.store().born_at(),
     };
     let members: Vec<pb::Member> = core
         .peers()
@@ -113,6 +114,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
                 protocol_oldest: peer.member.protocol.oldest,
                 refused: !core.peers().talks_with(&peer.member),
                 partitions: peer.member.partitions,
+                born_at: peer.member.born_at,
             }
         })
         .collect();

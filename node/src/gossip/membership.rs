@@ -67,6 +67,9 @@ const KEY_PROTOCOL: &str = "protocol";
 const KEY_PROTOCOL_OLDEST: &str = "protocol_oldest";
 /// The cluster's partition count as the node has it (absent: a build before partitions).
 const KEY_PARTITIONS: &str = "partitions";
+/// The newest version of the build that created the node's data directory
+/// (absent: a build before it was announced).
+const KEY_BORN_AT: &str = "born_at";
 /// Set (to `true`) by a node that is shutting down.
 const KEY_LEAVING: &str = "leaving";
 /// The node's lifecycle state (absent: a build before lifecycles, `active`).
@@ -115,6 +118,9 @@ pub struct MembershipConfig {
     pub protocol: ProtocolWindow,
     /// The cluster's partition count (a peer announcing another is refused).
     pub partitions: u32,
+    /// The newest version of the build that created the data directory
+    /// ([`crate::store::Store::born_at`]).
+    pub born_at: u32,
 }
 
 /// What [`MembershipHandle::publish`] last received.
@@ -227,6 +233,7 @@ impl MembershipHandle {
                 config.protocol.oldest.to_string(),
             ),
             (KEY_PARTITIONS.to_string(), config.partitions.to_string()),
+            (KEY_BORN_AT.to_string(), config.born_at.to_string()),
         ];
         let chitchat_handle = spawn_chitchat(chitchat_config, initial_key_values, transport)
             .await
@@ -670,6 +677,7 @@ fn parse_member<'a>(
         protocol,
         folds: get(super::fold_report::KEY_FOLDS).and_then(super::fold_report::decode),
         partitions: version(KEY_PARTITIONS)?,
+        born_at: version(KEY_BORN_AT)?,
     })
 }
 

@@ -44,6 +44,7 @@ fn config(gossip_listen: SocketAddr, gossip_interval: Duration) -> MembershipCon
         gossip_listen,
         gossip_advertise: gossip_listen,
         partitions: 256,
+        born_at: 0,
         grpc_advertise: "127.0.0.1:7100".into(),
         seeds: Vec::new(),
         gossip_interval,
@@ -121,6 +122,21 @@ fn parses_the_announced_partition_count() {
     assert_eq!(parse(&announcing, true).unwrap().partitions, 64);
     announcing.insert(KEY_PARTITIONS, "many".to_string());
     assert!(parse(&announcing, true).is_err());
+}
+
+#[test]
+fn parses_the_version_a_directory_was_born_at() {
+    assert_eq!(
+        parse(&values(1), true).unwrap().born_at,
+        0,
+        "none announced: an older build"
+    );
+    let mut announcing = values(1);
+    announcing.insert(KEY_BORN_AT, "7".to_string());
+    assert_eq!(parse(&announcing, true).unwrap().born_at, 7);
+    announcing.insert(KEY_BORN_AT, "seven".to_string());
+    let error = parse(&announcing, true).unwrap_err();
+    assert!(error.contains("born_at"), "{error}");
 }
 
 #[test]

@@ -176,7 +176,7 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
             "durable_seq": m.durable_seq,
             "since_last_sync_ms": m.since_last_sync_ms, "seq_lag": m.seq_lag,
             "protocol_version": m.protocol_version, "protocol_oldest": m.protocol_oldest,
-            "refused": m.refused, "partitions": m.partitions,
+            "refused": m.refused, "partitions": m.partitions, "born_at": m.born_at,
         })
     };
     serde_json::json!({

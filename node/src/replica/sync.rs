@@ -46,6 +46,10 @@ pub struct Member {
     pub folds: Option<super::folds::FoldReport>,
     /// The partition count it announces (0: none, a build before partitions).
     pub partitions: u32,
+    /// The newest version of the build that created its data directory (0:
+    /// none announced, a build before it was recorded); see
+    /// [`super::version::new_cluster_version`].
+    pub born_at: u32,
 }
 
 /// A pull to start now.

@@ -24,6 +24,13 @@
 //!   live or not) speak ([`next_cluster_version`]). Once it has risen, the
 //!   node's window starts there, so a build that cannot read what is now
 //!   written is refused.
+//! - A **new cluster** starts at the newest version by itself
+//!   ([`new_cluster_version`]): when every data directory in it (this
+//!   node's and every member's it talks with) was created by a build that
+//!   speaks that version (each node announces it as `born_at`), no member
+//!   ever ran an older build, so there is no rollback to keep open and no
+//!   `tally admin finalize` to wait for. A directory created before builds
+//!   recorded it counts as born at 0, and holds its cluster to the old rules.
 //!
 //! Invariant: two nodes exchange state only when their windows overlap
 //! ([`ProtocolWindow::talks_with`]), and a node never writes a format newer
@@ -124,6 +131,32 @@ pub fn followed_cluster_version(current: u32, own_newest: u32, members: &[Member
         .max(current)
 }
 
+/// The cluster version a new cluster moves to without `tally admin finalize`:
+/// the newest that this node and every member speak ([`next_cluster_version`]),
+/// when this node's data directory (`own_born_at`) and every member's that it
+/// talks with were created by a build that speaks `own_newest`; otherwise
+/// `current`. Such a cluster never ran an older build, so moving closes no
+/// rollback. One directory of an older build (or of a build before `born_at`
+/// was recorded, 0) keeps the whole cluster waiting for finalize.
+pub fn new_cluster_version(
+    current: u32,
+    own_newest: u32,
+    own_born_at: u32,
+    members: &[Member],
+) -> u32 {
+    let own = ProtocolWindow::at(current, own_newest);
+    let all_new = own_born_at >= own_newest
+        && members
+            .iter()
+            .filter(|member| own.talks_with(&member.protocol))
+            .all(|member| member.born_at >= own_newest);
+    if all_new {
+        next_cluster_version(current, own_newest, members)
+    } else {
+        current
+    }
+}
+
 /// The cluster version `tally admin finalize` moves to: the newest this node
 /// speaks, or the members (that this node talks with) that do not speak it
 /// yet. Refused members do not count, as in [`next_cluster_version`].
@@ -153,6 +186,42 @@ mod tests {
             protocol: ProtocolWindow { oldest, newest },
             ..Member::default()
         }
+    }
+
+    fn born(oldest: u32, newest: u32, born_at: u32) -> Member {
+        Member {
+            born_at,
+            ..member(oldest, newest)
+        }
+    }
+
+    #[test]
+    fn a_cluster_whose_every_directory_was_born_at_the_newest_version_starts_there() {
+        let members = [born(1, 3, 3), born(1, 3, 3)];
+        assert_eq!(new_cluster_version(1, 3, 3, &members), 3);
+        assert_eq!(new_cluster_version(1, 3, 3, &[]), 3, "a single node");
+        // This node's own directory is older: it waits for finalize.
+        assert_eq!(new_cluster_version(1, 3, 2, &members), 1);
+        assert_eq!(new_cluster_version(1, 3, 0, &[]), 1);
+        // One member's directory was created by an older build (or a build
+        // before born_at was announced): everyone waits for finalize.
+        assert_eq!(
+            new_cluster_version(1, 3, 3, &[born(1, 3, 3), born(1, 3, 2)]),
+            1
+        );
+        assert_eq!(
+            new_cluster_version(1, 3, 3, &[born(1, 3, 3), born(1, 3, 0)]),
+            1
+        );
+        // A member running an older build holds it back even if born new.
+        assert_eq!(new_cluster_version(1, 3, 3, &[born(1, 2, 3)]), 2);
+        // A member this node refuses (no shared version) does not count.
+        assert_eq!(new_cluster_version(3, 3, 3, &[born(1, 1, 0)]), 3);
+        // Never back.
+        assert_eq!(new_cluster_version(3, 3, 0, &members), 3);
+        // A newer build in an all-new cluster of this version (born at 3)
+        // does not move past what it was born at without finalize.
+        assert_eq!(new_cluster_version(3, 4, 3, &[born(3, 4, 3)]), 3);
     }
 
     #[test]

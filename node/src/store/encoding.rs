@@ -58,6 +58,10 @@ pub const META_DURABLE_SEQ: &[u8] = b"mseq";
 pub const META_DIGEST: &[u8] = b"mdigest";
 /// The idempotency hash key ([`HashKey`]).
 pub const META_IDEMPOTENCY_HASH_KEY: &[u8] = b"midkey";
+/// The newest protocol version of the build that created the store (absent
+/// in a store created by a build before it was recorded): see
+/// [`crate::replica::version::new_cluster_version`].
+pub const META_BORN_AT: &[u8] = b"mborn";
 
 /// The store key of a counter.
 pub fn counter_key(key: &str) -> Vec<u8> {

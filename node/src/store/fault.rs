@@ -98,6 +98,10 @@ impl<S: Store> Store for FaultyStore<S> {
         self.inner.format()
     }
 
+    fn born_at(&self) -> u32 {
+        self.inner.born_at()
+    }
+
     fn raise_format(&self, format: u32) -> Result<(), StorageError> {
         self.inner.raise_format(format)
     }

@@ -135,3 +135,23 @@ fn a_build_that_writes_only_older_formats_refuses_the_directory_without_calling_
     assert!(old.raise_format(2).is_err());
     assert_eq!(old.format(), 1);
 }
+
+#[test]
+fn a_directory_remembers_the_version_of_the_build_that_created_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = open(&path, OLDEST).unwrap();
+    assert_eq!(store.born_at(), OLDEST);
+    drop(store);
+    // Opened (and raised) by a newer build, it stays born at the old one:
+    // its cluster once ran that build, so a rollback must still be possible.
+    let store = open(&path, NEWEST).unwrap();
+    assert_eq!(store.born_at(), OLDEST);
+    store.raise_format(NEWEST).unwrap();
+    drop(store);
+    assert_eq!(open(&path, NEWEST).unwrap().born_at(), OLDEST);
+
+    let fresh = tempfile::tempdir().unwrap();
+    let store = open(&fresh.path().join("data"), NEWEST).unwrap();
+    assert_eq!(store.born_at(), NEWEST);
+}

@@ -64,6 +64,11 @@ pub trait Store: DurableState + Send + Sync + 'static {
     fn format(&self) -> u32 {
         crate::replica::version::NEWEST
     }
+    /// The newest protocol version of the build that created the store (0
+    /// when it was created by a build that did not record it).
+    fn born_at(&self) -> u32 {
+        crate::replica::version::NEWEST
+    }
     /// Moves to record format `format`: records it durably first, then
     /// writes in it. Never moves back.
     fn raise_format(&self, format: u32) -> Result<(), StorageError> {

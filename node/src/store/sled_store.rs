@@ -179,6 +179,9 @@ pub struct SledStore {
     format: AtomicU32,
     /// The newest format this build may write.
     newest_format: u32,
+    /// The newest version of the build that created the directory (0: a
+    /// build that did not record it).
+    born_at: u32,
     /// The commit log, from format [`COMMIT_LOG_FORMAT`] on (see
     /// `commit_log`); `None` below it, where each commit flushes sled.
     log: Mutex<Option<CommitLog>>,
@@ -353,9 +356,24 @@ impl SledStore {
         if is_new {
             db.insert(META_IDENTITY, encoding::encode_identity(&identity))
                 .map_err(|e| classify(dir, e))?;
+            db.insert(
+                encoding::META_BORN_AT,
+                encoding::encode_u64(u64::from(newest_format)),
+            )
+            .map_err(|e| classify(dir, e))?;
             flush(&db)?;
             write_marker(dir, format)?;
         }
+        let born_at = match db
+            .get(encoding::META_BORN_AT)
+            .map_err(|e| classify(dir, e))?
+        {
+            Some(bytes) => encoding::decode_u64(&bytes, "creating build's version")
+                .map_err(|e| corrupt(e.0))?
+                .try_into()
+                .unwrap_or(u32::MAX),
+            None => 0,
+        };
         if ensure_hash_key(&db).map_err(|e| corrupt(e.0))? {
             flush(&db)?;
         }
@@ -373,6 +391,7 @@ impl SledStore {
             path: dir.to_path_buf(),
             format: AtomicU32::new(format),
             newest_format,
+            born_at,
             log: Mutex::new(log),
             moved_aside: None,
         })
@@ -754,6 +773,10 @@ impl Store for SledStore {
 
     fn size_on_disk(&self) -> Option<u64> {
         self.db.size_on_disk().ok()
+    }
+
+    fn born_at(&self) -> u32 {
+        self.born_at
     }
 
     fn format(&self) -> u32 {

@@ -163,6 +163,7 @@ impl Membership {
                 protocol: node.replica.peers().own_protocol(),
                 folds: report,
                 partitions: node.replica.peers().own_partitions(),
+                born_at: tally_node::replica::version::NEWEST,
             });
         }
         nodes[observer]

@@ -469,6 +469,7 @@ mod tests {
             protocol_oldest: 1,
             refused: false,
             partitions: 256,
+            born_at: 0,
         }
     }
 
