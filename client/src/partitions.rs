@@ -42,6 +42,11 @@ pub struct PartitionMap {
     pub replication_factor: u32,
     /// The factor in effect in the region: `min(RF, nodes that may own)`.
     pub effective_replication: u32,
+    /// Partitions of the region that fewer live owners hold up to date than
+    /// `effective_replication` asks (an owner down, or catching up); 0 from
+    /// a node that does not count them.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub under_replicated: u32,
     /// The region.
     pub region: String,
     /// The region's nodes, by name.
@@ -76,6 +81,7 @@ impl From<tally_proto::v1::PartitionMapResponse> for PartitionMap {
             partitions: map.partitions,
             replication_factor: map.replication_factor,
             effective_replication: map.effective_replication,
+            under_replicated: map.under_replicated,
             region: map.region,
             nodes: map
                 .nodes

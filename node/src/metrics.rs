@@ -61,6 +61,13 @@ pub struct NodeStateLabels {
     pub state: String,
 }
 
+/// A label naming a region.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegionLabels {
+    /// The region.
+    pub region: String,
+}
+
 /// A label naming a like-set or uniques operation.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SetOpLabels {
@@ -163,6 +170,9 @@ pub struct Metrics {
     pub partitions_owned: Gauge,
     /// Nodes of the cluster as this node sees them, by region and lifecycle state.
     pub nodes: Family<NodeStateLabels, Gauge>,
+    /// Partitions per region held up to date by fewer live owners than the
+    /// replication factor in effect there.
+    pub partitions_under_replicated: Family<RegionLabels, Gauge>,
     /// Requests (a batch: each owner's share) this node forwarded to a
     /// key's owner, by method and outcome.
     pub forwarded_requests: Family<ForwardLabels, Counter>,
@@ -219,6 +229,7 @@ impl Metrics {
             copies_taken: Counter::default(),
             partitions_owned: Gauge::default(),
             nodes: Family::default(),
+            partitions_under_replicated: Family::default(),
             forwarded_requests: Family::default(),
             registry: Registry::default(),
         };
@@ -439,6 +450,11 @@ impl Metrics {
             "partitions_owned",
             "Partitions this node owns in its region, per the partition map (RF owners per partition)",
             metrics.partitions_owned.clone(),
+        );
+        registry.register(
+            "partitions_under_replicated",
+            "Partitions of a region held up to date by fewer live owners than the replication factor in effect there (an owner down, not yet gone, or catching up)",
+            metrics.partitions_under_replicated.clone(),
         );
         registry.register(
             "nodes",

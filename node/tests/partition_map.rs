@@ -148,6 +148,7 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
         );
     }
     assert!(owners(&initial).iter().all(|owners| owners.len() == RF));
+    assert_eq!(initial.under_replicated, 0, "every owner is up");
     // The metric follows the map (eu-1 owned all 256 while it was alone).
     let owned_metric = format!("tally_partitions_owned {}\n", owned(&initial, "eu-1"));
     wait_until(LIMIT, "eu-1's tally_partitions_owned", || {
@@ -195,6 +196,14 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
         owners(&initial),
         "a node down briefly keeps its partitions"
     );
+    // ... and each of them has one live owner of RF 2 meanwhile.
+    let owned_by_down = owned(&initial, "eu-3");
+    assert_eq!(down.under_replicated, owned_by_down);
+    let gauge = format!("tally_partitions_under_replicated{{region=\"eu\"}} {owned_by_down}");
+    wait_until(LIMIT, "the under-replicated gauge on eu-1", || {
+        let metrics = common::http_get(nodes[0].spec.http, "/metrics").ok()?.1;
+        metrics.lines().any(|line| line == gauge).then_some(())
+    });
 
     // 4. Removed (asked of the other region's node): its partitions go to
     // eu-1 and eu-2, and nothing else moves.
@@ -209,6 +218,7 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
         (256, 256)
     );
     assert_eq!(owned(&removed, "eu-3"), 0);
+    assert_eq!(removed.under_replicated, 0, "RF 2 on the two left");
     let moved = moved_slots(&initial, &removed, |old, _| {
         old.contains(&"eu-3".to_string())
     });

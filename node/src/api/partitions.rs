@@ -80,6 +80,7 @@ pub fn partition_map(
         partitions: view.partitions().get(),
         replication_factor: view.replication_factor(),
         effective_replication: view.effective_replication(&region) as u32,
+        under_replicated: view.under_replicated(&region).len() as u32,
         region,
         nodes,
         owners,

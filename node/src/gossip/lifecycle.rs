@@ -244,7 +244,14 @@ impl Partitioning {
     }
 
     /// Rebuilds the routes from `view` when what they depend on changed.
-    fn update_routes(&self, view: &ClusterView, endpoints: &BTreeMap<String, (ReplicaId, String)>) {
+    /// Rebuilds the route table, and recounts the under-replicated
+    /// partitions of every region, when what they depend on changed.
+    fn update_routes(
+        &self,
+        view: &ClusterView,
+        endpoints: &BTreeMap<String, (ReplicaId, String)>,
+        metrics: &crate::metrics::Metrics,
+    ) {
         let inputs: Vec<RouteInput> = view
             .nodes()
             .map(|node| {
@@ -272,6 +279,14 @@ impl Partitioning {
         *self.routes.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
         self.routes_all_local.store(all_local, Ordering::Release);
         *last = Some(inputs);
+        for region in view.regions() {
+            metrics
+                .partitions_under_replicated
+                .get_or_create(&crate::metrics::RegionLabels {
+                    region: region.to_string(),
+                })
+                .set(view.under_replicated(region).len() as i64);
+        }
     }
 
     /// The state `node` publishes, as this node last heard it.
@@ -308,7 +323,7 @@ impl Partitioning {
             tracing::info!(from = %before, to = %after, "lifecycle state changed");
         }
         let (view, endpoints) = self.view();
-        self.update_routes(&view, &endpoints);
+        self.update_routes(&view, &endpoints, engine.metrics());
         // Ownership is a function of these inputs only: recount (P rankings
         // of the region's nodes) only when they change, not every round.
         let inputs: Vec<OwnershipInput> = view

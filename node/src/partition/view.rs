@@ -277,8 +277,10 @@ impl ClusterView {
         route
     }
 
-    /// The partitions of `region` held up to date by fewer of their owners
-    /// than the effective replication factor.
+    /// The partitions of `region` held up to date by fewer *live* owners than
+    /// the effective replication factor: while an owner is down (and not yet
+    /// gone, when its partitions move), or still catching up, its partitions
+    /// have fewer copies that serve and replicate than RF asks.
     pub fn under_replicated(&self, region: &str) -> PartitionSet {
         let want = self.effective_replication(region);
         let mut under = PartitionSet::empty(self.partitions);
@@ -289,7 +291,7 @@ impl ClusterView {
                 .filter(|name| {
                     self.nodes
                         .get(**name)
-                        .is_some_and(|node| node.holding.contains(partition))
+                        .is_some_and(|node| node.alive && node.holding.contains(partition))
                 })
                 .count();
             if held < want {

@@ -132,3 +132,51 @@ fn a_single_node_owns_and_serves_every_partition_at_once() {
     assert!(holdings.serving().is_full());
     assert!(holdings.poll_deletions().is_empty());
 }
+
+#[test]
+fn a_partition_is_under_replicated_while_one_of_its_owners_is_down_or_not_holding_it() {
+    let all = PartitionSet::full(count(256));
+    let holding = |name: &str| NodeInfo {
+        holding: all.clone(),
+        ..node(name, NodeState::Active)
+    };
+    let healthy = ClusterView::new(
+        count(256),
+        2,
+        DEAD_AFTER_MS,
+        0,
+        ["a", "b", "c"].map(holding),
+    );
+    assert_eq!(healthy.under_replicated(REGION).len(), 0);
+    // c down, for less than dead_after: it still owns, but does not serve.
+    let down = NodeInfo {
+        alive: false,
+        down_since_ms: Some(0),
+        ..holding("c")
+    };
+    let view = ClusterView::new(
+        count(256),
+        2,
+        DEAD_AFTER_MS,
+        10,
+        [holding("a"), holding("b"), down],
+    );
+    assert_eq!(
+        view.under_replicated(REGION).len(),
+        view.owned_by("c").len(),
+        "exactly c's partitions"
+    );
+    // c up but holding nothing yet (catching up): the same partitions.
+    let empty = node("c", NodeState::Active);
+    let view = ClusterView::new(
+        count(256),
+        2,
+        DEAD_AFTER_MS,
+        10,
+        [holding("a"), holding("b"), empty],
+    );
+    assert_eq!(
+        view.under_replicated(REGION).len(),
+        view.owned_by("c").len()
+    );
+}

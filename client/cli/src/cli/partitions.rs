@@ -92,7 +92,11 @@ pub fn summary(map: &PartitionMap) -> String {
         .iter()
         .map(|(state, count)| format!("{count} {state}"))
         .collect();
-    out.push_str(&format!("nodes by state: {}", states.join(", ")));
+    out.push_str(&format!("nodes by state: {}\n", states.join(", ")));
+    out.push_str(&format!(
+        "under-replicated partitions: {} of {} (held by fewer than {} live owners)",
+        map.under_replicated, map.partitions, map.effective_replication
+    ));
     out
 }
 
@@ -129,6 +133,7 @@ mod tests {
             ],
             owners: vec![vec![0, 3]; 4],
             answered_by: "a".into(),
+            under_replicated: 1,
         };
         let text = summary(&map);
         let lines: Vec<&str> = text.lines().collect();
@@ -148,8 +153,12 @@ mod tests {
         assert_eq!(row("c "), ["c", "active", "gone", "0"]);
         assert_eq!(row("d "), ["d", "active", "yes", "4"]);
         assert_eq!(
-            *lines.last().unwrap(),
+            lines[lines.len() - 2],
             "nodes by state: 3 active, 1 draining"
+        );
+        assert_eq!(
+            *lines.last().unwrap(),
+            "under-replicated partitions: 1 of 4 (held by fewer than 2 live owners)"
         );
         assert_eq!(map.owners_of(2), ["a", "d"]);
         assert!(map.owners_of(9).is_empty());
