@@ -243,9 +243,9 @@ impl Partitioning {
         )
     }
 
-    /// Rebuilds the routes from `view` when what they depend on changed.
-    /// Rebuilds the route table, and recounts the under-replicated
-    /// partitions of every region, when what they depend on changed.
+    /// Rebuilds the route table from `view`, and recounts the
+    /// under-replicated partitions of every region, when what they depend on
+    /// changed.
     fn update_routes(
         &self,
         view: &ClusterView,
