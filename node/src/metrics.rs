@@ -141,6 +141,9 @@ pub struct Metrics {
     pub idempotency_records: Gauge,
     /// The most idempotency records held (`--idempotency-capacity`).
     pub idempotency_capacity: Gauge,
+    /// Idempotency records of other nodes of the region that merges brought
+    /// (a retry failing over to this node is recognised by them).
+    pub idempotency_records_learned: Counter,
     /// HTTP event streams (`/v1/counters/{key}/events`) open now.
     pub http_event_streams: Gauge,
     /// Like-set and uniques operations, by kind.
@@ -215,6 +218,7 @@ impl Metrics {
             storage_failed: Gauge::default(),
             idempotency_records: Gauge::default(),
             idempotency_capacity: Gauge::default(),
+            idempotency_records_learned: Counter::default(),
             http_event_streams: Gauge::default(),
             set_ops: Family::default(),
             like_batch_items: Histogram::new(exponential_buckets(1.0, 2.0, 15)),
@@ -345,6 +349,11 @@ impl Metrics {
             "merge_changes",
             "Counters changed by merges",
             metrics.merge_changes.clone(),
+        );
+        registry.register(
+            "idempotency_records_learned",
+            "Idempotency records of other nodes of the region learned by merges (a retry that fails over here is recognised by them)",
+            metrics.idempotency_records_learned.clone(),
         );
         registry.register(
             "set_ops",

@@ -157,14 +157,7 @@ async fn add(
     key: &str,
     idempotency_key: &str,
 ) -> Result<tonic::Response<pb::AddResponse>, tonic::Status> {
-    let mut request = tonic::Request::new(pb::AddRequest {
-        key: key.as_bytes().to_vec().into(),
-        delta: 1,
-        idempotency_key: idempotency_key.into(),
-        ..Default::default()
-    });
-    request.set_timeout(Duration::from_secs(10));
-    client.add(request).await
+    client.add(common::add_one(key, idempotency_key)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

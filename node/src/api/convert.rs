@@ -10,8 +10,8 @@ use crate::crdt::{check_member, FoldedBase, PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
 use crate::replica::version::ProtocolWindow;
 use crate::replica::{
-    check_name, parse_key, AddRefused, Cursor, DeltaCursor, PullChunk, PullRefused, PullRequest,
-    SetDelta, MAX_CHUNK_COUNTERS, MAX_CHUNK_ELEMENTS,
+    check_name, parse_key, AddRefused, Cursor, DeltaCursor, IdempotencyRecord, PullChunk,
+    PullRefused, PullRequest, SetDelta, MAX_CHUNK_COUNTERS, MAX_CHUNK_ELEMENTS, MAX_CHUNK_RECORDS,
 };
 
 /// The gRPC status of an engine error: a code a client can act on and the
@@ -117,6 +117,7 @@ pub fn pull_request_from(
         deltas_after: request
             .deltas_after
             .map(|bytes| DeltaCursor(bytes.to_vec())),
+        records_after: request.records_after,
     })
 }
 
@@ -135,6 +136,7 @@ pub fn pull_request_to(request: &PullRequest) -> pb::PullRequest {
             .deltas_after
             .as_ref()
             .map(|cursor| cursor.0.clone().into()),
+        records_after: request.records_after,
     }
 }
 
@@ -173,6 +175,38 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
         set_deltas: chunk.deltas.iter().map(delta_to).collect(),
         deltas_next: chunk.deltas_next.as_ref().map(|c| c.0.clone().into()),
         deltas_complete: chunk.deltas_complete,
+        records: chunk.records.iter().map(record_to).collect(),
+        records_next: chunk.records_next,
+        records_complete: chunk.records_complete,
+        id_keys: chunk
+            .id_keys
+            .iter()
+            .map(|key| pb::IdKey {
+                high: (key >> 64) as u64,
+                low: *key as u64,
+            })
+            .collect(),
+    }
+}
+
+fn record_to(record: &IdempotencyRecord) -> pb::IdempotencyRecord {
+    pb::IdempotencyRecord {
+        id_high: (record.id >> 64) as u64,
+        id_low: record.id as u64,
+        fingerprint: record.fingerprint,
+        value: record.value,
+        expires_at_ms: record.expires_at_ms,
+    }
+}
+
+/// A record from the wire; its `seq` is the receiver's to set.
+fn record_from(record: pb::IdempotencyRecord) -> IdempotencyRecord {
+    IdempotencyRecord {
+        id: (u128::from(record.id_high) << 64) | u128::from(record.id_low),
+        fingerprint: record.fingerprint,
+        value: record.value,
+        seq: 0,
+        expires_at_ms: record.expires_at_ms,
     }
 }
 
@@ -345,6 +379,15 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
         .into_iter()
         .map(delta_from)
         .collect::<Result<Vec<_>, _>>()?;
+    if chunk.records.len() > MAX_CHUNK_RECORDS {
+        return Err((
+            "oversized",
+            format!(
+                "{} idempotency records in one chunk; the limit is {MAX_CHUNK_RECORDS}",
+                chunk.records.len()
+            ),
+        ));
+    }
     Ok(PullChunk {
         source: ReplicaId(chunk.source_replica),
         counters,
@@ -360,6 +403,15 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
         deltas_complete: chunk.deltas_complete || chunk.deltas_next.is_none(),
         deltas,
         deltas_next: chunk.deltas_next.map(|bytes| DeltaCursor(bytes.to_vec())),
+        records: chunk.records.into_iter().map(record_from).collect(),
+        id_keys: chunk
+            .id_keys
+            .iter()
+            .map(|key| (u128::from(key.high) << 64) | u128::from(key.low))
+            .collect(),
+        // A source that serves no records never says so either.
+        records_complete: chunk.records_complete || chunk.records_next.is_none(),
+        records_next: chunk.records_next,
     })
 }
 
@@ -408,6 +460,16 @@ mod tests {
             ],
             deltas_next: Some(DeltaCursor(vec![0, 0, 0, 0, 0, 0, 0, 4, 1, b'p'])),
             deltas_complete: false,
+            records: vec![IdempotencyRecord {
+                id: u128::MAX - 5,
+                fingerprint: 7,
+                value: i64::MIN,
+                seq: 0,
+                expires_at_ms: 99,
+            }],
+            id_keys: vec![u128::MAX / 3, 1],
+            records_next: Some(12),
+            records_complete: false,
         };
         assert_eq!(chunk_from(chunk_to(&chunk)).unwrap(), chunk);
     }

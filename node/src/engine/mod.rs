@@ -450,10 +450,13 @@ impl Engine {
         self.metrics
             .merge_changes
             .inc_by(report.changed.len() as u64);
+        self.metrics
+            .idempotency_records_learned
+            .inc_by(report.records_learned as u64);
         for (key, state) in &report.changed {
             self.watchers.notify_state(key, state);
         }
-        if !report.changed.is_empty() {
+        if !report.changed.is_empty() || report.records_learned > 0 {
             self.commit_wakeup.notify_one();
         }
         for (key, error) in &report.fold_conflicts {

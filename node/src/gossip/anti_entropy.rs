@@ -115,6 +115,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     directory_digest: plan.directory_digest,
                     protocol,
                     deltas_after: plan.deltas_after.clone(),
+                    records_after: plan.records_after,
                 };
                 pulls.spawn(pull_once(
                     engine.clone(),
@@ -292,7 +293,7 @@ fn chunk_refusal_reason(refused: &crate::replica::ChunkRefused) -> &'static str 
     use crate::replica::ChunkRefused::*;
     match refused {
         WrongSource { .. } => "wrong_source",
-        Oversized(_) | OversizedDeltas(_) => "oversized",
+        Oversized(_) | OversizedDeltas(_) | OversizedRecords(_) => "oversized",
         UnknownReplica { .. } => "unknown_replica",
         RegionConflict { .. } => "region_conflict",
         DuplicateKey(_) => "malformed",

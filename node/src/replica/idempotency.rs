@@ -17,7 +17,12 @@
 //! bucket. A map from id to record, with a separate expiry queue, took about
 //! twice as much.
 //!
-//! Ids are keyed hashes of the clients' keys ([`IdHasher`]).
+//! Ids are keyed hashes of the clients' keys ([`IdHasher`]). Records also
+//! travel between the nodes of a region (`idempotency_sync.rs`), so that a
+//! retry that fails over to another owner is recognised: a record made on
+//! another node keeps the id that node gave it, under that node's key, and
+//! the table looks a key up under its own key and under every key of the
+//! region it has learned.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
@@ -44,10 +49,13 @@ pub fn legacy_idempotency_id(key: &str) -> u128 {
 /// outside can aim two keys at one id). Records of older builds carry
 /// unkeyed ids ([`legacy_idempotency_id`]); those are also looked for until
 /// the last of them has expired.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct IdHasher {
     key: u128,
     legacy_until_ms: u64,
+    /// The keys of other nodes whose records this table may hold (learned
+    /// with their records; a few per region).
+    others: Vec<u128>,
 }
 
 impl IdHasher {
@@ -57,7 +65,28 @@ impl IdHasher {
         IdHasher {
             key,
             legacy_until_ms,
+            others: Vec::new(),
         }
+    }
+
+    /// Ids made under `key` by another node are looked for too. Returns
+    /// false when the key was known already (or is this table's own).
+    pub fn learn(&mut self, key: u128) -> bool {
+        if key == self.key || self.others.contains(&key) {
+            return false;
+        }
+        self.others.push(key);
+        true
+    }
+
+    /// This table's own key: the one its new records are made under.
+    pub fn own_key(&self) -> u128 {
+        self.key
+    }
+
+    /// The other nodes' keys learned so far.
+    pub fn other_keys(&self) -> &[u128] {
+        &self.others
     }
 
     /// The id of an idempotency key, as this build remembers it.
@@ -65,6 +94,15 @@ impl IdHasher {
         siphasher::sip128::SipHasher13::new_with_key(&self.key.to_le_bytes())
             .hash(idempotency_key.as_bytes())
             .as_u128()
+    }
+
+    /// The ids other nodes of the region gave the key (under their keys).
+    fn others_ids<'a>(&'a self, idempotency_key: &'a str) -> impl Iterator<Item = u128> + 'a {
+        self.others.iter().map(move |key| {
+            siphasher::sip128::SipHasher13::new_with_key(&key.to_le_bytes())
+                .hash(idempotency_key.as_bytes())
+                .as_u128()
+        })
     }
 
     /// The id older builds gave the key, while records of theirs may still
@@ -244,14 +282,32 @@ impl IdempotencyTable {
         self.ids.id(idempotency_key)
     }
 
-    /// The live record of an idempotency key, if any: under its id, or
-    /// under the id an older build gave it.
+    /// The live record of an idempotency key, if any: under its id, under
+    /// the id another node of the region gave it, or under the id an older
+    /// build gave it.
     pub fn lookup(&self, idempotency_key: &str, now_ms: u64) -> Option<IdempotencyRecord> {
-        self.get(self.ids.id(idempotency_key), now_ms).or_else(|| {
-            self.ids
-                .legacy_id(idempotency_key, now_ms)
-                .and_then(|id| self.get(id, now_ms))
-        })
+        self.get(self.ids.id(idempotency_key), now_ms)
+            .or_else(|| {
+                self.ids
+                    .others_ids(idempotency_key)
+                    .find_map(|id| self.get(id, now_ms))
+            })
+            .or_else(|| {
+                self.ids
+                    .legacy_id(idempotency_key, now_ms)
+                    .and_then(|id| self.get(id, now_ms))
+            })
+    }
+
+    /// The hasher of ids: this table's key and those it learned.
+    pub fn hasher(&self) -> &IdHasher {
+        &self.ids
+    }
+
+    /// Looks for ids made under `key` too (another node's, learned with its
+    /// records). Returns true when the key is new.
+    pub fn learn_key(&mut self, key: u128) -> bool {
+        self.ids.learn(key)
     }
 
     /// The live record for `id`, if any.
@@ -280,6 +336,24 @@ impl IdempotencyTable {
         };
         self.push(Slot::new(&record, 0));
         record
+    }
+
+    /// Remembers a record that another node made (its id under that node's
+    /// key, its expiry as that node set it), to be written in the commit
+    /// `seq`. Returns false, and changes nothing, when a live record of the
+    /// same id is remembered already or the record has expired.
+    pub fn insert_made_elsewhere(
+        &mut self,
+        record: &IdempotencyRecord,
+        seq: u64,
+        now_ms: u64,
+    ) -> Option<IdempotencyRecord> {
+        if record.expires_at_ms <= now_ms || self.get(record.id, now_ms).is_some() {
+            return None;
+        }
+        let record = IdempotencyRecord { seq, ..*record };
+        self.push(Slot::new(&record, 0));
+        Some(record)
     }
 
     /// The records of `ids` are written in the commit (segment) `seq`.
@@ -519,7 +593,7 @@ mod tests {
             seq: 1,
             expires_at_ms: 1_000,
         };
-        let table = IdempotencyTable::recovered(1_000, 10, ids, vec![(1, old)], 0);
+        let table = IdempotencyTable::recovered(1_000, 10, ids.clone(), vec![(1, old)], 0);
         assert_eq!(table.lookup("retry-1", 999).map(|r| r.value), Some(3));
         assert!(table.lookup("retry-2", 999).is_none());
         assert!(table.lookup("retry-1", 1_000).is_none());

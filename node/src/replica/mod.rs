@@ -17,6 +17,7 @@ mod copies;
 mod directory;
 pub mod folds;
 mod idempotency;
+mod idempotency_sync;
 mod identity;
 mod protocol;
 mod retire;
@@ -37,6 +38,7 @@ use folds::Folds;
 
 pub use copies::{CopyAccepted, CopyPush, CopyRefused, COPY_VERSION, MAX_PUSH_COUNTERS};
 pub use idempotency::{legacy_idempotency_id, request_fingerprint, IdHasher, IdempotencyTable};
+pub use idempotency_sync::{RecordsChunk, MAX_CHUNK_RECORDS, RECORD_BYTES};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
 pub use protocol::{
     ChunkRefused, MergeReport, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
@@ -264,6 +266,9 @@ pub struct Replica {
     idempotency: IdempotencyTable,
     idempotency_put: Vec<IdempotencyRecord>,
     idempotency_delete: Vec<u64>,
+    /// Id keys of other nodes learned with their records, for the next
+    /// commit to write (`idempotency_sync.rs`).
+    id_keys_put: Vec<u128>,
     /// A tick passed since the last commit: housekeeping may commit alone.
     housekeeping_due: bool,
     peers: PeerBook,
@@ -308,13 +313,17 @@ impl Replica {
         if !directory.contains(&identity.replica) {
             directory.learn(identity.replica, identity.region.clone());
         }
+        let mut ids = IdHasher::new(
+            recovered.idempotency_hash_key,
+            recovered.legacy_idempotency_until_ms,
+        );
+        for key in &recovered.id_keys {
+            ids.learn(*key);
+        }
         let idempotency = IdempotencyTable::recovered(
             config.idempotency_ttl_ms,
             config.idempotency_capacity,
-            IdHasher::new(
-                recovered.idempotency_hash_key,
-                recovered.legacy_idempotency_until_ms,
-            ),
+            ids,
             recovered.idempotency,
             now_ms,
         );
@@ -334,6 +343,7 @@ impl Replica {
             // Segments that expired while the node was down: deleted with the
             // first commit (a tick's housekeeping, if nothing else comes).
             idempotency_delete: recovered.expired_segments,
+            id_keys_put: Vec::new(),
             housekeeping_due: false,
             folds: Folds::recovered(
                 recovered.retired,
@@ -628,6 +638,7 @@ impl Replica {
             || self.sets.has_dirty()
             || delta_watermarks_dirty
             || !self.idempotency_put.is_empty()
+            || !self.id_keys_put.is_empty()
             || self.directory.has_pending()
             || !self.pruned_pending.is_empty()
             || watermarks_dirty;
@@ -673,6 +684,7 @@ impl Replica {
             superseded: std::mem::take(&mut self.superseded_pending),
             idempotency_put: std::mem::take(&mut self.idempotency_put),
             idempotency_delete: std::mem::take(&mut self.idempotency_delete),
+            id_keys_put: std::mem::take(&mut self.id_keys_put),
             directory_put: self.directory.take_pending(),
             pruned: std::mem::take(&mut self.pruned_pending),
             watermarks,
@@ -753,6 +765,7 @@ impl Replica {
         self.superseded_pending.extend(batch.superseded);
         self.idempotency_put.extend(batch.idempotency_put);
         self.idempotency_delete.extend(batch.idempotency_delete);
+        self.id_keys_put.extend(batch.id_keys_put);
         self.directory.restore_pending(batch.directory_put);
         self.pruned_pending.extend(batch.pruned);
         self.folds

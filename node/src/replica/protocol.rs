@@ -14,9 +14,10 @@
 
 use crate::crdt::{FoldError, PnCounter, ReplicaId};
 
+use super::idempotency_sync::{RecordsChunk, MAX_CHUNK_RECORDS};
 use super::sets::SetDelta;
 use super::sets_sync::{DeltaCursor, MAX_CHUNK_ELEMENTS};
-use super::types::{Cursor, DurableState, Key, StorageError};
+use super::types::{Cursor, DurableState, IdempotencyRecord, Key, StorageError};
 use super::version::ProtocolWindow;
 use super::Replica;
 
@@ -45,6 +46,10 @@ pub struct PullRequest {
     /// Serve the delta log (like sets, uniques) after this cursor too; `None`
     /// from a caller without one (a build before protocol version 3).
     pub deltas_after: Option<DeltaCursor>,
+    /// Serve the idempotency records of commits after this one too
+    /// (`idempotency_sync.rs`); `None` from a caller of another region or
+    /// a build without it. Served to callers of this node's region only.
+    pub records_after: Option<u64>,
 }
 
 /// Part of the answer to a pull.
@@ -71,12 +76,23 @@ pub struct PullChunk {
     /// True when `deltas_next` reaches the source's durable sequence (or
     /// the request did not ask for the delta log).
     pub deltas_complete: bool,
+    /// Idempotency records, when the request asked (and came from this
+    /// node's region).
+    pub records: Vec<IdempotencyRecord>,
+    /// The id keys `records` were made under: the source's own and those it
+    /// learned (sent with records only).
+    pub id_keys: Vec<u128>,
+    /// The commit sequence to ask records after next time, when served.
+    pub records_next: Option<u64>,
+    /// True when `records_next` reaches the source's durable sequence (or
+    /// no records were asked for or served).
+    pub records_complete: bool,
 }
 
 impl PullChunk {
-    /// True when both the counters and the delta log are caught up.
+    /// True when the counters, the delta log and the records are caught up.
     pub fn is_last(&self) -> bool {
-        self.complete && self.deltas_complete
+        self.complete && self.deltas_complete && self.records_complete
     }
 }
 
@@ -145,6 +161,9 @@ pub enum ChunkRefused {
     /// Too many counters in one chunk.
     #[error("chunk of {0} counters refused: the limit is {MAX_CHUNK_COUNTERS}")]
     Oversized(usize),
+    /// Too many idempotency records in one chunk.
+    #[error("chunk of {0} idempotency records refused: the limit is {MAX_CHUNK_RECORDS}")]
+    OversizedRecords(usize),
     /// Too many like-set members and uniques registers in one chunk.
     #[error("chunk of {0} set members and registers refused: the limit is {MAX_CHUNK_ELEMENTS}")]
     OversizedDeltas(usize),
@@ -198,6 +217,8 @@ pub struct MergeReport {
     pub fold_conflicts: Vec<(Key, FoldError)>,
     /// Like-set members and uniques registers that the chunk's deltas changed.
     pub set_elements_changed: usize,
+    /// Idempotency records of the region that were new here.
+    pub records_learned: usize,
 }
 
 /// The estimated wire size of one counter in a chunk.
@@ -248,6 +269,7 @@ impl Replica {
             source: self.identity.replica,
             next: request.after.clone(),
             deltas_complete: true,
+            records_complete: true,
             ..Default::default()
         };
         let bytes = self.pull_counters(store, request, &mut chunk)?;
@@ -264,7 +286,33 @@ impl Replica {
             chunk.deltas_next = Some(deltas.next);
             chunk.deltas_complete = deltas.complete;
         }
+        if let Some(after) = request
+            .records_after
+            .filter(|_| self.in_own_region(request.caller))
+        {
+            let records = self.handle_pull_records(store, after, request.max_bytes / 4 + 1)?;
+            self.fill_records(&mut chunk, records);
+        }
         Ok(chunk)
+    }
+
+    /// Whether `replica` is a node of this node's region, as membership or
+    /// the directory knows it.
+    fn in_own_region(&self, replica: ReplicaId) -> bool {
+        let region = match self.peers().member(replica) {
+            Some(member) => Some(member.region.as_str()),
+            None => self.directory.get(&replica).map(String::as_str),
+        };
+        region == Some(self.identity.region.as_str())
+    }
+
+    fn fill_records(&self, chunk: &mut PullChunk, records: RecordsChunk) {
+        if !records.records.is_empty() {
+            chunk.id_keys = self.id_keys();
+        }
+        chunk.records = records.records;
+        chunk.records_next = Some(records.next);
+        chunk.records_complete = records.complete;
     }
 
     /// Fills `chunk` with changed counters after the request's cursor;
@@ -365,6 +413,9 @@ impl Replica {
         let elements: usize = chunk.deltas.iter().map(SetDelta::len).sum();
         if elements > MAX_CHUNK_ELEMENTS {
             return Err(ChunkRefused::OversizedDeltas(elements));
+        }
+        if chunk.records.len() > MAX_CHUNK_RECORDS {
+            return Err(ChunkRefused::OversizedRecords(chunk.records.len()));
         }
         let book = self.folds.shared_book();
         let mut learned: Vec<(ReplicaId, String)> = Vec::new();
@@ -484,6 +535,10 @@ impl Replica {
         }
         self.peers
             .advance_watermark(peer, chunk.next, report.received > 0);
+        if let Some(next) = chunk.records_next {
+            report.records_learned =
+                self.handle_pull_records_chunk(now_ms, peer, &chunk.records, &chunk.id_keys, next);
+        }
         if let Some(next) = chunk.deltas_next {
             report.set_elements_changed =
                 self.handle_pull_deltas_chunk(now_ms, store, peer, &chunk.deltas, next)?;

@@ -66,6 +66,9 @@ pub struct PullPlan {
     /// Pull the delta log (like sets, uniques) after this cursor too; `None`
     /// when the peer's build has no delta log (protocol version < 3).
     pub deltas_after: Option<DeltaCursor>,
+    /// Pull the peer's idempotency records after this commit too
+    /// (`idempotency_sync.rs`); `None` for a peer of another region.
+    pub records_after: Option<u64>,
 }
 
 /// What we know of one peer.
@@ -102,6 +105,10 @@ pub struct PeerBook {
     delta_watermarks_dirty: bool,
     /// This node's partition count (0: not set, every count agrees).
     own_partitions: u32,
+    /// How far the idempotency records of each peer of the region were
+    /// pulled (a commit sequence of the peer's; in memory only: after a
+    /// restart the records are pulled again, and those known change nothing).
+    records_watermarks: BTreeMap<ReplicaId, u64>,
 }
 
 /// The longest a failing peer waits before it is tried again.
@@ -151,6 +158,17 @@ impl PeerBook {
             .map(|(peer, cursor)| (*peer, cursor.clone()))
             .collect();
         (all, dirty)
+    }
+
+    /// How far `peer`'s idempotency records were pulled (0: never).
+    pub fn records_watermark(&self, peer: ReplicaId) -> u64 {
+        self.records_watermarks.get(&peer).copied().unwrap_or(0)
+    }
+
+    /// Moves `peer`'s idempotency-record watermark (never backwards).
+    pub fn advance_records_watermark(&mut self, peer: ReplicaId, seq: u64) {
+        let current = self.records_watermarks.entry(peer).or_default();
+        *current = (*current).max(seq);
     }
 
     /// The protocol versions this node speaks now (by default, every
@@ -246,6 +264,9 @@ impl PeerBook {
                     directory_digest: self.directories.get(&peer.member.replica).copied(),
                     deltas_after: (peer.member.protocol.newest >= super::version::SETS)
                         .then(|| self.delta_watermark(peer.member.replica)),
+                    // Retries fail over within a region only.
+                    records_after: (region == own_region)
+                        .then(|| self.records_watermark(peer.member.replica)),
                 });
             }
         }
@@ -321,6 +342,7 @@ impl PeerBook {
     pub fn forget(&mut self, peer: ReplicaId) -> bool {
         self.peers.remove(&peer);
         self.directories.remove(&peer);
+        self.records_watermarks.remove(&peer);
         let watermark = self.watermarks.remove(&peer).is_some();
         let delta = self.delta_watermarks.remove(&peer).is_some();
         watermark || delta

@@ -151,6 +151,9 @@ pub struct CommitBatch {
     pub idempotency_put: Vec<IdempotencyRecord>,
     /// Idempotency segments (commit sequences) whose records are all forgotten.
     pub idempotency_delete: Vec<u64>,
+    /// Id keys of other nodes of the region, learned with their records
+    /// (kept forever: a few per region).
+    pub id_keys_put: Vec<u128>,
     /// Replica-to-region facts learned since the last commit.
     pub directory_put: Vec<(ReplicaId, String)>,
     /// Pull watermarks per peer replica, all of them.
@@ -188,6 +191,7 @@ impl CommitBatch {
             && self.superseded.is_empty()
             && self.idempotency_put.is_empty()
             && self.idempotency_delete.is_empty()
+            && self.id_keys_put.is_empty()
             && self.directory_put.is_empty()
             && self.pruned.is_empty()
             && self.retired.is_empty()
@@ -234,6 +238,8 @@ pub struct Recovered {
     pub expired_segments: Vec<u64>,
     /// The store's secret key for idempotency ids ([`super::IdHasher`]).
     pub idempotency_hash_key: u128,
+    /// Other nodes' id keys, learned with their records.
+    pub id_keys: Vec<u128>,
     /// When the last unexpired record written by an older build (with an
     /// unkeyed id) expires; 0 when there is none.
     pub legacy_idempotency_until_ms: u64,
@@ -278,6 +284,15 @@ pub trait DurableState {
     /// The stored registers of a uniques key.
     fn load_uniques(&self, key: &str) -> Result<Option<HyperLogLog>, StorageError> {
         crate::store::sets::load_uniques(self, key)
+    }
+    /// Idempotency segments written by commits after `after`, in order, at
+    /// most `limit`, each with its records.
+    fn idempotency_segments_after(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<IdempotencyRecord>)>, StorageError> {
+        crate::store::idempotency_segments_after(self, after, limit)
     }
     /// Delta-log records strictly after `after`, in order, at most `limit`,
     /// each with its cursor.

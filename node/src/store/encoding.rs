@@ -49,6 +49,9 @@ pub const WATERMARK: u8 = b'w';
 pub const META: u8 = b'm';
 /// Replica-ordinal prefix.
 pub const ORDINAL: u8 = b'r';
+/// Prefix of the id keys of other nodes whose idempotency records this store
+/// holds (`replica/idempotency_sync.rs`); the key follows, the value is empty.
+pub const ID_KEY: u8 = b'k';
 
 /// Meta names.
 pub const META_IDENTITY: &[u8] = b"mid";
@@ -81,6 +84,20 @@ pub fn decode_counter_key(bytes: &[u8]) -> Result<&str, StorageError> {
 /// The store key of the idempotency segment written by commit `seq`.
 pub fn idempotency_key(seq: u64) -> Vec<u8> {
     prefixed(IDEMPOTENCY, &seq.to_be_bytes())
+}
+
+/// The store key that records another node's idempotency id key.
+pub fn id_key_key(key: u128) -> Vec<u8> {
+    prefixed(ID_KEY, &key.to_be_bytes())
+}
+
+/// Reads the id key out of its store key.
+pub fn decode_id_key_key(bytes: &[u8]) -> Result<u128, StorageError> {
+    let raw: [u8; 16] = bytes
+        .get(1..17)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("id key entry", "too short"))?;
+    Ok(u128::from_be_bytes(raw))
 }
 
 /// The store key of a directory or watermark entry.

@@ -125,6 +125,9 @@ pub fn batch_ops(
     for segment in &batch.idempotency_delete {
         ops.push(Op::Delete(idempotency_key(*segment)));
     }
+    for key in &batch.id_keys_put {
+        ops.push(Op::Put(id_key_key(*key), Vec::new()));
+    }
     for (replica, region) in &batch.directory_put {
         ops.push(Op::Put(
             replica_key(DIRECTORY, *replica),
@@ -243,6 +246,10 @@ where
             decode_text(&value, "directory entry")?,
         ));
     }
+    for item in scan(ID_KEY) {
+        let (key, _) = item.map_err(scan_error)?;
+        recovered.id_keys.push(decode_id_key_key(&key)?);
+    }
     for item in scan(WATERMARK) {
         let (key, value) = item.map_err(scan_error)?;
         recovered
@@ -278,6 +285,24 @@ where
         }
     }
     Ok(recovered)
+}
+
+/// The idempotency segments of commits after `after`, at most `limit`, each
+/// with its records (see [`DurableState::idempotency_segments_after`]).
+pub fn idempotency_segments_after(
+    store: &(impl DurableState + ?Sized),
+    after: u64,
+    limit: usize,
+) -> Result<Vec<(u64, Vec<IdempotencyRecord>)>, StorageError> {
+    let Some(from) = after.checked_add(1) else {
+        return Ok(Vec::new());
+    };
+    let to = [encoding::IDEMPOTENCY + 1];
+    store
+        .scan_records(&encoding::idempotency_key(from), &to, limit)?
+        .iter()
+        .map(|(key, value)| encoding::decode_idempotency(key, value))
+        .collect()
 }
 
 /// Every writer's digest over the counters `store` holds, computed by

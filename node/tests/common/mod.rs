@@ -641,3 +641,16 @@ pub fn partitioned_spec(
     ];
     spec
 }
+
+/// A raw gRPC add of 1 to `key` with `idempotency_key` ("" for none) and a
+/// 10 s deadline.
+pub fn add_one(key: &str, idempotency_key: &str) -> tonic::Request<tally_proto::v1::AddRequest> {
+    let mut request = tonic::Request::new(tally_proto::v1::AddRequest {
+        key: key.as_bytes().to_vec().into(),
+        delta: 1,
+        idempotency_key: idempotency_key.into(),
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_secs(10));
+    request
+}

@@ -33,6 +33,7 @@ fn chunk_bytes(chunk: &tally_node::replica::PullChunk) -> usize {
             .iter()
             .map(|delta| delta.estimated_bytes())
             .sum::<usize>()
+        + chunk.records.len() * tally_node::replica::RECORD_BYTES
 }
 
 impl World<'_> {
@@ -173,6 +174,7 @@ impl World<'_> {
                 directory_digest: plan.directory_digest,
                 protocol: self.nodes[node].replica.peers().own_protocol(),
                 deltas_after: plan.deltas_after,
+                records_after: plan.records_after,
             };
             self.send(node, peer_node, NetMsg::Pull { pull, request });
             self.schedule(timeout, Event::PullTimeout(node as u16, epoch, pull));
@@ -238,6 +240,7 @@ impl World<'_> {
                     let last = chunk.is_last() || remaining == 0;
                     request.after = chunk.next.clone();
                     request.deltas_after = chunk.deltas_next.clone();
+                    request.records_after = chunk.records_next;
                     out.push(NetMsg::Chunk {
                         pull,
                         serve,

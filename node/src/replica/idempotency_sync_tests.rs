@@ -1,0 +1,149 @@
+//! Idempotency records travel within a region: a retry that fails over to
+//! another node of the region is answered as a duplicate once the first
+//! node's record reached it, and never before the add it describes is
+//! durable; nodes of other regions are not sent them.
+
+use crate::crdt::ReplicaId;
+use crate::replica::tests::Node;
+use crate::replica::{AddRequest, Member};
+
+fn vote(idempotency_key: &str) -> AddRequest<'_> {
+    AddRequest {
+        key: "votes",
+        delta: 2,
+        idempotency_key: Some(idempotency_key),
+    }
+}
+
+/// Every node hears of every other as membership would tell it.
+fn meet(nodes: &mut [&mut Node]) {
+    let members: Vec<Member> = nodes
+        .iter()
+        .map(|node| Member {
+            replica: node.replica.identity().replica,
+            region: node.replica.identity().region.clone(),
+            alive: true,
+            ..Default::default()
+        })
+        .collect();
+    for node in nodes.iter_mut() {
+        let own = node.replica.identity().replica;
+        let others = members.iter().filter(|m| m.replica != own).cloned();
+        node.replica.peers_mut().handle_membership(others.collect());
+    }
+}
+
+fn add(node: &mut Node, idempotency_key: &str) -> (i64, bool) {
+    let accepted = node
+        .replica
+        .handle_add(5, &node.store, vote(idempotency_key))
+        .unwrap();
+    (accepted.value, accepted.duplicate)
+}
+
+#[test]
+fn a_retry_that_fails_over_within_the_region_is_a_duplicate() {
+    let (mut a, mut b) = (Node::new(1, "eu"), Node::new(2, "eu"));
+    meet(&mut [&mut a, &mut b]);
+    assert_eq!(add(&mut a, "req-1"), (2, false));
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    assert_eq!(
+        add(&mut b, "req-1"),
+        (2, true),
+        "b answers the retry as a held it: applied once, with a's value"
+    );
+    b.commit();
+    assert_eq!(b.value("votes"), 2, "b's own slot took nothing");
+    assert_eq!(b.replica.durable_seq(), 1, "b's commit holds the record");
+    // The record and a's key survive b's restart.
+    let mut b = b.restart();
+    assert_eq!(add(&mut b, "req-1"), (2, true));
+    // A fresh key is applied, and a reused key is still refused.
+    assert_eq!(add(&mut b, "req-2"), (4, false));
+    let reused = AddRequest {
+        delta: 7,
+        ..vote("req-1")
+    };
+    assert!(b.replica.handle_add(5, &b.store, reused).is_err());
+}
+
+#[test]
+fn records_travel_only_once_durable_and_only_within_the_region() {
+    let (mut a, mut b, mut us) = (Node::new(1, "eu"), Node::new(2, "eu"), Node::new(3, "us"));
+    meet(&mut [&mut a, &mut b, &mut us]);
+    add(&mut a, "req-1");
+    b.pull_from(&a, 1 << 20);
+    assert_eq!(
+        add(&mut b, "req-1"),
+        (2, false),
+        "a's record was not durable: it did not travel (the documented window)"
+    );
+    a.commit();
+    us.pull_from(&a, 1 << 20);
+    assert_eq!(
+        add(&mut us, "req-1"),
+        (4, false),
+        "a node of another region is not sent the region's records (a's 2 merged, us's own 2 applied)"
+    );
+    assert_eq!(us.replica.peers().records_watermark(ReplicaId(1)), 0);
+    let asks = |node: &mut Node, region: &str| {
+        let plans = node.replica.peers_mut().poll_pulls(10, region);
+        assert!(!plans.is_empty());
+        plans
+            .iter()
+            .map(|plan| plan.records_after)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(asks(&mut us, "us"), [None], "nor asks for them");
+    assert_eq!(
+        asks(&mut b, "eu"),
+        [Some(0), None],
+        "a node of the region asks it"
+    );
+}
+
+#[test]
+fn records_pass_through_a_third_node_and_come_back_unchanged() {
+    let (mut a, mut b, mut c) = (Node::new(1, "eu"), Node::new(2, "eu"), Node::new(3, "eu"));
+    meet(&mut [&mut a, &mut b, &mut c]);
+    add(&mut a, "req-1");
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    b.commit();
+    // c never talks to a: b hands it a's record and a's key.
+    c.pull_from(&b, 1 << 20);
+    assert_eq!(add(&mut c, "req-1"), (2, true));
+    c.commit();
+    // a pulls its own record back from b and c: nothing changes, nothing to commit.
+    a.pull_from(&b, 1 << 20);
+    a.pull_from(&c, 1 << 20);
+    let batch = a.replica.poll_commit().expect("a learned b's and c's keys");
+    assert!(
+        batch.idempotency_put.is_empty(),
+        "known records write nothing"
+    );
+    assert_eq!(batch.id_keys_put.len(), 2, "b's and c's own keys, once");
+    assert_eq!(add(&mut a, "req-1"), (2, true));
+}
+
+#[test]
+fn records_are_served_in_bounded_chunks_and_all_arrive() {
+    let (mut a, mut b) = (Node::new(1, "eu"), Node::new(2, "eu"));
+    meet(&mut [&mut a, &mut b]);
+    let keys: Vec<String> = (0..300).map(|i| format!("req-{i}")).collect();
+    for batch in keys.chunks(7) {
+        for key in batch {
+            add(&mut a, key);
+        }
+        a.commit();
+    }
+    let chunks = b.pull_from(&a, 2_000);
+    assert!(
+        chunks > 5,
+        "a small budget splits the records: {chunks} chunks"
+    );
+    for key in &keys {
+        assert!(add(&mut b, key).1, "{key} arrived");
+    }
+}

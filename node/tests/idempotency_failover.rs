@@ -1,0 +1,171 @@
+//! A retry that fails over to another owner is applied once (issue 11,
+//! item 6; invariant 5 across failover), over real node processes: a region
+//! of two nodes, P = 16, RF = 2. Keyed adds are taken by their keys' first
+//! owner; once its records have reached the second owner (by anti-entropy),
+//! the first owner is killed with kill -9 and every add is retried through
+//! the second one. Each retry is answered as a duplicate with the first
+//! answer's value, and after the first owner comes back every node holds
+//! each key's exact total: nothing counted twice.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::{start_seeded, NodeProcess};
+use tally_proto::v1 as pb;
+use tally_proto::v1::counters_client::CountersClient;
+
+const LIMIT: Duration = Duration::from_secs(60);
+const KEYS: usize = 40;
+
+fn metric(node: &NodeProcess, name: &str) -> u64 {
+    let text = common::http_get(node.spec.http, "/metrics").unwrap().1;
+    text.lines()
+        .filter(|line| line.starts_with(name))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The eu partition map once both nodes serve it with both nodes active.
+async fn settled_map(endpoints: &[String]) -> tally_client::PartitionMap {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let mut maps = Vec::new();
+        for endpoint in endpoints {
+            if let Ok(client) = tally_client::Client::connect(endpoint.clone()).await {
+                if let Ok(map) = client.partition_map(None).await {
+                    maps.push(map);
+                }
+            }
+        }
+        let settled = maps.len() == endpoints.len()
+            && maps.iter().all(|map| {
+                map.owners == maps[0].owners
+                    && map.nodes.len() == endpoints.len()
+                    && map.nodes.iter().all(|n| n.state == "active" && n.alive)
+            });
+        if settled {
+            // The routes follow the map within a keeper round.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return maps.swap_remove(0);
+        }
+        assert!(Instant::now() < deadline, "no settled partition map");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn add(endpoint: &str, key: &str, idempotency_key: &str) -> Result<pb::AddResponse, String> {
+    let mut client = CountersClient::connect(endpoint.to_string())
+        .await
+        .map_err(|e| e.to_string())?;
+    client
+        .add(common::add_one(key, idempotency_key))
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| status.to_string())
+}
+
+async fn value(endpoint: &str, key: &str) -> Option<i64> {
+    let mut client = CountersClient::connect(endpoint.to_string()).await.ok()?;
+    let request = pb::GetRequest {
+        key: key.as_bytes().to_vec().into(),
+        ..Default::default()
+    };
+    Some(client.get(request).await.ok()?.into_inner().value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_through_the_next_owner_after_a_kill_is_applied_once() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = vec![
+        common::partitioned_spec(root.path(), "eu", "eu-1", 16, 2),
+        common::partitioned_spec(root.path(), "eu", "eu-2", 16, 2),
+    ];
+    let mut nodes = tokio::task::spawn_blocking(move || start_seeded(specs))
+        .await
+        .unwrap();
+    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
+    let map = settled_map(&endpoints).await;
+    let keys: Vec<String> = (0..)
+        .map(|i| format!("post:{i}"))
+        .filter(|key| common::first_owner(&map, key) == "eu-1")
+        .take(KEYS)
+        .collect();
+
+    // 1. Each key takes one keyed add on its first owner, eu-1, and a
+    // second, unkeyed one there, so that the first answers differ by key.
+    let mut first: BTreeMap<String, i64> = BTreeMap::new();
+    for (i, key) in keys.iter().enumerate() {
+        for _ in 0..i % 3 {
+            add(&endpoints[0], key, "").await.unwrap();
+        }
+        let added = add(&endpoints[0], key, &format!("like-{key}"))
+            .await
+            .unwrap();
+        assert!(!added.duplicate);
+        first.insert(key.clone(), added.value);
+    }
+    let expected: BTreeMap<String, i64> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, key)| (key.clone(), (i % 3) as i64 + 1))
+        .collect();
+
+    // 2. eu-2 pulls eu-1's state, and with it eu-1's idempotency records.
+    let deadline = Instant::now() + LIMIT;
+    while metric(&nodes[1], "tally_idempotency_records_learned_total") < KEYS as u64 {
+        assert!(
+            Instant::now() < deadline,
+            "eu-2 did not learn eu-1's records: {} of {KEYS}",
+            metric(&nodes[1], "tally_idempotency_records_learned_total")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // 3. eu-1 dies; every add is retried through eu-2, which now serves the
+    // keys (it forwards to eu-1 first, fails over and serves them itself).
+    nodes[0].kill9();
+    for key in &keys {
+        let retried = loop {
+            match add(&endpoints[1], key, &format!("like-{key}")).await {
+                Ok(answer) => break answer,
+                Err(status) if Instant::now() < deadline => {
+                    eprintln!("retrying {key}: {status}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(status) => panic!("{key}: {status}"),
+            }
+        };
+        assert!(
+            retried.duplicate,
+            "{key}: the retry through eu-2 was applied again"
+        );
+        assert_eq!(retried.value, first[key], "{key}: the first answer's value");
+    }
+
+    // 4. eu-1 comes back: both nodes hold each key's exact total.
+    let _nodes = tokio::task::spawn_blocking(move || {
+        nodes[0].restart();
+        nodes
+    })
+    .await
+    .unwrap();
+    for endpoint in &endpoints {
+        let deadline = Instant::now() + LIMIT;
+        for key in &keys {
+            loop {
+                let held = value(endpoint, key).await;
+                if held == Some(expected[key]) {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{endpoint}: {key} holds {held:?}, expected {}",
+                    expected[key]
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
