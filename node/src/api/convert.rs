@@ -178,18 +178,22 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
         records: chunk.records.iter().map(record_to).collect(),
         records_next: chunk.records_next,
         records_complete: chunk.records_complete,
-        id_keys: chunk
-            .id_keys
-            .iter()
-            .map(|key| pb::IdKey {
-                high: (key >> 64) as u64,
-                low: *key as u64,
-            })
-            .collect(),
+        id_keys: chunk.id_keys.iter().map(|key| id_key_to(*key)).collect(),
     }
 }
 
-fn record_to(record: &IdempotencyRecord) -> pb::IdempotencyRecord {
+pub(crate) fn id_key_to(key: u128) -> pb::IdKey {
+    pb::IdKey {
+        high: (key >> 64) as u64,
+        low: key as u64,
+    }
+}
+
+pub(crate) fn id_key_from(key: &pb::IdKey) -> u128 {
+    (u128::from(key.high) << 64) | u128::from(key.low)
+}
+
+pub(crate) fn record_to(record: &IdempotencyRecord) -> pb::IdempotencyRecord {
     pb::IdempotencyRecord {
         id_high: (record.id >> 64) as u64,
         id_low: record.id as u64,
@@ -200,7 +204,7 @@ fn record_to(record: &IdempotencyRecord) -> pb::IdempotencyRecord {
 }
 
 /// A record from the wire; its `seq` is the receiver's to set.
-fn record_from(record: pb::IdempotencyRecord) -> IdempotencyRecord {
+pub(crate) fn record_from(record: pb::IdempotencyRecord) -> IdempotencyRecord {
     IdempotencyRecord {
         id: (u128::from(record.id_high) << 64) | u128::from(record.id_low),
         fingerprint: record.fingerprint,
@@ -404,11 +408,7 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
         deltas,
         deltas_next: chunk.deltas_next.map(|bytes| DeltaCursor(bytes.to_vec())),
         records: chunk.records.into_iter().map(record_from).collect(),
-        id_keys: chunk
-            .id_keys
-            .iter()
-            .map(|key| (u128::from(key.high) << 64) | u128::from(key.low))
-            .collect(),
+        id_keys: chunk.id_keys.iter().map(id_key_from).collect(),
         // A source that serves no records never says so either.
         records_complete: chunk.records_complete || chunk.records_next.is_none(),
         records_next: chunk.records_next,

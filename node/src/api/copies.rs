@@ -11,10 +11,13 @@ use std::time::Duration;
 use tally_proto::v1 as pb;
 use tonic::{Code, Status};
 
+use super::convert::{id_key_from, id_key_to, record_from, record_to};
 use crate::crdt::{ReplicaId, Slot};
 use crate::engine::{Durability, Engine};
 use crate::replica::version::ProtocolWindow;
-use crate::replica::{check_name, parse_key, CopyPush, CopyRefused, MAX_PUSH_COUNTERS};
+use crate::replica::{
+    check_name, parse_key, CopyPush, CopyRefused, MAX_CHUNK_RECORDS, MAX_PUSH_COUNTERS,
+};
 
 /// A push from the wire. A malformed one is refused whole.
 pub fn copy_request_from(request: pb::CopyRequest) -> Result<CopyPush, Status> {
@@ -29,6 +32,12 @@ pub fn copy_request_from(request: pb::CopyRequest) -> Result<CopyPush, Status> {
         return Err(Status::invalid_argument(format!(
             "a copy push of {} counters is too large; the limit is {MAX_PUSH_COUNTERS}",
             request.counters.len()
+        )));
+    }
+    if request.records.len() > MAX_CHUNK_RECORDS {
+        return Err(Status::invalid_argument(format!(
+            "a copy push of {} idempotency records is too large; the limit is {MAX_CHUNK_RECORDS}",
+            request.records.len()
         )));
     }
     let mut counters = Vec::with_capacity(request.counters.len());
@@ -50,6 +59,8 @@ pub fn copy_request_from(request: pb::CopyRequest) -> Result<CopyPush, Status> {
         upto_seq: request.upto_seq,
         counters,
         protocol: ProtocolWindow::announced(request.protocol_oldest, request.protocol_version),
+        id_keys: request.id_keys.iter().map(id_key_from).collect(),
+        records: request.records.into_iter().map(record_from).collect(),
     })
 }
 
@@ -71,6 +82,8 @@ pub fn copy_request_to(push: &CopyPush) -> pb::CopyRequest {
             .collect(),
         protocol_version: push.protocol.newest,
         protocol_oldest: push.protocol.oldest,
+        records: push.records.iter().map(record_to).collect(),
+        id_keys: push.id_keys.iter().map(|key| id_key_to(*key)).collect(),
     }
 }
 
@@ -82,7 +95,9 @@ pub fn copy_status(refused: &CopyRefused) -> Status {
         | CopyRefused::FromItself(_)
         | CopyRefused::OtherRegion { .. }
         | CopyRefused::RegionConflict { .. } => Code::FailedPrecondition,
-        CopyRefused::Oversized(_) | CopyRefused::DuplicateKey(_) => Code::InvalidArgument,
+        CopyRefused::Oversized(_)
+        | CopyRefused::OversizedRecords(_)
+        | CopyRefused::DuplicateKey(_) => Code::InvalidArgument,
         CopyRefused::Storage(_) => Code::Unavailable,
     };
     Status::new(code, refused.to_string())
@@ -95,7 +110,7 @@ pub fn copy_refusal_reason(refused: &CopyRefused) -> &'static str {
         CopyRefused::IncompatibleProtocol { .. } => "incompatible_protocol",
         CopyRefused::FromItself(_) | CopyRefused::OtherRegion { .. } => "wrong_copy",
         CopyRefused::RegionConflict { .. } => "region_conflict",
-        CopyRefused::Oversized(_) => "oversized",
+        CopyRefused::Oversized(_) | CopyRefused::OversizedRecords(_) => "oversized",
         CopyRefused::DuplicateKey(_) => "malformed",
         CopyRefused::Storage(_) => "storage",
     }
@@ -170,6 +185,14 @@ mod tests {
             upto_seq: 3,
             counters: vec![("likes".into(), Slot { p: 5, n: 1 })],
             protocol: ProtocolWindow::at(1, 6),
+            records: vec![crate::replica::IdempotencyRecord {
+                id: u128::MAX,
+                fingerprint: 3,
+                value: -4,
+                seq: 0,
+                expires_at_ms: 1_000,
+            }],
+            id_keys: vec![9, u128::MAX - 1],
         }
     }
 
@@ -196,6 +219,12 @@ mod tests {
         bad_region.source_region = String::new();
         assert_eq!(
             copy_request_from(bad_region).unwrap_err().code(),
+            Code::InvalidArgument
+        );
+        let mut flood = copy_request_to(&push());
+        flood.records = vec![flood.records[0]; MAX_CHUNK_RECORDS + 1];
+        assert_eq!(
+            copy_request_from(flood).unwrap_err().code(),
             Code::InvalidArgument
         );
     }

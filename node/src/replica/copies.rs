@@ -15,6 +15,12 @@
 //! pulled chunk and says which of its own commits makes them durable; its
 //! runtime answers only then.
 //!
+//! A push also carries the idempotency records of the commits it covers, and
+//! the copy keeps them in the commit that answers the push: when a
+//! replicated add is acknowledged, its copies recognise a retry of it (one
+//! that fails over to a copy is a duplicate there at once, without waiting
+//! for anti-entropy to bring the record; see `idempotency_sync.rs`).
+//!
 //! Invariants kept here: a push carries only durable state of this replica's
 //! own slot (2: it is built from `durable`, after the commit), so a copy never
 //! holds more of a slot than its writer could recover; `replicated_seq`
@@ -24,7 +30,8 @@
 
 use crate::crdt::{PnCounter, ReplicaId, Slot};
 
-use super::types::{DurableState, Key, StorageError};
+use super::idempotency_sync::MAX_CHUNK_RECORDS;
+use super::types::{DurableState, IdempotencyRecord, Key, StorageError};
 use super::version::ProtocolWindow;
 use super::{AddAccepted, AddRefused, AddRequest, Replica};
 
@@ -51,6 +58,11 @@ pub struct CopyPush {
     pub counters: Vec<(Key, Slot)>,
     /// The protocol versions the sender speaks.
     pub protocol: ProtocolWindow,
+    /// The idempotency records of the commits the push covers.
+    pub records: Vec<IdempotencyRecord>,
+    /// The id keys the records were made under (the sender's own and those
+    /// it learned); empty with no records.
+    pub id_keys: Vec<u128>,
 }
 
 /// A push that a copy took: it is durable there once the copy's durable
@@ -106,6 +118,9 @@ pub enum CopyRefused {
     /// Too many counters in one push.
     #[error("copy push of {0} counters refused: the limit is {MAX_PUSH_COUNTERS}")]
     Oversized(usize),
+    /// Too many idempotency records in one push.
+    #[error("copy push of {0} idempotency records refused: the limit is {MAX_CHUNK_RECORDS}")]
+    OversizedRecords(usize),
     /// The push names the same counter twice.
     #[error("counter {0:?} appears twice in one copy push")]
     DuplicateKey(String),
@@ -121,8 +136,11 @@ pub(super) struct CopyBook {
     wanted_seq: u64,
     /// Counters of replicated commits not pushed yet (their entries say so).
     pending: Vec<Key>,
-    /// The push in flight: the durable sequence it covers, and its counters.
-    in_flight: Option<(u64, Vec<Key>)>,
+    /// Idempotency records of replicated commits not pushed yet.
+    records: Vec<IdempotencyRecord>,
+    /// The push in flight: the durable sequence it covers, its counters and
+    /// its records.
+    in_flight: Option<(u64, Vec<Key>, Vec<IdempotencyRecord>)>,
     /// Every replicated add with a ticket up to this is on its copies.
     replicated_seq: u64,
 }
@@ -172,10 +190,17 @@ impl Replica {
         (self.copies.pending.len(), self.copies.in_flight.is_some())
     }
 
-    /// Called by `handle_commit_done` for the committed counters: a commit
-    /// that holds a replicated add leaves its own-slot counters pending.
-    pub(super) fn note_committed_for_copies(&mut self, seq: u64, keys: &[Key]) {
+    /// Called by `handle_commit_done` for the committed counters and
+    /// idempotency records: a commit that holds a replicated add leaves its
+    /// own-slot counters and its records pending.
+    pub(super) fn note_committed_for_copies(
+        &mut self,
+        seq: u64,
+        keys: &[Key],
+        records: Vec<IdempotencyRecord>,
+    ) {
         if self.copies.wanted_seq >= seq {
+            self.copies.records.extend(records);
             let own = self.identity.replica;
             for key in keys {
                 let Some(entry) = self.counters.get_mut(key) else {
@@ -229,7 +254,12 @@ impl Replica {
             counters.push((key.clone(), slot));
         }
         let upto_seq = self.durable_seq;
-        self.copies.in_flight = Some((upto_seq, keys));
+        let records = std::mem::take(&mut self.copies.records);
+        let id_keys = match records.is_empty() {
+            true => Vec::new(),
+            false => self.id_keys(),
+        };
+        self.copies.in_flight = Some((upto_seq, keys, records.clone()));
         Some(CopyPush {
             cluster_id: self.config.cluster_id.clone(),
             source: own,
@@ -237,12 +267,18 @@ impl Replica {
             upto_seq,
             counters,
             protocol: self.peers.own_protocol(),
+            records,
+            id_keys,
         })
     }
 
     /// The push in flight is durable on enough copies.
     pub fn handle_push_done(&mut self, upto_seq: u64) {
-        let Some((_, keys)) = self.copies.in_flight.take_if(|(upto, _)| *upto == upto_seq) else {
+        let Some((_, keys, _)) = self
+            .copies
+            .in_flight
+            .take_if(|(upto, ..)| *upto == upto_seq)
+        else {
             return;
         };
         for key in keys {
@@ -257,9 +293,14 @@ impl Replica {
     /// The push in flight did not reach enough copies: its counters go into
     /// the next one.
     pub fn handle_push_failed(&mut self, upto_seq: u64) {
-        let Some((_, keys)) = self.copies.in_flight.take_if(|(upto, _)| *upto == upto_seq) else {
+        let Some((_, keys, records)) = self
+            .copies
+            .in_flight
+            .take_if(|(upto, ..)| *upto == upto_seq)
+        else {
             return;
         };
+        self.copies.records.extend(records);
         for key in keys {
             if let Some(entry) = self.counters.get_mut(&key) {
                 entry.copy_in_flight = false;
@@ -313,6 +354,9 @@ impl Replica {
         if push.counters.len() > MAX_PUSH_COUNTERS {
             return Err(CopyRefused::Oversized(push.counters.len()));
         }
+        if push.records.len() > MAX_CHUNK_RECORDS {
+            return Err(CopyRefused::OversizedRecords(push.records.len()));
+        }
         let mut seen = std::collections::HashSet::with_capacity(push.counters.len());
         for (key, _) in &push.counters {
             if !seen.insert(key.as_ref()) {
@@ -348,6 +392,11 @@ impl Replica {
                 0
             };
             ticket = ticket.max(holds);
+        }
+        // The records go into the next commit, which the answer waits for.
+        let seq = self.last_seq + 1;
+        if self.learn_records(now_ms, &push.records, &push.id_keys, seq) > 0 {
+            ticket = ticket.max(seq);
         }
         Ok(CopyAccepted {
             durable_at_seq: ticket,

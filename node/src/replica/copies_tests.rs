@@ -313,3 +313,45 @@ fn a_wiped_writer_s_slot_survives_on_its_copy() {
     let state = c.replica.handle_get(1, &c.store, "votes").unwrap();
     assert_eq!(state.slot(ReplicaId(1)), slot(3));
 }
+
+#[test]
+fn a_push_carries_its_commits_records_and_the_copy_recognises_a_retry_once_it_answers() {
+    let (mut a, mut b) = (Node::new(1, "eu"), Node::new(2, "eu"));
+    a.add_as("votes", 3, true, Some("req-1"));
+    a.add_as("views", 1, false, Some("sync-1"));
+    a.commit();
+    let push = a.replica.poll_push().unwrap();
+    assert_eq!(push.records.len(), 2, "the replicated commit's records");
+    assert!(push.id_keys.contains(&a.replica.id_keys()[0]));
+    // A failed push keeps its records for the next one.
+    a.replica.handle_push_failed(push.upto_seq);
+    let push = a.replica.poll_push().unwrap();
+    assert_eq!(
+        push.records.len(),
+        2,
+        "the records go with the retried push"
+    );
+    b.take(&push, "votes");
+    let retry = b
+        .replica
+        .handle_add(
+            1,
+            &b.store,
+            AddRequest {
+                key: "votes",
+                delta: 3,
+                idempotency_key: Some("req-1"),
+            },
+        )
+        .unwrap();
+    assert!(
+        retry.duplicate,
+        "the copy knows the record once it answered"
+    );
+    assert_eq!(retry.value, 3);
+    // A commit of sync adds only pushes nothing, records included.
+    a.replica.handle_push_done(push.upto_seq);
+    a.add_as("views", 1, false, Some("sync-2"));
+    a.commit();
+    assert!(a.replica.poll_push().is_none());
+}

@@ -112,12 +112,26 @@ impl Replica {
         id_keys: &[u128],
         next: u64,
     ) -> usize {
+        let learned = self.learn_records(now_ms, records, id_keys, self.last_seq + 1);
+        self.peers.advance_records_watermark(peer, next);
+        learned
+    }
+
+    /// Remembers records made elsewhere in the region (those not known yet,
+    /// and not expired) and the keys they were made under, to be written by
+    /// the commit `seq` (the next one). Returns how many were new here.
+    pub(super) fn learn_records(
+        &mut self,
+        now_ms: u64,
+        records: &[IdempotencyRecord],
+        id_keys: &[u128],
+        seq: u64,
+    ) -> usize {
         for key in id_keys {
             if self.idempotency.learn_key(*key) {
                 self.id_keys_put.push(*key);
             }
         }
-        let seq = self.last_seq + 1;
         let mut learned = 0;
         for record in records {
             if let Some(record) = self.idempotency.insert_made_elsewhere(record, seq, now_ms) {
@@ -127,7 +141,6 @@ impl Replica {
                 self.idempotency_delete.extend(forgotten);
             }
         }
-        self.peers.advance_records_watermark(peer, next);
         learned
     }
 }

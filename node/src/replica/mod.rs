@@ -731,7 +731,7 @@ impl Replica {
         self.digest = batch.digest;
         self.sets_digest = batch.sets_digest;
         self.folds.set_digests(&batch.writer_digests);
-        self.note_committed_for_copies(seq, &keys);
+        self.note_committed_for_copies(seq, &keys, batch.idempotency_put);
     }
 
     /// The batch handed out by [`Self::poll_commit`] failed: everything in it
