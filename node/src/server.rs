@@ -352,7 +352,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     let grpc_task = spawn_grpc(
         engine.clone(),
         info.clone(),
-        partitioning,
+        partitioning.clone(),
         forwarder,
         settings.gossip_interval,
         &security,
@@ -372,6 +372,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         info,
         auth: security.auth.clone(),
         settings: settings.http.clone(),
+        partitioning,
     });
     let http_task = crate::http::serve::spawn_http(
         http_listener,

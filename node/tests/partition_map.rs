@@ -204,6 +204,29 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
         let metrics = common::http_get(nodes[0].spec.http, "/metrics").ok()?.1;
         metrics.lines().any(|line| line == gauge).then_some(())
     });
+    // The status page and /status.json show the same map.
+    let page = common::http_get(nodes[0].spec.http, "/status").unwrap().1;
+    assert!(
+        page.contains("Partitions of region eu")
+            && page.contains(&format!("{owned_by_down} under-replicated")),
+        "{page}"
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        &common::http_get(nodes[0].spec.http, "/status.json")
+            .unwrap()
+            .1,
+    )
+    .unwrap();
+    let summary = &json["partition_map"];
+    assert_eq!(summary["under_replicated"], owned_by_down);
+    let eu3 = summary["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|node| node["node_name"] == "eu-3")
+        .expect("eu-3 on the status page");
+    assert_eq!(eu3["alive"], false);
+    assert_eq!(eu3["partitions_owned"], owned_by_down);
 
     // 4. Removed (asked of the other region's node): its partitions go to
     // eu-1 and eu-2, and nothing else moves.

@@ -77,6 +77,8 @@ pub struct HttpState {
     pub auth: Option<Arc<crate::security::Auth>>,
     /// The HTTP port's settings.
     pub settings: HttpSettings,
+    /// Ownership of partitions, for the status page's partition map.
+    pub partitioning: Arc<crate::gossip::lifecycle::Partitioning>,
 }
 
 /// The router: the probes, the status page, and the JSON API.
@@ -199,7 +201,14 @@ async fn status_html(State(state): State<HttpState>, headers: HeaderMap) -> Resp
         return refused;
     }
     let status = crate::api::admin::status(&state.engine, &state.info);
-    axum::response::Html(status_page::render(&status)).into_response()
+    let map = own_partition_map(&state);
+    axum::response::Html(status_page::render(&status, map.as_ref())).into_response()
+}
+
+/// This node's region's partition map (`None` before membership knows the
+/// region, which the page then leaves out).
+fn own_partition_map(state: &HttpState) -> Option<tally_proto::v1::PartitionMapResponse> {
+    crate::api::partitions::partition_map(&state.partitioning, "").ok()
 }
 
 async fn status_json(State(state): State<HttpState>, headers: HeaderMap) -> Response {
@@ -207,7 +216,8 @@ async fn status_json(State(state): State<HttpState>, headers: HeaderMap) -> Resp
         return refused;
     }
     let status = crate::api::admin::status(&state.engine, &state.info);
-    axum::Json(status_page::to_json(&status)).into_response()
+    let map = own_partition_map(&state);
+    axum::Json(status_page::to_json(&status, map.as_ref())).into_response()
 }
 
 /// Checks the bearer token as the gRPC interceptor does (same tokens, same

@@ -73,8 +73,9 @@ pub fn problems(status: &pb::StatusResponse) -> Vec<String> {
         .collect()
 }
 
-/// Renders the page from a status.
-pub fn render(status: &pb::StatusResponse) -> String {
+/// Renders the page from a status and, when known, the partition map of
+/// the node's region.
+pub fn render(status: &pb::StatusResponse, map: Option<&pb::PartitionMapResponse>) -> String {
     let own = status.self_.clone().unwrap_or_default();
     let mut html = String::with_capacity(8 * 1024);
     let _ = write!(
@@ -144,7 +145,11 @@ pub fn render(status: &pb::StatusResponse) -> String {
     for member in &status.members {
         row(&mut html, member, false);
     }
-    html.push_str("</table><h2>Hottest keys on this node</h2>");
+    html.push_str("</table>");
+    if let Some(map) = map {
+        partition_section(&mut html, map);
+    }
+    html.push_str("<h2>Hottest keys on this node</h2>");
     if status.hot_keys.is_empty() {
         html.push_str("<p class=\"sub\">No traffic yet.</p>");
     } else {
@@ -165,8 +170,65 @@ pub fn render(status: &pb::StatusResponse) -> String {
     html
 }
 
+/// The partition map of the region: RF, under-replicated partitions, and
+/// each node's state and partitions owned.
+fn partition_section(html: &mut String, map: &pb::PartitionMapResponse) {
+    let _ = write!(
+        html,
+        "<h2>Partitions of region {region}</h2><p>{partitions} partitions · replication factor {rf} \
+         (in effect {effective}) · {badge}</p><table><tr><th>node</th><th>state</th><th>alive</th>\
+         <th>partitions owned</th></tr>",
+        region = escape(&map.region),
+        partitions = map.partitions,
+        rf = map.replication_factor,
+        effective = map.effective_replication,
+        badge = if map.under_replicated == 0 {
+            "<span class=\"badge ok\">fully replicated</span>".to_string()
+        } else {
+            format!(
+                "<span class=\"badge bad\">{} under-replicated</span> held by fewer live owners than the factor in effect",
+                map.under_replicated
+            )
+        },
+    );
+    for node in &map.nodes {
+        let (class, liveness) = match (node.alive, node.gone) {
+            (true, _) => ("ok", "alive"),
+            (false, false) => ("bad", "down"),
+            (false, true) => ("bad", "gone (past --dead-after)"),
+        };
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td class=\"{class}\">{liveness}</td><td>{}</td></tr>",
+            escape(&node.node_name),
+            escape(&node.state),
+            node.partitions_owned,
+        );
+    }
+    html.push_str("</table>");
+}
+
+/// The partition map's summary as JSON (the per-partition owners are left
+/// out: `tally status --json` has them).
+fn partition_json(map: &pb::PartitionMapResponse) -> serde_json::Value {
+    serde_json::json!({
+        "region": map.region,
+        "partitions": map.partitions,
+        "replication_factor": map.replication_factor,
+        "effective_replication": map.effective_replication,
+        "under_replicated": map.under_replicated,
+        "nodes": map.nodes.iter().map(|node| serde_json::json!({
+            "node_name": node.node_name, "state": node.state, "alive": node.alive,
+            "gone": node.gone, "partitions_owned": node.partitions_owned,
+        })).collect::<Vec<_>>(),
+    })
+}
+
 /// The same facts as JSON.
-pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
+pub fn to_json(
+    status: &pb::StatusResponse,
+    map: Option<&pb::PartitionMapResponse>,
+) -> serde_json::Value {
     let member = |m: &pb::Member| {
         serde_json::json!({
             "region": m.region, "node_name": m.node_name, "replica": format!("{:016x}", m.replica),
@@ -186,6 +248,7 @@ pub fn to_json(status: &pb::StatusResponse) -> serde_json::Value {
         "converged": status.converged,
         "cluster_version": status.cluster_version,
         "partitions": status.partitions,
+        "partition_map": map.map(partition_json),
         "problems": problems(status),
         "hot_keys": status.hot_keys.iter().map(|h| serde_json::json!({
             "key": String::from_utf8_lossy(&h.key), "op": h.op, "rate_per_sec": h.rate_per_sec, "count": h.count,
@@ -228,15 +291,17 @@ mod tests {
                 count: 50,
             }],
         };
-        let html = render(&status);
+        let html = render(&status, None);
         assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
         assert!(!html.contains("<script>"));
         assert!(html.contains("us-1") && html.contains("down") && html.contains("not converged"));
         assert!(html.contains("cluster version 2") && html.contains("1..1 refused"));
         assert!(html.contains("64 partitions"));
-        assert_eq!(to_json(&status)["partitions"], 64);
-        assert_eq!(to_json(&status)["members"][0]["refused"], true);
-        assert_eq!(to_json(&status)["hot_keys"][0]["key"], "<script>x</script>");
+        let json = to_json(&status, None);
+        assert_eq!(json["partitions"], 64);
+        assert_eq!(json["members"][0]["refused"], true);
+        assert_eq!(json["hot_keys"][0]["key"], "<script>x</script>");
+        assert!(json["partition_map"].is_null());
         assert!(problems(&status).is_empty());
     }
 
@@ -256,12 +321,51 @@ mod tests {
         let found = problems(&status);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("eu-1") && found[0].contains("0000000000000002"));
-        assert!(render(&status).contains("badge bad\">problem"));
-        assert_eq!(to_json(&status)["problems"][0], found[0]);
+        assert!(render(&status, None).contains("badge bad\">problem"));
+        assert_eq!(to_json(&status, None)["problems"][0], found[0]);
         status.members[0].alive = false;
         assert!(
             problems(&status).is_empty(),
             "a holder that left is no problem"
         );
+    }
+
+    #[test]
+    fn the_region_s_partition_map_is_shown() {
+        let node = |name: &str, alive: bool, gone: bool, owned: u32| pb::PartitionNode {
+            node_name: name.into(),
+            region: "eu".into(),
+            state: "active".into(),
+            alive,
+            gone,
+            partitions_owned: owned,
+            ..Default::default()
+        };
+        let mut map = pb::PartitionMapResponse {
+            partitions: 16,
+            replication_factor: 3,
+            effective_replication: 2,
+            region: "eu".into(),
+            nodes: vec![
+                node("eu-1", true, false, 11),
+                node("eu-<2>", false, false, 10),
+            ],
+            under_replicated: 10,
+            ..Default::default()
+        };
+        let status = pb::StatusResponse::default();
+        let html = render(&status, Some(&map));
+        assert!(html.contains("Partitions of region eu"), "{html}");
+        assert!(html.contains("replication factor 3 (in effect 2)"));
+        assert!(html.contains("10 under-replicated"));
+        assert!(html.contains("eu-&lt;2&gt;") && html.contains(">down<"));
+        assert!(html.contains("<td>11</td>"));
+        let json = to_json(&status, Some(&map));
+        assert_eq!(json["partition_map"]["under_replicated"], 10);
+        assert_eq!(json["partition_map"]["nodes"][1]["partitions_owned"], 10);
+        map.under_replicated = 0;
+        map.nodes[1].gone = true;
+        let html = render(&status, Some(&map));
+        assert!(html.contains("fully replicated") && html.contains("gone (past --dead-after)"));
     }
 }
