@@ -11,8 +11,9 @@
 //!
 //! The backup is read twice: once to check it whole (header first, trailer
 //! last, every message decodes) before anything is written, then to merge.
-//! The restored state's digest must equal the trailer's, or the restore fails
-//! and says the backup is damaged. Like sets and uniques (backup format 2)
+//! The restored state's digests (of the counters, and of the like sets and
+//! uniques) must equal the trailer's, or the restore fails and says the
+//! backup is damaged. Like sets and uniques (backup format 2)
 //! enter the same way, as the old replica's delta-log records merged by max;
 //! their count is checked against the trailer's, and the new directory is
 //! moved to the format that holds them (cluster version 3) first, as the
@@ -218,9 +219,13 @@ async fn restore_into(
     let merged = merge_backup(&engine, path, source, &checked).await;
     committer.shutdown().await;
     merged?;
-    let (digest, dirty) = {
+    let (digest, sets_digest, dirty) = {
         let core = engine.core();
-        (core.digest(), core.dirty_counters() + core.dirty_sets())
+        (
+            core.digest(),
+            core.sets_digest(),
+            core.dirty_counters() + core.dirty_sets(),
+        )
     };
     if dirty > 0 {
         bail!("{dirty} restored counters were not written: the restore failed; try again");
@@ -231,6 +236,15 @@ async fn restore_into(
             digest.0,
             checked.trailer.digest,
         );
+    }
+    // A backup by a build before the sets digest carries none.
+    if let Some(expected) = checked.trailer.sets_digest {
+        if sets_digest.0 != expected {
+            bail!(
+                "the restored like sets' and uniques' digest {:016x} is not the backup's {expected:016x}: the backup is damaged; restore another backup",
+                sets_digest.0,
+            );
+        }
     }
     engine.store().close()?;
     Ok(Restored {

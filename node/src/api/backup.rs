@@ -104,7 +104,12 @@ fn next_messages(engine: &Engine, stage: Stage, mut sent: Sent) -> Step {
             (Stage::Pulling(request), sent),
         )),
         Stage::Pulling(mut request) => {
-            let (chunk, seq, digest) = match engine.serve_backup_chunk(&request) {
+            let crate::engine::BackupChunk {
+                chunk,
+                seq,
+                digest,
+                sets_digest,
+            } = match engine.serve_backup_chunk(&request) {
                 Ok(served) => served,
                 Err(refused) => {
                     tracing::warn!(%refused, "backup stopped");
@@ -146,6 +151,7 @@ fn next_messages(engine: &Engine, stage: Stage, mut sent: Sent) -> Step {
                 replicas: wire.replicas,
                 finished_at_unix_ms: now_ms(),
                 set_deltas: sent.set_deltas,
+                sets_digest: Some(sets_digest.0),
             }))));
             Some((messages, (Stage::Done, sent)))
         }

@@ -169,6 +169,18 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// One chunk of a backup with the state it is part of, read under one lock.
+pub struct BackupChunk {
+    /// The pulled chunk.
+    pub chunk: PullChunk,
+    /// The durable sequence the chunk was read at.
+    pub seq: u64,
+    /// The counters' digest at `seq`.
+    pub digest: crate::crdt::StateDigest,
+    /// The like sets' and uniques' digest at `seq`.
+    pub sets_digest: crate::crdt::SetsDigest,
+}
+
 /// See the module documentation.
 pub struct Engine {
     core: Mutex<Replica>,
@@ -429,13 +441,15 @@ impl Engine {
     /// Serves one chunk of a backup: a pull's chunk, with the durable
     /// sequence and digest read under the same lock, so that the last chunk
     /// of a full scan says exactly which state the backup holds.
-    pub fn serve_backup_chunk(
-        &self,
-        request: &PullRequest,
-    ) -> Result<(PullChunk, u64, crate::crdt::StateDigest), PullRefused> {
+    pub fn serve_backup_chunk(&self, request: &PullRequest) -> Result<BackupChunk, PullRefused> {
         let core = self.core();
         let chunk = core.handle_pull(&*self.store, request)?;
-        Ok((chunk, core.durable_seq(), core.digest()))
+        Ok(BackupChunk {
+            chunk,
+            seq: core.durable_seq(),
+            digest: core.digest(),
+            sets_digest: core.sets_digest(),
+        })
     }
 
     /// Merges one chunk pulled from `peer` and wakes watchers of what changed.
