@@ -301,6 +301,31 @@ fn a_cluster_restored_from_a_backup_holds_exactly_the_backup() {
     );
     assert!(!keep.path().join("never").exists(), "nothing was written");
 
+    // A backup whose like sets or uniques do not give the trailer's sets
+    // digest is refused as damaged (here: the digest itself altered).
+    let altered = keep.path().join("altered");
+    std::fs::create_dir(&altered).unwrap();
+    let mut reader =
+        tally_proto::backup::BackupReader::new(std::io::BufReader::new(bytes.as_slice())).unwrap();
+    let mut writer = tally_proto::backup::BackupWriter::new(Vec::new()).unwrap();
+    while let Some(mut chunk) = reader.next_chunk().unwrap() {
+        if let Some(tally_proto::v1::backup_chunk::Part::Trailer(trailer)) = &mut chunk.part {
+            let digest = trailer
+                .sets_digest
+                .expect("the trailer carries the sets digest");
+            trailer.sets_digest = Some(digest ^ 1);
+        }
+        writer.write(&chunk).unwrap();
+    }
+    std::fs::write(altered.join("backup.tally"), writer.into_inner()).unwrap();
+    let refused = restore(&altered, &keep.path().join("never-altered"));
+    assert!(!refused.status.success());
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        why.contains("like sets' and uniques' digest") && why.contains("damaged"),
+        "{why}"
+    );
+
     // A fresh cluster: both regions' new nodes restored from the one backup
     // (the us node with --region us; the eu node keeps the backup's region).
     let fresh = tempfile::tempdir().unwrap();
