@@ -366,6 +366,104 @@ fn another_regions_add_arrives_on_the_stream() {
     drop(cluster);
 }
 
+/// `?slots=true`: the live writers' slots and the folded base, read from
+/// the state the value is read from, the same as the gRPC Get's (and so as
+/// `tally get --slots --json`).
+#[test]
+fn slots_on_request_sum_to_the_value_and_match_the_grpc_answer() {
+    let cluster = Cluster::start(&[("eu", 1), ("us", 1)], "sync");
+    let eu = Api::new(cluster.nodes[0].spec.http);
+    let us = Api::new(cluster.nodes[1].spec.http);
+    ok(&eu.add("post%2F9", 5, None));
+    ok(&eu.add("post%2F9", -2, None));
+    ok(&us.add("post%2F9", 7, None));
+    let (read, _) = wait_until(Duration::from_secs(30), "us's add at eu", || {
+        let read = ok(&eu.get("/v1/counters/post%2F9?slots=true"));
+        (read["value"] == 10).then_some(read)
+    });
+    assert!(read.get("regions").is_none(), "{read}");
+    let slots = read["slots"].as_array().expect("slots asked for");
+    let by_region = |region: &str| {
+        let found: Vec<&serde_json::Value> =
+            slots.iter().filter(|s| s["region"] == region).collect();
+        assert_eq!(found.len(), 1, "one {region} slot: {read}");
+        (found[0]["p"].as_u64(), found[0]["n"].as_u64())
+    };
+    assert_eq!(slots.len(), 2, "{read}");
+    assert_eq!(by_region("eu"), (Some(5), Some(2)));
+    assert_eq!(by_region("us"), (Some(7), Some(0)));
+    let folded = &read["folded"];
+    let folded_parts =
+        |f: &serde_json::Value| (f["epoch"].as_u64(), f["p"].as_u64(), f["n"].as_u64());
+    assert_eq!(folded_parts(folded), (Some(0), Some(0), Some(0)), "{read}");
+    // The base plus every slot's p - n is the value.
+    let net = |v: &serde_json::Value| v["p"].as_i64().unwrap() - v["n"].as_i64().unwrap();
+    let sum: i64 = net(folded) + slots.iter().map(net).sum::<i64>();
+    assert_eq!(sum, read["value"].as_i64().unwrap(), "{read}");
+    // The same slots as the gRPC answer, with the replica in the text form
+    // `tally status` and `tally get --slots --json` print.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let (grpc, eu_id, us_id) = runtime.block_on(async {
+        let eu_grpc = common::load::quick_client(&cluster.nodes[0].endpoint()).await;
+        let us_grpc = common::load::quick_client(&cluster.nodes[1].endpoint()).await;
+        (
+            eu_grpc.get_with_slots("post/9").await.unwrap(),
+            eu_grpc.status().await.unwrap().node.replica,
+            us_grpc.status().await.unwrap().node.replica,
+        )
+    });
+    assert_eq!(grpc.value, 10);
+    let grpc_slots: Vec<(String, String, u64, u64)> = grpc
+        .slots
+        .iter()
+        .map(|s| (format!("{:016x}", s.replica), s.region.clone(), s.p, s.n))
+        .collect();
+    let http_slots: Vec<(String, String, u64, u64)> = slots
+        .iter()
+        .map(|s| {
+            (
+                s["replica"].as_str().unwrap().to_owned(),
+                s["region"].as_str().unwrap().to_owned(),
+                s["p"].as_u64().unwrap(),
+                s["n"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(http_slots, grpc_slots);
+    let replica_of = |region: &str| {
+        http_slots
+            .iter()
+            .find(|s| s.1 == region)
+            .map(|s| s.0.clone())
+            .unwrap()
+    };
+    assert_eq!(replica_of("eu"), format!("{eu_id:016x}"));
+    assert_eq!(replica_of("us"), format!("{us_id:016x}"));
+    assert_eq!(
+        folded_parts(folded),
+        (
+            Some(grpc.folded.epoch),
+            u64::try_from(grpc.folded.p).ok(),
+            u64::try_from(grpc.folded.n).ok()
+        )
+    );
+    // With the breakdown too; without `slots`, neither field.
+    let both = ok(&eu.get("/v1/counters/post%2F9?breakdown=true&slots=true"));
+    assert_eq!(both["regions"].as_array().map(Vec::len), Some(2), "{both}");
+    assert_eq!(both["slots"], read["slots"]);
+    let plain = ok(&eu.get("/v1/counters/post%2F9?slots=false"));
+    assert!(plain.get("slots").is_none() && plain.get("folded").is_none());
+    // A bad value is a problem that names the parameter.
+    let refused = eu
+        .get("/v1/counters/post%2F9?slots=maybe")
+        .problem(400, "INVALID_ARGUMENT");
+    assert!(
+        refused["detail"].as_str().unwrap().contains("slots"),
+        "{refused}"
+    );
+    drop(cluster);
+}
+
 #[test]
 fn the_openapi_document_describes_every_route() {
     let (_root, node, api) = start_node(&[]);
@@ -386,6 +484,23 @@ fn the_openapi_document_describes_every_route() {
         ("/v1/counter/", "get"),
     ] {
         assert!(paths[path][method].is_object(), "{method} {path} missing");
+    }
+    // The read's `slots` parameter and the schemas of its answer.
+    let parameters = paths["/v1/counters/{key}"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    assert!(
+        parameters
+            .iter()
+            .any(|p| p["name"] == "slots" && p["in"] == "query"),
+        "{parameters:?}"
+    );
+    let schemas = &document["components"]["schemas"];
+    for field in ["replica", "region", "p", "n"] {
+        assert!(schemas["WriterSlot"]["properties"][field].is_object());
+    }
+    for field in ["epoch", "p", "n"] {
+        assert!(schemas["FoldedSums"]["properties"][field].is_object());
     }
     // Anything else is a problem document too.
     api.get("/v1/nothing-here").problem(404, "NOT_FOUND");

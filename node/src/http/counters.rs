@@ -1,5 +1,6 @@
 //! The JSON API of counters under `/v1/`: add, get (with the per-region
-//! breakdown on request), batch add and batch get. Each handler is a thin
+//! breakdown, and the live writers' slots with the folded base, on request),
+//! batch add and batch get. Each handler is a thin
 //! shell over the [`Engine`], as the gRPC `Counters` service is: the same
 //! validation, the same messages, the same idempotency (the
 //! `Idempotency-Key` header is gRPC's `idempotency_key`), and errors as
@@ -14,8 +15,9 @@ use super::extract::{CounterKey, IdempotencyKey, JsonBody, QueryParams};
 use super::problem::Problem;
 use super::HttpState;
 use crate::api::counters::{check_batch_size, region_net, since_last_sync_ms, MAX_BATCH_ITEMS};
-use crate::engine::{now_ms, CounterRead, Durability};
-use crate::replica::AddAccepted;
+use crate::crdt::FoldedBase;
+use crate::engine::{now_ms, CounterRead, Durability, ReadParts};
+use crate::replica::{AddAccepted, WriterSlot as CoreWriterSlot};
 use crate::security::ItemCharge;
 
 /// When an add asks to be acknowledged. The node applies the stronger of
@@ -82,6 +84,44 @@ pub struct CounterValue {
     /// ever wrote the counter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub regions: Option<Vec<RegionValue>>,
+    /// Present when asked for (`slots=true`): one entry per writer whose
+    /// slot the counter holds, in replica id order. Read from the same state
+    /// as `value` and `folded`: `value` is `folded.p - folded.n` plus every
+    /// slot's `p - n`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Vec<WriterSlot>>,
+    /// Present when asked for (`slots=true`): the sums of the writers
+    /// retired and folded into the counter (all zero when none was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub folded: Option<FoldedSums>,
+}
+
+/// One live writer's slot in a counter (as `tally get --slots --json`).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WriterSlot {
+    /// The writing replica's id: 16 hex digits, as in `tally status`.
+    #[schema(pattern = "^[0-9a-f]{16}$", min_length = 16, max_length = 16)]
+    pub replica: String,
+    /// Its region, or `unknown` when the answering node has not learned it.
+    pub region: String,
+    /// The sum of its increments.
+    pub p: u64,
+    /// The sum of its decrements (a positive number).
+    pub n: u64,
+}
+
+/// The sums of a counter's folded writers: retired writers whose slots were
+/// moved into the counter's base (DESIGN.md, "Retiring replicas").
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct FoldedSums {
+    /// The fold epoch the sums are complete up to (0: nothing folded).
+    pub epoch: u64,
+    /// The sum of the folded writers' increments (may exceed 64 bits).
+    #[schema(schema_with = unsigned_sum)]
+    pub p: u128,
+    /// The sum of the folded writers' decrements (may exceed 64 bits).
+    #[schema(schema_with = unsigned_sum)]
+    pub n: u128,
 }
 
 /// One region's part of a counter.
@@ -111,6 +151,10 @@ pub struct GetQuery {
     /// Also return the per-region breakdown and how fresh each part is.
     #[serde(default)]
     pub breakdown: bool,
+    /// Also return the live writers' slots and the folded base (`slots`
+    /// and `folded`), read from the same state as the value.
+    #[serde(default)]
+    pub slots: bool,
 }
 
 /// One add of a batch.
@@ -218,6 +262,19 @@ fn non_zero_delta() -> utoipa::openapi::schema::Schema {
         .into()
 }
 
+/// The schema of a folded sum: a JSON integer from 0 up to 2^128 - 1 (the
+/// sum of many writers' `u64` sums).
+fn unsigned_sum() -> utoipa::openapi::schema::Schema {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(0))
+        .description(Some(
+            "A sum over the folded writers (p: increments, n: decrements); it may exceed 64 bits.",
+        ))
+        .into()
+}
+
 pub(super) fn add_result(key: String, accepted: &AddAccepted) -> AddResult {
     AddResult {
         key,
@@ -244,6 +301,28 @@ pub(super) fn counter_value(key: String, read: CounterRead, breakdown: bool) -> 
                 })
                 .collect()
         }),
+        slots: read
+            .slots
+            .as_ref()
+            .map(|(slots, _)| slots.iter().map(writer_slot).collect()),
+        folded: read.slots.map(|(_, base)| folded_sums(base)),
+    }
+}
+
+fn writer_slot(writer: &CoreWriterSlot) -> WriterSlot {
+    WriterSlot {
+        replica: format!("{:016x}", writer.replica.0),
+        region: writer.region.clone(),
+        p: writer.slot.p,
+        n: writer.slot.n,
+    }
+}
+
+fn folded_sums(base: FoldedBase) -> FoldedSums {
+    FoldedSums {
+        epoch: base.epoch,
+        p: base.p,
+        n: base.n,
     }
 }
 
@@ -305,7 +384,7 @@ pub async fn add(
     ),
     responses(
         (status = 200, description = "The counter's value on this node.", body = CounterValue),
-        (status = 400, description = "A bad key or query.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "A bad key or query (`breakdown` and `slots` take `true` or `false`).", body = Problem, content_type = "application/problem+json"),
         (status = "default", description = "Any other problem (401, 429, 503).", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -314,9 +393,13 @@ pub async fn get(
     CounterKey(key): CounterKey,
     QueryParams(query): QueryParams<GetQuery>,
 ) -> Result<Json<CounterValue>, Problem> {
+    let parts = ReadParts {
+        breakdown: query.breakdown,
+        slots: query.slots,
+    };
     let read = state
         .engine
-        .get(key.as_bytes(), query.breakdown)
+        .read(key.as_bytes(), parts)
         .map_err(|e| Problem::of_engine(&e))?;
     Ok(Json(counter_value(key, read, query.breakdown)))
 }
