@@ -15,6 +15,10 @@
 //! with UNAVAILABLE) until a round ran on a live peer's report, so that it
 //! learns a retirement decided while it was down before it takes an add;
 //! this keeper ends the hold. See `--restart-hold` for when a hold is set.
+//! A peer that has not heard of the retirement yet ends the hold too: the
+//! adds taken then are not lost, because no member folds a retired writer
+//! that gossip shows up before its own report shows it fenced, at the state
+//! it reports (`replica/folds.rs`, "A retired writer that is up").
 
 use std::sync::Arc;
 use std::time::Duration;

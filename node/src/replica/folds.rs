@@ -17,6 +17,14 @@
 //!   proposes or joins a fold only of a writer it has learned of by state
 //!   (in its directory): a node that just started on an empty disk knows
 //!   nobody yet, and "every member I know agrees" would hold of nobody.
+//! - **A retired writer that is up** (a node restarted on its old data
+//!   directory, retired while it was down) may still take adds until it
+//!   hears of its retirement, so the others agreeing is not enough: while
+//!   gossip shows it alive, a node neither proposes nor joins its fold until
+//!   its own report shows it fenced (it lists itself retired) with the same
+//!   digest. This is what makes the restart hold safe to end on any live
+//!   peer's report: a peer that has not heard of the retirement has agreed
+//!   to no fold of the writer, it counts, and it sees the writer up.
 //! - **Epochs**: a node whose ready writers are not folded proposes a
 //!   candidate record for the next epoch; candidates only grow (a member's
 //!   agreeing writers are added), and a node commits its candidate once every
@@ -97,6 +105,15 @@ pub enum FoldWait {
         ours: WriterDigest,
         /// Theirs.
         theirs: WriterDigest,
+    },
+    /// The retired writer itself is up (gossip shows it alive) and its own
+    /// report does not show it fenced: a node restarted on its old data
+    /// directory takes adds until it hears of its retirement, so nobody else
+    /// holds its final state yet.
+    #[error("writer {writer} is up and has not fenced itself yet (restarted on its old data directory?); its fold waits for its own report of its final state")]
+    WriterUp {
+        /// The writer.
+        writer: ReplicaId,
     },
     /// This node has not learned of the writer by state yet (a node that
     /// just started on an empty disk): it cannot tell who holds its slots.
@@ -450,7 +467,11 @@ impl Folds {
             .into_iter()
             .filter_map(|writer| {
                 let agreement = match learned(writer) {
-                    true => self.agreement(writer, &counted, &reports),
+                    true => self
+                        .agreement(writer, &counted, &reports)
+                        .and_then(|digest| {
+                            settled(writer, digest, members, &reports).map(|()| digest)
+                        }),
                     false => Err(FoldWait::NotLearned { writer }),
                 };
                 match agreement {
@@ -476,7 +497,8 @@ impl Folds {
                 let agrees = self.is_retired(*writer)
                     && self.book.folded_at(*writer).is_none()
                     && learned(*writer)
-                    && self.digest_of(*writer) == *digest;
+                    && self.digest_of(*writer) == *digest
+                    && settled(*writer, *digest, members, &reports).is_ok();
                 if agrees {
                     writers.entry(*writer).or_insert(*digest);
                 }
@@ -600,6 +622,38 @@ impl Folds {
     ) {
         self.pending_retired.extend(retired);
         self.pending_records.extend(records);
+    }
+}
+
+/// The rule for a retired writer that gossip shows up: its slots may still
+/// grow (a node restarted on its old data directory takes adds until it
+/// hears of its retirement), so the others' agreeing digests are not its
+/// final state. It is ready only once its own report lists it retired (it
+/// has fenced itself and takes no more adds) with a digest equal to
+/// `digest`. A writer that is down, or that this node does not see, adds
+/// nothing to the rule.
+fn settled(
+    writer: ReplicaId,
+    digest: WriterDigest,
+    members: &[FoldMember],
+    reports: &HashMap<ReplicaId, &FoldReport>,
+) -> Result<(), FoldWait> {
+    if !members.iter().any(|m| m.replica == writer && m.alive) {
+        return Ok(());
+    }
+    let own = reports
+        .get(&writer)
+        .filter(|report| report.retired.contains(&writer))
+        .and_then(|report| report.digests.iter().find(|(w, _)| *w == writer));
+    match own {
+        None => Err(FoldWait::WriterUp { writer }),
+        Some((_, theirs)) if *theirs != digest => Err(FoldWait::Differs {
+            member: writer,
+            writer,
+            ours: digest,
+            theirs: *theirs,
+        }),
+        Some(_) => Ok(()),
     }
 }
 

@@ -320,3 +320,85 @@ fn an_old_incarnation_dropped_from_the_member_list_is_retired_too() {
         vec![ReplicaId(5)]
     );
 }
+
+/// W's report while it runs unfenced: it has not heard of any retirement.
+fn unfenced() -> FoldReport {
+    FoldReport::default()
+}
+
+/// W's report once it has fenced itself: it lists itself retired, with its
+/// digest of its own slots.
+fn fenced(digest: WriterDigest) -> FoldReport {
+    FoldReport {
+        retired: vec![W],
+        digests: vec![(W, digest)],
+        ..FoldReport::default()
+    }
+}
+
+/// Rounds in which node 1 does not see W, and node 2 sees it up with
+/// `w_report` (gossip reaches W through node 2 only).
+fn rounds_with_w_seen_by_node_2(nodes: &mut [(ReplicaId, Folds)], w_report: &FoldReport) {
+    for _ in 0..4 {
+        let reports: Vec<FoldReport> = nodes.iter().map(|(_, f)| f.report()).collect();
+        let first = [member(ReplicaId(2), Some(reports[1].clone()))];
+        nodes[0].1.handle_reports(&[ReplicaId(2)], &first).unwrap();
+        let second = [
+            member(ReplicaId(1), Some(reports[0].clone())),
+            member(W, Some(w_report.clone())),
+        ];
+        nodes[1]
+            .1
+            .handle_reports(&[ReplicaId(1), W], &second)
+            .unwrap();
+    }
+}
+
+#[test]
+fn a_retired_writer_seen_up_is_folded_only_at_the_state_it_fenced_itself_at() {
+    // W was retired while down and came back on its old directory: until it
+    // has heard of its retirement it takes adds, so the others' agreeing
+    // digests are not its final state. Node 2 sees it up: it neither
+    // proposes the fold nor joins node 1's (node 1 does not see W).
+    let mut nodes = nodes(2);
+    let own = nodes[0].0;
+    nodes[0].1.retire(W, own, true, &[]).unwrap();
+    rounds_with_w_seen_by_node_2(&mut nodes, &unfenced());
+    for (id, folds) in &nodes {
+        assert_eq!(
+            folds.book().epoch(),
+            0,
+            "{id} folded a writer still writing"
+        );
+    }
+    assert_eq!(
+        nodes[1].1.waits().get(&W),
+        Some(&FoldWait::WriterUp { writer: W })
+    );
+    let message = FoldWait::WriterUp { writer: W }.to_string();
+    assert!(message.contains("has not fenced itself"), "{message}");
+    // W fences itself with one more add than the others hold: still no fold.
+    let mut last = nodes[1].1.digest_of(W);
+    last.replace("a", slot(5), slot(6));
+    rounds_with_w_seen_by_node_2(&mut nodes, &fenced(last));
+    assert_eq!(nodes[0].1.book().epoch(), 0);
+    assert!(matches!(
+        nodes[1].1.waits().get(&W),
+        Some(FoldWait::Differs {
+            member: W,
+            writer: W,
+            ..
+        })
+    ));
+    // Once both hold W's final state, the fold goes ahead at it.
+    for (_, folds) in nodes.iter_mut() {
+        folds.note_slot("a", W, slot(5), slot(6));
+    }
+    rounds_with_w_seen_by_node_2(&mut nodes, &fenced(last));
+    for (_, folds) in &nodes {
+        assert_eq!(
+            folds.book().record(1).map(|r| r.writers.clone()),
+            Some(vec![(W, last)])
+        );
+    }
+}

@@ -118,7 +118,10 @@ impl Replica {
     }
 
     /// Ends the restart hold (a round of the fold protocol ran on a live
-    /// peer's report). Returns whether a hold was on.
+    /// peer's report). Returns whether a hold was on. Safe even when that
+    /// peer has not heard of a retirement of this replica: while this node
+    /// is up, no member folds it before its own report shows it fenced
+    /// (see [`Folds`]).
     pub fn release_restart_hold(&mut self) -> bool {
         self.restart_hold_until_ms.take().is_some()
     }

@@ -43,6 +43,17 @@ fn fold_round(live: &mut [&mut Node], dead: &[FoldMember]) {
 
 /// Two live nodes that hold everything a third, now dead, wrote.
 fn cluster() -> (Node, Node, FoldMember) {
+    let (a, b, w) = cluster_and_writer();
+    let dead = FoldMember {
+        alive: false,
+        report: None,
+        ..member(&w, false)
+    };
+    (a, b, dead)
+}
+
+/// Two nodes that hold everything the third, the writer `W`, wrote.
+fn cluster_and_writer() -> (Node, Node, Node) {
     let mut a = Node::new(1, "eu");
     let mut b = Node::new(2, "us");
     let mut w = Node::new(W.0, "ap");
@@ -62,12 +73,7 @@ fn cluster() -> (Node, Node, FoldMember) {
     a.pull_from(&b, 1 << 20);
     a.commit();
     b.commit();
-    let dead = FoldMember {
-        alive: false,
-        report: None,
-        ..member(&w, false)
-    };
-    (a, b, dead)
+    (a, b, w)
 }
 
 /// The cluster with W retired by an operator at `a`, after `rounds` rounds.
@@ -423,4 +429,78 @@ fn a_folded_writer_is_pruned_for_good_and_a_peer_that_kept_it_does_not_bring_it_
         a.replica.handle_retire(W, std::slice::from_ref(&dead)),
         Ok(false)
     );
+}
+
+#[test]
+fn a_retired_writer_that_came_back_is_folded_only_at_the_state_it_fenced_itself_at() {
+    // The restart hold's gap. a retires W while W is down; b has not heard
+    // yet. W restarts on its old directory and holds adds, hears only b,
+    // which knows no retirement, and ends its hold (as the fold keeper
+    // does). It takes adds: some reach b and a, the last one does not yet.
+    let (mut a, mut b, w) = cluster_and_writer();
+    let down = FoldMember {
+        alive: false,
+        report: None,
+        ..member(&w, false)
+    };
+    a.replica
+        .handle_retire(W, std::slice::from_ref(&down))
+        .unwrap();
+    a.commit();
+    let mut w = w.restart();
+    w.replica.hold_adds_until(u64::MAX);
+    w.replica
+        .handle_fold_round(1, "x", &[member(&b, true)], None)
+        .unwrap();
+    assert!(!w.replica.is_fenced(), "b knows no retirement");
+    assert!(w.replica.release_restart_hold());
+    w.add("likes", 100);
+    w.commit();
+    b.pull_from(&w, 1 << 20);
+    b.commit();
+    a.pull_from(&b, 1 << 20);
+    a.commit();
+    w.add("likes", 1_000);
+    w.commit();
+    let acknowledged = 25 + 100 + 1_000;
+    // Everyone hears everyone: b and W learn the retirement, W fences
+    // itself. While W's own report does not carry its final state, a and b
+    // (whose states of W agree, without the last add) must not fold it.
+    for _ in 0..4 {
+        fold_round(&mut [&mut a, &mut b, &mut w], &[]);
+    }
+    assert!(w.replica.is_fenced());
+    assert_eq!(
+        a.replica.folds().book().epoch(),
+        0,
+        "folded without W's last add"
+    );
+    assert!(
+        matches!(
+            a.replica.folds().waits().get(&W),
+            Some(FoldWait::Differs { member: W, .. })
+        ),
+        "{:?}",
+        a.replica.folds().waits()
+    );
+    // Anti-entropy brings W's final state to a and b: the fold goes ahead,
+    // at that state, and no acknowledged add is lost anywhere.
+    a.pull_from(&w, 1 << 20);
+    b.pull_from(&w, 1 << 20);
+    a.commit();
+    b.commit();
+    let final_state = w.replica.folds().digest_of(W);
+    assert_eq!(a.replica.folds().digest_of(W), final_state);
+    for _ in 0..4 {
+        fold_round(&mut [&mut a, &mut b, &mut w], &[]);
+    }
+    w.pull_from(&a, 1 << 20);
+    w.commit();
+    for node in [&mut a, &mut b, &mut w] {
+        assert_eq!(node.replica.folds().book().folded_at(W), Some(1));
+        assert_eq!(node.replica.folds().applied(), 1);
+        assert_eq!(node.value("likes"), acknowledged);
+    }
+    let record = a.replica.folds().book().record(1).unwrap();
+    assert_eq!(record.writers, vec![(W, final_state)]);
 }
