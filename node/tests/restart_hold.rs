@@ -93,9 +93,22 @@ async fn hammer(endpoint: String) -> Answers {
     panic!("the restarted node never fenced itself: {answers:?}");
 }
 
-/// The whole scenario with `--restart-hold restart_hold`; returns what the
-/// retired node answered after its restart.
-async fn restart_a_retired_node(restart_hold: &'static str) -> Answers {
+/// A three-region cluster in which eu can retire ap: its data, its nodes,
+/// their endpoints, a client of eu, ap's replica id and when ap's adds
+/// reached eu.
+type Started = (
+    tempfile::TempDir,
+    Vec<NodeProcess>,
+    Vec<String>,
+    tally_client::Client,
+    u64,
+    Instant,
+);
+
+/// Starts eu, us and ap with `--restart-hold restart_hold`, waits for
+/// cluster version 4 (retirements travel in fold reports from it), and has
+/// ap write until eu holds its adds (retiring needs a known id).
+async fn start_with_ap_known_at_eu(restart_hold: &'static str) -> Started {
     let root = tempfile::tempdir().unwrap();
     let nodes = tokio::task::spawn_blocking({
         let root = root.path().to_path_buf();
@@ -104,12 +117,10 @@ async fn restart_a_retired_node(restart_hold: &'static str) -> Answers {
     .await
     .unwrap();
     let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
-    // Retirements travel in fold reports, handled from cluster version 4.
     let waited = endpoints.clone();
     tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
         .await
         .unwrap();
-    // ap writes, and eu learns ap's replica (retiring needs a known id).
     let ap = quick_client(&endpoints[2]).await;
     for _ in 0..5 {
         ap.add(KEY, 1).await.unwrap();
@@ -121,6 +132,14 @@ async fn restart_a_retired_node(restart_hold: &'static str) -> Answers {
         assert!(started.elapsed() < LIMIT, "eu never saw ap's adds");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (root, nodes, endpoints, eu, ap_id, started)
+}
+
+/// The whole scenario with `--restart-hold restart_hold`; returns what the
+/// retired node answered after its restart.
+async fn restart_a_retired_node(restart_hold: &'static str) -> Answers {
+    let (_root, nodes, endpoints, eu, ap_id, started) =
+        start_with_ap_known_at_eu(restart_hold).await;
     // Bad retirements are refused with a status that says why, and change
     // nothing: a live replica, eu's own id, an id nobody knows.
     let eu_id = eu.status().await.unwrap().node.replica;
@@ -244,29 +263,7 @@ async fn without_the_hold_a_retired_node_acknowledges_adds_before_it_hears() {
 /// (replica/folds_tests.rs) force it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adds_taken_after_a_hold_ended_on_a_peer_that_had_not_heard_are_not_lost() {
-    let root = tempfile::tempdir().unwrap();
-    let nodes = tokio::task::spawn_blocking({
-        let root = root.path().to_path_buf();
-        move || start_cluster(&root, "60s")
-    })
-    .await
-    .unwrap();
-    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
-    let waited = endpoints.clone();
-    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
-        .await
-        .unwrap();
-    let ap = quick_client(&endpoints[2]).await;
-    for _ in 0..5 {
-        ap.add(KEY, 1).await.unwrap();
-    }
-    let ap_id = ap.status().await.unwrap().node.replica;
-    let eu = quick_client(&endpoints[0]).await;
-    let started = Instant::now();
-    while eu.get(KEY).await.ok() != Some(5) {
-        assert!(started.elapsed() < LIMIT, "eu never saw ap's adds");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (_root, nodes, endpoints, eu, ap_id, started) = start_with_ap_known_at_eu("60s").await;
     // ap and us go down; eu retires ap, then goes down too.
     let nodes = tokio::task::spawn_blocking(move || {
         let mut nodes = nodes;
