@@ -4,6 +4,13 @@
 #
 #   deploy/docker/build.sh            # builds tally:dev
 #   TALLY_IMAGE=tally:1.2 deploy/docker/build.sh
+#   deploy/docker/build.sh --binaries-only   # the cargo build alone, no image
+#
+# The same cargo invocation also builds `tally-sim` (the simulator), which
+# the image does not hold: .ci/run runs its sweeps on this build, so CI
+# compiles the release dependency tree once instead of twice (with the same
+# packages selected, cargo unifies the same features, and a second run of
+# this script finds everything up to date).
 #
 # Idempotent and fast when nothing changed: cargo rebuilds nothing, the build
 # context is only rewritten where a file's content changed, and Docker's layer
@@ -28,15 +35,22 @@ context="$target_dir/docker-context"
 
 log() { printf '[build.sh] %s\n' "$*" >&2; }
 
-log "static build of tally-node and tally ($triple, profile $profile) into $target_dir"
+binaries_only=0
+case "${1:-}" in
+  "") ;;
+  --binaries-only) binaries_only=1 ;;
+  *) log "usage: deploy/docker/build.sh [--binaries-only]"; exit 2 ;;
+esac
+
+log "static build of tally-node, tally and tally-sim ($triple, profile $profile) into $target_dir"
 start=$SECONDS
 # --target keeps RUSTFLAGS off build scripts and proc macros, which must stay
 # dynamic host binaries; only the two shipped binaries are linked statically.
 (
   cd "$root"
   RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR="$target_dir" \
-    cargo build --profile "$profile" --target "$triple" -p tally-node -p tally-cli \
-    --bin tally-node --bin tally
+    cargo build --profile "$profile" --target "$triple" -p tally-node -p tally-cli -p tally-sim \
+    --bin tally-node --bin tally --bin tally-sim
 )
 log "cargo done in $((SECONDS - start)) s"
 
@@ -55,6 +69,11 @@ for bin in tally-node tally; do
     fi
   fi
 done
+
+if [[ $binaries_only == 1 ]]; then
+  log "binaries in $bin_dir (no image: --binaries-only)"
+  exit 0
+fi
 
 # The build context: only what the image holds. A file is rewritten only when
 # its content changed, so Docker's cache stays warm.
