@@ -75,7 +75,7 @@ pub fn backup_stream(engine: Arc<Engine>, info: &NodeInfo) -> BackupStream {
         // The whole delta log: every like-set member and uniques register.
         deltas_after: Some(DeltaCursor::default()),
         // Idempotency records expire within a day: a backup leaves them out.
-        records_after: None,
+        records_from: None,
     };
     let stream = futures::stream::unfold(
         (Stage::Header(header, request), Sent::default()),

@@ -11,7 +11,8 @@ use crate::engine::EngineError;
 use crate::replica::version::ProtocolWindow;
 use crate::replica::{
     check_name, parse_key, AddRefused, Cursor, DeltaCursor, IdempotencyRecord, PullChunk,
-    PullRefused, PullRequest, SetDelta, MAX_CHUNK_COUNTERS, MAX_CHUNK_ELEMENTS, MAX_CHUNK_RECORDS,
+    PullRefused, PullRequest, RecordsCursor, SetDelta, MAX_CHUNK_COUNTERS, MAX_CHUNK_ELEMENTS,
+    MAX_CHUNK_RECORDS,
 };
 
 /// The gRPC status of an engine error: a code a client can act on and the
@@ -117,7 +118,10 @@ pub fn pull_request_from(
         deltas_after: request
             .deltas_after
             .map(|bytes| DeltaCursor(bytes.to_vec())),
-        records_after: request.records_after,
+        records_from: request.records_from.map(|seq| RecordsCursor {
+            seq,
+            skip: request.records_skip,
+        }),
     })
 }
 
@@ -136,7 +140,8 @@ pub fn pull_request_to(request: &PullRequest) -> pb::PullRequest {
             .deltas_after
             .as_ref()
             .map(|cursor| cursor.0.clone().into()),
-        records_after: request.records_after,
+        records_from: request.records_from.map(|cursor| cursor.seq),
+        records_skip: request.records_from.map_or(0, |cursor| cursor.skip),
     }
 }
 
@@ -176,7 +181,8 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
         deltas_next: chunk.deltas_next.as_ref().map(|c| c.0.clone().into()),
         deltas_complete: chunk.deltas_complete,
         records: chunk.records.iter().map(record_to).collect(),
-        records_next: chunk.records_next,
+        records_next: chunk.records_next.map(|cursor| cursor.seq),
+        records_next_skip: chunk.records_next.map_or(0, |cursor| cursor.skip),
         records_complete: chunk.records_complete,
         id_keys: chunk.id_keys.iter().map(|key| id_key_to(*key)).collect(),
     }
@@ -411,7 +417,10 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
         id_keys: chunk.id_keys.iter().map(id_key_from).collect(),
         // A source that serves no records never says so either.
         records_complete: chunk.records_complete || chunk.records_next.is_none(),
-        records_next: chunk.records_next,
+        records_next: chunk.records_next.map(|seq| RecordsCursor {
+            seq,
+            skip: chunk.records_next_skip,
+        }),
     })
 }
 
@@ -468,7 +477,7 @@ mod tests {
                 expires_at_ms: 99,
             }],
             id_keys: vec![u128::MAX / 3, 1],
-            records_next: Some(12),
+            records_next: Some(RecordsCursor { seq: 12, skip: 3 }),
             records_complete: false,
         };
         assert_eq!(chunk_from(chunk_to(&chunk)).unwrap(), chunk);

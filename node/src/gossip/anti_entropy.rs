@@ -115,7 +115,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     directory_digest: plan.directory_digest,
                     protocol,
                     deltas_after: plan.deltas_after.clone(),
-                    records_after: plan.records_after,
+                    records_from: plan.records_from,
                 };
                 pulls.spawn(pull_once(
                     engine.clone(),

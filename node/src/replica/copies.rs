@@ -254,7 +254,11 @@ impl Replica {
             counters.push((key.clone(), slot));
         }
         let upto_seq = self.durable_seq;
-        let records = std::mem::take(&mut self.copies.records);
+        // At most a chunk's worth of records per push (a copy refuses more);
+        // the rest ride with the next push, and anti-entropy brings them
+        // meanwhile.
+        let sent = self.copies.records.len().min(MAX_CHUNK_RECORDS);
+        let records: Vec<IdempotencyRecord> = self.copies.records.drain(..sent).collect();
         let id_keys = match records.is_empty() {
             true => Vec::new(),
             false => self.id_keys(),

@@ -304,7 +304,7 @@ fn a_wiped_writer_s_slot_survives_on_its_copy() {
         directory_digest: None,
         protocol: c.replica.peers().own_protocol(),
         deltas_after: None,
-        records_after: None,
+        records_from: None,
     };
     let chunk = b.replica.handle_pull(&b.store, &request).unwrap();
     c.replica
@@ -354,4 +354,23 @@ fn a_push_carries_its_commits_records_and_the_copy_recognises_a_retry_once_it_an
     a.add_as("views", 1, false, Some("sync-2"));
     a.commit();
     assert!(a.replica.poll_push().is_none());
+}
+
+#[test]
+fn a_push_carries_at_most_a_chunk_of_records_and_the_rest_ride_with_the_next() {
+    let mut a = Node::new(1, "eu");
+    let keys: Vec<String> = (0..=MAX_CHUNK_RECORDS)
+        .map(|i| format!("req-{i}"))
+        .collect();
+    for key in &keys {
+        a.add_as("votes", 1, true, Some(key));
+    }
+    a.commit();
+    let push = a.replica.poll_push().unwrap();
+    assert_eq!(push.records.len(), MAX_CHUNK_RECORDS, "a copy refuses more");
+    a.replica.handle_push_done(push.upto_seq);
+    a.add_as("votes", 1, true, None);
+    a.commit();
+    let next = a.replica.poll_push().unwrap();
+    assert_eq!(next.records.len(), 1, "the one left over");
 }

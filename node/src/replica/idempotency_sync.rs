@@ -3,10 +3,11 @@
 //! is recognised there once the first owner's record has reached it.
 //!
 //! Invariant 5 of DESIGN.md across failover. A pull from a peer of the same
-//! region also asks for the peer's idempotency segments after a commit
-//! sequence of the peer's ([`Replica::handle_pull_records`]); a segment is
-//! keyed by the commit that wrote it, so "after sequence S" is a range read,
-//! and only durable segments are served (invariant 2: a record never
+//! region also asks for the peer's idempotency segments from a position in
+//! them ([`RecordsCursor`], [`Replica::handle_pull_records`]); a segment is
+//! keyed by the commit that wrote it, so "from sequence S" is a range read,
+//! a segment larger than a chunk (a commit that gathered many keyed adds,
+//! as after a stall) is sent in parts, and only durable segments are served (invariant 2: a record never
 //! travels ahead of the add it describes). The puller remembers each record
 //! under the id its maker gave it, with the maker's expiry, in its own next
 //! commit, and learns the maker's id key so that a lookup finds it
@@ -29,62 +30,94 @@ use super::Replica;
 
 /// The wire size of one record, for the chunk's byte budget.
 pub const RECORD_BYTES: usize = 44;
-/// The most records one chunk may carry.
-pub const MAX_CHUNK_RECORDS: usize = 65_536;
+/// The most records one chunk (or copy push) may carry: about 700 KB.
+pub const MAX_CHUNK_RECORDS: usize = 16_384;
+
+/// A position in a replica's idempotency segments: every segment before
+/// commit `seq` was sent, and the first `skip` records of segment `seq`.
+/// Ordered by position.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Default)]
+pub struct RecordsCursor {
+    /// The first commit sequence whose segment was not sent whole.
+    pub seq: u64,
+    /// Records of that segment already sent.
+    pub skip: u32,
+}
+
+impl RecordsCursor {
+    /// Everything up to commit `seq` sent.
+    pub fn after_seq(seq: u64) -> Self {
+        RecordsCursor {
+            seq: seq.saturating_add(1),
+            skip: 0,
+        }
+    }
+}
 /// Segments read from the store at a time.
 const SEGMENTS_PER_READ: usize = 64;
 
 /// The idempotency records of a pull's answer.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct RecordsChunk {
-    /// Records of the segments after the request's sequence, in segment order.
+    /// Records of the segments from the request's position, in order.
     pub records: Vec<IdempotencyRecord>,
-    /// The sequence to ask after next time.
-    pub next: u64,
+    /// The position to ask from next time.
+    pub next: RecordsCursor,
     /// True when `next` reaches the source's durable sequence.
     pub complete: bool,
 }
 
 impl Replica {
-    /// The idempotency records of durable segments after commit `after`,
-    /// about `max_bytes` of them (at least one segment's worth when any is
-    /// left, however large: a segment is never split across chunks).
+    /// The idempotency records of durable segments from `from`, about
+    /// `max_bytes` of them (at least one, at most [`MAX_CHUNK_RECORDS`]).
     pub fn handle_pull_records(
         &self,
         store: &(impl DurableState + ?Sized),
-        after: u64,
+        from: RecordsCursor,
         max_bytes: usize,
     ) -> Result<RecordsChunk, StorageError> {
-        let durable = self.durable_seq;
+        let done = RecordsCursor::after_seq(self.durable_seq);
+        let budget = (max_bytes / RECORD_BYTES).clamp(1, MAX_CHUNK_RECORDS);
         let mut chunk = RecordsChunk {
-            next: after,
+            next: from,
             ..Default::default()
         };
         loop {
-            if chunk.next >= durable {
+            if chunk.next >= done {
                 chunk.complete = true;
-                chunk.next = chunk.next.max(durable);
+                chunk.next = chunk.next.max(done);
                 return Ok(chunk);
             }
-            let segments = store.idempotency_segments_after(chunk.next, SEGMENTS_PER_READ)?;
+            let after = chunk.next.seq.saturating_sub(1);
+            let segments = store.idempotency_segments_after(after, SEGMENTS_PER_READ)?;
             if segments.is_empty() {
                 chunk.complete = true;
-                chunk.next = durable;
+                chunk.next = done;
                 return Ok(chunk);
             }
             for (segment, records) in segments {
-                if segment > durable {
+                if segment >= done.seq {
                     chunk.complete = true;
-                    chunk.next = durable;
+                    chunk.next = done;
                     return Ok(chunk);
                 }
-                let full = chunk.records.len() + records.len() > MAX_CHUNK_RECORDS;
-                if full && !chunk.records.is_empty() {
+                let skip = match segment == chunk.next.seq {
+                    true => (chunk.next.skip as usize).min(records.len()),
+                    false => 0,
+                };
+                let room = budget - chunk.records.len();
+                let rest = &records[skip..];
+                if rest.len() > room {
+                    chunk.records.extend_from_slice(&rest[..room]);
+                    chunk.next = RecordsCursor {
+                        seq: segment,
+                        skip: (skip + room) as u32,
+                    };
                     return Ok(chunk);
                 }
-                chunk.records.extend(records);
-                chunk.next = segment;
-                if chunk.records.len() * RECORD_BYTES >= max_bytes {
+                chunk.records.extend_from_slice(rest);
+                chunk.next = RecordsCursor::after_seq(segment);
+                if chunk.records.len() >= budget {
                     return Ok(chunk);
                 }
             }
@@ -110,7 +143,7 @@ impl Replica {
         peer: ReplicaId,
         records: &[IdempotencyRecord],
         id_keys: &[u128],
-        next: u64,
+        next: RecordsCursor,
     ) -> usize {
         let learned = self.learn_records(now_ms, records, id_keys, self.last_seq + 1);
         self.peers.advance_records_watermark(peer, next);

@@ -5,7 +5,7 @@
 
 use crate::crdt::ReplicaId;
 use crate::replica::tests::Node;
-use crate::replica::{AddRequest, Member};
+use crate::replica::{AddRequest, Member, RecordsCursor};
 
 fn vote(idempotency_key: &str) -> AddRequest<'_> {
     AddRequest {
@@ -86,19 +86,22 @@ fn records_travel_only_once_durable_and_only_within_the_region() {
         (4, false),
         "a node of another region is not sent the region's records (a's 2 merged, us's own 2 applied)"
     );
-    assert_eq!(us.replica.peers().records_watermark(ReplicaId(1)), 0);
+    assert_eq!(
+        us.replica.peers().records_watermark(ReplicaId(1)),
+        RecordsCursor::default()
+    );
     let asks = |node: &mut Node, region: &str| {
         let plans = node.replica.peers_mut().poll_pulls(10, region);
         assert!(!plans.is_empty());
         plans
             .iter()
-            .map(|plan| plan.records_after)
+            .map(|plan| plan.records_from)
             .collect::<Vec<_>>()
     };
     assert_eq!(asks(&mut us, "us"), [None], "nor asks for them");
     assert_eq!(
         asks(&mut b, "eu"),
-        [Some(0), None],
+        [Some(RecordsCursor::after_seq(0)), None],
         "a node of the region asks it"
     );
 }
@@ -146,4 +149,28 @@ fn records_are_served_in_bounded_chunks_and_all_arrive() {
     for key in &keys {
         assert!(add(&mut b, key).1, "{key} arrived");
     }
+}
+
+#[test]
+fn a_commit_with_more_records_than_a_chunk_holds_is_sent_in_parts() {
+    let (mut a, mut b) = (Node::new(1, "eu"), Node::new(2, "eu"));
+    meet(&mut [&mut a, &mut b]);
+    // One commit gathers 500 keyed adds (as after a stall of the disk).
+    let keys: Vec<String> = (0..500).map(|i| format!("req-{i}")).collect();
+    for key in &keys {
+        add(&mut a, key);
+    }
+    a.commit();
+    add(&mut a, "after");
+    a.commit();
+    // About 11 records per chunk: the commit's segment comes in parts.
+    let chunks = b.pull_from(&a, 2_000);
+    assert!(chunks > 40, "{chunks} chunks");
+    for key in keys.iter().chain([&"after".to_string()]) {
+        assert!(add(&mut b, key).1, "{key} arrived");
+    }
+    assert_eq!(
+        b.replica.peers().records_watermark(ReplicaId(1)),
+        RecordsCursor::after_seq(2)
+    );
 }

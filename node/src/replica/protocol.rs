@@ -14,7 +14,7 @@
 
 use crate::crdt::{FoldError, PnCounter, ReplicaId};
 
-use super::idempotency_sync::{RecordsChunk, MAX_CHUNK_RECORDS};
+use super::idempotency_sync::{RecordsChunk, RecordsCursor, MAX_CHUNK_RECORDS};
 use super::sets::SetDelta;
 use super::sets_sync::{DeltaCursor, MAX_CHUNK_ELEMENTS};
 use super::types::{Cursor, DurableState, IdempotencyRecord, Key, StorageError};
@@ -46,10 +46,10 @@ pub struct PullRequest {
     /// Serve the delta log (like sets, uniques) after this cursor too; `None`
     /// from a caller without one (a build before protocol version 3).
     pub deltas_after: Option<DeltaCursor>,
-    /// Serve the idempotency records of commits after this one too
+    /// Serve the idempotency records from this position too
     /// (`idempotency_sync.rs`); `None` from a caller of another region or
     /// a build without it. Served to callers of this node's region only.
-    pub records_after: Option<u64>,
+    pub records_from: Option<RecordsCursor>,
 }
 
 /// Part of the answer to a pull.
@@ -82,8 +82,8 @@ pub struct PullChunk {
     /// The id keys `records` were made under: the source's own and those it
     /// learned (sent with records only).
     pub id_keys: Vec<u128>,
-    /// The commit sequence to ask records after next time, when served.
-    pub records_next: Option<u64>,
+    /// The position to ask records from next time, when served.
+    pub records_next: Option<RecordsCursor>,
     /// True when `records_next` reaches the source's durable sequence (or
     /// no records were asked for or served).
     pub records_complete: bool,
@@ -286,11 +286,11 @@ impl Replica {
             chunk.deltas_next = Some(deltas.next);
             chunk.deltas_complete = deltas.complete;
         }
-        if let Some(after) = request
-            .records_after
+        if let Some(from) = request
+            .records_from
             .filter(|_| self.in_own_region(request.caller))
         {
-            let records = self.handle_pull_records(store, after, request.max_bytes / 4 + 1)?;
+            let records = self.handle_pull_records(store, from, request.max_bytes / 4)?;
             self.fill_records(&mut chunk, records);
         }
         Ok(chunk)

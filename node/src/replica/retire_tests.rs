@@ -283,7 +283,7 @@ fn a_chunk_folded_at_an_unknown_epoch_is_refused_whole() {
         directory_digest: None,
         protocol: fresh.replica.peers().own_protocol(),
         deltas_after: None,
-        records_after: None,
+        records_from: None,
     };
     let chunk = a.replica.handle_pull(&a.store, &request).unwrap();
     let refused = fresh

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use crate::crdt::ReplicaId;
 
+use super::idempotency_sync::RecordsCursor;
 use super::sets_sync::DeltaCursor;
 use super::types::Cursor;
 use super::version::{ProtocolWindow, NEWEST, OLDEST};
@@ -66,9 +67,9 @@ pub struct PullPlan {
     /// Pull the delta log (like sets, uniques) after this cursor too; `None`
     /// when the peer's build has no delta log (protocol version < 3).
     pub deltas_after: Option<DeltaCursor>,
-    /// Pull the peer's idempotency records after this commit too
+    /// Pull the peer's idempotency records from this position too
     /// (`idempotency_sync.rs`); `None` for a peer of another region.
-    pub records_after: Option<u64>,
+    pub records_from: Option<RecordsCursor>,
 }
 
 /// What we know of one peer.
@@ -108,7 +109,7 @@ pub struct PeerBook {
     /// How far the idempotency records of each peer of the region were
     /// pulled (a commit sequence of the peer's; in memory only: after a
     /// restart the records are pulled again, and those known change nothing).
-    records_watermarks: BTreeMap<ReplicaId, u64>,
+    records_watermarks: BTreeMap<ReplicaId, RecordsCursor>,
 }
 
 /// The longest a failing peer waits before it is tried again.
@@ -160,15 +161,19 @@ impl PeerBook {
         (all, dirty)
     }
 
-    /// How far `peer`'s idempotency records were pulled (0: never).
-    pub fn records_watermark(&self, peer: ReplicaId) -> u64 {
-        self.records_watermarks.get(&peer).copied().unwrap_or(0)
+    /// How far `peer`'s idempotency records were pulled (from the start
+    /// if never).
+    pub fn records_watermark(&self, peer: ReplicaId) -> RecordsCursor {
+        self.records_watermarks
+            .get(&peer)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Moves `peer`'s idempotency-record watermark (never backwards).
-    pub fn advance_records_watermark(&mut self, peer: ReplicaId, seq: u64) {
+    pub fn advance_records_watermark(&mut self, peer: ReplicaId, cursor: RecordsCursor) {
         let current = self.records_watermarks.entry(peer).or_default();
-        *current = (*current).max(seq);
+        *current = (*current).max(cursor);
     }
 
     /// The protocol versions this node speaks now (by default, every
@@ -265,7 +270,7 @@ impl PeerBook {
                     deltas_after: (peer.member.protocol.newest >= super::version::SETS)
                         .then(|| self.delta_watermark(peer.member.replica)),
                     // Retries fail over within a region only.
-                    records_after: (region == own_region)
+                    records_from: (region == own_region)
                         .then(|| self.records_watermark(peer.member.replica)),
                 });
             }

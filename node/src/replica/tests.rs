@@ -89,7 +89,7 @@ impl Node {
                 directory_digest: self.replica.peers().directory_digest(peer),
                 protocol: self.replica.peers().own_protocol(),
                 deltas_after: Some(self.replica.peers().delta_watermark(peer)),
-                records_after: Some(self.replica.peers().records_watermark(peer)),
+                records_from: Some(self.replica.peers().records_watermark(peer)),
             };
             let chunk = source.replica.handle_pull(&source.store, &request).unwrap();
             let complete = chunk.is_last();
@@ -365,7 +365,7 @@ fn pull_from_2() -> PullRequest {
         directory_digest: None,
         protocol: ProtocolWindow::default(),
         deltas_after: None,
-        records_after: None,
+        records_from: None,
     }
 }
 
@@ -591,7 +591,7 @@ fn the_directory_is_sent_only_until_the_caller_holds_it_as_it_is() {
             directory_digest: eu.replica.peers().directory_digest(us_id),
             protocol: eu.replica.peers().own_protocol(),
             deltas_after: None,
-            records_after: None,
+            records_from: None,
         };
         us.replica.handle_pull(&us.store, &request).unwrap()
     };

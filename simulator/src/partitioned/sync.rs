@@ -292,7 +292,7 @@ impl PWorld<'_> {
                 directory_digest: None,
                 protocol: part.replica.peers().own_protocol(),
                 deltas_after: None,
-                records_after: None,
+                records_from: None,
             };
             let mut chunks = Vec::new();
             loop {

@@ -174,7 +174,7 @@ impl World<'_> {
                 directory_digest: plan.directory_digest,
                 protocol: self.nodes[node].replica.peers().own_protocol(),
                 deltas_after: plan.deltas_after,
-                records_after: plan.records_after,
+                records_from: plan.records_from,
             };
             self.send(node, peer_node, NetMsg::Pull { pull, request });
             self.schedule(timeout, Event::PullTimeout(node as u16, epoch, pull));
@@ -240,7 +240,7 @@ impl World<'_> {
                     let last = chunk.is_last() || remaining == 0;
                     request.after = chunk.next.clone();
                     request.deltas_after = chunk.deltas_next.clone();
-                    request.records_after = chunk.records_next;
+                    request.records_from = chunk.records_next;
                     out.push(NetMsg::Chunk {
                         pull,
                         serve,
