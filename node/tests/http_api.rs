@@ -101,6 +101,10 @@ fn adds_and_reads_with_the_same_rules_as_grpc() {
         ("{\"delta\": 1, \"extra\": 1}", 400),
         ("{}", 400),
         ("{", 400),
+        // An array of the fields in order is not the object (serde's derived
+        // structs would take it as {"delta": 1}).
+        ("[1]", 400),
+        ("[1, null]", 400),
     ] {
         api.call("POST", "/v1/counters/k", &[], Some(body))
             .problem(status, "INVALID_ARGUMENT");

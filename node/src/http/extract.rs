@@ -4,11 +4,15 @@
 //! ([`JsonBody`]: 400 for bad JSON, 413 over the size limit, 415 for another
 //! media type) and the `Idempotency-Key` header ([`IdempotencyKey`]).
 
+use std::marker::PhantomData;
+
 use axum::extract::rejection::{JsonRejection, RawPathParamsRejection};
 use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use serde::de::DeserializeOwned;
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{DeserializeOwned, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
 use tonic::Code;
 
 use super::problem::Problem;
@@ -59,17 +63,40 @@ impl<S: Send + Sync> FromRequestParts<S> for Member {
     }
 }
 
-/// A JSON body; see the module documentation for its refusals.
+/// A JSON body; see the module documentation for its refusals. It must be
+/// a JSON object: serde's derived structs also take an array of the fields
+/// in order (`[1]` for `{"delta": 1}`), which no documented call accepts.
 pub struct JsonBody<T>(pub T);
 
 impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = Problem;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Problem> {
-        match axum::Json::<T>::from_request(request, state).await {
-            Ok(axum::Json(value)) => Ok(JsonBody(value)),
+        match axum::Json::<ObjectOnly<T>>::from_request(request, state).await {
+            Ok(axum::Json(ObjectOnly(value))) => Ok(JsonBody(value)),
             Err(rejection) => Err(json_problem(rejection)),
         }
+    }
+}
+
+/// `T` read from a JSON object only.
+struct ObjectOnly<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Object<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for Object<T> {
+            type Value = T;
+            fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+                formatter.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(MapAccessDeserializer::new(map))
+            }
+        }
+        deserializer
+            .deserialize_map(Object(PhantomData))
+            .map(ObjectOnly)
     }
 }
 
@@ -156,5 +183,41 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for QueryParams<T>
                     rejection.body_text()
                 ))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Deserialize, Debug, PartialEq)]
+    struct Add {
+        delta: i64,
+        #[serde(default)]
+        note: Option<String>,
+    }
+
+    #[test]
+    fn a_body_must_be_an_object() {
+        let read = |text: &str| serde_json::from_str::<ObjectOnly<Add>>(text).map(|o| o.0);
+        assert_eq!(
+            read(r#"{"delta": 1}"#).unwrap(),
+            Add {
+                delta: 1,
+                note: None
+            }
+        );
+        assert_eq!(read(r#"{"note": "x", "delta": -2}"#).unwrap().delta, -2);
+        for refused in ["[1]", "[1, null]", "[[]]", "1", "\"x\"", "null"] {
+            let error = read(refused).unwrap_err().to_string();
+            assert!(
+                error.contains("expected a JSON object"),
+                "{refused}: {error}"
+            );
+        }
+        assert!(
+            read(r#"{"delta": "1"}"#).is_err(),
+            "fields are still checked"
+        );
     }
 }
