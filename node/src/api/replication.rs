@@ -103,9 +103,7 @@ impl Replication for ReplicationService {
                 } else {
                     pull.after = chunk.next.clone();
                     pull.deltas_after = chunk.deltas_next.clone();
-                    if chunk.records_next.is_some() {
-                        pull.records_from = chunk.records_next;
-                    }
+                    pull.records_from = chunk.records_next;
                     pull.max_bytes = remaining.min(CHUNK_BYTES);
                     match engine.serve_pull(&pull) {
                         Ok(next) => Some((next, pull, remaining)),

@@ -435,7 +435,13 @@ impl Engine {
         if let Err(error) = self.check_serving() {
             return Err(PullRefused::Storage(StorageError(error.to_string())));
         }
-        self.core().handle_pull(&*self.store, request)
+        let (mut chunk, records) = self.core().handle_pull_parts(&*self.store, request)?;
+        // Durable idempotency segments never change: read without the core,
+        // so that adds do not wait behind a peer's records.
+        if let Some(records) = records {
+            records.serve(&*self.store, &mut chunk)?;
+        }
+        Ok(chunk)
     }
 
     /// Serves one chunk of a backup: a pull's chunk, with the durable

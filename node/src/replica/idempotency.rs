@@ -79,30 +79,22 @@ impl IdHasher {
         true
     }
 
-    /// This table's own key: the one its new records are made under.
-    pub fn own_key(&self) -> u128 {
-        self.key
-    }
-
-    /// The other nodes' keys learned so far.
-    pub fn other_keys(&self) -> &[u128] {
-        &self.others
+    /// Every key ids are looked for under: this table's own (the one its
+    /// new records are made under) first, then the other nodes' learned.
+    pub fn keys(&self) -> impl Iterator<Item = u128> + '_ {
+        std::iter::once(self.key).chain(self.others.iter().copied())
     }
 
     /// The id of an idempotency key, as this build remembers it.
     pub fn id(&self, idempotency_key: &str) -> u128 {
-        siphasher::sip128::SipHasher13::new_with_key(&self.key.to_le_bytes())
-            .hash(idempotency_key.as_bytes())
-            .as_u128()
+        id_under(self.key, idempotency_key)
     }
 
     /// The ids other nodes of the region gave the key (under their keys).
     fn others_ids<'a>(&'a self, idempotency_key: &'a str) -> impl Iterator<Item = u128> + 'a {
-        self.others.iter().map(move |key| {
-            siphasher::sip128::SipHasher13::new_with_key(&key.to_le_bytes())
-                .hash(idempotency_key.as_bytes())
-                .as_u128()
-        })
+        self.others
+            .iter()
+            .map(|key| id_under(*key, idempotency_key))
     }
 
     /// The id older builds gave the key, while records of theirs may still
@@ -110,6 +102,13 @@ impl IdHasher {
     fn legacy_id(&self, idempotency_key: &str, now_ms: u64) -> Option<u128> {
         (now_ms < self.legacy_until_ms).then(|| legacy_idempotency_id(idempotency_key))
     }
+}
+
+/// The id of `idempotency_key` under the id key `key`.
+fn id_under(key: u128, idempotency_key: &str) -> u128 {
+    siphasher::sip128::SipHasher13::new_with_key(&key.to_le_bytes())
+        .hash(idempotency_key.as_bytes())
+        .as_u128()
 }
 
 /// The hash of what an add asks for, to tell a retry from a reused key.
@@ -340,8 +339,9 @@ impl IdempotencyTable {
 
     /// Remembers a record that another node made (its id under that node's
     /// key, its expiry as that node set it), to be written in the commit
-    /// `seq`. Returns false, and changes nothing, when a live record of the
-    /// same id is remembered already or the record has expired.
+    /// `seq`; returns the record as kept. `None`, and nothing changes, when
+    /// a live record of the same id is remembered already or the record has
+    /// expired.
     pub fn insert_made_elsewhere(
         &mut self,
         record: &IdempotencyRecord,

@@ -4,15 +4,18 @@
 //!
 //! Invariant 5 of DESIGN.md across failover. A pull from a peer of the same
 //! region also asks for the peer's idempotency segments from a position in
-//! them ([`RecordsCursor`], [`Replica::handle_pull_records`]); a segment is
-//! keyed by the commit that wrote it, so "from sequence S" is a range read,
-//! a segment larger than a chunk (a commit that gathered many keyed adds,
-//! as after a stall) is sent in parts, and only durable segments are served (invariant 2: a record never
-//! travels ahead of the add it describes). The puller remembers each record
-//! under the id its maker gave it, with the maker's expiry, in its own next
-//! commit, and learns the maker's id key so that a lookup finds it
-//! ([`super::IdHasher`]). Records it already holds change nothing, so
-//! records may come back and forth, by any path, any number of times.
+//! them ([`RecordsCursor`], [`RecordsRead`]); a segment is keyed by the
+//! commit that wrote it, so "from sequence S" is a range read, a segment
+//! larger than a chunk (a commit that gathered many keyed adds, as after a
+//! stall) is sent in parts, and only durable segments are served (invariant
+//! 2: a record never travels ahead of the add it describes). Durable
+//! segments never change, so the node reads them without holding the
+//! core's lock: the core only says up to where ([`Replica::records_read`]).
+//! The puller remembers each record under the id its maker gave it, with
+//! the maker's expiry, in its own next commit, and learns the maker's id
+//! key so that a lookup finds it ([`super::IdHasher`]). Records it already
+//! holds change nothing, so records may come back and forth, by any path,
+//! any number of times.
 //!
 //! The window: a retry that reaches another node before the first owner's
 //! record did (the owner died before a peer pulled its commit) is applied
@@ -25,6 +28,7 @@
 
 use crate::crdt::ReplicaId;
 
+use super::protocol::{PullChunk, PullRequest};
 use super::types::{DurableState, IdempotencyRecord, StorageError};
 use super::Replica;
 
@@ -53,84 +57,123 @@ impl RecordsCursor {
         }
     }
 }
+
 /// Segments read from the store at a time.
 const SEGMENTS_PER_READ: usize = 64;
 
-/// The idempotency records of a pull's answer.
-#[derive(Clone, PartialEq, Eq, Debug, Default)]
-pub struct RecordsChunk {
-    /// Records of the segments from the request's position, in order.
-    pub records: Vec<IdempotencyRecord>,
-    /// The position to ask from next time.
-    pub next: RecordsCursor,
-    /// True when `next` reaches the source's durable sequence.
-    pub complete: bool,
+/// The records part of a pull's answer, as the core bounds it under its
+/// lock; [`RecordsRead::serve`] reads the segments, which needs no lock.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct RecordsRead {
+    /// Where the caller asked to start.
+    from: RecordsCursor,
+    /// Just past the source's durable sequence: nothing from there is sent.
+    done: RecordsCursor,
+    /// The most records to send.
+    budget: usize,
+    /// The id keys the records were made under (the source's own and those
+    /// it learned).
+    id_keys: Vec<u128>,
 }
 
-impl Replica {
-    /// The idempotency records of durable segments from `from`, about
-    /// `max_bytes` of them (at least one, at most [`MAX_CHUNK_RECORDS`]).
-    pub fn handle_pull_records(
+impl RecordsRead {
+    /// Reads the durable segments from the caller's position into `chunk`:
+    /// about the budget of records (at least one, at most
+    /// [`MAX_CHUNK_RECORDS`]), the position after them, and the id keys
+    /// when any record is sent.
+    pub fn serve(
+        self,
+        store: &(impl DurableState + ?Sized),
+        chunk: &mut PullChunk,
+    ) -> Result<(), StorageError> {
+        let (records, next, complete) = self.read(store)?;
+        if !records.is_empty() {
+            chunk.id_keys = self.id_keys;
+        }
+        chunk.records = records;
+        chunk.records_next = Some(next);
+        chunk.records_complete = complete;
+        Ok(())
+    }
+
+    /// The records from `from`, the position after them, and whether that
+    /// reaches `done`.
+    fn read(
         &self,
         store: &(impl DurableState + ?Sized),
-        from: RecordsCursor,
-        max_bytes: usize,
-    ) -> Result<RecordsChunk, StorageError> {
-        let done = RecordsCursor::after_seq(self.durable_seq);
-        let budget = (max_bytes / RECORD_BYTES).clamp(1, MAX_CHUNK_RECORDS);
-        let mut chunk = RecordsChunk {
-            next: from,
-            ..Default::default()
-        };
+    ) -> Result<(Vec<IdempotencyRecord>, RecordsCursor, bool), StorageError> {
+        let done = self.done;
+        let mut records_out = Vec::new();
+        let mut next = self.from;
         loop {
-            if chunk.next >= done {
-                chunk.complete = true;
-                chunk.next = chunk.next.max(done);
-                return Ok(chunk);
+            if next >= done {
+                return Ok((records_out, next.max(done), true));
             }
-            let after = chunk.next.seq.saturating_sub(1);
+            let after = next.seq.saturating_sub(1);
             let segments = store.idempotency_segments_after(after, SEGMENTS_PER_READ)?;
             if segments.is_empty() {
-                chunk.complete = true;
-                chunk.next = done;
-                return Ok(chunk);
+                return Ok((records_out, done, true));
             }
             for (segment, records) in segments {
                 if segment >= done.seq {
-                    chunk.complete = true;
-                    chunk.next = done;
-                    return Ok(chunk);
+                    return Ok((records_out, done, true));
                 }
-                let skip = match segment == chunk.next.seq {
-                    true => (chunk.next.skip as usize).min(records.len()),
+                let skip = match segment == next.seq {
+                    true => (next.skip as usize).min(records.len()),
                     false => 0,
                 };
-                let room = budget - chunk.records.len();
+                let room = self.budget - records_out.len();
                 let rest = &records[skip..];
                 if rest.len() > room {
-                    chunk.records.extend_from_slice(&rest[..room]);
-                    chunk.next = RecordsCursor {
+                    records_out.extend_from_slice(&rest[..room]);
+                    let next = RecordsCursor {
                         seq: segment,
                         skip: (skip + room) as u32,
                     };
-                    return Ok(chunk);
+                    return Ok((records_out, next, false));
                 }
-                chunk.records.extend_from_slice(rest);
-                chunk.next = RecordsCursor::after_seq(segment);
-                if chunk.records.len() >= budget {
-                    return Ok(chunk);
+                records_out.extend_from_slice(rest);
+                next = RecordsCursor::after_seq(segment);
+                if records_out.len() >= self.budget {
+                    return Ok((records_out, next, false));
                 }
             }
         }
+    }
+}
+
+impl Replica {
+    /// The records part of the answer to `request`, bounded by this node's
+    /// durable sequence and by a quarter of the request's byte budget;
+    /// `None` when the request does not ask for records or its caller is not
+    /// of this node's region.
+    pub fn records_read(&self, request: &PullRequest) -> Option<RecordsRead> {
+        let from = request.records_from?;
+        if !self.in_own_region(request.caller) {
+            return None;
+        }
+        Some(RecordsRead {
+            from,
+            done: RecordsCursor::after_seq(self.durable_seq),
+            budget: (request.max_bytes / 4 / RECORD_BYTES).clamp(1, MAX_CHUNK_RECORDS),
+            id_keys: self.id_keys(),
+        })
+    }
+
+    /// Whether `replica` is a node of this node's region, as membership or
+    /// the directory knows it.
+    fn in_own_region(&self, replica: ReplicaId) -> bool {
+        let region = match self.peers().member(replica) {
+            Some(member) => Some(member.region.as_str()),
+            None => self.directory.get(&replica).map(String::as_str),
+        };
+        region == Some(self.identity.region.as_str())
     }
 
     /// The id keys a chunk with records carries: this node's own and every
     /// one it learned, so that a puller can look up every record it gets.
     pub fn id_keys(&self) -> Vec<u128> {
-        let hasher = self.idempotency.hasher();
-        std::iter::once(hasher.own_key())
-            .chain(hasher.other_keys().iter().copied())
-            .collect()
+        self.idempotency.hasher().keys().collect()
     }
 
     /// Remembers the records pulled from `peer` (those not known yet, and

@@ -38,7 +38,7 @@ use folds::Folds;
 
 pub use copies::{CopyAccepted, CopyPush, CopyRefused, COPY_VERSION, MAX_PUSH_COUNTERS};
 pub use idempotency::{legacy_idempotency_id, request_fingerprint, IdHasher, IdempotencyTable};
-pub use idempotency_sync::{RecordsChunk, RecordsCursor, MAX_CHUNK_RECORDS, RECORD_BYTES};
+pub use idempotency_sync::{RecordsCursor, RecordsRead, MAX_CHUNK_RECORDS, RECORD_BYTES};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
 pub use protocol::{
     ChunkRefused, MergeReport, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,

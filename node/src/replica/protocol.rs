@@ -14,7 +14,7 @@
 
 use crate::crdt::{FoldError, PnCounter, ReplicaId};
 
-use super::idempotency_sync::{RecordsChunk, RecordsCursor, MAX_CHUNK_RECORDS};
+use super::idempotency_sync::{RecordsCursor, RecordsRead, MAX_CHUNK_RECORDS};
 use super::sets::SetDelta;
 use super::sets_sync::{DeltaCursor, MAX_CHUNK_ELEMENTS};
 use super::types::{Cursor, DurableState, IdempotencyRecord, Key, StorageError};
@@ -227,12 +227,15 @@ fn estimated_bytes(key: &str, state: &PnCounter) -> usize {
 }
 
 impl Replica {
-    /// Answers one chunk of a pull with durable state only.
-    pub fn handle_pull(
+    /// Answers one chunk of a pull with durable state only, all but its
+    /// idempotency records: those come from the [`RecordsRead`] returned
+    /// with it, which a runtime serves after releasing the core (durable
+    /// segments never change).
+    pub fn handle_pull_parts(
         &self,
         store: &(impl DurableState + ?Sized),
         request: &PullRequest,
-    ) -> Result<PullChunk, PullRefused> {
+    ) -> Result<(PullChunk, Option<RecordsRead>), PullRefused> {
         if request.cluster_id != self.config.cluster_id {
             return Err(PullRefused::WrongCluster {
                 ours: self.config.cluster_id.clone(),
@@ -286,33 +289,21 @@ impl Replica {
             chunk.deltas_next = Some(deltas.next);
             chunk.deltas_complete = deltas.complete;
         }
-        if let Some(from) = request
-            .records_from
-            .filter(|_| self.in_own_region(request.caller))
-        {
-            let records = self.handle_pull_records(store, from, request.max_bytes / 4)?;
-            self.fill_records(&mut chunk, records);
+        Ok((chunk, self.records_read(request)))
+    }
+
+    /// Answers one chunk of a pull, its idempotency records included (see
+    /// [`Self::handle_pull_parts`]).
+    pub fn handle_pull(
+        &self,
+        store: &(impl DurableState + ?Sized),
+        request: &PullRequest,
+    ) -> Result<PullChunk, PullRefused> {
+        let (mut chunk, records) = self.handle_pull_parts(store, request)?;
+        if let Some(records) = records {
+            records.serve(store, &mut chunk)?;
         }
         Ok(chunk)
-    }
-
-    /// Whether `replica` is a node of this node's region, as membership or
-    /// the directory knows it.
-    fn in_own_region(&self, replica: ReplicaId) -> bool {
-        let region = match self.peers().member(replica) {
-            Some(member) => Some(member.region.as_str()),
-            None => self.directory.get(&replica).map(String::as_str),
-        };
-        region == Some(self.identity.region.as_str())
-    }
-
-    fn fill_records(&self, chunk: &mut PullChunk, records: RecordsChunk) {
-        if !records.records.is_empty() {
-            chunk.id_keys = self.id_keys();
-        }
-        chunk.records = records.records;
-        chunk.records_next = Some(records.next);
-        chunk.records_complete = records.complete;
     }
 
     /// Fills `chunk` with changed counters after the request's cursor;
