@@ -134,13 +134,14 @@ pub enum CopyRefused {
 pub(super) struct CopyBook {
     /// The highest commit sequence holding an add that waits for copies.
     wanted_seq: u64,
-    /// Counters of replicated commits not pushed yet (their entries say so).
-    pending: Vec<Key>,
+    /// Counters of replicated commits not pushed yet (their entries say
+    /// so), each with the commit that made it pending.
+    pending: Vec<(Key, u64)>,
     /// Idempotency records of replicated commits not pushed yet.
     records: Vec<IdempotencyRecord>,
     /// The push in flight: the durable sequence it covers, its counters and
     /// its records.
-    in_flight: Option<(u64, Vec<Key>, Vec<IdempotencyRecord>)>,
+    in_flight: Option<(u64, Vec<(Key, u64)>, Vec<IdempotencyRecord>)>,
     /// Every replicated add with a ticket up to this is on its copies.
     replicated_seq: u64,
 }
@@ -210,7 +211,7 @@ impl Replica {
                     continue;
                 }
                 entry.copy_pending = true;
-                self.copies.pending.push(key.clone());
+                self.copies.pending.push((key.clone(), seq));
             }
         }
         self.advance_replicated();
@@ -231,16 +232,19 @@ impl Replica {
         }
     }
 
-    /// Hands out the next push: the durable own slot of every pending
-    /// counter. `None` while one is in flight or when nothing is pending.
+    /// Hands out the next push: the durable own slot of the pending
+    /// counters, oldest first, at most [`MAX_PUSH_COUNTERS`] (a copy refuses
+    /// more; the rest go in the next push). `None` while one is in flight or
+    /// when nothing is pending.
     pub fn poll_push(&mut self) -> Option<CopyPush> {
         if self.copies.in_flight.is_some() || self.copies.pending.is_empty() {
             return None;
         }
         let own = self.identity.replica;
-        let keys = std::mem::take(&mut self.copies.pending);
+        let taken = self.copies.pending.len().min(MAX_PUSH_COUNTERS);
+        let keys: Vec<(Key, u64)> = self.copies.pending.drain(..taken).collect();
         let mut counters = Vec::with_capacity(keys.len());
-        for key in &keys {
+        for (key, _) in &keys {
             let entry = self
                 .counters
                 .get_mut(key)
@@ -285,12 +289,18 @@ impl Replica {
         else {
             return;
         };
-        for key in keys {
+        for (key, _) in keys {
             if let Some(entry) = self.counters.get_mut(&key) {
                 entry.copy_in_flight = false;
             }
         }
-        self.copies.replicated_seq = self.copies.replicated_seq.max(upto_seq);
+        // Counters left for a later push (the push was split) hold back
+        // every commit from the oldest of them on.
+        let covered = match self.copies.pending.iter().map(|(_, seq)| *seq).min() {
+            Some(oldest) => upto_seq.min(oldest.saturating_sub(1)),
+            None => upto_seq,
+        };
+        self.copies.replicated_seq = self.copies.replicated_seq.max(covered);
         self.advance_replicated();
     }
 
@@ -305,12 +315,12 @@ impl Replica {
             return;
         };
         self.copies.records.extend(records);
-        for key in keys {
+        for (key, seq) in keys {
             if let Some(entry) = self.counters.get_mut(&key) {
                 entry.copy_in_flight = false;
                 if !entry.copy_pending {
                     entry.copy_pending = true;
-                    self.copies.pending.push(key);
+                    self.copies.pending.push((key, seq));
                 }
             }
         }

@@ -374,3 +374,53 @@ fn a_push_carries_at_most_a_chunk_of_records_and_the_rest_ride_with_the_next() {
     let next = a.replica.poll_push().unwrap();
     assert_eq!(next.records.len(), 1, "the one left over");
 }
+
+#[test]
+fn more_pending_counters_than_a_push_takes_go_in_several_and_hold_replicated_seq_back() {
+    // Before, one push carried every pending counter, which a copy refuses
+    // above MAX_PUSH_COUNTERS: after a commit of that many keys (a disk
+    // stall, a burst over many keys), every push was refused for good and no
+    // replicated add was acknowledged again.
+    let mut a = Node::new(1, "eu");
+    let first = a.add_as("k-0", 1, true, None);
+    for i in 1..=MAX_PUSH_COUNTERS {
+        a.add_as(&format!("k-{i}"), 1, true, None);
+    }
+    assert_eq!(a.commit(), Some(first));
+    let later = a.add_as("late", 1, true, None);
+    assert_eq!(a.commit(), Some(later));
+    let push = a.replica.poll_push().unwrap();
+    assert_eq!(
+        push.counters.len(),
+        MAX_PUSH_COUNTERS,
+        "a copy takes this many"
+    );
+    assert_eq!(&*push.counters[0].0, "k-0", "oldest first");
+    a.replica.handle_push_done(push.upto_seq);
+    assert_eq!(
+        a.replica.replicated_seq(),
+        first - 1,
+        "the first commit still has a counter to push"
+    );
+    let rest = a.replica.poll_push().unwrap();
+    let keys: Vec<String> = rest
+        .counters
+        .iter()
+        .map(|(key, _)| key.to_string())
+        .collect();
+    assert_eq!(
+        keys,
+        vec![format!("k-{MAX_PUSH_COUNTERS}"), "late".to_string()]
+    );
+    a.replica.handle_push_failed(rest.upto_seq);
+    assert_eq!(a.replica.replicated_seq(), first - 1);
+    let retry = a.replica.poll_push().unwrap();
+    assert_eq!(
+        retry.counters.len(),
+        2,
+        "a failed push's counters come back"
+    );
+    a.replica.handle_push_done(retry.upto_seq);
+    assert_eq!(a.replica.replicated_seq(), later);
+    assert!(a.replica.poll_push().is_none());
+}
