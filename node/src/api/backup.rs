@@ -76,6 +76,7 @@ pub fn backup_stream(engine: Arc<Engine>, info: &NodeInfo) -> BackupStream {
         deltas_after: Some(DeltaCursor::default()),
         // Idempotency records expire within a day: a backup leaves them out.
         records_from: None,
+        scope: None,
     };
     let stream = futures::stream::unfold(
         (Stage::Header(header, request), Sent::default()),

@@ -8,6 +8,7 @@ use tonic::{Code, Status};
 use crate::crdt::hll::check_register;
 use crate::crdt::{check_member, FoldedBase, PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
+use crate::partition::{PartitionCount, PartitionSet};
 use crate::replica::version::ProtocolWindow;
 use crate::replica::{
     check_name, parse_key, AddRefused, Cursor, DeltaCursor, IdempotencyRecord, PullChunk,
@@ -33,6 +34,7 @@ pub fn code_of(error: &EngineError) -> Code {
         EngineError::Add(AddRefused::IdempotencyKeyReused(_)) => Code::FailedPrecondition,
         EngineError::Add(AddRefused::Fenced(_)) => Code::FailedPrecondition,
         EngineError::Add(AddRefused::HeldAfterRestart { .. }) => Code::Unavailable,
+        EngineError::Add(AddRefused::NotServed { .. }) => Code::Unavailable,
         EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => Code::Unavailable,
         EngineError::OutOfRange(_) => Code::OutOfRange,
         EngineError::ShuttingDown => Code::Unavailable,
@@ -122,7 +124,26 @@ pub fn pull_request_from(
             seq,
             skip: request.records_skip,
         }),
+        scope: request
+            .scope
+            .map(partition_set_from)
+            .transpose()
+            .map_err(|e| Status::invalid_argument(format!("bad pull scope: {e}")))?,
     })
+}
+
+/// A partition set from the wire.
+pub fn partition_set_from(set: pb::PartitionSet) -> Result<PartitionSet, String> {
+    let count = PartitionCount::new(u64::from(set.partitions)).map_err(|e| e.to_string())?;
+    PartitionSet::from_hex(count, &set.hex).map_err(|e| e.to_string())
+}
+
+/// A partition set for the wire.
+pub fn partition_set_to(set: &PartitionSet) -> pb::PartitionSet {
+    pb::PartitionSet {
+        partitions: set.count().get(),
+        hex: set.to_hex(),
+    }
 }
 
 /// A pull request for the wire.
@@ -142,6 +163,7 @@ pub fn pull_request_to(request: &PullRequest) -> pb::PullRequest {
             .map(|cursor| cursor.0.clone().into()),
         records_from: request.records_from.map(|cursor| cursor.seq),
         records_skip: request.records_from.map_or(0, |cursor| cursor.skip),
+        scope: request.scope.as_ref().map(partition_set_to),
     }
 }
 
@@ -185,6 +207,7 @@ pub fn chunk_to(chunk: &PullChunk) -> pb::PullChunk {
         records_next_skip: chunk.records_next.map_or(0, |cursor| cursor.skip),
         records_complete: chunk.records_complete,
         id_keys: chunk.id_keys.iter().map(|key| id_key_to(*key)).collect(),
+        served: chunk.served.as_ref().map(partition_set_to),
     }
 }
 
@@ -417,6 +440,11 @@ pub fn chunk_from(chunk: pb::PullChunk) -> Result<PullChunk, (&'static str, Stri
         id_keys: chunk.id_keys.iter().map(id_key_from).collect(),
         // A source that serves no records never says so either.
         records_complete: chunk.records_complete || chunk.records_next.is_none(),
+        served: chunk
+            .served
+            .map(partition_set_from)
+            .transpose()
+            .map_err(|e| ("malformed", format!("bad served partitions: {e}")))?,
         records_next: chunk.records_next.map(|seq| RecordsCursor {
             seq,
             skip: chunk.records_next_skip,
@@ -479,8 +507,48 @@ mod tests {
             id_keys: vec![u128::MAX / 3, 1],
             records_next: Some(RecordsCursor { seq: 12, skip: 3 }),
             records_complete: false,
+            served: Some({
+                let mut set = PartitionSet::empty(PartitionCount::new(1024).unwrap());
+                set.extend([
+                    crate::partition::Partition(3),
+                    crate::partition::Partition(1023),
+                ]);
+                set
+            }),
         };
         assert_eq!(chunk_from(chunk_to(&chunk)).unwrap(), chunk);
+    }
+
+    #[test]
+    fn pull_scopes_round_trip_and_a_malformed_one_is_refused() {
+        let mut scope = PartitionSet::empty(PartitionCount::new(16).unwrap());
+        scope.extend([crate::partition::Partition(15)]);
+        let request = PullRequest {
+            cluster_id: "c".into(),
+            caller: ReplicaId(2),
+            expected: None,
+            after: Cursor::default(),
+            max_bytes: 100,
+            directory_digest: None,
+            protocol: ProtocolWindow::default(),
+            deltas_after: None,
+            records_from: None,
+            scope: Some(scope),
+        };
+        assert_eq!(
+            pull_request_from(pull_request_to(&request), 100).unwrap(),
+            request
+        );
+        for (partitions, hex) in [(16, "000001"), (16, "zz"), (0, "")] {
+            let mut wire = pull_request_to(&request);
+            wire.scope = Some(pb::PartitionSet {
+                partitions,
+                hex: hex.into(),
+            });
+            let status = pull_request_from(wire, 100).unwrap_err();
+            assert_eq!(status.code(), Code::InvalidArgument);
+            assert!(status.message().starts_with("bad pull scope"), "{status:?}");
+        }
     }
 
     #[test]

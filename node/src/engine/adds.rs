@@ -236,6 +236,7 @@ impl Engine {
             EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => "storage",
             EngineError::Add(AddRefused::Fenced(_)) => "fenced",
             EngineError::Add(AddRefused::HeldAfterRestart { .. }) => "held_after_restart",
+            EngineError::Add(AddRefused::NotServed { .. }) => "not_served",
             EngineError::OutOfRange(_) => "out_of_range",
             EngineError::ShuttingDown => "shutting_down",
             EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => "storage_failed",

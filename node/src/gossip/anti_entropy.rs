@@ -116,6 +116,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     protocol,
                     deltas_after: plan.deltas_after.clone(),
                     records_from: plan.records_from,
+                    scope: None,
                 };
                 pulls.spawn(pull_once(
                     engine.clone(),

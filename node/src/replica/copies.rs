@@ -129,6 +129,9 @@ pub enum CopyRefused {
     Storage(#[from] StorageError),
 }
 
+/// A counter waiting for a push, with the commit that made it wait.
+type PendingCounter = (Key, u64);
+
 /// The taking side's book of what is still to be pushed.
 #[derive(Debug, Default)]
 pub(super) struct CopyBook {
@@ -136,12 +139,12 @@ pub(super) struct CopyBook {
     wanted_seq: u64,
     /// Counters of replicated commits not pushed yet (their entries say
     /// so), each with the commit that made it pending.
-    pending: Vec<(Key, u64)>,
+    pending: Vec<PendingCounter>,
     /// Idempotency records of replicated commits not pushed yet.
     records: Vec<IdempotencyRecord>,
     /// The push in flight: the durable sequence it covers, its counters and
     /// its records.
-    in_flight: Option<(u64, Vec<(Key, u64)>, Vec<IdempotencyRecord>)>,
+    in_flight: Option<(u64, Vec<PendingCounter>, Vec<IdempotencyRecord>)>,
     /// Every replicated add with a ticket up to this is on its copies.
     replicated_seq: u64,
 }
@@ -242,7 +245,7 @@ impl Replica {
         }
         let own = self.identity.replica;
         let taken = self.copies.pending.len().min(MAX_PUSH_COUNTERS);
-        let keys: Vec<(Key, u64)> = self.copies.pending.drain(..taken).collect();
+        let keys: Vec<PendingCounter> = self.copies.pending.drain(..taken).collect();
         let mut counters = Vec::with_capacity(keys.len());
         for (key, _) in &keys {
             let entry = self

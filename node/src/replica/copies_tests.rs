@@ -305,6 +305,7 @@ fn a_wiped_writer_s_slot_survives_on_its_copy() {
         protocol: c.replica.peers().own_protocol(),
         deltas_after: None,
         records_from: None,
+        scope: None,
     };
     let chunk = b.replica.handle_pull(&b.store, &request).unwrap();
     c.replica

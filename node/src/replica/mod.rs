@@ -21,6 +21,7 @@ mod idempotency_sync;
 mod identity;
 mod protocol;
 mod retire;
+mod scope;
 mod sets;
 mod sets_sync;
 mod sync;
@@ -167,6 +168,15 @@ pub enum AddRefused {
         /// How long the hold lasts at most.
         remaining_ms: u64,
     },
+    /// The key's partition is not served here (being copied in, or handed
+    /// away): see `scope.rs`.
+    #[error("this node does not serve partition {partition} of counter {key:?} (it is being copied in or handed away); send the add to the partition's owner, as the partition map in Status says")]
+    NotServed {
+        /// The counter.
+        key: String,
+        /// Its partition.
+        partition: u32,
+    },
 }
 
 /// The region name under which [`Replica::breakdown`] lists a counter's folded base.
@@ -286,6 +296,8 @@ pub struct Replica {
     sets: sets::Sets,
     /// What waits for a push to the copies (replicated durability).
     copies: copies::CopyBook,
+    /// The partitions served, and each one's latest change (`scope.rs`).
+    scope: scope::Scope,
 }
 
 /// The most expired idempotency records one tick forgets (bounded work under the lock).
@@ -358,6 +370,7 @@ impl Replica {
                 .with_delta_watermarks(recovered.delta_watermarks),
             sets: sets::Sets::recovered(recovered.sets_digest),
             copies: copies::CopyBook::starting_at(recovered.durable_seq),
+            scope: scope::Scope::default(),
             config,
         }
     }
@@ -499,6 +512,7 @@ impl Replica {
             return Err(AddRefused::Fenced(replica));
         }
         self.check_restart_hold(now_ms)?;
+        self.check_served(request.key)?;
         let entry = self.entry(store, request.key, now_ms)?;
         let value = entry.live.checked_add(replica, request.delta)?;
         self.mark_dirty(request.key);
@@ -672,9 +686,17 @@ impl Replica {
                     .or_insert_with(|| self.folds.digest_of(writer))
                     .replace(&key, old, new);
             }
+            self.scope.note_change(&key, seq);
             counters.push((key, entry.live.clone()));
         }
         let (likes, uniques, sets_digest) = self.sets.take_writes();
+        for key in likes
+            .iter()
+            .map(|w| &w.key)
+            .chain(uniques.iter().map(|w| &w.key))
+        {
+            self.scope.note_change(key, seq);
+        }
         let batch = CommitBatch {
             likes,
             uniques,

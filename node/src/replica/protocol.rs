@@ -20,9 +20,14 @@ use super::sets_sync::{DeltaCursor, MAX_CHUNK_ELEMENTS};
 use super::types::{Cursor, DurableState, IdempotencyRecord, Key, StorageError};
 use super::version::ProtocolWindow;
 use super::Replica;
+use crate::partition::PartitionSet;
 
 /// The most counters one chunk may carry.
 pub const MAX_CHUNK_COUNTERS: usize = 16_384;
+/// The most change-log entries one chunk reads: a scoped pull skips the
+/// entries of other partitions, and a chunk that finds none of its own ends
+/// here, not at the end of the log.
+const MAX_CHUNK_SCANNED: usize = 4 * MAX_CHUNK_COUNTERS;
 
 /// A request for changes after a cursor.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -50,6 +55,10 @@ pub struct PullRequest {
     /// (`idempotency_sync.rs`); `None` from a caller of another region or
     /// a build without it. Served to callers of this node's region only.
     pub records_from: Option<RecordsCursor>,
+    /// Serve only counters and set deltas of these partitions (`scope.rs`);
+    /// `None`: of every partition (a caller that keeps them all, or a
+    /// build before partition-scoped storage).
+    pub scope: Option<PartitionSet>,
 }
 
 /// Part of the answer to a pull.
@@ -87,6 +96,10 @@ pub struct PullChunk {
     /// True when `records_next` reaches the source's durable sequence (or
     /// no records were asked for or served).
     pub records_complete: bool,
+    /// For a scoped request: the partitions of its scope this chunk served
+    /// (those the source serves now). A puller counts a partition as copied
+    /// only if every chunk of its pull served it.
+    pub served: Option<PartitionSet>,
 }
 
 impl PullChunk {
@@ -268,14 +281,21 @@ impl Replica {
                 actual: self.identity.replica,
             });
         }
+        let served = request.scope.as_ref().map(|scope| self.served_of(scope));
         let mut chunk = PullChunk {
             source: self.identity.replica,
             next: request.after.clone(),
             deltas_complete: true,
             records_complete: true,
+            served: served.clone(),
             ..Default::default()
         };
-        let bytes = self.pull_counters(store, request, &mut chunk)?;
+        let in_scope = |key: &str| {
+            served
+                .as_ref()
+                .is_none_or(|served| served.contains(served.count().of_key(key.as_bytes())))
+        };
+        let bytes = self.pull_counters(store, request, &in_scope, &mut chunk)?;
         if let Some(after) = &request.deltas_after {
             // The delta log gets what the counters left of the budget, and
             // at least a share of it, so that neither starves the other.
@@ -286,6 +306,7 @@ impl Replica {
                 .max(1);
             let deltas = self.handle_pull_deltas(store, after, budget)?;
             chunk.deltas = deltas.deltas;
+            chunk.deltas.retain(|delta| in_scope(delta.key()));
             chunk.deltas_next = Some(deltas.next);
             chunk.deltas_complete = deltas.complete;
         }
@@ -306,12 +327,13 @@ impl Replica {
         Ok(chunk)
     }
 
-    /// Fills `chunk` with changed counters after the request's cursor;
-    /// returns their estimated bytes.
+    /// Fills `chunk` with changed counters after the request's cursor, of
+    /// the keys `in_scope`; returns their estimated bytes.
     fn pull_counters(
         &self,
         store: &(impl DurableState + ?Sized),
         request: &PullRequest,
+        in_scope: &dyn Fn(&str) -> bool,
         chunk: &mut PullChunk,
     ) -> Result<usize, PullRefused> {
         let durable_seq = self.durable_seq;
@@ -321,6 +343,7 @@ impl Replica {
             return Ok(0);
         }
         let mut bytes = 0usize;
+        let mut scanned = 0usize;
         let mut cursor = request.after.clone();
         'scan: loop {
             let changes = store.changes_after(&cursor, 256)?;
@@ -339,6 +362,14 @@ impl Replica {
                     seq: change.seq,
                     key: change.key.to_string(),
                 };
+                scanned += 1;
+                if !in_scope(&change.key) {
+                    chunk.next = cursor.clone();
+                    if scanned >= MAX_CHUNK_SCANNED {
+                        break 'scan;
+                    }
+                    continue;
+                }
                 if let Some(state) = self.durable_state_at(store, &change.key, change.seq)? {
                     bytes += estimated_bytes(&change.key, &state);
                     chunk.counters.push((change.key, state));

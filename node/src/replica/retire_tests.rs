@@ -284,6 +284,7 @@ fn a_chunk_folded_at_an_unknown_epoch_is_refused_whole() {
         protocol: fresh.replica.peers().own_protocol(),
         deltas_after: None,
         records_from: None,
+        scope: None,
     };
     let chunk = a.replica.handle_pull(&a.store, &request).unwrap();
     let refused = fresh

@@ -94,6 +94,13 @@ pub enum SetDelta {
 }
 
 impl SetDelta {
+    /// The like set's or uniques' key.
+    pub fn key(&self) -> &str {
+        match self {
+            SetDelta::Likes { key, .. } | SetDelta::Uniques { key, .. } => key,
+        }
+    }
+
     /// Members or registers carried.
     pub fn len(&self) -> usize {
         match self {
@@ -381,6 +388,11 @@ impl Sets {
 
     pub(super) fn has_dirty(&self) -> bool {
         !self.dirty.is_empty()
+    }
+
+    /// Whether a set of a key that `matches` waits for a commit.
+    pub(super) fn has_dirty_in(&self, matches: impl Fn(&Key) -> bool) -> bool {
+        self.dirty.iter().any(|(_, key)| matches(key))
     }
 
     /// Hands out the writes of the next commit, and the sets digest of the

@@ -212,6 +212,7 @@ fn a_pull_serves_durable_deltas_only_and_never_the_whole_set() {
         protocol: b.replica.peers().own_protocol(),
         deltas_after: Some(b.replica.peers().delta_watermark(ReplicaId(1))),
         records_from: None,
+        scope: None,
     };
     let chunk = a.replica.handle_pull(&a.store, &request).unwrap();
     assert!(chunk.deltas.is_empty(), "served a like that is not durable");

@@ -90,6 +90,7 @@ impl Node {
                 protocol: self.replica.peers().own_protocol(),
                 deltas_after: Some(self.replica.peers().delta_watermark(peer)),
                 records_from: Some(self.replica.peers().records_watermark(peer)),
+                scope: None,
             };
             let chunk = source.replica.handle_pull(&source.store, &request).unwrap();
             let complete = chunk.is_last();
@@ -366,6 +367,7 @@ fn pull_from_2() -> PullRequest {
         protocol: ProtocolWindow::default(),
         deltas_after: None,
         records_from: None,
+        scope: None,
     }
 }
 
@@ -592,6 +594,7 @@ fn the_directory_is_sent_only_until_the_caller_holds_it_as_it_is() {
             protocol: eu.replica.peers().own_protocol(),
             deltas_after: None,
             records_from: None,
+            scope: None,
         };
         us.replica.handle_pull(&us.store, &request).unwrap()
     };

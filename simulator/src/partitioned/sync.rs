@@ -293,6 +293,7 @@ impl PWorld<'_> {
                 protocol: part.replica.peers().own_protocol(),
                 deltas_after: None,
                 records_from: None,
+                scope: None,
             };
             let mut chunks = Vec::new();
             loop {

@@ -175,6 +175,7 @@ impl World<'_> {
                 protocol: self.nodes[node].replica.peers().own_protocol(),
                 deltas_after: plan.deltas_after,
                 records_from: plan.records_from,
+                scope: None,
             };
             self.send(node, peer_node, NetMsg::Pull { pull, request });
             self.schedule(timeout, Event::PullTimeout(node as u16, epoch, pull));

@@ -1,0 +1,122 @@
+//! What the core needs of partition-scoped storage (issue 11, DESIGN.md
+//! "Partitioned regions"): which partitions this replica serves, pulls
+//! scoped to a set of partitions, and each partition's latest change. The
+//! handoff state machine (`partition/handoff.rs`) decides; this is where the
+//! core applies its decisions.
+//!
+//! - **Serving.** [`Replica::set_serving`] names the partitions this replica
+//!   takes adds for and answers pulls of (`None`, the default: every one, as
+//!   a node that stores every counter does). An add of a key in another
+//!   partition is refused with [`AddRefused::NotServed`], and changes
+//!   nothing: a partition being copied in, or already handed away, never
+//!   takes a write that its handoff would not account for.
+//! - **Scoped pulls.** A [`PullRequest`](super::PullRequest) with a `scope`
+//!   gets only the counters and set deltas of the scope's partitions that
+//!   this replica serves, and the chunk says which those are
+//!   ([`PullChunk::served`](super::PullChunk::served)): a puller counts a
+//!   partition as copied from this replica only if it was served in every
+//!   chunk of the pull (a partition still being copied in here is never
+//!   passed on as if it were whole: invariant 8).
+//! - **Latest change.** Once [`Replica::track_partition_changes`] is on,
+//!   every commit stamps the partitions of its counters and sets with its
+//!   sequence ([`Replica::latest_change`]). A releasing partition may be
+//!   deleted only once its owners confirmed they pulled through that
+//!   sequence, and [`Replica::partition_quiet`] says no change to it waits
+//!   for a commit. Off by default: hashing every committed key costs the
+//!   single-node path for nothing.
+
+use crate::partition::{Partition, PartitionCount, PartitionSet};
+
+use super::types::Key;
+use super::{AddRefused, Replica};
+
+/// The core's partition scoping (see the module documentation).
+#[derive(Debug, Default)]
+pub(super) struct Scope {
+    /// The partitions served; `None`: every one.
+    serving: Option<PartitionSet>,
+    /// Per partition, the sequence of the latest commit that changed it,
+    /// while tracking is on.
+    latest_change: Option<(PartitionCount, Vec<u64>)>,
+}
+
+impl Scope {
+    /// Stamps the partition of `key` as changed by commit `seq`.
+    pub(super) fn note_change(&mut self, key: &str, seq: u64) {
+        if let Some((count, latest)) = &mut self.latest_change {
+            let slot = &mut latest[count.of_key(key.as_bytes()).0 as usize];
+            *slot = (*slot).max(seq);
+        }
+    }
+}
+
+impl Replica {
+    /// The partitions this replica serves from now on (`None`: every one).
+    /// Pulls answered after this serve only these, and adds of keys of other
+    /// partitions are refused.
+    pub fn set_serving(&mut self, serving: Option<PartitionSet>) {
+        self.scope.serving = serving;
+    }
+
+    /// The partitions this replica serves (`None`: every one).
+    pub fn serving(&self) -> Option<&PartitionSet> {
+        self.scope.serving.as_ref()
+    }
+
+    /// Starts stamping each partition's latest change (see the module
+    /// documentation), for a cluster of `count` partitions. Commits before
+    /// this count as changes at `since_seq` for every partition.
+    pub fn track_partition_changes(&mut self, count: PartitionCount, since_seq: u64) {
+        if self.scope.latest_change.is_none() {
+            self.scope.latest_change = Some((count, vec![since_seq; count.get() as usize]));
+        }
+    }
+
+    /// The sequence of the latest commit that changed `partition`, while
+    /// tracking is on (`None` otherwise).
+    pub fn latest_change(&self, partition: Partition) -> Option<u64> {
+        let (_, latest) = self.scope.latest_change.as_ref()?;
+        latest.get(partition.0 as usize).copied()
+    }
+
+    /// Whether no change to `partition` waits for a commit or is being
+    /// committed: with [`Self::latest_change`] at most the durable sequence,
+    /// everything this replica holds of it is durable.
+    pub fn partition_quiet(&self, count: PartitionCount, partition: Partition) -> bool {
+        let of = |key: &Key| count.of_key(key.as_bytes()) == partition;
+        let committing = self.in_flight.as_ref().is_some_and(|batch| {
+            batch.counters.iter().any(|(key, _)| of(key))
+                || batch.likes.iter().any(|write| of(&write.key))
+                || batch.uniques.iter().any(|write| of(&write.key))
+        });
+        !committing && !self.dirty.iter().any(of) && !self.sets.has_dirty_in(of)
+    }
+
+    /// Refuses an add of `key` when its partition is not served here.
+    pub(super) fn check_served(&self, key: &str) -> Result<(), AddRefused> {
+        let Some(serving) = &self.scope.serving else {
+            return Ok(());
+        };
+        let partition = serving.count().of_key(key.as_bytes());
+        if serving.contains(partition) {
+            return Ok(());
+        }
+        Err(AddRefused::NotServed {
+            key: key.to_string(),
+            partition: partition.0,
+        })
+    }
+
+    /// The partitions of `requested` this replica serves, for the answer to
+    /// a scoped pull.
+    pub(super) fn served_of(&self, requested: &PartitionSet) -> PartitionSet {
+        match &self.scope.serving {
+            Some(serving) => requested.intersection(serving),
+            None => requested.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "scope_tests.rs"]
+mod tests;
