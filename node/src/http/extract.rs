@@ -3,13 +3,23 @@
 //! path ([`CounterKey`], checked as gRPC checks a key), a JSON body
 //! ([`JsonBody`]: 400 for bad JSON, 413 over the size limit, 415 for another
 //! media type) and the `Idempotency-Key` header ([`IdempotencyKey`]).
+//!
+//! [`read_body_first`] reads every request's body before anything answers
+//! it. A refusal made before the body was read (a bad key in the path, a
+//! missing token, an unknown path) otherwise made hyper close the connection
+//! whenever the body had not arrived yet, without saying so, and a
+//! keep-alive client sent its next request into the closed connection
+//! ("Peer disconnected"): a race that depended on timing alone.
 
 use std::marker::PhantomData;
 
-use axum::extract::rejection::{JsonRejection, RawPathParamsRejection};
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, JsonRejection, RawPathParamsRejection};
 use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use serde::de::value::MapAccessDeserializer;
 use serde::de::{DeserializeOwned, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer};
@@ -100,6 +110,48 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
     }
 }
 
+/// Reads the request's whole body (up to the body limit) before the rest of
+/// the router sees the request (see the module documentation). A body over
+/// the limit, or one that cannot be read, is refused here, and the answer
+/// says `Connection: close`: the rest of that body is never read.
+pub async fn read_body_first(request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    let limit = parts.extensions.clone();
+    let mut probe = Request::new(body);
+    *probe.extensions_mut() = limit;
+    match Bytes::from_request(probe, &()).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(rejection) => {
+            let mut response = body_problem(rejection).into_response();
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            response
+        }
+    }
+}
+
+fn body_problem(rejection: BytesRejection) -> Problem {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        Problem::with_status(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Code::ResourceExhausted,
+            format!(
+                "the body is larger than this node accepts ({} bytes); split the batch",
+                super::MAX_BODY_BYTES
+            ),
+        )
+    } else {
+        Problem::invalid(format!(
+            "the body could not be read: {}",
+            rejection.body_text()
+        ))
+    }
+}
+
 fn json_problem(rejection: JsonRejection) -> Problem {
     match rejection {
         JsonRejection::MissingJsonContentType(_) => Problem::with_status(
@@ -107,24 +159,7 @@ fn json_problem(rejection: JsonRejection) -> Problem {
             Code::InvalidArgument,
             "the body must be JSON: send `Content-Type: application/json`",
         ),
-        JsonRejection::BytesRejection(rejection) => {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                Problem::with_status(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    Code::ResourceExhausted,
-                    format!(
-                        "the body is larger than this node accepts ({} bytes); \
-                         split the batch",
-                        super::MAX_BODY_BYTES
-                    ),
-                )
-            } else {
-                Problem::invalid(format!(
-                    "the body could not be read: {}",
-                    rejection.body_text()
-                ))
-            }
-        }
+        JsonRejection::BytesRejection(rejection) => body_problem(rejection),
         other => Problem::invalid(format!(
             "the body is not the JSON this call takes: {}",
             other.body_text()

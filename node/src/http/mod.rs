@@ -131,6 +131,8 @@ pub fn router(state: HttpState) -> Router {
         .merge(api)
         .fallback(not_found)
         .with_state(state)
+        .layer(axum::middleware::from_fn(extract::read_body_first))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
 }
 
 /// Any other path: a problem document pointing at the API's description.
