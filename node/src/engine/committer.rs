@@ -67,7 +67,11 @@ impl CommitterHandle {
     }
 }
 
-pub(super) fn spawn(engine: Arc<Engine>, on_commit: OnCommit) -> CommitterHandle {
+pub(super) fn spawn(
+    engine: Arc<Engine>,
+    on_commit: OnCommit,
+    stall_limit: Duration,
+) -> CommitterHandle {
     let (stop_tx, mut stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         let mut guard = DiesLoudly {
@@ -86,7 +90,7 @@ pub(super) fn spawn(engine: Arc<Engine>, on_commit: OnCommit) -> CommitterHandle
                 last_housekeeping = Instant::now();
                 housekeeping(&engine);
             }
-            if let Err(cause) = commit_all(&engine, &on_commit, &mut failures).await {
+            if let Err(cause) = commit_all(&engine, &on_commit, &mut failures, stall_limit).await {
                 engine.fail_stop(cause);
                 guard.clean = true;
                 return;
@@ -146,10 +150,13 @@ fn housekeeping(engine: &Engine) {
 /// when the store failed for good.
 /// `failures` counts the failed attempts since the last commit that
 /// succeeded (kept across calls: a retried batch may wait for a tick).
+/// A commit that takes longer than `stall_limit` ([`COMMIT_STALL_LIMIT`])
+/// fails stop.
 async fn commit_all(
     engine: &Arc<Engine>,
     on_commit: &OnCommit,
     failures: &mut u32,
+    stall_limit: Duration,
 ) -> Result<(), Arc<str>> {
     loop {
         let Some(batch) = engine.core().poll_commit() else {
@@ -166,7 +173,7 @@ async fn commit_all(
         let started = Instant::now();
         let store = engine.store.clone();
         let task = tokio::task::spawn_blocking(move || store.commit(&batch));
-        let cause: Arc<str> = match tokio::time::timeout(COMMIT_STALL_LIMIT, task).await {
+        let cause: Arc<str> = match tokio::time::timeout(stall_limit, task).await {
             Ok(Ok(Ok(()))) => {
                 let (digest, replicated, copies_pending) = {
                     let mut core = engine.core();
@@ -204,7 +211,7 @@ async fn commit_all(
                 engine.metrics.commit_errors.inc();
                 return Err(format!(
                     "a group commit did not finish writing and flushing within {} s (is the disk hung?)",
-                    COMMIT_STALL_LIMIT.as_secs()
+                    stall_limit.as_secs()
                 )
                 .into());
             }

@@ -493,7 +493,17 @@ impl Engine {
         self: &Arc<Self>,
         on_commit: impl Fn(u64, u64) + Send + Sync + 'static,
     ) -> CommitterHandle {
-        committer::spawn(self.clone(), Box::new(on_commit))
+        committer::spawn(
+            self.clone(),
+            Box::new(on_commit),
+            committer::COMMIT_STALL_LIMIT,
+        )
+    }
+
+    /// Starts the group committer with a shorter stall limit (tests).
+    #[cfg(test)]
+    fn spawn_committer_stalling_after(self: &Arc<Self>, stall_limit: Duration) -> CommitterHandle {
+        committer::spawn(self.clone(), Box::new(|_, _| {}), stall_limit)
     }
 
     fn publish_durable(&self, seq: u64) {

@@ -79,6 +79,17 @@ const GIVE_UP: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn waiting_adds_are_answered_unavailable_when_commits_keep_failing() {
+    waiting_adds_are_answered_unavailable_when_commits_keep_failing_body().await;
+}
+
+/// The same on the multi-thread runtime, where the node runs: the committer
+/// task, its blocking write and the add's task run on different threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_adds_are_answered_unavailable_when_commits_keep_failing_multi_thread() {
+    waiting_adds_are_answered_unavailable_when_commits_keep_failing_body().await;
+}
+
+async fn waiting_adds_are_answered_unavailable_when_commits_keep_failing_body() {
     let dir = tempfile::tempdir().unwrap();
     let fault = dir.path().join("fault");
     let engine = faulty_engine(&fault);
@@ -115,11 +126,66 @@ async fn waiting_adds_are_answered_unavailable_when_commits_keep_failing() {
 }
 
 #[tokio::test]
+async fn a_commit_that_hangs_past_the_stall_limit_fails_stop_and_answers_its_waiters() {
+    a_commit_that_hangs_past_the_stall_limit_fails_stop_and_answers_its_waiters_body().await;
+}
+
+/// The same on the multi-thread runtime, where the node runs: the committer
+/// task, its blocking write and the add's task run on different threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_hangs_past_the_stall_limit_fails_stop_and_answers_its_waiters_multi_thread()
+{
+    a_commit_that_hangs_past_the_stall_limit_fails_stop_and_answers_its_waiters_body().await;
+}
+
+async fn a_commit_that_hangs_past_the_stall_limit_fails_stop_and_answers_its_waiters_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let fault = dir.path().join("fault");
+    let engine = faulty_engine(&fault);
+    let committer = engine.spawn_committer_stalling_after(Duration::from_secs(1));
+    engine.add(b"a", 5, None).await.unwrap();
+    std::fs::write(&fault, "hang").unwrap();
+    let waiting = tokio::time::timeout(GIVE_UP, engine.add(b"a", 1, None))
+        .await
+        .expect("the watchdog answers an add whose commit hangs");
+    let error = waiting.unwrap_err();
+    assert!(
+        matches!(error, super::EngineError::StoreFailed(_)),
+        "{error}"
+    );
+    assert!(error.to_string().contains("within 1 s"), "{error}");
+    assert!(!engine.is_ready());
+    // The disk comes back: the late commit is not taken as a success.
+    std::fs::remove_file(&fault).unwrap();
+    tokio::time::timeout(GIVE_UP, committer.shutdown())
+        .await
+        .expect("the committer ends");
+    assert!(matches!(
+        engine.add(b"b", 1, None).await,
+        Err(super::EngineError::StoreFailed(_))
+    ));
+    assert!(engine.metrics().encode().contains("tally_storage_failed 1"));
+}
+
+#[tokio::test]
 async fn a_commit_that_fails_for_a_while_is_retried_and_the_node_serves_again() {
+    a_commit_that_fails_for_a_while_is_retried_and_the_node_serves_again_body().await;
+}
+
+/// The same on the multi-thread runtime, where the node runs: the committer
+/// task, its blocking write and the add's task run on different threads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_fails_for_a_while_is_retried_and_the_node_serves_again_multi_thread() {
+    a_commit_that_fails_for_a_while_is_retried_and_the_node_serves_again_body().await;
+}
+
+async fn a_commit_that_fails_for_a_while_is_retried_and_the_node_serves_again_body() {
     let dir = tempfile::tempdir().unwrap();
     let fault = dir.path().join("fault");
     let engine = faulty_engine(&fault);
     let committer = engine.spawn_committer(|_, _| {});
+    // Whatever the first commit writes goes in before the disk fails.
+    engine.add(b"before", 1, None).await.unwrap();
     std::fs::write(&fault, "fail").unwrap();
     let add = tokio::spawn({
         let engine = engine.clone();
@@ -271,4 +337,19 @@ async fn a_batch_waits_for_copies_only_for_its_replicated_items() {
         results[1]
     );
     committer.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_are_durable_when_answered_on_the_multi_thread_runtime() {
+    let (engine, committer) = committed_engine();
+    for i in 1..=200 {
+        let accepted = tokio::time::timeout(GIVE_UP, engine.add(b"hot", 1, None))
+            .await
+            .expect("an add is answered")
+            .unwrap();
+        assert_eq!(accepted.value, i);
+        assert!(*engine.durable_tx.borrow() >= accepted.durable_at_seq);
+    }
+    committer.shutdown().await;
+    assert_eq!(engine.core().dirty_counters(), 0);
 }
