@@ -272,3 +272,91 @@ async fn gossip_from_strangers_is_warned_about_once() {
         "{ours}"
     );
 }
+
+/// A `Pull` with a scope (issue 11: a node that keeps some partitions only)
+/// gets only the counters of those partitions and says which it served; a
+/// malformed scope is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scoped_pull_gets_only_its_partitions_and_says_which() {
+    use tally_node::partition::{Partition, PartitionCount, PartitionSet};
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let spec = common::partitioned_spec(root.path(), "eu", "eu-1", 16, 1);
+    let node = tokio::task::spawn_blocking(move || NodeProcess::start(spec))
+        .await
+        .unwrap();
+    let count = PartitionCount::new(16).unwrap();
+    let client = common::load::quick_client(&node.endpoint()).await;
+    let keys: Vec<String> = (0..64).map(|i| format!("k-{i}")).collect();
+    for key in &keys {
+        client.add(key, 1).await.unwrap();
+    }
+    let mut scope = PartitionSet::empty(count);
+    scope.extend([Partition(3), Partition(11)]);
+    let pull = |scope: Option<tally_proto::v1::PartitionSet>| tally_proto::v1::PullRequest {
+        cluster_id: "test-cluster".into(),
+        caller_replica: 77,
+        max_bytes: 1 << 20,
+        protocol_version: tally_node::replica::version::NEWEST,
+        protocol_oldest: tally_node::replica::version::OLDEST,
+        scope,
+        ..Default::default()
+    };
+    let mut replication = ReplicationClient::connect(node.endpoint()).await.unwrap();
+    let mut stream = replication
+        .pull(pull(Some(tally_proto::v1::PartitionSet {
+            partitions: 16,
+            hex: scope.to_hex(),
+        })))
+        .await
+        .unwrap()
+        .into_inner();
+    let (mut pulled, mut served) = (Vec::new(), Vec::new());
+    while let Some(chunk) = stream.message().await.unwrap() {
+        pulled.extend(
+            chunk
+                .counters
+                .iter()
+                .map(|c| String::from_utf8(c.key.to_vec()).unwrap()),
+        );
+        served.push(
+            chunk
+                .served
+                .expect("a scoped pull's chunks say what they served"),
+        );
+    }
+    let mut expected: Vec<String> = keys
+        .iter()
+        .filter(|key| scope.contains(count.of_key(key.as_bytes())))
+        .cloned()
+        .collect();
+    expected.sort();
+    pulled.sort();
+    assert!(!expected.is_empty() && expected.len() < keys.len());
+    assert_eq!(pulled, expected);
+    for set in served {
+        assert_eq!(
+            (set.partitions, set.hex.as_str()),
+            (16, scope.to_hex().as_str())
+        );
+    }
+
+    let refused = replication
+        .pull(pull(Some(tally_proto::v1::PartitionSet {
+            partitions: 16,
+            hex: "not hex".into(),
+        })))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("bad pull scope"), "{refused:?}");
+    let other_count = replication
+        .pull(pull(Some(tally_proto::v1::PartitionSet {
+            partitions: 32,
+            hex: "01".into(),
+        })))
+        .await
+        .unwrap_err();
+    assert_eq!(other_count.code(), tonic::Code::FailedPrecondition);
+    assert!(other_count.message().contains("32"), "{other_count:?}");
+}

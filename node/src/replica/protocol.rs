@@ -281,6 +281,9 @@ impl Replica {
                 actual: self.identity.replica,
             });
         }
+        if let Some(scope) = &request.scope {
+            self.check_scope(scope)?;
+        }
         let served = request.scope.as_ref().map(|scope| self.served_of(scope));
         let mut chunk = PullChunk {
             source: self.identity.replica,

@@ -28,7 +28,7 @@
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 
 use super::types::Key;
-use super::{AddRefused, Replica};
+use super::{AddRefused, PullRefused, Replica};
 
 /// The core's partition scoping (see the module documentation).
 #[derive(Debug, Default)]
@@ -107,8 +107,23 @@ impl Replica {
         })
     }
 
+    /// Refuses a pull scope drawn from another partition count than this
+    /// node's (a stranger's, or a member's of another cluster layout):
+    /// comparing it with the partitions served would mean nothing.
+    pub(super) fn check_scope(&self, scope: &PartitionSet) -> Result<(), PullRefused> {
+        let theirs = scope.count().get();
+        let ours = match &self.scope.serving {
+            Some(serving) => serving.count().get(),
+            None => self.peers.own_partitions(),
+        };
+        if ours != 0 && ours != theirs {
+            return Err(PullRefused::PartitionCount { ours, theirs });
+        }
+        Ok(())
+    }
+
     /// The partitions of `requested` this replica serves, for the answer to
-    /// a scoped pull.
+    /// a scoped pull (its count checked by [`Self::check_scope`]).
     pub(super) fn served_of(&self, requested: &PartitionSet) -> PartitionSet {
         match &self.scope.serving {
             Some(serving) => requested.intersection(serving),

@@ -8,7 +8,9 @@ use crate::crdt::ReplicaId;
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 use crate::replica::tests::{Node, CLUSTER};
 use crate::replica::version::ProtocolWindow;
-use crate::replica::{AddRefused, AddRequest, Cursor, PullChunk, PullRequest, MAX_CHUNK_COUNTERS};
+use crate::replica::{
+    AddRefused, AddRequest, Cursor, PullChunk, PullRefused, PullRequest, MAX_CHUNK_COUNTERS,
+};
 use crate::store::Store;
 
 fn count() -> PartitionCount {
@@ -97,6 +99,20 @@ fn a_scoped_pull_serves_only_the_partitions_asked_for_and_served_here() {
         keys
     });
     assert_eq!(chunk.served, Some(set(&[1])));
+
+    // A scope of another partition count is refused, not compared.
+    let other = PartitionSet::full(PartitionCount::new(32).unwrap());
+    let refused = a
+        .replica
+        .handle_pull(&a.store, &scoped_pull(Some(other)))
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        PullRefused::PartitionCount {
+            ours: 16,
+            theirs: 32
+        }
+    );
 }
 
 #[test]
