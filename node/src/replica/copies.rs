@@ -412,7 +412,7 @@ impl Replica {
         }
         // The records go into the next commit, which the answer waits for.
         let seq = self.last_seq + 1;
-        if self.learn_records(now_ms, &push.records, &push.id_keys, seq) > 0 {
+        if self.learn_records(now_ms, push.source, &push.records, &push.id_keys, seq) > 0 {
             ticket = ticket.max(seq);
         }
         Ok(CopyAccepted {

@@ -29,6 +29,7 @@
 use crate::crdt::ReplicaId;
 
 use super::protocol::{PullChunk, PullRequest};
+use super::record_sources::Run;
 use super::types::{DurableState, IdempotencyRecord, StorageError};
 use super::Replica;
 
@@ -74,6 +75,9 @@ pub struct RecordsRead {
     /// The id keys the records were made under (the source's own and those
     /// it learned).
     id_keys: Vec<u128>,
+    /// Positions of segments learned from the caller, left out
+    /// (`record_sources.rs`), by segment.
+    left_out: Vec<(u64, Run)>,
 }
 
 impl RecordsRead {
@@ -122,23 +126,40 @@ impl RecordsRead {
                     true => (next.skip as usize).min(records.len()),
                     false => 0,
                 };
-                let room = self.budget - records_out.len();
-                let rest = &records[skip..];
-                if rest.len() > room {
-                    records_out.extend_from_slice(&rest[..room]);
-                    let next = RecordsCursor {
-                        seq: segment,
-                        skip: (skip + room) as u32,
-                    };
-                    return Ok((records_out, next, false));
+                let left_out = self.left_out_of(segment);
+                for (position, record) in records.iter().enumerate().skip(skip) {
+                    if left_out
+                        .iter()
+                        .any(|run| (run.start..run.end).contains(&(position as u32)))
+                    {
+                        continue;
+                    }
+                    if records_out.len() == self.budget {
+                        let next = RecordsCursor {
+                            seq: segment,
+                            skip: position as u32,
+                        };
+                        return Ok((records_out, next, false));
+                    }
+                    records_out.push(record.clone());
                 }
-                records_out.extend_from_slice(rest);
                 next = RecordsCursor::after_seq(segment);
                 if records_out.len() >= self.budget {
                     return Ok((records_out, next, false));
                 }
             }
         }
+    }
+}
+
+impl RecordsRead {
+    /// The runs of `segment` left out.
+    fn left_out_of(&self, segment: u64) -> Vec<Run> {
+        self.left_out
+            .iter()
+            .filter(|(seq, _)| *seq == segment)
+            .map(|(_, run)| *run)
+            .collect()
     }
 }
 
@@ -157,6 +178,11 @@ impl Replica {
             done: RecordsCursor::after_seq(self.durable_seq),
             budget: (request.max_bytes / 4 / RECORD_BYTES).clamp(1, MAX_CHUNK_RECORDS),
             id_keys: self.id_keys(),
+            left_out: self.record_sources.learned_from(
+                request.caller,
+                from.seq,
+                self.durable_seq.saturating_add(1),
+            ),
         })
     }
 
@@ -188,17 +214,19 @@ impl Replica {
         id_keys: &[u128],
         next: RecordsCursor,
     ) -> usize {
-        let learned = self.learn_records(now_ms, records, id_keys, self.last_seq + 1);
+        let learned = self.learn_records(now_ms, peer, records, id_keys, self.last_seq + 1);
         self.peers.advance_records_watermark(peer, next);
         learned
     }
 
-    /// Remembers records made elsewhere in the region (those not known yet,
-    /// and not expired) and the keys they were made under, to be written by
-    /// the commit `seq` (the next one). Returns how many were new here.
+    /// Remembers records made elsewhere in the region, sent by `source`
+    /// (those not known yet, and not expired), and the keys they were made
+    /// under, to be written by the commit `seq` (the next one). Returns how
+    /// many were new here.
     pub(super) fn learn_records(
         &mut self,
         now_ms: u64,
+        source: ReplicaId,
         records: &[IdempotencyRecord],
         id_keys: &[u128],
         seq: u64,
@@ -208,6 +236,7 @@ impl Replica {
                 self.id_keys_put.push(*key);
             }
         }
+        let start = self.idempotency_put.len();
         let mut learned = 0;
         for record in records {
             if let Some(record) = self.idempotency.insert_made_elsewhere(record, seq, now_ms) {
@@ -217,6 +246,7 @@ impl Replica {
                 self.idempotency_delete.extend(forgotten);
             }
         }
+        self.record_sources.note_learned(source, start, learned);
         learned
     }
 }

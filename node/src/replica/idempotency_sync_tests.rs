@@ -174,3 +174,79 @@ fn a_commit_with_more_records_than_a_chunk_holds_is_sent_in_parts() {
         RecordsCursor::after_seq(2)
     );
 }
+
+/// The ids of the records `by` gets pulling `from` from the start, chunk by
+/// chunk, without merging them.
+fn records_sent(by: &Node, from: &Node, max_bytes: usize) -> Vec<u128> {
+    let mut cursor = RecordsCursor::default();
+    let mut ids = Vec::new();
+    loop {
+        let request = crate::replica::PullRequest {
+            cluster_id: crate::replica::tests::CLUSTER.into(),
+            caller: by.replica.identity().replica,
+            expected: None,
+            after: crate::replica::Cursor::default(),
+            max_bytes,
+            directory_digest: None,
+            protocol: by.replica.peers().own_protocol(),
+            deltas_after: None,
+            records_from: Some(cursor),
+            scope: None,
+        };
+        let chunk = from.replica.handle_pull(&from.store, &request).unwrap();
+        ids.extend(chunk.records.iter().map(|record| record.id));
+        cursor = chunk.records_next.unwrap();
+        if chunk.records_complete {
+            return ids;
+        }
+    }
+}
+
+#[test]
+fn records_never_travel_back_to_the_node_they_came_from() {
+    let (mut a, mut b, mut c) = (Node::new(1, "eu"), Node::new(2, "eu"), Node::new(3, "eu"));
+    meet(&mut [&mut a, &mut b, &mut c]);
+    for i in 0..5 {
+        add(&mut a, &format!("a-{i}"));
+    }
+    a.commit();
+    b.pull_from(&a, 1 << 20);
+    add(&mut b, "b-0");
+    b.commit();
+    assert_eq!(
+        records_sent(&c, &b, 1 << 20).len(),
+        6,
+        "a third node gets all"
+    );
+    assert_eq!(
+        records_sent(&a, &b, 1 << 20).len(),
+        1,
+        "a gets b's own record, not its own five back"
+    );
+    // In small chunks the left-out records still move the cursor on.
+    assert_eq!(records_sent(&a, &b, 200).len(), 1);
+    assert_eq!(records_sent(&c, &b, 200).len(), 6);
+}
+
+#[test]
+fn a_failed_commit_keeps_track_of_where_its_learned_records_came_from() {
+    let (mut a, mut b, mut c) = (Node::new(1, "eu"), Node::new(2, "eu"), Node::new(3, "eu"));
+    let mut third = Node::new(4, "eu");
+    meet(&mut [&mut a, &mut b, &mut c, &mut third]);
+    add(&mut a, "a-0");
+    a.commit();
+    add(&mut c, "c-0");
+    c.commit();
+    b.pull_from(&a, 1 << 20);
+    add(&mut b, "b-0");
+    let failed = b.replica.poll_commit().unwrap();
+    // b-1 waits for the next commit; the failed commit's records queue
+    // behind it (a's, then b-0), then c's.
+    add(&mut b, "b-1");
+    b.replica.handle_commit_failed(failed.seq);
+    b.pull_from(&c, 1 << 20);
+    b.commit();
+    assert_eq!(records_sent(&a, &b, 1 << 20).len(), 3, "b's two and c's");
+    assert_eq!(records_sent(&c, &b, 1 << 20).len(), 3, "b's two and a's");
+    assert_eq!(records_sent(&third, &b, 1 << 20).len(), 4);
+}

@@ -20,6 +20,7 @@ mod idempotency;
 mod idempotency_sync;
 mod identity;
 mod protocol;
+mod record_sources;
 mod retire;
 mod scope;
 mod sets;
@@ -298,6 +299,9 @@ pub struct Replica {
     copies: copies::CopyBook,
     /// The partitions served, and each one's latest change (`scope.rs`).
     scope: scope::Scope,
+    /// Which learned records of each segment came from which peer
+    /// (`record_sources.rs`).
+    record_sources: record_sources::RecordSources,
 }
 
 /// The most expired idempotency records one tick forgets (bounded work under the lock).
@@ -371,6 +375,7 @@ impl Replica {
             sets: sets::Sets::recovered(recovered.sets_digest),
             copies: copies::CopyBook::starting_at(recovered.durable_seq),
             scope: scope::Scope::default(),
+            record_sources: record_sources::RecordSources::default(),
             config,
         }
     }
@@ -720,6 +725,10 @@ impl Replica {
         };
         self.idempotency
             .assign_segment(seq, batch.idempotency_put.iter().map(|record| record.id));
+        self.record_sources.commit(seq);
+        for deleted in &batch.idempotency_delete {
+            self.record_sources.forget(*deleted);
+        }
         let batch = Arc::new(batch);
         self.in_flight = Some(batch.clone());
         Some(batch)
@@ -785,6 +794,8 @@ impl Replica {
             }
         }
         self.superseded_pending.extend(batch.superseded);
+        self.record_sources
+            .commit_failed(seq, self.idempotency_put.len());
         self.idempotency_put.extend(batch.idempotency_put);
         self.idempotency_delete.extend(batch.idempotency_delete);
         self.id_keys_put.extend(batch.id_keys_put);
