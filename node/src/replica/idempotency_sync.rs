@@ -100,8 +100,17 @@ impl RecordsRead {
         Ok(())
     }
 
+    /// The runs of `segment` left out.
+    fn left_out_of(&self, segment: u64) -> Vec<Run> {
+        self.left_out
+            .iter()
+            .filter(|(seq, _)| *seq == segment)
+            .map(|(_, run)| *run)
+            .collect()
+    }
+
     /// The records from `from`, the position after them, and whether that
-    /// reaches `done`.
+    /// reaches `done` (the runs learned from the caller left out).
     fn read(
         &self,
         store: &(impl DurableState + ?Sized),
@@ -149,17 +158,6 @@ impl RecordsRead {
                 }
             }
         }
-    }
-}
-
-impl RecordsRead {
-    /// The runs of `segment` left out.
-    fn left_out_of(&self, segment: u64) -> Vec<Run> {
-        self.left_out
-            .iter()
-            .filter(|(seq, _)| *seq == segment)
-            .map(|(_, run)| *run)
-            .collect()
     }
 }
 
