@@ -15,7 +15,8 @@
 //! the maker's expiry, in its own next commit, and learns the maker's id
 //! key so that a lookup finds it ([`super::IdHasher`]). Records it already
 //! holds change nothing, so records may come back and forth, by any path,
-//! any number of times.
+//! any number of times; a pull leaves out the records learned from the
+//! puller itself, which holds them (`record_sources.rs`).
 //!
 //! The window: a retry that reaches another node before the first owner's
 //! record did (the owner died before a peer pulled its commit) is applied
