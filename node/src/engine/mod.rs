@@ -476,7 +476,12 @@ impl Engine {
         for (key, state) in &report.changed {
             self.watchers.notify_state(key, state);
         }
-        if !report.changed.is_empty() || report.records_learned > 0 {
+        // Whatever the merge changed waits for a commit: counters, like-set
+        // members and uniques registers, records.
+        if !report.changed.is_empty()
+            || report.set_elements_changed > 0
+            || report.records_learned > 0
+        {
             self.commit_wakeup.notify_one();
         }
         for (key, error) in &report.fold_conflicts {

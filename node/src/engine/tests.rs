@@ -353,3 +353,39 @@ async fn adds_are_durable_when_answered_on_the_multi_thread_runtime() {
     committer.shutdown().await;
     assert_eq!(engine.core().dirty_counters(), 0);
 }
+
+/// Whether the committer has a wake-up waiting (it would commit at once).
+async fn committer_woken(engine: &Engine) -> bool {
+    tokio::select! {
+        biased;
+        _ = engine.commit_wakeup.notified() => true,
+        _ = std::future::ready(()) => false,
+    }
+}
+
+#[tokio::test]
+async fn a_merge_that_changes_only_like_sets_wakes_the_committer() {
+    // Before, only merged counters and records woke it: members merged from
+    // another region waited for the housekeeping tick to become durable.
+    let engine = engine();
+    assert!(!committer_woken(&engine).await);
+    let chunk = crate::replica::PullChunk {
+        source: ReplicaId(2),
+        deltas: vec![crate::replica::SetDelta::Likes {
+            key: "post".into(),
+            members: vec![("sam".into(), 1)],
+        }],
+        deltas_next: Some(crate::replica::DeltaCursor::default()),
+        complete: true,
+        deltas_complete: true,
+        records_complete: true,
+        ..Default::default()
+    };
+    let report = engine.merge_chunk(ReplicaId(2), chunk.clone()).unwrap();
+    assert_eq!(report.set_elements_changed, 1);
+    assert!(committer_woken(&engine).await);
+    // The same again changes nothing and wakes nothing.
+    let report = engine.merge_chunk(ReplicaId(2), chunk).unwrap();
+    assert_eq!(report.set_elements_changed, 0);
+    assert!(!committer_woken(&engine).await);
+}
