@@ -100,12 +100,11 @@ pub fn router(state: HttpState) -> Router {
         .to_pretty_json()
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
         .into();
-    let mut api = api
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            access::require_token,
-        ))
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES));
+    // The body limit is set for the whole router, below.
+    let mut api = api.route_layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        access::require_token,
+    ));
     if let Some(cors) = access::cors_layer(&state.settings.cors_origins) {
         api = api.layer(cors);
     }

@@ -101,13 +101,11 @@ impl RecordsRead {
         Ok(())
     }
 
-    /// The runs of `segment` left out.
-    fn left_out_of(&self, segment: u64) -> Vec<Run> {
-        self.left_out
-            .iter()
-            .filter(|(seq, _)| *seq == segment)
-            .map(|(_, run)| *run)
-            .collect()
+    /// Whether the record at `position` of `segment` is left out.
+    fn is_left_out(&self, segment: u64, position: usize) -> bool {
+        self.left_out.iter().any(|(seq, run)| {
+            *seq == segment && (run.start as usize..run.end as usize).contains(&position)
+        })
     }
 
     /// The records from `from`, the position after them, and whether that
@@ -136,12 +134,8 @@ impl RecordsRead {
                     true => (next.skip as usize).min(records.len()),
                     false => 0,
                 };
-                let left_out = self.left_out_of(segment);
                 for (position, record) in records.iter().enumerate().skip(skip) {
-                    if left_out
-                        .iter()
-                        .any(|run| (run.start..run.end).contains(&(position as u32)))
-                    {
+                    if self.is_left_out(segment, position) {
                         continue;
                     }
                     if records_out.len() == self.budget {
