@@ -75,12 +75,17 @@ pub struct Mounted {
 }
 
 impl Mounted {
-    /// Unmounts (every process using the mount must be gone).
+    /// Unmounts (every process using the mount must be gone). The session
+    /// may end with `ECONNABORTED` when the kernel drops the connection at
+    /// the unmount itself (seen once in a CI rehearsal): the mount is gone
+    /// then too, and the state lives on in the [`LazyFs`].
     pub fn unmount(mut self) {
         if let Some(session) = self.session.take() {
-            session
-                .umount_and_join()
-                .expect("unmounting the lazy filesystem");
+            match session.umount_and_join() {
+                Ok(()) => {}
+                Err(error) if error.kind() == std::io::ErrorKind::ConnectionAborted => {}
+                Err(error) => panic!("unmounting the lazy filesystem: {error:?}"),
+            }
         }
     }
 }
