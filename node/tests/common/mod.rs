@@ -33,16 +33,45 @@ pub fn cli_binary() -> PathBuf {
     path
 }
 
-/// `count` distinct ports free for both TCP and UDP on 127.0.0.1.
+/// Where [`free_ports`] hands out ports: below the kernel's ephemeral range
+/// (32768 and up), so that no outgoing connection of a node already running
+/// takes a port between the probe and the node's own bind (the cause of a CI
+/// failure: "cannot listen on --grpc-addr 127.0.0.1:45703: Address already in
+/// use"), and away from [`free_port_block`]'s range (20000-31999) and the
+/// ranges other runs on this machine use (7100-7199, 17100-17199).
+const PORTS_FROM: u32 = 10_000;
+const PORTS_TO: u32 = 20_000;
+
+/// `count` distinct ports free for both TCP and UDP on 127.0.0.1. Each port
+/// is handed out once per test process (a cursor that starts at a place that
+/// depends on the process id, so that two test binaries run side by side
+/// rarely probe the same ports).
 pub fn free_ports(count: usize) -> Vec<u16> {
-    let mut held = Vec::new();
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = PORTS_TO - PORTS_FROM;
+    let _ = CURSOR.compare_exchange(
+        u32::MAX,
+        std::process::id().wrapping_mul(7919) % span,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
     let mut ports = Vec::new();
+    let mut probed = 0;
     while ports.len() < count {
-        let tcp = TcpListener::bind("127.0.0.1:0").expect("binding a probe port");
-        let port = tcp.local_addr().unwrap().port();
-        if let Ok(udp) = UdpSocket::bind(("127.0.0.1", port)) {
+        assert!(
+            probed < span,
+            "no {count} free ports between {PORTS_FROM} and {PORTS_TO}"
+        );
+        probed += 1;
+        let port = (PORTS_FROM + CURSOR.fetch_add(1, Ordering::Relaxed) % span) as u16;
+        if (17_100..17_200).contains(&port) {
+            continue;
+        }
+        if TcpListener::bind(("127.0.0.1", port)).is_ok()
+            && UdpSocket::bind(("127.0.0.1", port)).is_ok()
+        {
             ports.push(port);
-            held.push((tcp, udp));
         }
     }
     ports
