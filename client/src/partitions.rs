@@ -30,6 +30,13 @@ pub struct PartitionNode {
     pub gone: bool,
     /// How many partitions it owns.
     pub partitions_owned: u32,
+    /// How many partitions it holds caught up and serves (owned and ready,
+    /// or being handed away); 0 from a build before handoff.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub partitions_held: u32,
+    /// Of those held, how many it is handing away (no longer owned).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub partitions_releasing: u32,
 }
 
 /// The partition map of one region, as one node computes it.
@@ -95,6 +102,8 @@ impl From<tally_proto::v1::PartitionMapResponse> for PartitionMap {
                     alive: node.alive,
                     gone: node.gone,
                     partitions_owned: node.partitions_owned,
+                    partitions_held: node.partitions_held,
+                    partitions_releasing: node.partitions_releasing,
                 })
                 .collect(),
             owners: map.owners.into_iter().map(|owners| owners.nodes).collect(),

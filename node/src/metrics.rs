@@ -61,6 +61,13 @@ pub struct NodeStateLabels {
     pub state: String,
 }
 
+/// Labels of a count of partitions held: their handoff state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HoldingLabels {
+    /// `receiving`, `ready` or `releasing`.
+    pub state: String,
+}
+
 /// A label naming a region.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RegionLabels {
@@ -171,6 +178,9 @@ pub struct Metrics {
     pub copies_taken: Counter,
     /// Partitions this node owns in its region (from the partition map).
     pub partitions_owned: Gauge,
+    /// Partitions this node holds, per handoff state (`receiving`, `ready`,
+    /// `releasing`).
+    pub partitions_held: Family<HoldingLabels, Gauge>,
     /// Nodes of the cluster as this node sees them, by region and lifecycle state.
     pub nodes: Family<NodeStateLabels, Gauge>,
     /// Partitions per region held up to date by fewer live owners than the
@@ -232,6 +242,7 @@ impl Metrics {
             copy_pushes: Family::default(),
             copies_taken: Counter::default(),
             partitions_owned: Gauge::default(),
+            partitions_held: Family::default(),
             nodes: Family::default(),
             partitions_under_replicated: Family::default(),
             forwarded_requests: Family::default(),
@@ -459,6 +470,11 @@ impl Metrics {
             "partitions_owned",
             "Partitions this node owns in its region, per the partition map (RF owners per partition)",
             metrics.partitions_owned.clone(),
+        );
+        registry.register(
+            "partitions_held",
+            "Partitions this node holds, by handoff state: receiving (being copied in, not served), ready (owned and served), releasing (served until every new owner has caught up)",
+            metrics.partitions_held.clone(),
         );
         registry.register(
             "partitions_under_replicated",

@@ -183,7 +183,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         &settings.cluster_id,
         settings.partitions,
     )?;
-    let lifecycle_record = crate::lifecycle_file::load(&settings.data_dir)?;
+    let lifecycle_record = crate::lifecycle_file::load(&settings.data_dir, cluster.partitions)?;
     let protocol = ProtocolWindow::at(store.format(), newest);
     let store: Arc<dyn Store> = match &settings.test_store_fault_file {
         Some(file) => {
@@ -227,6 +227,12 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         .core()
         .peers_mut()
         .set_own_partitions(cluster.partitions.get());
+    let recovered_seq = engine.core().durable_seq();
+    let serving = crate::gossip::lifecycle::recovered_serving(
+        lifecycle_record.as_ref(),
+        cluster.partitions,
+        recovered_seq > 0,
+    );
 
     let listen = |setting: &'static str, addr: SocketAddr| {
         move |error| StartError::Listen {
@@ -266,6 +272,12 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         protocol,
         partitions: cluster.partitions.get(),
         born_at: engine.store().born_at(),
+        holding: Some(serving.clone()),
+        state: Some(
+            lifecycle_record
+                .as_ref()
+                .map_or(crate::partition::NodeState::Joining, |record| record.state),
+        ),
     })
     .await
     .map_err(|error| StartError::Gossip {
@@ -289,6 +301,8 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     let membership = Arc::new(membership);
     let partitioning = crate::gossip::lifecycle::Partitioning::new(
         lifecycle_record,
+        &serving,
+        recovered_seq,
         settings.data_dir.clone(),
         identity.replica,
         &settings.node_name,
@@ -301,6 +315,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         },
         membership.clone(),
     );
+    partitioning.start(&engine);
     let lifecycle_task = crate::gossip::lifecycle::spawn_lifecycle_keeper(
         engine.clone(),
         partitioning.clone(),
@@ -339,7 +354,8 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         anti_entropy_config.clone(),
         engine.metrics().clone(),
     ));
-    let anti_entropy = spawn_anti_entropy(engine.clone(), anti_entropy_config);
+    let anti_entropy =
+        spawn_anti_entropy(engine.clone(), partitioning.clone(), anti_entropy_config);
 
     let info = NodeInfo {
         cluster_id: settings.cluster_id.clone(),

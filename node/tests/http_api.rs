@@ -800,6 +800,11 @@ fn adds_and_batches_may_ask_for_replicated_durability() {
         },
     );
     assert_eq!(api.value("votes"), 3);
+    // eu-2 joined: it answers reads of a partition once it has copied it in
+    // (503 until then, never a value it may not have whole).
+    wait_until(Duration::from_secs(60), "eu-2 to serve reads", || {
+        (copy_api.get("/v1/counters/votes").status == 200).then_some(())
+    });
     assert_eq!(
         copy_api.value("votes"),
         3,

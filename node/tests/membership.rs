@@ -66,6 +66,8 @@ impl Spec {
             protocol: Default::default(),
             partitions: 256,
             born_at: tally_node::replica::version::NEWEST,
+            holding: None,
+            state: None,
         }
     }
 

@@ -18,7 +18,6 @@ use tally_client::{Client, PartitionMap};
 use tally_proto::partition::PartitionCount;
 use tally_proto::v1 as pb;
 use tally_proto::v1::counters_client::CountersClient;
-use tally_proto::v1::replication_client::ReplicationClient;
 
 const LIMIT: Duration = Duration::from_secs(60);
 const KEYS: usize = 48;
@@ -110,31 +109,13 @@ async fn wait_slots(endpoint: &str, what: &str, check: impl Fn(&Slots) -> bool) 
 
 /// Every counter's slots as the node at `endpoint` holds them.
 async fn slots(endpoint: &str) -> Slots {
-    let mut replication = ReplicationClient::connect(endpoint.to_string())
-        .await
-        .unwrap();
-    let mut stream = replication
-        .pull(pb::PullRequest {
-            cluster_id: "test-cluster".into(),
-            caller_replica: 77,
-            max_bytes: 16 << 20,
-            // A caller of every version: the cluster is new, so it is at the newest.
-            protocol_version: tally_node::replica::version::NEWEST,
-            protocol_oldest: tally_node::replica::version::OLDEST,
-            ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
     let mut slots = BTreeMap::new();
-    while let Some(chunk) = stream.message().await.unwrap() {
-        for counter in chunk.counters {
-            let entry: &mut BTreeMap<u64, u64> = slots
-                .entry(String::from_utf8(counter.key.to_vec()).unwrap())
-                .or_default();
-            for slot in counter.slots {
-                entry.insert(slot.replica, slot.p);
-            }
+    for counter in common::stored_counters(endpoint).await {
+        let entry: &mut BTreeMap<u64, u64> = slots
+            .entry(String::from_utf8(counter.key.to_vec()).unwrap())
+            .or_default();
+        for slot in counter.slots {
+            entry.insert(slot.replica, slot.p);
         }
     }
     slots

@@ -73,6 +73,8 @@ pub fn partition_map(
                 alive: node.alive,
                 gone: view.is_gone(node),
                 partitions_owned,
+                partitions_held: node.holding.len() as u32,
+                partitions_releasing: node.releasing.len() as u32,
             }
         })
         .collect();

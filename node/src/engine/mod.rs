@@ -399,6 +399,7 @@ impl Engine {
         self.check_serving()?;
         self.metrics.gets.inc();
         let mut core = self.core();
+        core.check_served(key).map_err(EngineError::Add)?;
         let state = core.handle_get(now_ms(), &*self.store, key)?;
         let regions = if parts.breakdown {
             core.breakdown(&state)
@@ -425,6 +426,7 @@ impl Engine {
         let key = check_key(key)?;
         self.check_serving()?;
         let mut core = self.core();
+        core.check_served(key).map_err(EngineError::Add)?;
         let state = core.handle_get(now_ms(), &*self.store, key)?;
         Ok(self.watchers.subscribe(key, state.value()))
     }

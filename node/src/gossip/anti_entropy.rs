@@ -6,6 +6,12 @@
 //! Each pull is bounded in time (`pull_timeout`) and in bytes (`max_bytes`);
 //! a peer with a pull still in flight is skipped, so one slow or dead peer
 //! never stalls the others.
+//!
+//! Pulls are scoped by partition: only peers that serve a partition this
+//! node keeps are pulled from, each for those partitions
+//! ([`Partitioning::pull_scope`], shaped by [`CopySessions`]), and a pull
+//! that reached the peer's durable sequence is reported back once what it
+//! merged is durable here.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -17,10 +23,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
+use super::copy_sessions::{CopySessions, PullOutcome};
+use super::lifecycle::Partitioning;
 use crate::api::convert::{chunk_from, pull_request_to};
 use crate::crdt::ReplicaId;
 use crate::engine::{now_ms, Engine};
 use crate::metrics::PeerLabels;
+use crate::partition::PullScope;
 use crate::replica::{PullPlan, PullRequest};
 
 /// Settings of the loop.
@@ -72,10 +81,15 @@ impl AntiEntropyHandle {
 }
 
 /// Starts the loop.
-pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> AntiEntropyHandle {
+pub fn spawn_anti_entropy(
+    engine: Arc<Engine>,
+    partitioning: Arc<Partitioning>,
+    config: AntiEntropyConfig,
+) -> AntiEntropyHandle {
     let (stop_tx, mut stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         let channels: Channels = Arc::default();
+        let sessions: Arc<Mutex<CopySessions>> = Arc::default();
         let mut interval = tokio::time::interval(config.interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pulls = tokio::task::JoinSet::new();
@@ -85,19 +99,39 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                 _ = &mut stop_rx => break,
             }
             while pulls.try_join_next().is_some() {}
+            // Asked before the core is locked: the lifecycle keeper locks
+            // the partitioning first and the core second.
+            let sources = partitioning.pull_sources();
+            let receiving = partitioning.holdings().1;
             let (plans, own, protocol) = {
                 let mut core = engine.core();
                 let region = core.identity().region.clone();
                 let own = core.identity().replica;
                 let protocol = core.peers().own_protocol();
-                (
-                    core.peers_mut().poll_pulls(now_ms(), &region),
-                    own,
-                    protocol,
-                )
+                let plans = core
+                    .peers_mut()
+                    .poll_pulls_among(now_ms(), &region, |member| {
+                        sources.contains(&member.node_name)
+                    });
+                let plans: Vec<(PullPlan, String)> = plans
+                    .into_iter()
+                    .map(|plan| {
+                        let name = core
+                            .peers()
+                            .member(plan.peer)
+                            .map(|member| member.node_name.clone())
+                            .unwrap_or_default();
+                        (plan, name)
+                    })
+                    .collect();
+                (plans, own, protocol)
             };
             update_lag_metrics(&engine);
-            for plan in plans {
+            for (plan, name) in plans {
+                let Some(scope) = partitioning.pull_scope(&name) else {
+                    engine.core().peers_mut().handle_pull_skipped(plan.peer);
+                    continue;
+                };
                 let Some(channel) = channel_for(&channels, &plan.grpc_addr, &config) else {
                     engine.core().peers_mut().handle_pull_failed(
                         now_ms(),
@@ -106,7 +140,7 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     );
                     continue;
                 };
-                let request = PullRequest {
+                let mut request = PullRequest {
                     cluster_id: config.cluster_id.clone(),
                     caller: own,
                     expected: Some(plan.peer),
@@ -118,12 +152,19 @@ pub fn spawn_anti_entropy(engine: Arc<Engine>, config: AntiEntropyConfig) -> Ant
                     records_from: plan.records_from,
                     scope: None,
                 };
+                lock(&sessions).prepare(plan.peer, &scope, &receiving, &mut request);
+                let scoped = Scoped {
+                    partitioning: partitioning.clone(),
+                    sessions: sessions.clone(),
+                    scope,
+                };
                 pulls.spawn(pull_once(
                     engine.clone(),
                     channels.clone(),
                     channel,
                     plan,
                     request,
+                    scoped,
                     config.clone(),
                 ));
             }
@@ -202,12 +243,53 @@ fn labels(engine: &Engine, peer: ReplicaId) -> PeerLabels {
 /// Channels to peers by gRPC address, reused across rounds.
 pub(crate) type Channels = Arc<Mutex<HashMap<String, Channel>>>;
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a pull reports its partitions to.
+struct Scoped {
+    partitioning: Arc<Partitioning>,
+    sessions: Arc<Mutex<CopySessions>>,
+    scope: PullScope,
+}
+
+impl Scoped {
+    /// Reports a pull that ended well, once what it merged is durable here
+    /// (a partition is counted as copied only when a crash cannot take the
+    /// copy back); a pull whose merges do not become durable within
+    /// `limit` is not reported (the next one will be).
+    async fn report(
+        &self,
+        engine: &Engine,
+        peer: ReplicaId,
+        outcome: &PullOutcome,
+        limit: Duration,
+    ) {
+        let Some((scope, served, through)) =
+            lock(&self.sessions).finish(peer, &self.scope, outcome)
+        else {
+            return;
+        };
+        let needed = engine.core().changes_durable_at();
+        let mut durable = engine.durable_seq();
+        engine.wake_committer();
+        let reached = tokio::time::timeout(limit, durable.wait_for(|seq| *seq >= needed)).await;
+        let durable = matches!(reached, Ok(Ok(_)));
+        tracing::debug!(%peer, partitions = %scope.partitions.to_hex(), served = %served.to_hex(), through, durable, "a scoped pull reached the peer's durable sequence");
+        if durable {
+            self.partitioning.handle_pulled(&scope, &served, through);
+        }
+    }
+}
+
 async fn pull_once(
     engine: Arc<Engine>,
     channels: Channels,
     channel: Channel,
     plan: PullPlan,
     request: PullRequest,
+    scoped: Scoped,
     config: AntiEntropyConfig,
 ) {
     let outcome = tokio::time::timeout(
@@ -218,7 +300,10 @@ async fn pull_once(
     let labels = labels(&engine, plan.peer);
     let interval_ms = config.interval.as_millis() as u64;
     match outcome {
-        Ok(Ok(())) => {
+        Ok(Ok(outcome)) => {
+            scoped
+                .report(&engine, plan.peer, &outcome, config.pull_timeout)
+                .await;
             engine
                 .core()
                 .peers_mut()
@@ -252,7 +337,8 @@ async fn run_pull(
     channel: Channel,
     plan: &PullPlan,
     request: &PullRequest,
-) -> Result<(), String> {
+) -> Result<PullOutcome, String> {
+    let mut outcome = PullOutcome::new();
     let mut client = ReplicationClient::new(channel).max_decoding_message_size(16 << 20);
     let mut stream = client
         .pull(pull_request_to(request))
@@ -276,14 +362,16 @@ async fn run_pull(
             .sync_received_counters
             .get_or_create(&labels)
             .inc_by(chunk.counters.len() as u64);
+        let (served, through, last) = (chunk.served.clone(), chunk.next.seq, chunk.is_last());
         engine.merge_chunk(plan.peer, chunk).map_err(|refused| {
             engine.metrics().refused(chunk_refusal_reason(&refused));
             tracing::warn!(peer = %plan.peer, %refused, "refused a chunk from a peer; nothing of it was merged");
             refused.to_string()
         })?;
+        outcome.add_chunk(served.as_ref(), through, last);
         engine.wait_for_commit_backlog(MERGED_AWAITING_COMMIT).await;
     }
-    Ok(())
+    Ok(outcome)
 }
 
 /// Changed counters that may wait for a commit before the next chunk of a

@@ -13,10 +13,21 @@
 //! is retried). The owners come from the pure core only: every node with
 //! the same membership facts serves the same map.
 //!
+//! It also drives the node's [`Holdings`] (which partitions it receives,
+//! serves and releases): each round after the node has heard the cluster
+//! (see [`Partitioning::has_view`]) the view goes in, the served partitions
+//! are persisted (in `LIFECYCLE`), then handed to the replica (which refuses
+//! adds of others), then published in gossip, in that order, so that no
+//! peer routes a key here before this node takes it, and a restart resumes
+//! serving every partition that took adds here. The anti-entropy loop asks
+//! it what to pull from whom ([`Partitioning::pull_scope`]) and reports
+//! complete pulls ([`Partitioning::handle_pulled`]). A joining node becomes
+//! active once it receives nothing. Releasing partitions are kept and served
+//! (handing off ends with their deletion, which comes next).
+//!
 //! It also keeps the node's [`RouteTable`] ([`Partitioning::routes`]),
-//! rebuilt when membership, liveness or an address changes, which the
-//! `Counters` service forwards by. Storage and sync are not scoped by
-//! ownership yet (every node still holds every counter).
+//! rebuilt when membership, liveness, an address or what a node holds
+//! changes, which the `Counters` service forwards by.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -31,8 +42,8 @@ use crate::crdt::ReplicaId;
 use crate::engine::{now_ms, Engine};
 use crate::lifecycle_file::{self, LifecycleFileError};
 use crate::partition::{
-    AdminRefusal, ClusterView, DrainStep, Lifecycle, LifecycleRecord, MemberFacts, NodeState,
-    RouteTable, ViewSettings,
+    AdminRefusal, ClusterView, DrainStep, Holdings, Lifecycle, LifecycleRecord, MemberFacts,
+    NodeState, PartitionSet, PullScope, RouteTable, ViewSettings,
 };
 
 /// Why an operator's drain or removal failed.
@@ -60,14 +71,40 @@ fn ownership_input(view: &ClusterView, node: &crate::partition::NodeInfo) -> Own
 }
 
 /// What the routes depend on, per node: its ownership input, whether it is
-/// alive, and its gRPC address.
-type RouteInput = (OwnershipInput, bool, String);
+/// alive, its gRPC address, and the partitions it holds.
+type RouteInput = (OwnershipInput, bool, String, PartitionSet);
 
 struct Inner {
     lifecycle: Lifecycle,
-    /// While joining: each live peer of the region's durable sequence when
-    /// first seen; caught up once every watermark reaches it.
-    join_targets: BTreeMap<ReplicaId, u64>,
+    holdings: Holdings,
+    /// Whether `holdings` has had a view of the cluster: until then this
+    /// node serves only what it recovered, and knows no route.
+    has_view: bool,
+    /// What the replica was last told to serve. `holdings` changes between
+    /// rounds too (a pull completes a copy), and only a round persists,
+    /// applies and publishes what it serves.
+    replica_serving: Option<PartitionSet>,
+}
+
+/// The partitions a node recovers as served from its `LIFECYCLE` record:
+/// those the record names; every one for a directory of a build before
+/// handoff (the record names none, or there is no record but the store
+/// holds data: such a node stored every counter and may hold adds no other
+/// node has); none for a new directory.
+pub fn recovered_serving(
+    record: Option<&LifecycleRecord>,
+    partitions: crate::partition::PartitionCount,
+    store_has_data: bool,
+) -> PartitionSet {
+    match record {
+        Some(LifecycleRecord {
+            serving: Some(serving),
+            ..
+        }) => serving.clone(),
+        Some(_) => PartitionSet::full(partitions),
+        None if store_has_data => PartitionSet::full(partitions),
+        None => PartitionSet::empty(partitions),
+    }
 }
 
 /// The node's lifecycle and partition map, shared by the keeper and the
@@ -94,10 +131,15 @@ pub struct Partitioning {
 
 impl Partitioning {
     /// The lifecycle as `data_dir`'s file recorded it (`None`: a new
-    /// directory, the node joins), published at once.
+    /// directory, the node joins), published at once, with the node's
+    /// holdings recovered from it: `serving` (see [`recovered_serving`]) as
+    /// of durable sequence `recovered_seq`. Call [`Partitioning::start`]
+    /// before serving requests.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         record: Option<LifecycleRecord>,
+        serving: &PartitionSet,
+        recovered_seq: u64,
         data_dir: PathBuf,
         replica: ReplicaId,
         node_name: &str,
@@ -106,7 +148,15 @@ impl Partitioning {
         settings: ViewSettings,
         membership: Arc<MembershipHandle>,
     ) -> Arc<Partitioning> {
-        let lifecycle = Lifecycle::new(replica, node_name, region, record);
+        let mut lifecycle = Lifecycle::new(replica, node_name, region, record);
+        let holdings = Holdings::recover(
+            node_name,
+            region,
+            settings.partitions,
+            serving,
+            recovered_seq,
+        );
+        lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
         if lifecycle.state() == NodeState::Left {
             tracing::error!(
                 replica = %replica,
@@ -117,7 +167,9 @@ impl Partitioning {
         let partitioning = Arc::new(Partitioning {
             inner: Mutex::new(Inner {
                 lifecycle,
-                join_targets: BTreeMap::new(),
+                holdings,
+                has_view: false,
+                replica_serving: None,
             }),
             settings,
             data_dir,
@@ -131,20 +183,85 @@ impl Partitioning {
             routes_all_local: AtomicBool::new(true),
             last_route_inputs: Mutex::new(None),
         });
-        partitioning.publish(&partitioning.lock().lifecycle);
+        {
+            let inner = partitioning.lock();
+            partitioning.publish(&inner.lifecycle, &inner.holdings);
+        }
         partitioning
+    }
+
+    /// Before the node serves: the replica serves what was recovered, and
+    /// the first round runs now if the node has heard the cluster already
+    /// (it waited for its name's holders), so that a node that is alone, or
+    /// whose seeds answered, is ready with its routes.
+    pub fn start(&self, engine: &Engine) {
+        {
+            let mut inner = self.lock();
+            let serving = inner.holdings.serving();
+            engine.core().set_serving(Some(serving.clone()));
+            inner.replica_serving = Some(serving);
+        }
+        self.handle_round(engine, self.membership.member_lifecycles());
+    }
+
+    /// Whether this node has had a view of the cluster to decide what it
+    /// holds and where keys go (`/readyz` waits for it).
+    pub fn has_view(&self) -> bool {
+        self.lock().has_view
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn publish(&self, lifecycle: &Lifecycle) {
+    fn publish(&self, lifecycle: &Lifecycle, holdings: &Holdings) {
         self.membership.publish_lifecycle(
             lifecycle.state(),
             lifecycle.removed(),
             lifecycle.drain_requests(),
         );
+        self.membership
+            .publish_holding(&holdings.serving(), &holdings.releasing());
+    }
+
+    /// What to pull from the node named `peer` now (`None`: it serves
+    /// nothing this node keeps, or there is no view yet).
+    pub fn pull_scope(&self, peer: &str) -> Option<PullScope> {
+        self.lock().holdings.poll_pull_scope(peer)
+    }
+
+    /// The names of the nodes worth pulling from now: those that serve a
+    /// partition this node keeps.
+    pub fn pull_sources(&self) -> BTreeSet<String> {
+        let inner = self.lock();
+        inner
+            .lifecycle
+            .representatives()
+            .into_keys()
+            .filter(|name| inner.holdings.poll_pull_scope(name).is_some())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// A pull planned by [`Self::pull_scope`] (or a series of pulls that
+    /// copied from scratch) reached the peer's durable sequence
+    /// `through_seq`, having been served `served` throughout, and what it
+    /// merged is durable here.
+    pub fn handle_pulled(&self, scope: &PullScope, served: &PartitionSet, through_seq: u64) {
+        self.lock()
+            .holdings
+            .handle_pulled(scope, served, through_seq);
+    }
+
+    /// Partitions held here per state, for status: (serving, receiving, releasing).
+    pub fn holdings(&self) -> (PartitionSet, PartitionSet, PartitionSet) {
+        let inner = self.lock();
+        let holdings = &inner.holdings;
+        (
+            holdings.serving(),
+            holdings.receiving(),
+            holdings.releasing(),
+        )
     }
 
     /// The settings views are built with.
@@ -198,7 +315,7 @@ impl Partitioning {
         if next.record() != inner.lifecycle.record() {
             lifecycle_file::store(&self.data_dir, &next.record())?;
         }
-        self.publish(&next);
+        self.publish(&next, &inner.holdings);
         inner.lifecycle = next;
         Ok(outcome)
     }
@@ -262,6 +379,7 @@ impl Partitioning {
                         .get(&node.name)
                         .map(|(_, addr)| addr.clone())
                         .unwrap_or_default(),
+                    node.holding.clone(),
                 )
             })
             .collect();
@@ -299,28 +417,61 @@ impl Partitioning {
             .map(|member| member.state)
     }
 
-    /// One round: the members' facts in, the record persisted if it
-    /// changed, the lifecycle published, the metrics set.
+    /// One round: the members' facts in; once the node has heard the
+    /// cluster, the view to the holdings; the record persisted if it
+    /// changed, the served partitions handed to the replica, the lifecycle
+    /// and holdings published; the routes and metrics updated.
     fn handle_round(&self, engine: &Engine, members: Vec<MemberFacts>) {
-        let caught_up = {
+        let heard = self.membership.has_heard_the_cluster();
+        let durable_seq = *engine.durable_seq().borrow();
+        let (before, after) = {
             let mut inner = self.lock();
-            inner.lifecycle.state() != NodeState::Joining || {
-                let Inner { join_targets, .. } = &mut *inner;
-                caught_up(engine, &self.region, join_targets)
+            let before = inner.lifecycle.state();
+            let now = now_ms();
+            let mut lifecycle = inner.lifecycle.clone();
+            let mut holdings = inner.holdings.clone();
+            // A joining node is caught up once it receives nothing more.
+            let caught_up = inner.has_view && holdings.receiving().is_empty();
+            lifecycle.handle_members(now, members, caught_up);
+            if heard {
+                holdings.handle_durable(durable_seq);
+                holdings.handle_view(&lifecycle.view(now, self.settings));
+                lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
             }
+            if lifecycle.record() != inner.lifecycle.record() {
+                if let Err(error) = lifecycle_file::store(&self.data_dir, &lifecycle.record()) {
+                    tracing::error!(%error, "cannot persist this node's lifecycle; retrying next round");
+                    return;
+                }
+            }
+            let serving = holdings.serving();
+            if inner.replica_serving.as_ref() != Some(&serving) {
+                engine.core().set_serving(Some(serving.clone()));
+                inner.replica_serving = Some(serving);
+            }
+            self.publish(&lifecycle, &holdings);
+            let after = lifecycle.state();
+            inner.lifecycle = lifecycle;
+            inner.holdings = holdings;
+            inner.has_view |= heard;
+            (before, after)
         };
-        let before = self.state();
-        let result = self.change(|lifecycle| {
-            lifecycle.handle_members(now_ms(), members, caught_up);
-            Ok(())
-        });
-        if let Err(error) = result {
-            tracing::error!(%error, "cannot persist this node's lifecycle; retrying next round");
-            return;
-        }
-        let after = self.state();
         if before != after {
             tracing::info!(from = %before, to = %after, "lifecycle state changed");
+        }
+        let (serving, receiving, releasing) = self.holdings();
+        for (state, count) in [
+            ("receiving", receiving.len()),
+            ("ready", serving.len() - releasing.len()),
+            ("releasing", releasing.len()),
+        ] {
+            engine
+                .metrics()
+                .partitions_held
+                .get_or_create(&crate::metrics::HoldingLabels {
+                    state: state.to_string(),
+                })
+                .set(count as i64);
         }
         let (view, endpoints) = self.view();
         self.update_routes(&view, &endpoints, engine.metrics());
@@ -364,26 +515,6 @@ impl Partitioning {
     }
 }
 
-/// Whether a joining node has caught up with its region: every live peer
-/// of the region it talks with has been pulled from up to the durable
-/// sequence that peer published when this node first saw it.
-fn caught_up(engine: &Engine, region: &str, targets: &mut BTreeMap<ReplicaId, u64>) -> bool {
-    let core = engine.core();
-    let peers = core.peers();
-    let caught_up = peers
-        .peers()
-        .filter(|peer| {
-            peer.member.region == region && peer.member.alive && peers.talks_with(&peer.member)
-        })
-        .all(|peer| {
-            let target = *targets
-                .entry(peer.member.replica)
-                .or_insert(peer.member.durable_seq);
-            peers.watermark(peer.member.replica).complete_seq() >= target
-        });
-    caught_up
-}
-
 /// Runs the lifecycle once per `period` until aborted.
 pub fn spawn_lifecycle_keeper(
     engine: Arc<Engine>,
@@ -399,4 +530,34 @@ pub fn spawn_lifecycle_keeper(
             partitioning.handle_round(&engine, members);
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::partition::{Partition, PartitionCount};
+
+    #[test]
+    fn a_directory_serves_what_its_record_names_or_everything_it_held_before_handoff() {
+        let count = PartitionCount::new(8).unwrap();
+        let mut named = PartitionSet::empty(count);
+        named.insert(Partition(5));
+        let record = |serving: Option<PartitionSet>| LifecycleRecord {
+            state: NodeState::Active,
+            removed: Default::default(),
+            serving,
+        };
+        let with = record(Some(named.clone()));
+        assert_eq!(recovered_serving(Some(&with), count, true), named);
+        let before_handoff = record(None);
+        assert!(recovered_serving(Some(&before_handoff), count, false).is_full());
+        assert!(
+            recovered_serving(None, count, true).is_full(),
+            "data, no record"
+        );
+        assert!(
+            recovered_serving(None, count, false).is_empty(),
+            "a new directory"
+        );
+    }
 }

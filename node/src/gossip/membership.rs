@@ -48,7 +48,7 @@ use tokio::time::MissedTickBehavior;
 use tracing::{debug, error, info};
 
 use crate::crdt::ReplicaId;
-use crate::partition::{MemberFacts, NodeState};
+use crate::partition::{MemberFacts, NodeState, PartitionCount, PartitionSet};
 use crate::replica::version::ProtocolWindow;
 use crate::replica::Member;
 
@@ -78,6 +78,12 @@ const KEY_STATE: &str = "state";
 const KEY_REMOVED: &str = "removed";
 /// The replicas the node asks to drain, hex ids joined by commas.
 const KEY_DRAIN: &str = "drain";
+/// The partitions the node serves (ready or releasing), as
+/// [`PartitionSet::to_hex`] writes them (absent: a build before handoff,
+/// which holds every partition).
+const KEY_HOLDING: &str = "holding";
+/// Those of `holding` the node is handing away.
+const KEY_RELEASING: &str = "releasing";
 
 /// Phi above which a node is dead. Chitchat's phi is linear: the silence
 /// divided by the mean heartbeat interval.
@@ -121,6 +127,15 @@ pub struct MembershipConfig {
     /// The newest version of the build that created the data directory
     /// ([`crate::store::Store::born_at`]).
     pub born_at: u32,
+    /// The partitions the node serves at start (recovered from its data
+    /// directory), gossiped from the first round so that no peer reads the
+    /// absent key as "every partition" meanwhile; `None` publishes none
+    /// until [`MembershipHandle::publish_holding`].
+    pub holding: Option<PartitionSet>,
+    /// The node's lifecycle state at start (from its data directory),
+    /// gossiped from the first round for the same reason: an absent state
+    /// reads as `active` (a build before lifecycles).
+    pub state: Option<NodeState>,
 }
 
 /// What [`MembershipHandle::publish`] last received.
@@ -135,6 +150,8 @@ struct Published {
     folds: Option<String>,
     /// The lifecycle keys (state, removed, drain), once there are any.
     lifecycle: Option<[String; 3]>,
+    /// The holding keys (holding, releasing), once there are any.
+    holding: Option<[String; 2]>,
 }
 
 /// A running membership: the chitchat server and a task that applies
@@ -149,6 +166,7 @@ pub struct MembershipHandle {
     gossip_interval: Duration,
     node_name: String,
     has_seeds: bool,
+    started: tokio::time::Instant,
 }
 
 /// Why membership could not start or stop cleanly.
@@ -219,7 +237,7 @@ impl MembershipHandle {
             // sizes; V0 is understood by every chitchat version.
             protocol_version: ProtocolVersion::V0,
         };
-        let initial_key_values = vec![
+        let mut initial_key_values = vec![
             (KEY_REGION.to_string(), config.region.clone()),
             (KEY_NODE_NAME.to_string(), config.node_name.clone()),
             (KEY_REPLICA.to_string(), hex(config.replica.0)),
@@ -235,6 +253,14 @@ impl MembershipHandle {
             (KEY_PARTITIONS.to_string(), config.partitions.to_string()),
             (KEY_BORN_AT.to_string(), config.born_at.to_string()),
         ];
+        if let Some(state) = config.state {
+            initial_key_values.push((KEY_STATE.to_string(), state.as_str().to_string()));
+        }
+        if let Some(holding) = &config.holding {
+            let none = PartitionSet::empty(holding.count());
+            initial_key_values.push((KEY_HOLDING.to_string(), holding.to_hex()));
+            initial_key_values.push((KEY_RELEASING.to_string(), none.to_hex()));
+        }
         let chitchat_handle = spawn_chitchat(chitchat_config, initial_key_values, transport)
             .await
             .map_err(|error| MembershipError::Start {
@@ -276,7 +302,23 @@ impl MembershipHandle {
             gossip_interval: config.gossip_interval,
             node_name: config.node_name.clone(),
             has_seeds: !config.seeds.is_empty(),
+            started: tokio::time::Instant::now(),
         })
+    }
+
+    /// Whether this node has heard the cluster, or can stop waiting to: it
+    /// has no seeds, it knows a member, or its seeds stayed silent for the
+    /// time [`Self::wait_for_name_holders`] gives them (it then starts as a
+    /// cluster of its own, and meets the others when they answer).
+    pub fn has_heard_the_cluster(&self) -> bool {
+        !self.has_seeds
+            || !self.members_rx.borrow().is_empty()
+            || self.started.elapsed() >= self.seeds_give_up()
+    }
+
+    /// How long a node waits for its seeds to answer.
+    fn seeds_give_up(&self) -> Duration {
+        (self.gossip_interval * 50).max(Duration::from_secs(5))
     }
 
     /// Publishes this node's durable sequence and digests (counters, and
@@ -333,6 +375,16 @@ impl MembershipHandle {
         });
     }
 
+    /// Publishes the partitions this node serves and, of those, releases.
+    pub fn publish_holding(&self, serving: &PartitionSet, releasing: &PartitionSet) {
+        let keys = [serving.to_hex(), releasing.to_hex()];
+        self.publish_tx.send_if_modified(|current| {
+            let changed = current.holding.as_ref() != Some(&keys);
+            current.holding = Some(keys);
+            changed
+        });
+    }
+
     /// The lifecycle facts of the members ([`Self::members`], in the same
     /// order): their published state, removals and drain requests.
     pub fn member_lifecycles(&self) -> Vec<MemberFacts> {
@@ -363,7 +415,7 @@ impl MembershipHandle {
         let confirm = (round * 20).max(Duration::from_secs(2));
         let quiet = round * 10;
         let started = tokio::time::Instant::now();
-        let give_up = (round * 50).max(Duration::from_secs(5));
+        let give_up = self.seeds_give_up();
         let mut first_contact = None;
         let mut alive_since: BTreeMap<ReplicaId, tokio::time::Instant> = BTreeMap::new();
         loop {
@@ -511,6 +563,10 @@ impl Refresher {
                         state.set(KEY_REMOVED, removed.clone());
                         state.set(KEY_DRAIN, drain.clone());
                     }
+                    if let Some([holding, releasing]) = &published.holding {
+                        state.set(KEY_HOLDING, holding.clone());
+                        state.set(KEY_RELEASING, releasing.clone());
+                    }
                 }
                 self.collect_members(&chitchat)
             };
@@ -620,6 +676,15 @@ fn parse_lifecycle<'a>(member: &Member, get: impl Fn(&str) -> Option<&'a str>) -
             .filter_map(|text| parse_hex(text).map(ReplicaId))
             .collect()
     };
+    // Drawn from the member's own partition count: a set of another count
+    // than this node's holds none of its partitions (`Lifecycle::view`).
+    let partitions = |key: &str| -> Option<PartitionSet> {
+        let text = get(key)?;
+        let count = PartitionCount::new(u64::from(member.partitions)).ok()?;
+        PartitionSet::from_hex(count, text)
+            .map_err(|error| debug!(node = %member.node_name, %key, %error, "unreadable partition set; read as absent"))
+            .ok()
+    };
     MemberFacts {
         replica: member.replica,
         name: member.node_name.clone(),
@@ -629,6 +694,8 @@ fn parse_lifecycle<'a>(member: &Member, get: impl Fn(&str) -> Option<&'a str>) -
         state,
         removed: list(KEY_REMOVED),
         drain_requests: list(KEY_DRAIN),
+        holding: partitions(KEY_HOLDING),
+        releasing: partitions(KEY_RELEASING),
     }
 }
 

@@ -45,6 +45,8 @@ fn config(gossip_listen: SocketAddr, gossip_interval: Duration) -> MembershipCon
         gossip_advertise: gossip_listen,
         partitions: 256,
         born_at: 0,
+        holding: None,
+        state: None,
         grpc_advertise: "127.0.0.1:7100".into(),
         seeds: Vec::new(),
         gossip_interval,

@@ -4,6 +4,7 @@
 
 pub mod anti_entropy;
 pub mod copier;
+pub mod copy_sessions;
 pub mod fold_report;
 pub mod lifecycle;
 pub mod membership;

@@ -155,6 +155,11 @@ async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
     use crate::engine::StoreHealth;
     let unready = |why: String| (StatusCode::SERVICE_UNAVAILABLE, why);
     match state.engine.store_health() {
+        StoreHealth::Healthy
+            if state.ready.load(Ordering::Acquire) && !state.partitioning.has_view() =>
+        {
+            unready("not ready: waiting to hear the cluster, to learn which partitions this node holds and where the others are\n".into())
+        }
         StoreHealth::Healthy if state.ready.load(Ordering::Acquire) => {
             match state.engine.core().restart_hold_remaining(crate::engine::now_ms()) {
                 Some(ms) => unready(format!("not ready: restarted on its old data directory, it holds adds until a peer says whether its replica id was retired (at most {ms} ms more)\n")),

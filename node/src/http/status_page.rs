@@ -177,7 +177,7 @@ fn partition_section(html: &mut String, map: &pb::PartitionMapResponse) {
         html,
         "<h2>Partitions of region {region}</h2><p>{partitions} partitions · replication factor {rf} \
          (in effect {effective}) · {badge}</p><table><tr><th>node</th><th>state</th><th>alive</th>\
-         <th>partitions owned</th></tr>",
+         <th>partitions owned</th><th>held</th><th>releasing</th></tr>",
         region = escape(&map.region),
         partitions = map.partitions,
         rf = map.replication_factor,
@@ -199,10 +199,12 @@ fn partition_section(html: &mut String, map: &pb::PartitionMapResponse) {
         };
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td class=\"{class}\">{liveness}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td class=\"{class}\">{liveness}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&node.node_name),
             escape(&node.state),
             node.partitions_owned,
+            node.partitions_held,
+            node.partitions_releasing,
         );
     }
     html.push_str("</table>");
@@ -220,6 +222,8 @@ fn partition_json(map: &pb::PartitionMapResponse) -> serde_json::Value {
         "nodes": map.nodes.iter().map(|node| serde_json::json!({
             "node_name": node.node_name, "state": node.state, "alive": node.alive,
             "gone": node.gone, "partitions_owned": node.partitions_owned,
+            "partitions_held": node.partitions_held,
+            "partitions_releasing": node.partitions_releasing,
         })).collect::<Vec<_>>(),
     })
 }

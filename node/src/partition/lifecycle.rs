@@ -20,9 +20,12 @@
 //!   single missed heartbeat: two nodes with the same facts compute the same
 //!   owners.
 //!
-//! This slice stores every counter on every node, so every node that has not
-//! left holds every partition (`NodeInfo::holding` is full); handoff
-//! (`handoff.rs`) takes over that field in the next slice.
+//! What each node holds (`NodeInfo::holding`, `NodeInfo::releasing`) comes
+//! from the handoff state machine (`handoff.rs`): this node's from
+//! [`Lifecycle::set_own_holding`], the others' from what they publish. A
+//! member that publishes none (a build before handoff) holds every
+//! partition, as such a build stores every counter; so does this node until
+//! the runtime first sets its own.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +54,11 @@ pub struct MemberFacts {
     pub removed: BTreeSet<ReplicaId>,
     /// The replicas it asks to drain.
     pub drain_requests: BTreeSet<ReplicaId>,
+    /// The partitions it serves (ready or releasing), as it publishes them;
+    /// `None` from a build that publishes none (it holds every partition).
+    pub holding: Option<PartitionSet>,
+    /// Those of `holding` it is handing away.
+    pub releasing: Option<PartitionSet>,
 }
 
 /// The settings every view is built with.
@@ -71,6 +79,10 @@ pub struct LifecycleRecord {
     pub state: NodeState,
     /// The replicas it knows to be removed.
     pub removed: BTreeSet<ReplicaId>,
+    /// The partitions it served when the record was written, which it
+    /// resumes serving (and handing off) after a restart; `None` in a record
+    /// of a build before handoff, whose node held every partition.
+    pub serving: Option<PartitionSet>,
 }
 
 /// The outcome of an operator's drain.
@@ -96,6 +108,11 @@ pub struct Lifecycle {
     members: Vec<MemberFacts>,
     down: DownClock,
     down_since: BTreeMap<ReplicaId, u64>,
+    /// What this node serves and, of that, releases (`None`: not set yet,
+    /// every partition).
+    own_holding: Option<(PartitionSet, PartitionSet)>,
+    /// What this node persists as served (see [`LifecycleRecord::serving`]).
+    serving_record: Option<PartitionSet>,
 }
 
 impl Lifecycle {
@@ -110,6 +127,7 @@ impl Lifecycle {
         let record = record.unwrap_or(LifecycleRecord {
             state: NodeState::Joining,
             removed: BTreeSet::new(),
+            serving: None,
         });
         let mut lifecycle = Lifecycle {
             replica,
@@ -121,6 +139,8 @@ impl Lifecycle {
             members: Vec::new(),
             down: DownClock::default(),
             down_since: BTreeMap::new(),
+            own_holding: None,
+            serving_record: record.serving,
         };
         if lifecycle.removed.contains(&replica) {
             lifecycle.state = NodeState::Left;
@@ -148,7 +168,16 @@ impl Lifecycle {
         LifecycleRecord {
             state: self.state,
             removed: self.removed.clone(),
+            serving: self.serving_record.clone(),
         }
+    }
+
+    /// What this node serves now and, of that, releases (from its
+    /// [`Holdings`](super::Holdings)): its views and its record say so from
+    /// now on.
+    pub fn set_own_holding(&mut self, serving: PartitionSet, releasing: PartitionSet) {
+        self.serving_record = Some(serving.clone());
+        self.own_holding = Some((serving, releasing));
     }
 
     /// The members as last handled.
@@ -224,29 +253,47 @@ impl Lifecycle {
     pub fn view(&self, now_ms: u64, settings: ViewSettings) -> ClusterView {
         let all = PartitionSet::full(settings.partitions);
         let none = PartitionSet::empty(settings.partitions);
+        // A set drawn from another partition count means nothing here (such
+        // a member is refused as a peer anyway): it holds none of ours.
+        let ours = |set: &PartitionSet| {
+            if set.count() == settings.partitions {
+                set.clone()
+            } else {
+                none.clone()
+            }
+        };
+        let (own_holding, own_releasing) = match &self.own_holding {
+            _ if self.state == NodeState::Left => (none.clone(), none.clone()),
+            Some((serving, releasing)) => (ours(serving), ours(releasing)),
+            None => (all.clone(), none.clone()),
+        };
         let own = NodeInfo {
             name: self.name.clone(),
             region: self.region.clone(),
             state: self.state,
             alive: true,
             down_since_ms: None,
-            holding: if self.state == NodeState::Left {
-                none.clone()
-            } else {
-                all.clone()
-            },
-            releasing: none.clone(),
+            holding: own_holding,
+            releasing: own_releasing,
         };
         let others = self.representatives().into_values().map(|member| {
             let left = self.removed.contains(&member.replica);
+            let (holding, releasing) = if left {
+                (none.clone(), none.clone())
+            } else {
+                (
+                    member.holding.as_ref().map_or_else(|| all.clone(), ours),
+                    member.releasing.as_ref().map_or_else(|| none.clone(), ours),
+                )
+            };
             NodeInfo {
                 name: member.name.clone(),
                 region: member.region.clone(),
                 state: if left { NodeState::Left } else { member.state },
                 alive: member.alive,
                 down_since_ms: self.down_since.get(&member.replica).copied(),
-                holding: if left { none.clone() } else { all.clone() },
-                releasing: none.clone(),
+                holding,
+                releasing,
             }
         });
         ClusterView::new(

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use super::*;
+use crate::partition::Partition;
 
 const DEAD_AFTER_MS: u64 = 5_000;
 
@@ -31,6 +32,8 @@ fn facts(n: u64, region: &str, state: NodeState) -> MemberFacts {
         state,
         removed: BTreeSet::new(),
         drain_requests: BTreeSet::new(),
+        holding: None,
+        releasing: None,
     }
 }
 
@@ -42,6 +45,7 @@ fn active(n: u64) -> Lifecycle {
         Some(LifecycleRecord {
             state: NodeState::Active,
             removed: BTreeSet::new(),
+            serving: None,
         }),
     )
 }
@@ -254,4 +258,50 @@ fn every_node_computes_the_same_owners_from_the_same_facts() {
         let owned = owned(&views[0], node);
         assert!((130..=210).contains(&owned), "{node} owns {owned}");
     }
+}
+
+#[test]
+fn a_view_shows_what_each_node_publishes_as_held_and_every_partition_for_an_older_build() {
+    let count = settings().partitions;
+    let mut mine = PartitionSet::empty(count);
+    mine.extend([Partition(1), Partition(2)]);
+    let mut releasing = PartitionSet::empty(count);
+    releasing.insert(Partition(2));
+    let mut node = active(1);
+    // Before the runtime sets it, this node holds every partition.
+    assert!(node
+        .view(0, settings())
+        .node("node-1")
+        .unwrap()
+        .holding
+        .is_full());
+    node.set_own_holding(mine.clone(), releasing.clone());
+    assert_eq!(node.record().serving, Some(mine.clone()));
+    let publishing = MemberFacts {
+        holding: Some(releasing.clone()),
+        releasing: Some(releasing.clone()),
+        ..facts(2, "eu", NodeState::Active)
+    };
+    let older = facts(3, "eu", NodeState::Active);
+    let foreign = MemberFacts {
+        holding: Some(PartitionSet::full(PartitionCount::new(16).unwrap())),
+        ..facts(4, "eu", NodeState::Active)
+    };
+    node.handle_members(0, vec![publishing, older, foreign], false);
+    let view = node.view(0, settings());
+    let holding = |name: &str| view.node(name).unwrap().holding.clone();
+    assert_eq!(holding("node-1"), mine);
+    assert_eq!(view.node("node-1").unwrap().releasing, releasing);
+    assert_eq!(holding("node-2"), releasing);
+    assert!(
+        holding("node-3").is_full(),
+        "a build before handoff holds all"
+    );
+    assert!(
+        holding("node-4").is_empty(),
+        "a set of another partition count holds none of ours"
+    );
+    // What the record says comes back after a restart.
+    let restarted = Lifecycle::new(replica(1), "node-1", "eu", Some(node.record()));
+    assert_eq!(restarted.record().serving, Some(mine));
 }

@@ -3,13 +3,14 @@
 //! looked up per request. Pure: the view and the nodes' addresses are inputs.
 //!
 //! Invariants kept here:
-//! - a key's route lists its partition's *live* owners in the node's region
-//!   (alive, not gone, active or draining: a joining owner serves nothing
-//!   yet), first owner first, so every node that sees the same membership
-//!   sends a key to the same node;
-//! - when this node is the first live owner, or when no owner is live, the
-//!   route is [`Route::Local`]: the request is served here (every node
-//!   still stores every counter, and slots merge, so that is always safe);
+//! - a key's route lists the live nodes of the node's region that serve its
+//!   partition ([`ClusterView::route`]: the owners that hold it caught up,
+//!   first owner first, then any other node still holding it, one handing it
+//!   away), so every node that sees the same membership sends a key to the
+//!   same node, and never to one still copying the partition in;
+//! - when this node is the first of them, or when none is live, the route is
+//!   [`Route::Local`]: the request is served here if this node serves the
+//!   partition, and refused as not served otherwise (the replica decides);
 //! - a table in which every key is local (one node in the region, the
 //!   single-node setup) says so with [`RouteTable::all_local`], so the
 //!   request path skips hashing altogether.
@@ -89,15 +90,14 @@ impl RouteTable {
             .iter()
             .map(|partition| {
                 let live: Vec<u16> = view
-                    .owners(&region, partition)
+                    .route(&region, partition)
                     .into_iter()
                     .filter_map(|name| {
                         if name == own_name {
                             return Some(HERE);
                         }
                         let node = view.node(name)?;
-                        let serving = matches!(node.state, NodeState::Active | NodeState::Draining);
-                        if !node.alive || view.is_gone(node) || !serving {
+                        if view.is_gone(node) || node.state == NodeState::Left {
                             return None;
                         }
                         let grpc_addr = grpc_addr(name).filter(|addr| !addr.is_empty())?;
@@ -172,7 +172,7 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::partition::{NodeInfo, PartitionSet};
+    use crate::partition::{NodeInfo, Partition, PartitionSet};
 
     #[track_caller]
     fn node(name: &str, region: &str, state: NodeState, alive: bool) -> NodeInfo {
@@ -182,7 +182,11 @@ mod tests {
             state,
             alive,
             down_since_ms: (!alive).then_some(0),
-            holding: PartitionSet::empty(PartitionCount::new(16).unwrap()),
+            holding: if state == NodeState::Joining {
+                PartitionSet::empty(PartitionCount::new(16).unwrap())
+            } else {
+                PartitionSet::full(PartitionCount::new(16).unwrap())
+            },
             releasing: PartitionSet::empty(PartitionCount::new(16).unwrap()),
         }
     }
@@ -243,8 +247,16 @@ mod tests {
                                 grpc_addr: format!("{first}:7100"),
                             })
                         );
-                        // The second owner is the failover; RF 2.
-                        assert_eq!(hops.len(), 2, "{key}");
+                        // The second owner is the failover (RF 2), then the
+                        // node that holds the partition without owning it.
+                        assert_eq!(hops.len(), 3, "{key}");
+                        let owners = view.owners("eu", partition);
+                        let name = |hop: &Hop| match hop {
+                            Hop::Here => name.to_string(),
+                            Hop::Node(node) => node.name.clone(),
+                        };
+                        assert_eq!(name(&hops[1]), owners[1], "{key}");
+                        assert!(!owners.contains(&name(&hops[2]).as_str()), "{key}");
                         assert_eq!(table.first_owner(key.as_bytes()), Some(first));
                     }
                 }
@@ -265,6 +277,7 @@ mod tests {
         nodes[1].alive = false;
         nodes[1].down_since_ms = Some(0);
         nodes[2].state = NodeState::Joining;
+        nodes[2].holding = PartitionSet::empty(PartitionCount::new(16).unwrap());
         // Down for less than dead-after: eu-2 still owns, but is not live.
         let partial = view(nodes, 10);
         let table = RouteTable::build(&partial, "eu-1", addr);
@@ -274,9 +287,46 @@ mod tests {
                 partial.owners("eu", partition),
                 full.owners("eu", partition)
             );
-            // Neither eu-2 (down) nor eu-3 (joining) is ever a hop.
+            // Neither eu-2 (down) nor eu-3 (joining, holds nothing yet) is
+            // ever a hop.
             assert_eq!(table.route(key.as_bytes()), Route::Local, "{key}");
         }
+    }
+
+    #[test]
+    fn a_node_that_does_not_hold_a_partition_is_skipped_and_a_holder_that_is_no_owner_comes_last() {
+        let mut nodes = vec![
+            node("eu-1", "eu", NodeState::Active, true),
+            node("eu-2", "eu", NodeState::Active, true),
+            node("eu-3", "eu", NodeState::Draining, true),
+        ];
+        // eu-2 still copies partition 5 in; eu-3 hands everything away.
+        nodes[1].holding.remove(Partition(5));
+        nodes[2].releasing = nodes[2].holding.clone();
+        let view = view(nodes, 0);
+        let key = keys()
+            .find(|key| view.partitions().of_key(key.as_bytes()) == Partition(5))
+            .unwrap();
+        // RF 2 of the two active nodes: both own partition 5, and only eu-1
+        // holds it caught up; eu-3 holds it but owns nothing.
+        assert_eq!(view.owners("eu", Partition(5)).len(), 2);
+        let hop = |name: &str| RouteNode {
+            name: name.to_string(),
+            grpc_addr: format!("{name}:7100"),
+        };
+        let (eu_1, eu_3) = (hop("eu-1"), hop("eu-3"));
+        assert_eq!(
+            RouteTable::build(&view, "eu-1", addr).route(key.as_bytes()),
+            Route::Local
+        );
+        assert_eq!(
+            RouteTable::build(&view, "eu-2", addr).route(key.as_bytes()),
+            Route::Forward(vec![Hop::Node(&eu_1), Hop::Node(&eu_3)])
+        );
+        assert_eq!(
+            RouteTable::build(&view, "eu-3", addr).route(key.as_bytes()),
+            Route::Forward(vec![Hop::Node(&eu_1), Hop::Here])
+        );
     }
 
     #[test]

@@ -171,7 +171,7 @@ pub enum AddRefused {
     },
     /// The key's partition is not served here (being copied in, or handed
     /// away): see `scope.rs`.
-    #[error("this node does not serve partition {partition} of counter {key:?} (it is being copied in or handed away); send the add to the partition's owner, as the partition map in Status says")]
+    #[error("this node does not serve partition {partition} of counter {key:?} (it is being copied in, or it is held by other nodes of the region); send the request to a node that holds it (tally status lists what each node holds), or to any node over gRPC, which forwards it")]
     NotServed {
         /// The counter.
         key: String,

@@ -55,7 +55,8 @@ pub struct PullRequest {
     /// (`idempotency_sync.rs`); `None` from a caller of another region or
     /// a build without it. Served to callers of this node's region only.
     pub records_from: Option<RecordsCursor>,
-    /// Serve only counters and set deltas of these partitions (`scope.rs`);
+    /// Serve only counters of these partitions (`scope.rs`; set deltas are
+    /// served whole, like sets and uniques being held by every node);
     /// `None`: of every partition (a caller that keeps them all, or a
     /// build before partition-scoped storage).
     pub scope: Option<PartitionSet>,
@@ -308,8 +309,10 @@ impl Replica {
                 .max(request.max_bytes / 4)
                 .max(1);
             let deltas = self.handle_pull_deltas(store, after, budget)?;
+            // Like sets and uniques are not partitioned yet: every node
+            // takes likes and observes of any key, so every puller gets
+            // every delta, whatever its scope.
             chunk.deltas = deltas.deltas;
-            chunk.deltas.retain(|delta| in_scope(delta.key()));
             chunk.deltas_next = Some(deltas.next);
             chunk.deltas_complete = deltas.complete;
         }

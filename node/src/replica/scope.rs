@@ -11,8 +11,9 @@
 //!   nothing: a partition being copied in, or already handed away, never
 //!   takes a write that its handoff would not account for.
 //! - **Scoped pulls.** A [`PullRequest`](super::PullRequest) with a `scope`
-//!   gets only the counters and set deltas of the scope's partitions that
-//!   this replica serves, and the chunk says which those are
+//!   gets only the counters of the scope's partitions that this replica
+//!   serves (set deltas come whole: like sets and uniques are not
+//!   partitioned yet, every node takes them for any key and holds them all), and the chunk says which those are
 //!   ([`PullChunk::served`](super::PullChunk::served)): a puller counts a
 //!   partition as copied from this replica only if it was served in every
 //!   chunk of the pull (a partition still being copied in here is never
@@ -92,8 +93,20 @@ impl Replica {
         !committing && !self.dirty.iter().any(of) && !self.sets.has_dirty_in(of)
     }
 
-    /// Refuses an add of `key` when its partition is not served here.
-    pub(super) fn check_served(&self, key: &str) -> Result<(), AddRefused> {
+    /// The commit sequence whose durability makes every change made so far
+    /// durable: the last handed out, or the next one while changes wait for
+    /// a commit. A puller waits for it before it vouches for what it merged.
+    pub fn changes_durable_at(&self) -> u64 {
+        if self.dirty.is_empty() && !self.sets.has_dirty_in(|_| true) {
+            self.last_seq
+        } else {
+            self.last_seq + 1
+        }
+    }
+
+    /// Refuses an add or a read of `key` when its partition is not served
+    /// here: this node may hold nothing of it, or a copy still coming in.
+    pub fn check_served(&self, key: &str) -> Result<(), AddRefused> {
         let Some(serving) = &self.scope.serving else {
             return Ok(());
         };

@@ -163,7 +163,12 @@ fn an_add_of_a_partition_not_served_is_refused_and_changes_nothing() {
             partition: 2
         }
     );
-    assert!(refused.to_string().contains("partition map"), "{refused}");
+    assert!(
+        refused
+            .to_string()
+            .contains("send the request to a node that holds it"),
+        "{refused}"
+    );
     assert_eq!(a.replica.dirty_counters(), 1, "only the served add waits");
     a.replica.set_serving(None);
     assert_eq!(a.value(&other), 5);

@@ -233,10 +233,21 @@ impl PeerBook {
 
     /// The pulls to start in this round.
     pub fn poll_pulls(&mut self, now_ms: u64, own_region: &str) -> Vec<PullPlan> {
+        self.poll_pulls_among(now_ms, own_region, |_| true)
+    }
+
+    /// [`Self::poll_pulls`] among the peers `worth` pulling from (with
+    /// partitioned regions: those that serve a partition this node keeps).
+    pub fn poll_pulls_among(
+        &mut self,
+        now_ms: u64,
+        own_region: &str,
+        worth: impl Fn(&Member) -> bool,
+    ) -> Vec<PullPlan> {
         self.rotation = self.rotation.wrapping_add(1);
         let mut by_region: BTreeMap<&str, Vec<&PeerState>> = BTreeMap::new();
         for peer in self.peers.values() {
-            if !self.talks_with(&peer.member) {
+            if !self.talks_with(&peer.member) || !worth(&peer.member) {
                 continue;
             }
             by_region
@@ -373,6 +384,14 @@ impl PeerBook {
             state.last_success_ms = Some(now_ms);
             self.last_region_sync_ms
                 .insert(state.member.region.clone(), now_ms);
+        }
+    }
+
+    /// A planned pull from `peer` was not made (it serves nothing this
+    /// node keeps): the peer may be planned again next round.
+    pub fn handle_pull_skipped(&mut self, peer: ReplicaId) {
+        if let Some(state) = self.peers.get_mut(&peer) {
+            state.in_flight_since_ms = None;
         }
     }
 

@@ -683,3 +683,31 @@ pub fn add_one(key: &str, idempotency_key: &str) -> tonic::Request<tally_proto::
     request.set_timeout(Duration::from_secs(10));
     request
 }
+
+/// Every counter the node at `endpoint` stores, as a raw `Pull` of
+/// everything (no scope) from the start returns them.
+pub async fn stored_counters(endpoint: &str) -> Vec<tally_proto::v1::CounterState> {
+    let mut replication =
+        tally_proto::v1::replication_client::ReplicationClient::connect(endpoint.to_string())
+            .await
+            .unwrap()
+            .max_decoding_message_size(16 << 20);
+    let mut stream = replication
+        .pull(tally_proto::v1::PullRequest {
+            cluster_id: "test-cluster".into(),
+            caller_replica: 77,
+            max_bytes: 16 << 20,
+            // A caller of every version: a new cluster is at the newest.
+            protocol_version: tally_node::replica::version::NEWEST,
+            protocol_oldest: tally_node::replica::version::OLDEST,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut counters = Vec::new();
+    while let Some(chunk) = stream.message().await.unwrap() {
+        counters.extend(chunk.counters);
+    }
+    counters
+}

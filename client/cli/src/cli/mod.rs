@@ -47,15 +47,19 @@
 //!     the no-space rule of cells; use `--json` for those);
 //!     then the partition summary of the node's region: `partitions in
 //!     region R (as NODE computes them): P partitions, replication factor
-//!     RF (E in effect)`, a table with the header `NODE  STATE  ALIVE  OWNS`
-//!     (ALIVE is `yes`, `no`, or `gone` when down for `--dead-after`), and
+//!     RF (E in effect)`, a table with the header `NODE  STATE  ALIVE  OWNS
+//!     HOLDS  RELEASING` (ALIVE is `yes`, `no`, or `gone` when down for
+//!     `--dead-after`; HOLDS counts the partitions the node serves, caught
+//!     up, RELEASING those of them it hands away; an owned partition not
+//!     held is being copied in), and
 //!     `nodes by state: N active, ...`;
 //!   - JSON: `{"cluster_id":..,"node":MEMBER,"members":[MEMBER..],
 //!     "converged":..,"partition_map":MAP}`, MEMBER being `{"region","node_name","replica"(hex),
 //!     "grpc_addr","gossip_addr","alive","digest"(hex),"durable_seq",
 //!     "since_last_sync_ms"(or null),"seq_lag"}`, MAP `{"partitions",
 //!     "replication_factor","effective_replication","region","nodes":[{"node_name",
-//!     "region","replica","grpc_addr","state","alive","gone","partitions_owned"}..],
+//!     "region","replica","grpc_addr","state","alive","gone","partitions_owned",
+//!     "partitions_held","partitions_releasing"}..],
 //!     "owners":[[NODE INDEX..] per partition],"answered_by"}` (null from a
 //!     node without partition maps).
 //! - `tally admin drain NODE`: `node NODE is draining: ...` or `node NODE

@@ -72,6 +72,8 @@ pub fn summary(map: &PartitionMap) -> String {
                 }
                 .to_owned(),
                 node.partitions_owned.to_string(),
+                node.partitions_held.to_string(),
+                node.partitions_releasing.to_string(),
             ]
         })
         .collect();
@@ -81,6 +83,8 @@ pub fn summary(map: &PartitionMap) -> String {
             ("STATE", Align::Left),
             ("ALIVE", Align::Left),
             ("OWNS", Align::Right),
+            ("HOLDS", Align::Right),
+            ("RELEASING", Align::Right),
         ],
         &rows,
     ));
@@ -115,6 +119,8 @@ mod tests {
             alive,
             gone,
             partitions_owned: owned,
+            partitions_held: owned,
+            partitions_releasing: 0,
         }
     }
 
@@ -127,7 +133,11 @@ mod tests {
             region: "eu".into(),
             nodes: vec![
                 node("a", "active", true, false, 4),
-                node("b", "draining", true, false, 0),
+                PartitionNode {
+                    partitions_held: 3,
+                    partitions_releasing: 3,
+                    ..node("b", "draining", true, false, 0)
+                },
                 node("c", "active", false, true, 0),
                 node("d", "active", true, false, 4),
             ],
@@ -149,9 +159,13 @@ mod tests {
                 .split_whitespace()
                 .collect()
         };
-        assert_eq!(row("b "), ["b", "draining", "yes", "0"]);
-        assert_eq!(row("c "), ["c", "active", "gone", "0"]);
-        assert_eq!(row("d "), ["d", "active", "yes", "4"]);
+        assert_eq!(
+            row("NODE "),
+            ["NODE", "STATE", "ALIVE", "OWNS", "HOLDS", "RELEASING"]
+        );
+        assert_eq!(row("b "), ["b", "draining", "yes", "0", "3", "3"]);
+        assert_eq!(row("c "), ["c", "active", "gone", "0", "0", "0"]);
+        assert_eq!(row("d "), ["d", "active", "yes", "4", "4", "0"]);
         assert_eq!(
             lines[lines.len() - 2],
             "nodes by state: 3 active, 1 draining"

@@ -1,0 +1,171 @@
+//! Partition-scoped pulls over one cursor per peer (issue 11, handoff): the
+//! anti-entropy loop asks [`Holdings`](crate::partition::Holdings) what to
+//! pull from a peer, and this module turns that [`PullScope`] into the
+//! request's scope and cursors, and a pull's outcome into what to report
+//! back. No IO.
+//!
+//! A node keeps one set of cursors per peer (counters, set deltas,
+//! idempotency records), not one per partition. A partition this node is
+//! receiving and has not copied from the peer yet (in
+//! `PullScope::from_scratch`) needs the peer's whole history of it, so a
+//! *copy session* starts: every cursor goes back to the start and the
+//! scope's partitions are read again from there (the ones already held are
+//! merged again, which changes nothing). The session lasts over as many
+//! pulls as the copy takes (each pull is bounded in time and bytes) and ends
+//! at the pull that reaches the peer's durable sequence.
+//!
+//! A partition this node serves already (recovered after a restart, when
+//! `Holdings` has covered nothing yet) is not copied again: its cursors were
+//! persisted with what they merged, and what the peer changed of it before
+//! serving it were copies of other holders' writes, which this node has
+//! from them. Deltas cover it from the next pull that reaches the end.
+//!
+//! Invariant: a pull is reported to `Holdings` only when it reached the
+//! peer's durable sequence, and a partition is reported as served only if
+//! every chunk of every pull of its session served it, so that a partition
+//! the peer was itself still copying in is never taken as copied whole
+//! (invariant 8). A session restarts from the start when the scope asks for
+//! a partition from scratch that the session did not start with.
+
+use std::collections::HashMap;
+
+use crate::crdt::ReplicaId;
+use crate::partition::{PartitionSet, PullScope};
+use crate::replica::{Cursor, DeltaCursor, PullRequest, RecordsCursor};
+
+/// A copy from scratch in progress from one peer.
+#[derive(Clone, Debug)]
+struct Session {
+    /// The partitions it copies from scratch.
+    partitions: PartitionSet,
+    /// Those the peer served in every chunk so far.
+    served: PartitionSet,
+    /// The holdings' deletion epoch when it started.
+    epoch: u64,
+}
+
+/// How one pull ended.
+#[derive(Clone, Debug)]
+pub struct PullOutcome {
+    /// Whether the last chunk reached the peer's durable sequence (counters,
+    /// deltas and records).
+    pub reached_end: bool,
+    /// The partitions every chunk served (`None`: the peer named none, a
+    /// build that serves every partition).
+    pub served: Option<PartitionSet>,
+    /// The peer's sequence the counters were pulled through.
+    pub through_seq: u64,
+}
+
+impl PullOutcome {
+    /// No chunk yet.
+    pub fn new() -> Self {
+        PullOutcome {
+            reached_end: false,
+            served: None,
+            through_seq: 0,
+        }
+    }
+
+    /// Takes in one chunk's facts.
+    pub fn add_chunk(&mut self, served: Option<&PartitionSet>, through_seq: u64, last: bool) {
+        if let Some(served) = served {
+            self.served = Some(match self.served.take() {
+                Some(before) => before.intersection(served),
+                None => served.clone(),
+            });
+        }
+        self.through_seq = through_seq;
+        self.reached_end = last;
+    }
+}
+
+impl Default for PullOutcome {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What to tell `Holdings` after a pull: the scope, the partitions served
+/// throughout, the peer's sequence reached.
+pub type PullReport = (PullScope, PartitionSet, u64);
+
+/// The copy sessions of every peer (see the module documentation).
+#[derive(Debug, Default)]
+pub struct CopySessions {
+    sessions: HashMap<ReplicaId, Session>,
+}
+
+impl CopySessions {
+    /// Fits `request` (planned with the peer's cursors) to `scope`: its
+    /// partitions, and every cursor at the start when a session starts now
+    /// (`receiving`: the partitions this node is copying in).
+    pub fn prepare(
+        &mut self,
+        peer: ReplicaId,
+        scope: &PullScope,
+        receiving: &PartitionSet,
+        request: &mut PullRequest,
+    ) {
+        request.scope = Some(scope.partitions.clone());
+        let copy = scope.from_scratch.intersection(receiving);
+        if copy.is_empty() {
+            self.sessions.remove(&peer);
+            return;
+        }
+        let started = self
+            .sessions
+            .get(&peer)
+            .is_some_and(|session| copy.difference(&session.partitions).is_empty());
+        if started {
+            return;
+        }
+        self.sessions.insert(
+            peer,
+            Session {
+                partitions: copy,
+                served: scope.partitions.clone(),
+                epoch: scope.epoch,
+            },
+        );
+        request.after = Cursor::default();
+        request.deltas_after = request
+            .deltas_after
+            .as_ref()
+            .map(|_| DeltaCursor::default());
+        request.records_from = request.records_from.map(|_| RecordsCursor::default());
+    }
+
+    /// A pull made with `scope` ended with `outcome`: what to report, if it
+    /// reached the peer's durable sequence (the session, if any, ends).
+    pub fn finish(
+        &mut self,
+        peer: ReplicaId,
+        scope: &PullScope,
+        outcome: &PullOutcome,
+    ) -> Option<PullReport> {
+        let served = outcome
+            .served
+            .clone()
+            .unwrap_or_else(|| scope.partitions.clone());
+        let Some(session) = self.sessions.get_mut(&peer) else {
+            return outcome
+                .reached_end
+                .then(|| (scope.clone(), served, outcome.through_seq));
+        };
+        session.served = session.served.intersection(&served);
+        if !outcome.reached_end {
+            return None;
+        }
+        let session = self.sessions.remove(&peer)?;
+        let reported = PullScope {
+            epoch: session.epoch,
+            ..scope.clone()
+        };
+        Some((reported, session.served, outcome.through_seq))
+    }
+}
+
+#[cfg(test)]
+#[path = "copy_sessions_tests.rs"]
+mod tests;

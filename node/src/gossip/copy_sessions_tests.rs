@@ -1,0 +1,128 @@
+//! Copy sessions: when cursors go back to the start, how long a session
+//! lasts, and what a finished pull reports.
+
+use super::*;
+use crate::partition::{Partition, PartitionCount};
+use crate::replica::version::ProtocolWindow;
+
+const PEER: ReplicaId = ReplicaId(7);
+
+fn set(partitions: &[u32]) -> PartitionSet {
+    let mut set = PartitionSet::empty(PartitionCount::new(8).unwrap());
+    for partition in partitions {
+        set.insert(Partition(*partition));
+    }
+    set
+}
+
+fn scope(partitions: &[u32], from_scratch: &[u32]) -> PullScope {
+    PullScope {
+        peer: "eu-2".into(),
+        partitions: set(partitions),
+        from_scratch: set(from_scratch),
+        epoch: 3,
+    }
+}
+
+/// A request as the peer book plans it: cursors well past the start.
+fn planned() -> PullRequest {
+    PullRequest {
+        cluster_id: "c".into(),
+        caller: ReplicaId(1),
+        expected: Some(PEER),
+        after: Cursor::after_seq(40),
+        max_bytes: 1 << 20,
+        directory_digest: None,
+        protocol: ProtocolWindow::at(1, 1),
+        deltas_after: Some(DeltaCursor::after_seq(40)),
+        records_from: Some(RecordsCursor::after_seq(40)),
+        scope: None,
+    }
+}
+
+fn outcome(served: Option<&[u32]>, through_seq: u64, last: bool) -> PullOutcome {
+    let mut outcome = PullOutcome::new();
+    outcome.add_chunk(served.map(set).as_ref(), through_seq, last);
+    outcome
+}
+
+#[test]
+fn a_delta_pull_keeps_its_cursors_and_reports_only_when_it_reached_the_end() {
+    let mut sessions = CopySessions::default();
+    let scope = scope(&[1, 2], &[]);
+    let mut request = planned();
+    sessions.prepare(PEER, &scope, &set(&[]), &mut request);
+    assert_eq!(request.after, Cursor::after_seq(40));
+    assert_eq!(request.scope, Some(set(&[1, 2])));
+    assert!(sessions
+        .finish(PEER, &scope, &outcome(Some(&[1, 2]), 50, false))
+        .is_none());
+    let (reported, served, through) = sessions
+        .finish(PEER, &scope, &outcome(Some(&[2]), 60, true))
+        .unwrap();
+    assert_eq!((reported, served, through), (scope, set(&[2]), 60));
+}
+
+#[test]
+fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_the_end() {
+    let mut sessions = CopySessions::default();
+    let receiving = set(&[3]);
+    let first = scope(&[1, 3], &[1, 3]);
+    let mut request = planned();
+    sessions.prepare(PEER, &first, &receiving, &mut request);
+    assert_eq!(request.after, Cursor::default());
+    assert_eq!(request.deltas_after, Some(DeltaCursor::default()));
+    assert_eq!(request.records_from, Some(RecordsCursor::default()));
+    // The first pull stops half way, with partition 1 not served in one chunk.
+    assert!(sessions
+        .finish(PEER, &first, &outcome(Some(&[3]), 20, false))
+        .is_none());
+    // The next pull goes on from where the cursors are: no restart.
+    let mut request = planned();
+    sessions.prepare(PEER, &first, &receiving, &mut request);
+    assert_eq!(request.after, Cursor::after_seq(40));
+    let (reported, served, through) = sessions
+        .finish(PEER, &first, &outcome(Some(&[1, 3]), 45, true))
+        .unwrap();
+    // Partition 1 missed a chunk of the session: not served throughout.
+    assert_eq!(served, set(&[3]));
+    assert_eq!((reported.epoch, through), (3, 45));
+    // The session is over: the next pull is a delta pull again.
+    let mut request = planned();
+    sessions.prepare(PEER, &scope(&[1, 3], &[]), &receiving, &mut request);
+    assert_eq!(request.after, Cursor::after_seq(40));
+}
+
+#[test]
+fn a_new_partition_to_copy_restarts_the_session_and_a_served_one_never_starts_one() {
+    let mut sessions = CopySessions::default();
+    let mut request = planned();
+    sessions.prepare(PEER, &scope(&[3], &[3]), &set(&[3]), &mut request);
+    assert!(sessions
+        .finish(PEER, &scope(&[3], &[3]), &outcome(Some(&[3]), 20, false))
+        .is_none());
+    let mut request = planned();
+    sessions.prepare(PEER, &scope(&[3, 4], &[3, 4]), &set(&[3, 4]), &mut request);
+    assert_eq!(
+        request.after,
+        Cursor::default(),
+        "4 is copied from the start too"
+    );
+    // Recovered after a restart: served, not covered yet, not received.
+    let mut fresh = CopySessions::default();
+    let mut request = planned();
+    fresh.prepare(PEER, &scope(&[5], &[5]), &set(&[]), &mut request);
+    assert_eq!(request.after, Cursor::after_seq(40));
+}
+
+#[test]
+fn a_peer_that_names_no_served_partitions_serves_the_whole_scope() {
+    let mut sessions = CopySessions::default();
+    let scope = scope(&[1, 2], &[]);
+    let mut request = planned();
+    sessions.prepare(PEER, &scope, &set(&[]), &mut request);
+    let (_, served, _) = sessions
+        .finish(PEER, &scope, &outcome(None, 9, true))
+        .unwrap();
+    assert_eq!(served, set(&[1, 2]));
+}
