@@ -54,9 +54,11 @@ impl Scope {
 impl Replica {
     /// The partitions this replica serves from now on (`None`: every one).
     /// Pulls answered after this serve only these, and adds of keys of other
-    /// partitions are refused.
+    /// partitions are refused. A full set is kept as `None`: it means the
+    /// same, and then no request hashes its key (a single node, or a region
+    /// whose every node holds every partition, pays nothing).
     pub fn set_serving(&mut self, serving: Option<PartitionSet>) {
-        self.scope.serving = serving;
+        self.scope.serving = serving.filter(|set| !set.is_full());
     }
 
     /// The partitions this replica serves (`None`: every one).

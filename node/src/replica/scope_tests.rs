@@ -216,3 +216,12 @@ fn commits_stamp_each_partition_s_latest_change_once_tracking_is_on() {
     assert_eq!(a.replica.latest_change(Partition(1)), Some(1));
     assert_eq!(a.replica.latest_change(Partition(5)), Some(1));
 }
+
+#[test]
+fn serving_every_partition_is_kept_as_serving_all() {
+    let mut a = node();
+    a.replica.set_serving(Some(PartitionSet::full(count())));
+    assert_eq!(a.replica.serving(), None, "no key is hashed per request");
+    a.replica.set_serving(Some(set(&[1])));
+    assert_eq!(a.replica.serving(), Some(&set(&[1])));
+}
