@@ -48,10 +48,11 @@ pub enum Routing {
     /// answer carries a `tally-owner` header naming the owner.
     ThroughEndpoint,
     /// Everything to the configured endpoint, served there and never
-    /// forwarded (the request carries the forwarded marker). Every node
-    /// still stores every counter, so the answer is right; the add lands in
-    /// that node's slot. For tests and checkers that account each add to
-    /// the node it was sent to; a service has no reason to use it.
+    /// forwarded (the request carries the forwarded marker): the add lands
+    /// in that node's slot, and a node that does not serve the key's
+    /// partition refuses it (`UNAVAILABLE`). For tests and checkers that
+    /// account each add to the node it was sent to; a service has no reason
+    /// to use it.
     Pinned,
 }
 

@@ -11,10 +11,10 @@
 //! - **Failover.** When the owner does not answer (no connection, or
 //!   `UNAVAILABLE` that the owner's handler did not send: it marks its own
 //!   answers with [`SERVED_BY_HEADER`]), the next live owner is tried, and
-//!   when none answers the request is **served here**. Every node still
-//!   stores every counter, so the add lands in this node's slot and merges;
-//!   DESIGN.md promises that a service adding in its region gets an answer
-//!   whatever other nodes do. An answer of the owner (an error included) is
+//!   when none answers the request is **served here** if this node serves
+//!   the key's partition (the add lands in this node's slot and merges), and
+//!   is refused as not served otherwise (this node holds none of it, or a
+//!   copy still coming in). An answer of the owner (an error included) is
 //!   passed back as it is: an owner that answered `UNAVAILABLE` ("copies
 //!   missing, outcome unknown") must not be applied a second time here.
 //! - **Idempotency window** (issue 11 item 6): a retry that fails over to
