@@ -102,7 +102,7 @@ pub fn spawn_anti_entropy(
             // Asked before the core is locked: the lifecycle keeper locks
             // the partitioning first and the core second.
             let sources = partitioning.pull_sources();
-            let receiving = partitioning.holdings().1;
+            let receiving = partitioning.receiving();
             let (plans, own, protocol) = {
                 let mut core = engine.core();
                 let region = core.identity().region.clone();
@@ -338,7 +338,7 @@ async fn run_pull(
     plan: &PullPlan,
     request: &PullRequest,
 ) -> Result<PullOutcome, String> {
-    let mut outcome = PullOutcome::new();
+    let mut outcome = PullOutcome::default();
     let mut client = ReplicationClient::new(channel).max_decoding_message_size(16 << 20);
     let mut stream = client
         .pull(pull_request_to(request))

@@ -44,8 +44,8 @@ struct Session {
     epoch: u64,
 }
 
-/// How one pull ended.
-#[derive(Clone, Debug)]
+/// How one pull ended (`default()`: no chunk yet).
+#[derive(Clone, Debug, Default)]
 pub struct PullOutcome {
     /// Whether the last chunk reached the peer's durable sequence (counters,
     /// deltas and records).
@@ -58,15 +58,6 @@ pub struct PullOutcome {
 }
 
 impl PullOutcome {
-    /// No chunk yet.
-    pub fn new() -> Self {
-        PullOutcome {
-            reached_end: false,
-            served: None,
-            through_seq: 0,
-        }
-    }
-
     /// Takes in one chunk's facts.
     pub fn add_chunk(&mut self, served: Option<&PartitionSet>, through_seq: u64, last: bool) {
         if let Some(served) = served {
@@ -77,12 +68,6 @@ impl PullOutcome {
         }
         self.through_seq = through_seq;
         self.reached_end = last;
-    }
-}
-
-impl Default for PullOutcome {
-    fn default() -> Self {
-        Self::new()
     }
 }
 

@@ -41,7 +41,7 @@ fn planned() -> PullRequest {
 }
 
 fn outcome(served: Option<&[u32]>, through_seq: u64, last: bool) -> PullOutcome {
-    let mut outcome = PullOutcome::new();
+    let mut outcome = PullOutcome::default();
     outcome.add_chunk(served.map(set).as_ref(), through_seq, last);
     outcome
 }

@@ -94,13 +94,6 @@ pub enum SetDelta {
 }
 
 impl SetDelta {
-    /// The like set's or uniques' key.
-    pub fn key(&self) -> &str {
-        match self {
-            SetDelta::Likes { key, .. } | SetDelta::Uniques { key, .. } => key,
-        }
-    }
-
     /// Members or registers carried.
     pub fn len(&self) -> usize {
         match self {
