@@ -181,6 +181,9 @@ pub struct Metrics {
     /// Partitions this node holds, per handoff state (`receiving`, `ready`,
     /// `releasing`).
     pub partitions_held: Family<HoldingLabels, Gauge>,
+    /// Stored counters of partitions no longer kept that the purge deleted
+    /// or cut down to this node's own slot.
+    pub purged_counters: Counter,
     /// Nodes of the cluster as this node sees them, by region and lifecycle state.
     pub nodes: Family<NodeStateLabels, Gauge>,
     /// Partitions per region held up to date by fewer live owners than the
@@ -243,6 +246,7 @@ impl Metrics {
             copies_taken: Counter::default(),
             partitions_owned: Gauge::default(),
             partitions_held: Family::default(),
+            purged_counters: Counter::default(),
             nodes: Family::default(),
             partitions_under_replicated: Family::default(),
             forwarded_requests: Family::default(),
@@ -475,6 +479,11 @@ impl Metrics {
             "partitions_held",
             "Partitions this node holds, by handoff state: receiving (being copied in, not served), ready (owned and served), releasing (served until every new owner has caught up)",
             metrics.partitions_held.clone(),
+        );
+        registry.register(
+            "purged_counters",
+            "Stored counters of partitions handed off (no longer kept here) deleted, or cut down to this node's own slot, by the purge",
+            metrics.purged_counters.clone(),
         );
         registry.register(
             "partitions_under_replicated",

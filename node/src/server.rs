@@ -138,6 +138,8 @@ pub struct NodeHandle {
     recount_task: JoinHandle<()>,
     fold_task: JoinHandle<()>,
     lifecycle_task: JoinHandle<()>,
+    /// The confirmer and the purger of released partitions.
+    release_tasks: [JoinHandle<()>; 2],
     anti_entropy: AntiEntropyHandle,
     copier: CopierHandle,
     committer: CommitterHandle,
@@ -354,6 +356,9 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         anti_entropy_config.clone(),
         engine.metrics().clone(),
     ));
+    let confirmer =
+        crate::gossip::release::spawn_confirmer(partitioning.clone(), anti_entropy_config.clone());
+    let purger = crate::gossip::release::spawn_purger(engine.clone(), partitioning.clone());
     let anti_entropy =
         spawn_anti_entropy(engine.clone(), partitioning.clone(), anti_entropy_config);
 
@@ -429,6 +434,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         recount_task,
         fold_task,
         lifecycle_task,
+        release_tasks: [confirmer, purger],
         anti_entropy,
         copier,
         committer,
@@ -527,6 +533,10 @@ impl NodeHandle {
         let _ = self.fold_task.await;
         self.lifecycle_task.abort();
         let _ = self.lifecycle_task.await;
+        for task in self.release_tasks {
+            task.abort();
+            let _ = task.await;
+        }
         match Arc::try_unwrap(self.membership) {
             Ok(membership) => {
                 if let Err(error) = membership.shutdown().await {

@@ -9,7 +9,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{NodeProcess, NodeSpec};
@@ -39,7 +39,8 @@ async fn map_of(endpoint: &str) -> Option<PartitionMap> {
 }
 
 /// Waits until every node answers the same map, with `nodes` nodes all
-/// active and each holding every partition it owns.
+/// active and each holding exactly the partitions it owns (nothing is
+/// received or released any more).
 async fn settled_map(endpoints: &[String], nodes: usize) -> PartitionMap {
     let deadline = tokio::time::Instant::now() + LIMIT;
     loop {
@@ -56,7 +57,8 @@ async fn settled_map(endpoints: &[String], nodes: usize) -> PartitionMap {
                     && map.nodes.iter().all(|node| {
                         node.state == "active"
                             && node.alive
-                            && node.partitions_held >= node.partitions_owned
+                            && node.partitions_held == node.partitions_owned
+                            && node.partitions_releasing == 0
                     })
             });
         if settled {
@@ -72,14 +74,32 @@ async fn settled_map(endpoints: &[String], nodes: usize) -> PartitionMap {
     }
 }
 
-/// Every counter key the node at `endpoint` stores: a pull of everything
-/// (no scope) from the start.
-async fn stored_keys(endpoint: &str) -> BTreeSet<String> {
-    common::stored_counters(endpoint)
-        .await
+/// The node's replica id, and each counter it stores (a pull of everything,
+/// no scope, from the start) as its slots: writer to (p, n).
+async fn stored_slots(endpoint: &str) -> (u64, BTreeMap<String, BTreeMap<u64, (u64, u64)>>) {
+    let (own, counters) = common::stored_counters_of(endpoint).await;
+    let counters = counters
         .into_iter()
-        .map(|counter| String::from_utf8(counter.key.to_vec()).unwrap())
-        .collect()
+        .map(|counter| {
+            let slots = counter
+                .slots
+                .iter()
+                .map(|slot| (slot.replica, (slot.p, slot.n)))
+                .collect();
+            (String::from_utf8(counter.key.to_vec()).unwrap(), slots)
+        })
+        .collect();
+    (own, counters)
+}
+
+/// The node's count of counters purged (deleted or cut to its own slot).
+fn purged(node: &NodeProcess) -> u64 {
+    let (_, metrics) = common::http_get(node.spec.http, "/metrics").unwrap();
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("tally_purged_counters_total "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no purge metric:\n{metrics}"))
 }
 
 /// Reads every key through `endpoint` and checks it against `expected`.
@@ -131,43 +151,75 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
         check_values(&endpoint, &expected).await;
     }
 
-    // The last joiner stores exactly the keys of the partitions it owns:
-    // it copied those and nothing else. eu-1 held everything, and eu-2,
-    // which joined a region of one with RF 2, owned everything until eu-3
-    // came: both still serve what they no longer own, as releasing, until
-    // deletion hands it off.
-    let all: BTreeSet<String> = (0..KEYS).map(key).collect();
-    let owned: BTreeSet<String> = all
-        .iter()
-        .filter(|key| map.owners_of(partition_of(key)).contains(&"eu-3"))
-        .cloned()
-        .collect();
-    assert!(
-        !owned.is_empty() && owned.len() < KEYS,
-        "eu-3 owns {}",
-        owned.len()
-    );
-    assert_eq!(stored_keys(&nodes[2].endpoint()).await, owned);
-    let lifecycle = std::fs::read_to_string(nodes[2].spec.data_dir.join("LIFECYCLE")).unwrap();
-    assert!(lifecycle.contains("serving = "), "{lifecycle}");
-    for (index, name) in [(0, "eu-1"), (1, "eu-2"), (2, "eu-3")] {
+    // Handoff ends with deletion (the map settles only once nothing is
+    // releasing): eu-1 held everything, and eu-2 owned everything until
+    // eu-3 came; each released the rest once its new owners confirmed they
+    // hold it. Of a partition it released, a node stores only the counters
+    // it wrote, cut down to its own slot (a later add there continues it).
+    // eu-3, a joiner, copied the partitions it owns and nothing else.
+    let all: Vec<String> = (0..KEYS).map(key).collect();
+    let mut stored = Vec::new();
+    for endpoint in endpoints(&nodes) {
+        stored.push(stored_slots(&endpoint).await);
+    }
+    // Each key's slots as the nodes hold them between them (slot-wise max).
+    let mut whole: BTreeMap<&str, BTreeMap<u64, (u64, u64)>> = BTreeMap::new();
+    for (_, counters) in &stored {
+        for (key, slots) in counters {
+            let entry = whole.entry(key.as_str()).or_default();
+            for (writer, (p, n)) in slots {
+                let slot = entry.entry(*writer).or_default();
+                *slot = (slot.0.max(*p), slot.1.max(*n));
+            }
+        }
+    }
+    for (index, name) in ["eu-1", "eu-2", "eu-3"].into_iter().enumerate() {
+        let (own, counters) = &stored[index];
         let row = map
             .nodes
             .iter()
             .find(|node| node.node_name == name)
             .unwrap();
-        let releasing = if name == "eu-3" {
-            0
-        } else {
-            assert_eq!(stored_keys(&nodes[index].endpoint()).await, all, "{name}");
-            P as u32 - row.partitions_owned
-        };
         assert_eq!(
             (row.partitions_held, row.partitions_releasing),
-            (row.partitions_owned + releasing, releasing),
+            (row.partitions_owned, 0),
             "{name}"
         );
+        for key in &all {
+            let owned = map.owners_of(partition_of(key)).contains(&name);
+            let mine = whole[key.as_str()].get(own).copied().unwrap_or_default();
+            match counters.get(key) {
+                Some(_) if owned => {}
+                None if owned => panic!("{name} owns {key} and does not store it"),
+                Some(slots) => assert_eq!(
+                    slots,
+                    &BTreeMap::from([(*own, mine)]),
+                    "{name} keeps of {key} only its own slot"
+                ),
+                None => assert_eq!(mine, (0, 0), "{name} deleted its own slot of {key}"),
+            }
+        }
     }
+    let owned_by = |name: &str| {
+        all.iter()
+            .filter(|key| map.owners_of(partition_of(key)).contains(&name))
+            .count()
+    };
+    assert!(
+        owned_by("eu-3") > 0 && owned_by("eu-3") < KEYS,
+        "eu-3 owns {}",
+        owned_by("eu-3")
+    );
+    assert_eq!(stored[2].1.len(), owned_by("eu-3"), "eu-3 copied its own");
+    assert!(
+        stored[1].1.len() < KEYS,
+        "eu-2 deleted what it released and never wrote"
+    );
+    for node in &nodes[..2] {
+        assert!(purged(node) > 0, "{}: nothing purged", node.spec.node_name);
+    }
+    let lifecycle = std::fs::read_to_string(nodes[2].spec.data_dir.join("LIFECYCLE")).unwrap();
+    assert!(lifecycle.contains("serving = "), "{lifecycle}");
 
     // Adds after the joins, through each node in turn, go to the keys'
     // holders; a restarted joiner serves again what it held, at once.
@@ -214,5 +266,33 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
+    }
+    // A drain of eu-1: it hands every partition to eu-2 and eu-3, deletes
+    // them once both confirmed, and has left; every key stays exact through
+    // every node, eu-1 included (it forwards).
+    let eu_2 = Client::connect(nodes[1].endpoint()).await.unwrap();
+    eu_2.drain("eu-1").await.unwrap();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let drained = map_of(&nodes[1].endpoint()).await.is_some_and(|map| {
+            map.nodes.iter().all(|node| match node.node_name.as_str() {
+                "eu-1" => node.state == "left" && node.partitions_held == 0,
+                _ => node.partitions_held == P as u32 && node.partitions_releasing == 0,
+            })
+        });
+        if drained {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "eu-1 never left");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lifecycle = std::fs::read_to_string(nodes[0].spec.data_dir.join("LIFECYCLE")).unwrap();
+    assert!(lifecycle.contains("left"), "{lifecycle}");
+    let (own, counters) = stored_slots(&nodes[0].endpoint()).await;
+    for (key, slots) in &counters {
+        assert_eq!(slots.keys().collect::<Vec<_>>(), vec![&own], "{key}");
+    }
+    for endpoint in endpoints(&nodes) {
+        check_values(&endpoint, &expected).await;
     }
 }

@@ -27,6 +27,9 @@ pub const CHUNK_BYTES: usize = 32 << 10;
 pub struct ReplicationService {
     engine: Arc<Engine>,
     require_peer_certificate: bool,
+    /// What answers a releasing node's confirmations (`None`: confirms
+    /// nothing).
+    partitioning: Option<Arc<crate::gossip::lifecycle::Partitioning>>,
 }
 
 impl ReplicationService {
@@ -37,7 +40,17 @@ impl ReplicationService {
         ReplicationService {
             engine,
             require_peer_certificate,
+            partitioning: None,
         }
+    }
+
+    /// Answers confirmations of released partitions from `partitioning`.
+    pub fn with_partitioning(
+        mut self,
+        partitioning: Arc<crate::gossip::lifecycle::Partitioning>,
+    ) -> Self {
+        self.partitioning = Some(partitioning);
+        self
     }
 }
 
@@ -127,6 +140,57 @@ impl Replication for ReplicationService {
         super::copies::serve(&self.engine, request.into_inner())
             .await
             .map(Response::new)
+    }
+
+    async fn confirm_holding(
+        &self,
+        request: Request<pb::ConfirmHoldingRequest>,
+    ) -> Result<Response<pb::ConfirmHoldingResponse>, Status> {
+        self.check_peer_certificate(&request, "confirming a handoff")?;
+        let request = request.into_inner();
+        let ours = self.engine.core().config().cluster_id.clone();
+        if request.cluster_id != ours {
+            self.engine.metrics().refused("foreign_cluster");
+            return Err(Status::failed_precondition(format!(
+                "cluster id mismatch: this node belongs to cluster '{ours}', the caller to '{}'",
+                request.cluster_id
+            )));
+        }
+        if request.asker.is_empty() {
+            return Err(Status::invalid_argument(
+                "asker is empty: name the node releasing the partitions",
+            ));
+        }
+        let Some(partitioning) = &self.partitioning else {
+            return Ok(Response::new(pb::ConfirmHoldingResponse::default()));
+        };
+        let count = partitioning.settings().partitions;
+        let partitions = request
+            .partitions
+            .ok_or_else(|| {
+                Status::invalid_argument("partitions is missing: name the partitions to confirm")
+            })
+            .and_then(|set| {
+                super::convert::partition_set_from(set).map_err(|error| {
+                    Status::invalid_argument(format!("partitions is not a partition set: {error}"))
+                })
+            })?;
+        if partitions.count() != count {
+            return Err(Status::failed_precondition(format!(
+                "partition count mismatch: this node's cluster has {} partitions, the request {}",
+                count.get(),
+                partitions.count().get()
+            )));
+        }
+        let confirmations = partitioning
+            .answer_confirms(&request.asker, &partitions)
+            .into_iter()
+            .map(|(partition, through_seq)| pb::HoldingConfirmation {
+                partition: partition.0,
+                through_seq,
+            })
+            .collect();
+        Ok(Response::new(pb::ConfirmHoldingResponse { confirmations }))
     }
 }
 

@@ -65,10 +65,10 @@ pub async fn spawn_grpc(
     let likes = LikesServer::new(LikesService::new(engine.clone()))
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let replication = ReplicationServer::new(ReplicationService::new(
-        engine.clone(),
-        security.tls.is_some(),
-    ))
+    let replication = ReplicationServer::new(
+        ReplicationService::new(engine.clone(), security.tls.is_some())
+            .with_partitioning(partitioning.clone()),
+    )
     .max_decoding_message_size(MAX_MESSAGE_BYTES)
     .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let admin = AdminServer::new(AdminService::new(

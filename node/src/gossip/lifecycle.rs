@@ -23,7 +23,11 @@
 //! it what to pull from whom ([`Partitioning::pull_scope`]) and reports
 //! complete pulls ([`Partitioning::handle_pulled`]). A joining node becomes
 //! active once it receives nothing. Releasing partitions are kept and served
-//! (handing off ends with their deletion, which comes next).
+//! until every owner confirmed holding this node's changes of them
+//! ([`Partitioning::confirm_requests`], asked by `release.rs`); then each
+//! round stops serving them (under the core's lock, so no add slips in),
+//! persists and publishes that, and starts the purge of what is stored of
+//! them ([`Partitioning::purge_step`]).
 //!
 //! It also keeps the node's [`RouteTable`] ([`Partitioning::routes`]),
 //! rebuilt when membership, liveness, an address or what a node holds
@@ -43,8 +47,9 @@ use crate::engine::{now_ms, Engine};
 use crate::lifecycle_file::{self, LifecycleFileError};
 use crate::partition::{
     AdminRefusal, ClusterView, DrainStep, Holdings, Lifecycle, LifecycleRecord, MemberFacts,
-    NodeState, PartitionSet, PullScope, RouteTable, ViewSettings,
+    NodeState, Partition, PartitionSet, PullScope, RouteTable, ViewSettings,
 };
+use crate::replica::PurgeStep;
 
 /// Why an operator's drain or removal failed.
 #[derive(Debug, thiserror::Error)]
@@ -160,7 +165,7 @@ impl Partitioning {
         if lifecycle.state() == NodeState::Left {
             tracing::error!(
                 replica = %replica,
-                "this node was removed from the cluster (tally admin remove): it owns no partition; \
+                "this node has left the cluster (drained, or removed by tally admin remove): it owns and holds no partition; \
                  to bring this machine back, wipe its data directory and start it again as a new node"
             );
         }
@@ -251,6 +256,99 @@ impl Partitioning {
         self.lock()
             .holdings
             .handle_pulled(scope, served, through_seq);
+    }
+
+    /// Decides which released partitions go now (see
+    /// [`Holdings::poll_deletions`]), and stops serving them, under the
+    /// core's lock: their latest changes and quietness are read there, and
+    /// no add can land in a partition between the check and the replica's
+    /// refusal of it. Tracking each partition's latest change starts with
+    /// the first release (commits before count as changing every partition).
+    fn delete_released(&self, engine: &Engine, holdings: &mut Holdings) -> Vec<Partition> {
+        let releasing = holdings.releasing();
+        let receiving = holdings.receiving();
+        if releasing.is_empty() && receiving.is_empty() {
+            return Vec::new();
+        }
+        let count = self.settings.partitions;
+        let mut core = engine.core();
+        if !releasing.is_empty() {
+            let since = core.changes_durable_at();
+            core.track_partition_changes(count, since);
+        }
+        for partition in releasing.iter() {
+            if let Some(seq) = core.latest_change(partition) {
+                holdings.handle_change(partition, seq);
+            }
+        }
+        holdings.handle_durable(core.durable_seq());
+        let deleted = holdings.poll_deletions(|partition| core.partition_quiet(count, partition));
+        if !deleted.is_empty() {
+            core.set_serving(Some(holdings.serving()));
+        }
+        deleted
+    }
+
+    /// The confirmations to ask for now: per owner, the partitions this
+    /// node releases that it has not confirmed through their latest change.
+    pub fn confirm_requests(&self) -> BTreeMap<String, PartitionSet> {
+        let inner = self.lock();
+        let mut requests: BTreeMap<String, PartitionSet> = BTreeMap::new();
+        for request in inner.holdings.poll_confirm_requests() {
+            requests
+                .entry(request.owner)
+                .or_insert_with(|| PartitionSet::empty(self.settings.partitions))
+                .insert(request.partition);
+        }
+        requests
+    }
+
+    /// Answers node `asker`, which releases `partitions`: for each that this
+    /// node holds up to date and has pulled from the asker, the asker's
+    /// sequence it pulled through.
+    pub fn answer_confirms(&self, asker: &str, partitions: &PartitionSet) -> Vec<(Partition, u64)> {
+        let inner = self.lock();
+        partitions
+            .iter()
+            .filter_map(|partition| {
+                let seq = inner.holdings.answer_confirm(partition, asker)?;
+                Some((partition, seq))
+            })
+            .collect()
+    }
+
+    /// Owner `owner`'s answers (partitions it left out are not confirmed).
+    pub fn handle_confirms(&self, owner: &str, answers: &[(Partition, u64)]) {
+        let mut inner = self.lock();
+        for (partition, seq) in answers {
+            inner.holdings.handle_confirm(*partition, owner, Some(*seq));
+        }
+    }
+
+    /// One bounded step of the purge of partitions no longer kept (see
+    /// `replica/purge.rs`): `None` when no pass runs. The partitioning's
+    /// lock is held throughout, so no partition becomes kept (and starts
+    /// being copied in) while the step decides what is not.
+    pub fn purge_step(
+        &self,
+        engine: &Engine,
+        limit: usize,
+    ) -> Result<Option<PurgeStep>, crate::replica::StorageError> {
+        let inner = self.lock();
+        if !inner.has_view {
+            return Ok(None);
+        }
+        let kept = inner.holdings.kept();
+        let count = self.settings.partitions;
+        let store = engine.store().clone();
+        let mut core = engine.core();
+        if !core.purging() {
+            return Ok(None);
+        }
+        core.poll_purge(now_ms(), &*store, limit, |key| {
+            kept.contains(count.of_key(key.as_bytes()))
+        })
+        .map(Some)
     }
 
     /// The partitions being copied in.
@@ -429,7 +527,7 @@ impl Partitioning {
     fn handle_round(&self, engine: &Engine, members: Vec<MemberFacts>) {
         let heard = self.membership.has_heard_the_cluster();
         let durable_seq = *engine.durable_seq().borrow();
-        let (before, after) = {
+        let (before, after, deleted) = {
             let mut inner = self.lock();
             let before = inner.lifecycle.state();
             let now = now_ms();
@@ -438,10 +536,17 @@ impl Partitioning {
             // A joining node is caught up once it receives nothing more.
             let caught_up = inner.has_view && holdings.receiving().is_empty();
             lifecycle.handle_members(now, members, caught_up);
+            let mut deleted = Vec::new();
             if heard {
                 holdings.handle_durable(durable_seq);
                 holdings.handle_view(&lifecycle.view(now, self.settings));
+                deleted = self.delete_released(engine, &mut holdings);
+                if !deleted.is_empty() {
+                    // The replica was told at once (see `delete_released`).
+                    inner.replica_serving = Some(holdings.serving());
+                }
                 lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
+                lifecycle.handle_drained(inner.has_view && holdings.kept().is_empty());
             }
             if lifecycle.record() != inner.lifecycle.record() {
                 if let Err(error) = lifecycle_file::store(&self.data_dir, &lifecycle.record()) {
@@ -456,11 +561,23 @@ impl Partitioning {
             }
             self.publish(&lifecycle, &holdings);
             let after = lifecycle.state();
+            // What is stored of a partition goes only once the record no
+            // longer names it as served: a restart never serves a
+            // partition half purged. The first view purges what a crash
+            // left of partitions no longer kept.
+            let first_view = heard && !inner.has_view;
+            if !deleted.is_empty() || (first_view && !holdings.kept().is_full()) {
+                engine.core().start_purge();
+            }
             inner.lifecycle = lifecycle;
             inner.holdings = holdings;
             inner.has_view |= heard;
-            (before, after)
+            (before, after, deleted)
         };
+        if !deleted.is_empty() {
+            let deleted: Vec<String> = deleted.iter().map(|p| p.0.to_string()).collect();
+            tracing::info!(partitions = %deleted.join(","), "partitions handed off: every owner confirmed holding this node's changes of them (or they were copies only); no longer served here, their counters are being deleted");
+        }
         if before != after {
             tracing::info!(from = %before, to = %after, "lifecycle state changed");
         }

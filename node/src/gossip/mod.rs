@@ -1,6 +1,7 @@
 //! Membership (chitchat), the anti-entropy loop over gRPC, the pusher of
 //! replicated durability's copies, and the node's lifecycle and partition
-//! map ([`lifecycle`]).
+//! map ([`lifecycle`]), and the end of a handoff: confirmations and the
+//! purge ([`release`]).
 
 pub mod anti_entropy;
 pub mod copier;
@@ -8,3 +9,4 @@ pub mod copy_sessions;
 pub mod fold_report;
 pub mod lifecycle;
 pub mod membership;
+pub mod release;

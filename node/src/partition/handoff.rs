@@ -345,10 +345,12 @@ impl Holdings {
 
     /// The partitions to delete now, forgotten here at once: released
     /// partitions that every owner confirmed through this node's latest
-    /// durable change, and receiving ones this node no longer owns. The
-    /// runtime deletes their counters and idempotency records; this node no
-    /// longer serves or keeps them.
-    pub fn poll_deletions(&mut self) -> Vec<Partition> {
+    /// durable change and that are `quiet` (no change to them waits for a
+    /// commit, which would raise the latest change once stamped), and
+    /// receiving ones this node no longer owns. The runtime stops serving
+    /// them before anything can change them again, then deletes what it
+    /// stores of them; this node no longer serves or keeps them.
+    pub fn poll_deletions(&mut self, quiet: impl Fn(Partition) -> bool) -> Vec<Partition> {
         let Some(view) = &self.view else {
             return Vec::new();
         };
@@ -361,6 +363,7 @@ impl Holdings {
                     let latest = self.latest_change[partition.0 as usize];
                     let owners = view.owners(&self.region, *partition);
                     latest <= self.durable_seq
+                        && quiet(*partition)
                         && !owners.is_empty()
                         && owners.iter().all(|owner| {
                             *owner != self.name

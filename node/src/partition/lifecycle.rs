@@ -172,6 +172,18 @@ impl Lifecycle {
         }
     }
 
+    /// A draining node that holds nothing any more (every partition it held
+    /// was confirmed by its new owners and deleted) has left: it may be
+    /// stopped for good. Returns true when the state changed (persist the
+    /// record before publishing it).
+    pub fn handle_drained(&mut self, holds_nothing: bool) -> bool {
+        if self.state == NodeState::Draining && holds_nothing {
+            self.state = NodeState::Left;
+            return true;
+        }
+        false
+    }
+
     /// What this node serves now and, of that, releases (from its
     /// [`Holdings`](super::Holdings)): its views and its record say so from
     /// now on.

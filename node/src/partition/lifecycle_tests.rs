@@ -117,6 +117,15 @@ fn a_drain_request_is_adopted_by_its_target_and_dropped_once_it_complies() {
     // A draining node never goes back to active, whatever it is told.
     assert!(!target.handle_members(3, vec![], true));
     assert_eq!(target.state(), NodeState::Draining);
+    // It has left once it holds nothing more, and only then.
+    assert!(!target.handle_drained(false));
+    assert_eq!(target.state(), NodeState::Draining);
+    assert!(target.handle_drained(true));
+    assert_eq!(target.record().state, NodeState::Left);
+    assert!(
+        !active(4).handle_drained(true),
+        "only a draining node leaves"
+    );
 }
 
 #[test]

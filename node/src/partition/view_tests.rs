@@ -130,7 +130,7 @@ fn a_single_node_owns_and_serves_every_partition_at_once() {
     );
     holdings.handle_view(&view);
     assert!(holdings.serving().is_full());
-    assert!(holdings.poll_deletions().is_empty());
+    assert!(holdings.poll_deletions(|_| true).is_empty());
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod idempotency;
 mod idempotency_sync;
 mod identity;
 mod protocol;
+mod purge;
 mod record_sources;
 mod retire;
 mod scope;
@@ -45,6 +46,7 @@ pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};
 pub use protocol::{
     ChunkRefused, MergeReport, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
 };
+pub use purge::PurgeStep;
 pub use sets::{
     LikeAccepted, LikeRefused, LikeRequest, LikeWrite, ObserveAccepted, SetDelta, SetKind,
     UniqueWrite, MAX_KEYS_PER_CALL, MAX_MEMBERS_PER_CALL,
@@ -302,6 +304,8 @@ pub struct Replica {
     /// Which learned records of each segment came from which peer
     /// (`record_sources.rs`).
     record_sources: record_sources::RecordSources,
+    /// Counters of partitions no longer kept, being dropped (`purge.rs`).
+    purge: purge::Purge,
 }
 
 /// The most expired idempotency records one tick forgets (bounded work under the lock).
@@ -376,6 +380,7 @@ impl Replica {
             copies: copies::CopyBook::starting_at(recovered.durable_seq),
             scope: scope::Scope::default(),
             record_sources: record_sources::RecordSources::default(),
+            purge: purge::Purge::default(),
             config,
         }
     }
@@ -660,6 +665,7 @@ impl Replica {
             || !self.id_keys_put.is_empty()
             || self.directory.has_pending()
             || !self.pruned_pending.is_empty()
+            || self.purge.has_pending()
             || watermarks_dirty;
         let housekeeping =
             !self.idempotency_delete.is_empty() || !self.superseded_pending.is_empty();
@@ -694,6 +700,9 @@ impl Replica {
             self.scope.note_change(&key, seq);
             counters.push((key, entry.live.clone()));
         }
+        let (deleted, ended) = self.commit_purge(&mut digest, &mut writer_digests);
+        let mut superseded = std::mem::take(&mut self.superseded_pending);
+        superseded.extend(ended);
         let (likes, uniques, sets_digest) = self.sets.take_writes();
         for key in likes
             .iter()
@@ -708,7 +717,8 @@ impl Replica {
             delta_watermarks,
             seq,
             counters,
-            superseded: std::mem::take(&mut self.superseded_pending),
+            deleted,
+            superseded,
             idempotency_put: std::mem::take(&mut self.idempotency_put),
             idempotency_delete: std::mem::take(&mut self.idempotency_delete),
             id_keys_put: std::mem::take(&mut self.id_keys_put),
@@ -758,6 +768,7 @@ impl Replica {
             entry.committing = false;
         }
         self.sets.commit_done(&batch.likes, &batch.uniques);
+        self.purge.commit_done();
         self.durable_seq = seq;
         self.digest = batch.digest;
         self.sets_digest = batch.sets_digest;
@@ -776,6 +787,7 @@ impl Replica {
         };
         self.idempotency.unassign_segment(seq);
         self.note_commit_failed_for_copies(seq);
+        self.purge.commit_failed();
         let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
         if !batch.idempotency_put.is_empty() {
             self.idempotency_delete.push(seq);

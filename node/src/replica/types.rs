@@ -145,6 +145,9 @@ pub struct CommitBatch {
     pub seq: u64,
     /// Counters to write, with their full state.
     pub counters: Vec<(Key, PnCounter)>,
+    /// Counters to delete (of partitions this node no longer keeps; their
+    /// change-log entries are in `superseded`).
+    pub deleted: Vec<Key>,
     /// Change-log entries superseded by an earlier, already durable commit.
     pub superseded: Vec<Change>,
     /// Idempotency records to write, as one segment keyed by `seq`.
@@ -188,6 +191,7 @@ impl CommitBatch {
     /// True when the batch writes nothing a peer or a restart would see.
     pub fn is_empty(&self) -> bool {
         self.counters.is_empty()
+            && self.deleted.is_empty()
             && self.superseded.is_empty()
             && self.idempotency_put.is_empty()
             && self.idempotency_delete.is_empty()

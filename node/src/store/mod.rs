@@ -114,6 +114,9 @@ pub fn batch_ops(
         };
         ops.push(Op::Put(counter_key(key), value));
     }
+    for key in &batch.deleted {
+        ops.push(Op::Delete(counter_key(key)));
+    }
     if !batch.idempotency_put.is_empty() {
         let value = if format < 2 {
             encode_idempotency_v1(&batch.idempotency_put)

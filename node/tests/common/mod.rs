@@ -687,6 +687,11 @@ pub fn add_one(key: &str, idempotency_key: &str) -> tonic::Request<tally_proto::
 /// Every counter the node at `endpoint` stores, as a raw `Pull` of
 /// everything (no scope) from the start returns them.
 pub async fn stored_counters(endpoint: &str) -> Vec<tally_proto::v1::CounterState> {
+    stored_counters_of(endpoint).await.1
+}
+
+/// The node's replica id, and every counter it stores (see [`stored_counters`]).
+pub async fn stored_counters_of(endpoint: &str) -> (u64, Vec<tally_proto::v1::CounterState>) {
     let mut replication =
         tally_proto::v1::replication_client::ReplicationClient::connect(endpoint.to_string())
             .await
@@ -706,8 +711,10 @@ pub async fn stored_counters(endpoint: &str) -> Vec<tally_proto::v1::CounterStat
         .unwrap()
         .into_inner();
     let mut counters = Vec::new();
+    let mut source = 0;
     while let Some(chunk) = stream.message().await.unwrap() {
+        source = chunk.source_replica;
         counters.extend(chunk.counters);
     }
-    counters
+    (source, counters)
 }

@@ -411,7 +411,15 @@ impl PWorld<'_> {
         if self.options.bug == Some(PartitionBug::KeepReleased) {
             return;
         }
-        let deletions = self.nodes[node].holdings.poll_deletions();
+        // As the node does: a partition with a change still waiting for its
+        // commit is not released yet (its latest change would move).
+        let state = &mut self.nodes[node];
+        let parts = &state.parts;
+        let deletions = state.holdings.poll_deletions(|partition| {
+            parts
+                .get(&partition)
+                .is_none_or(|part| part.pending_changes().next().is_none())
+        });
         for partition in deletions {
             if before.get(&partition) == Some(&true) {
                 self.stats.released += 1;
