@@ -233,9 +233,14 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
     let (code, out, err) = cli(&nodes[3].endpoint(), &["admin", "remove", "eu-3"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("node eu-3 removed (replica "), "{out}");
-    let removed = settled_map(&runtime, &live, "eu-3 left on every node", |map| {
-        state(map, "eu-3").as_deref() == Some("left")
-    });
+    // The two left copy what eu-3 and the other held between them (each
+    // released what it did not own once eu-3 had it).
+    let removed = settled_map(
+        &runtime,
+        &live,
+        "eu-3 left on every node, and its partitions copied",
+        |map| state(map, "eu-3").as_deref() == Some("left") && map.under_replicated == 0,
+    );
     assert_eq!(
         (owned(&removed, "eu-1"), owned(&removed, "eu-2")),
         (256, 256)
