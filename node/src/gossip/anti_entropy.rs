@@ -102,7 +102,6 @@ pub fn spawn_anti_entropy(
             // Asked before the core is locked: the lifecycle keeper locks
             // the partitioning first and the core second.
             let sources = partitioning.pull_sources();
-            let receiving = partitioning.receiving();
             let (plans, own, protocol) = {
                 let mut core = engine.core();
                 let region = core.identity().region.clone();
@@ -152,7 +151,7 @@ pub fn spawn_anti_entropy(
                     records_from: plan.records_from,
                     scope: None,
                 };
-                lock(&sessions).prepare(plan.peer, &scope, &receiving, &mut request);
+                lock(&sessions).prepare(plan.peer, &scope, &mut request);
                 let scoped = Scoped {
                     partitioning: partitioning.clone(),
                     sessions: sessions.clone(),
@@ -266,7 +265,7 @@ impl Scoped {
         outcome: &PullOutcome,
         limit: Duration,
     ) {
-        let Some((scope, served, through)) =
+        let Some((scope, served, through, read_from_scratch)) =
             lock(&self.sessions).finish(peer, &self.scope, outcome)
         else {
             return;
@@ -278,7 +277,8 @@ impl Scoped {
         let durable = matches!(reached, Ok(Ok(_)));
         tracing::debug!(%peer, partitions = %scope.partitions.to_hex(), served = %served.to_hex(), through, durable, "a scoped pull reached the peer's durable sequence");
         if durable {
-            self.partitioning.handle_pulled(&scope, &served, through);
+            self.partitioning
+                .handle_pulled(&scope, &served, through, &read_from_scratch);
         }
     }
 }

@@ -6,9 +6,9 @@
 //!
 //! A node keeps one set of cursors per peer (counters, set deltas,
 //! idempotency records), not one per partition. A partition this node is
-//! receiving and has not copied from the peer yet (in
-//! `PullScope::from_scratch`) needs the peer's whole history of it, so a
-//! *copy session* starts: every cursor goes back to the start and the
+//! receiving, or that the peer releases, and that this node has not copied
+//! from the peer yet (`PullScope::copy`) needs the peer's whole history of
+//! it, so a *copy session* starts: every cursor goes back to the start and the
 //! scope's partitions are read again from there (the ones already held are
 //! merged again, which changes nothing). The session lasts over as many
 //! pulls as the copy takes (each pull is bounded in time and bytes) and ends
@@ -18,7 +18,13 @@
 //! `Holdings` has covered nothing yet) is not copied again: its cursors were
 //! persisted with what they merged, and what the peer changed of it before
 //! serving it were copies of other holders' writes, which this node has
-//! from them. Deltas cover it from the next pull that reaches the end.
+//! from them. Deltas cover it from the next pull that reaches the end, for
+//! convergence and for a receiving node's catching up. They do not make it
+//! *copied* ([`Coverage::copied`](crate::partition::Coverage)), which a
+//! releasing peer's confirmation needs: the peer may hold writes it merged
+//! while this node's cursor passed them by (the partition was not in the
+//! scope then) from a holder that is gone since. So when the peer starts
+//! releasing it, a session copies it from scratch.
 //!
 //! Invariant: a pull is reported to `Holdings` only when it reached the
 //! peer's durable sequence, and a partition is reported as served only if
@@ -72,8 +78,9 @@ impl PullOutcome {
 }
 
 /// What to tell `Holdings` after a pull: the scope, the partitions served
-/// throughout, the peer's sequence reached.
-pub type PullReport = (PullScope, PartitionSet, u64);
+/// throughout, the peer's sequence reached, and the partitions read from
+/// scratch (a session reads every partition of its scope from the start).
+pub type PullReport = (PullScope, PartitionSet, u64, PartitionSet);
 
 /// The copy sessions of every peer (see the module documentation).
 #[derive(Debug, Default)]
@@ -84,16 +91,10 @@ pub struct CopySessions {
 impl CopySessions {
     /// Fits `request` (planned with the peer's cursors) to `scope`: its
     /// partitions, and every cursor at the start when a session starts now
-    /// (`receiving`: the partitions this node is copying in).
-    pub fn prepare(
-        &mut self,
-        peer: ReplicaId,
-        scope: &PullScope,
-        receiving: &PartitionSet,
-        request: &mut PullRequest,
-    ) {
+    /// (for the partitions of `scope.copy`).
+    pub fn prepare(&mut self, peer: ReplicaId, scope: &PullScope, request: &mut PullRequest) {
         request.scope = Some(scope.partitions.clone());
-        let copy = scope.from_scratch.intersection(receiving);
+        let copy = scope.copy.clone();
         if copy.is_empty() {
             self.sessions.remove(&peer);
             return;
@@ -134,9 +135,10 @@ impl CopySessions {
             .clone()
             .unwrap_or_else(|| scope.partitions.clone());
         let Some(session) = self.sessions.get_mut(&peer) else {
+            let none = PartitionSet::empty(scope.partitions.count());
             return outcome
                 .reached_end
-                .then(|| (scope.clone(), served, outcome.through_seq));
+                .then(|| (scope.clone(), served, outcome.through_seq, none));
         };
         session.served = session.served.intersection(&served);
         if !outcome.reached_end {
@@ -147,7 +149,12 @@ impl CopySessions {
             epoch: session.epoch,
             ..scope.clone()
         };
-        Some((reported, session.served, outcome.through_seq))
+        Some((
+            reported,
+            session.served.clone(),
+            outcome.through_seq,
+            session.served,
+        ))
     }
 }
 

@@ -15,11 +15,14 @@ fn set(partitions: &[u32]) -> PartitionSet {
     set
 }
 
-fn scope(partitions: &[u32], from_scratch: &[u32]) -> PullScope {
+/// A scope of `partitions`, `from_scratch` of them not copied yet, `copy`
+/// of those to copy now.
+fn scope(partitions: &[u32], from_scratch: &[u32], copy: &[u32]) -> PullScope {
     PullScope {
         peer: "eu-2".into(),
         partitions: set(partitions),
         from_scratch: set(from_scratch),
+        copy: set(copy),
         epoch: 3,
     }
 }
@@ -49,27 +52,27 @@ fn outcome(served: Option<&[u32]>, through_seq: u64, last: bool) -> PullOutcome 
 #[test]
 fn a_delta_pull_keeps_its_cursors_and_reports_only_when_it_reached_the_end() {
     let mut sessions = CopySessions::default();
-    let scope = scope(&[1, 2], &[]);
+    let scope = scope(&[1, 2], &[1], &[]);
     let mut request = planned();
-    sessions.prepare(PEER, &scope, &set(&[]), &mut request);
+    sessions.prepare(PEER, &scope, &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
     assert_eq!(request.scope, Some(set(&[1, 2])));
     assert!(sessions
         .finish(PEER, &scope, &outcome(Some(&[1, 2]), 50, false))
         .is_none());
-    let (reported, served, through) = sessions
+    let (reported, served, through, read) = sessions
         .finish(PEER, &scope, &outcome(Some(&[2]), 60, true))
         .unwrap();
     assert_eq!((reported, served, through), (scope, set(&[2]), 60));
+    assert_eq!(read, set(&[]), "deltas copy nothing from scratch");
 }
 
 #[test]
 fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_the_end() {
     let mut sessions = CopySessions::default();
-    let receiving = set(&[3]);
-    let first = scope(&[1, 3], &[1, 3]);
+    let first = scope(&[1, 3], &[1, 3], &[3]);
     let mut request = planned();
-    sessions.prepare(PEER, &first, &receiving, &mut request);
+    sessions.prepare(PEER, &first, &mut request);
     assert_eq!(request.after, Cursor::default());
     assert_eq!(request.deltas_after, Some(DeltaCursor::default()));
     assert_eq!(request.records_from, Some(RecordsCursor::default()));
@@ -79,17 +82,18 @@ fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_t
         .is_none());
     // The next pull goes on from where the cursors are: no restart.
     let mut request = planned();
-    sessions.prepare(PEER, &first, &receiving, &mut request);
+    sessions.prepare(PEER, &first, &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
-    let (reported, served, through) = sessions
+    let (reported, served, through, read) = sessions
         .finish(PEER, &first, &outcome(Some(&[1, 3]), 45, true))
         .unwrap();
     // Partition 1 missed a chunk of the session: not served throughout.
     assert_eq!(served, set(&[3]));
+    assert_eq!(read, set(&[3]), "read from the start throughout");
     assert_eq!((reported.epoch, through), (3, 45));
     // The session is over: the next pull is a delta pull again.
     let mut request = planned();
-    sessions.prepare(PEER, &scope(&[1, 3], &[]), &receiving, &mut request);
+    sessions.prepare(PEER, &scope(&[1, 3], &[], &[]), &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
 }
 
@@ -97,31 +101,36 @@ fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_t
 fn a_new_partition_to_copy_restarts_the_session_and_a_served_one_never_starts_one() {
     let mut sessions = CopySessions::default();
     let mut request = planned();
-    sessions.prepare(PEER, &scope(&[3], &[3]), &set(&[3]), &mut request);
+    sessions.prepare(PEER, &scope(&[3], &[3], &[3]), &mut request);
     assert!(sessions
-        .finish(PEER, &scope(&[3], &[3]), &outcome(Some(&[3]), 20, false))
+        .finish(
+            PEER,
+            &scope(&[3], &[3], &[3]),
+            &outcome(Some(&[3]), 20, false)
+        )
         .is_none());
     let mut request = planned();
-    sessions.prepare(PEER, &scope(&[3, 4], &[3, 4]), &set(&[3, 4]), &mut request);
+    sessions.prepare(PEER, &scope(&[3, 4], &[3, 4], &[3, 4]), &mut request);
     assert_eq!(
         request.after,
         Cursor::default(),
         "4 is copied from the start too"
     );
-    // Recovered after a restart: served, not covered yet, not received.
+    // Recovered after a restart: served, not copied yet, not received, and
+    // the peer does not release it.
     let mut fresh = CopySessions::default();
     let mut request = planned();
-    fresh.prepare(PEER, &scope(&[5], &[5]), &set(&[]), &mut request);
+    fresh.prepare(PEER, &scope(&[5], &[5], &[]), &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
 }
 
 #[test]
 fn a_peer_that_names_no_served_partitions_serves_the_whole_scope() {
     let mut sessions = CopySessions::default();
-    let scope = scope(&[1, 2], &[]);
+    let scope = scope(&[1, 2], &[], &[]);
     let mut request = planned();
-    sessions.prepare(PEER, &scope, &set(&[]), &mut request);
-    let (_, served, _) = sessions
+    sessions.prepare(PEER, &scope, &mut request);
+    let (_, served, _, _) = sessions
         .finish(PEER, &scope, &outcome(None, 9, true))
         .unwrap();
     assert_eq!(served, set(&[1, 2]));

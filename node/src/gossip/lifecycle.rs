@@ -252,10 +252,16 @@ impl Partitioning {
     /// copied from scratch) reached the peer's durable sequence
     /// `through_seq`, having been served `served` throughout, and what it
     /// merged is durable here.
-    pub fn handle_pulled(&self, scope: &PullScope, served: &PartitionSet, through_seq: u64) {
+    pub fn handle_pulled(
+        &self,
+        scope: &PullScope,
+        served: &PartitionSet,
+        through_seq: u64,
+        read_from_scratch: &PartitionSet,
+    ) {
         self.lock()
             .holdings
-            .handle_pulled(scope, served, through_seq);
+            .handle_pulled(scope, served, through_seq, read_from_scratch);
     }
 
     /// Decides which released partitions go now (see

@@ -65,8 +65,14 @@ impl Holding {
 /// the peer through sequence `through_seq`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Coverage {
-    /// The partitions pulled continuously (from scratch, then by deltas).
+    /// The partitions pulled continuously (from scratch, then by deltas;
+    /// or, for one served here already, by deltas since this node started).
     pub partitions: PartitionSet,
+    /// Those of `partitions` read from scratch from the peer and by deltas
+    /// ever since: this node holds all the peer holds of them, through
+    /// `through_seq`, whatever the peer merged before this node pulled it.
+    /// Only these are confirmed to a releasing peer.
+    pub copied: PartitionSet,
     /// The peer's sequence through which they are pulled.
     pub through_seq: u64,
 }
@@ -78,8 +84,12 @@ pub struct PullScope {
     pub peer: String,
     /// The partitions to pull.
     pub partitions: PartitionSet,
-    /// Those of `partitions` to pull from scratch (not covered yet).
+    /// Those of `partitions` not read from scratch from the peer yet.
     pub from_scratch: PartitionSet,
+    /// Those of `from_scratch` to read from scratch now: being received
+    /// here, or being released by the peer (which deletes them only once
+    /// its owners hold its whole state of them).
+    pub copy: PartitionSet,
     /// The deletion epoch when the pull was planned (see
     /// [`Holdings::handle_pulled`]).
     pub epoch: u64,
@@ -250,13 +260,19 @@ impl Holdings {
         if partitions.is_empty() {
             return None;
         }
-        let covered = self
+        let peer_node = view.node(peer)?;
+        let copied = self
             .coverage
             .get(peer)
-            .map_or_else(|| PartitionSet::empty(self.count), |c| c.partitions.clone());
+            .map_or_else(|| PartitionSet::empty(self.count), |c| c.copied.clone());
+        let from_scratch = partitions.difference(&copied);
+        let copy = from_scratch
+            .intersection(&self.receiving())
+            .union(&from_scratch.intersection(&peer_node.releasing));
         Some(PullScope {
             peer: peer.to_string(),
-            from_scratch: partitions.difference(&covered),
+            from_scratch,
+            copy,
             partitions,
             epoch: self.epoch,
         })
@@ -264,10 +280,17 @@ impl Holdings {
 
     /// A pull planned by [`Holdings::poll_pull_scope`] completed through the
     /// peer's sequence `through_seq`; the peer sent the partitions of
-    /// `served` (it may have stopped serving some since the view). Partitions
-    /// deleted here while it was in flight are not counted as covered (their
-    /// copy started before the deletion and is incomplete).
-    pub fn handle_pulled(&mut self, scope: &PullScope, served: &PartitionSet, through_seq: u64) {
+    /// `served` (it may have stopped serving some since the view), and
+    /// `read_from_scratch` of them from the start of its history (a copy).
+    /// Partitions deleted here while it was in flight are not counted as
+    /// covered (their copy started before the deletion and is incomplete).
+    pub fn handle_pulled(
+        &mut self,
+        scope: &PullScope,
+        served: &PartitionSet,
+        through_seq: u64,
+        read_from_scratch: &PartitionSet,
+    ) {
         let mut covered = scope
             .partitions
             .intersection(served)
@@ -277,10 +300,18 @@ impl Holdings {
                 covered.remove(partition);
             }
         }
+        let copied_before = self
+            .coverage
+            .get(&scope.peer)
+            .map_or_else(|| PartitionSet::empty(self.count), |c| c.copied.clone());
+        let copied = copied_before
+            .union(read_from_scratch)
+            .intersection(&covered);
         self.coverage.insert(
             scope.peer.clone(),
             Coverage {
                 partitions: covered,
+                copied,
                 through_seq,
             },
         );
@@ -294,14 +325,17 @@ impl Holdings {
 
     /// Answers another node releasing `partition`: the sequence through
     /// which this node has pulled it from `asker`, if this node is `Ready`
-    /// for it (and has pulled it from the asker at all).
+    /// for it and has copied it from the asker (from scratch, then by
+    /// deltas without a break: deltas alone miss what the asker merged
+    /// before this node's cursor on it, while it did not serve the
+    /// partition).
     pub fn answer_confirm(&self, partition: Partition, asker: &str) -> Option<u64> {
         if self.states.get(&partition) != Some(&Holding::Ready) {
             return None;
         }
         let coverage = self.coverage.get(asker)?;
         coverage
-            .partitions
+            .copied
             .contains(partition)
             .then_some(coverage.through_seq)
     }
@@ -383,6 +417,7 @@ impl Holdings {
             self.deleted_at[partition.0 as usize] = self.epoch;
             for coverage in self.coverage.values_mut() {
                 coverage.partitions.remove(*partition);
+                coverage.copied.remove(*partition);
             }
         }
         deletions

@@ -55,7 +55,7 @@ fn two_releasing_nodes_never_confirm_each_other() {
         puller.handle_view(&holding);
         let scope = puller.poll_pull_scope(peer).unwrap();
         assert_eq!(scope.from_scratch, all);
-        puller.handle_pulled(&scope, &all, 5);
+        puller.handle_pulled(&scope, &all, 5, &all);
         assert!(puller
             .poll_pull_scope(peer)
             .unwrap()
@@ -109,6 +109,57 @@ fn two_releasing_nodes_never_confirm_each_other() {
     assert!(a.serves(p));
     assert_eq!(a.poll_deletions(|_| true), vec![p]);
     assert!(!a.keeps(p) && b.serves(p));
+}
+
+/// A partition served here before a restart is followed by deltas, which
+/// are enough to converge but not to vouch for a releasing peer (the peer
+/// may hold writes it merged while this node's cursor passed them by):
+/// once the peer releases it, it is copied from scratch, then confirmed.
+#[test]
+fn only_a_copy_from_scratch_is_confirmed_to_a_releasing_peer() {
+    let one = count(1);
+    let (none, all) = (PartitionSet::empty(one), PartitionSet::full(one));
+    let p = Partition(0);
+    let mut b = Holdings::recover("b", REGION, one, &all, 0);
+    b.handle_view(&view_with(
+        [
+            ("a", NodeState::Active, &all),
+            ("b", NodeState::Active, &all),
+        ],
+        2,
+    ));
+    let scope = b.poll_pull_scope("a").unwrap();
+    assert_eq!((&scope.from_scratch, &scope.copy), (&all, &none));
+    b.handle_pulled(&scope, &all, 5, &none);
+    assert_eq!(b.answer_confirm(p, "a"), None, "deltas alone");
+
+    let releasing = ClusterView::new(
+        one,
+        1,
+        DEAD_AFTER_MS,
+        0,
+        vec![
+            NodeInfo {
+                holding: all.clone(),
+                releasing: all.clone(),
+                ..node("a", NodeState::Draining)
+            },
+            NodeInfo {
+                holding: all.clone(),
+                ..node("b", NodeState::Active)
+            },
+        ],
+    );
+    b.handle_view(&releasing);
+    let scope = b.poll_pull_scope("a").unwrap();
+    assert_eq!(scope.copy, all, "the peer releases it: copy it");
+    b.handle_pulled(&scope, &all, 7, &all);
+    assert_eq!(b.answer_confirm(p, "a"), Some(7));
+    // Copied, it stays copied while deltas follow it.
+    let scope = b.poll_pull_scope("a").unwrap();
+    assert_eq!(scope.from_scratch, none);
+    b.handle_pulled(&scope, &all, 9, &none);
+    assert_eq!(b.answer_confirm(p, "a"), Some(9));
 }
 
 /// One step of the region model.
@@ -383,7 +434,10 @@ impl Region {
                 Self::change(puller, partition);
             }
         }
-        puller.holdings.handle_pulled(&scope, &served, through);
+        // The model sends a partition's whole state every pull.
+        puller
+            .holdings
+            .handle_pulled(&scope, &served, through, &served);
     }
 
     fn confirm(&mut self, i: usize) {

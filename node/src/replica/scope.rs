@@ -23,8 +23,9 @@
 //!   sequence ([`Replica::latest_change`]). A releasing partition may be
 //!   deleted only once its owners confirmed they pulled through that
 //!   sequence, and [`Replica::partition_quiet`] says no change to it waits
-//!   for a commit. Off by default: hashing every committed key costs the
-//!   single-node path for nothing.
+//!   for a commit. Off until the node first releases a partition (the
+//!   lifecycle keeper turns it on then): hashing every committed key would
+//!   cost the single-node path for nothing.
 
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 

@@ -388,9 +388,15 @@ impl PWorld<'_> {
             return;
         }
         for pending in state.pulled.drain(..ready).collect::<Vec<_>>() {
-            state
-                .holdings
-                .handle_pulled(&pending.scope, &pending.served, pending.through);
+            // Each partition has its own cursors here: those not copied yet
+            // were read from the start.
+            let read_from_scratch = pending.scope.from_scratch.intersection(&pending.served);
+            state.holdings.handle_pulled(
+                &pending.scope,
+                &pending.served,
+                pending.through,
+                &read_from_scratch,
+            );
         }
         state.persist();
     }
