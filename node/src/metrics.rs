@@ -110,6 +110,8 @@ pub struct Metrics {
     pub cached_counters: Gauge,
     /// Bytes the store takes on disk.
     pub disk_bytes: Gauge,
+    /// Counters stored (each listed once in the change log).
+    pub counters_stored: Gauge,
     /// Pull rounds completed, per peer.
     pub sync_rounds: Family<PeerLabels, Counter>,
     /// Pulls that failed, per peer.
@@ -212,6 +214,7 @@ impl Metrics {
             durable_seq: Gauge::default(),
             cached_counters: Gauge::default(),
             disk_bytes: Gauge::default(),
+            counters_stored: Gauge::default(),
             sync_rounds: Family::default(),
             sync_errors: Family::default(),
             sync_received_bytes: Family::default(),
@@ -316,6 +319,11 @@ impl Metrics {
             "Size of the store on disk",
             prometheus_client::registry::Unit::Bytes,
             metrics.disk_bytes.clone(),
+        );
+        registry.register(
+            "counters_stored",
+            "Counters stored here, of every partition held (and, of partitions handed off, those cut down to this node's own slot)",
+            metrics.counters_stored.clone(),
         );
         registry.register(
             "sync_rounds",

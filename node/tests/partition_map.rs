@@ -4,7 +4,8 @@
 //! its partitions (shorter than --dead-after); `tally admin remove` of the
 //! killed node moves its partitions to the others, a new node joins and
 //! takes about 1/N, `tally admin drain` (asked of another node) moves the
-//! drained node's partitions away, and in each change only the partitions
+//! drained node's partitions away, after which it has left (and stays so
+//! through a restart), and in each change only the partitions
 //! the change explains move (about 1/N of the owner slots). Bad requests
 //! are refused with a clear error and change nothing.
 
@@ -270,12 +271,13 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
     about_one_nth(moved, 3);
 
     // 6. eu-2 is drained, asked of eu-1: it confirms through gossip, owns
-    // nothing, and only its partitions move.
+    // nothing, and only its partitions move. Once the others confirmed
+    // holding what it held, it holds nothing and has left.
     let (code, out, err) = cli(&nodes[0].endpoint(), &["admin", "drain", "eu-2"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("node eu-2 is draining"), "{out}");
     let drained = settled_map(&runtime, &live, "eu-2 draining on every node", |map| {
-        state(map, "eu-2").as_deref() == Some("draining")
+        matches!(state(map, "eu-2").as_deref(), Some("draining" | "left"))
     });
     assert_eq!(owned(&drained, "eu-2"), 0);
     assert_eq!(
@@ -286,17 +288,25 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
         old.contains(&"eu-2".to_string())
     });
     about_one_nth(moved, 3);
-    let (code, out, _) = cli(&nodes[3].endpoint(), &["admin", "drain", "eu-2"]);
-    assert_eq!((code, out.trim()), (0, "node eu-2 was draining already"));
+    settled_map(&runtime, &live, "eu-2 left on every node", |map| {
+        state(map, "eu-2").as_deref() == Some("left")
+            && map
+                .nodes
+                .iter()
+                .any(|node| node.node_name == "eu-2" && node.partitions_held == 0)
+    });
+    let (code, _, err) = cli(&nodes[3].endpoint(), &["admin", "drain", "eu-2"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("has already left"), "{err}");
 
-    // 7. A drain survives a restart of the drained node (it is on disk).
+    // 7. Leaving survives a restart of the drained node (it is on disk).
     nodes[1].stop();
     nodes[1].restart();
     let live: Vec<&NodeProcess> = vec![&nodes[0], &nodes[1], &nodes[3], &nodes[4]];
-    let restarted = settled_map(&runtime, &live, "eu-2 back, still draining", |map| {
+    let restarted = settled_map(&runtime, &live, "eu-2 back, still left", |map| {
         map.nodes
             .iter()
-            .any(|node| node.node_name == "eu-2" && node.alive && node.state == "draining")
+            .any(|node| node.node_name == "eu-2" && node.alive && node.state == "left")
     });
     assert_eq!(owners(&restarted), owners(&drained));
     let metrics = common::http_get(nodes[1].spec.http, "/metrics").unwrap().1;
@@ -305,8 +315,7 @@ fn every_node_serves_the_same_map_and_remove_join_and_drain_move_about_one_nth()
     let eu1 = common::http_get(nodes[0].spec.http, "/metrics").unwrap().1;
     assert!(eu1.contains("tally_partitions_owned 256"), "{eu1}");
     assert!(
-        metrics.contains("tally_nodes{region=\"eu\",state=\"draining\"} 1")
-            && metrics.contains("tally_nodes{region=\"eu\",state=\"left\"} 1"),
+        metrics.contains("tally_nodes{region=\"eu\",state=\"left\"} 2"),
         "{metrics}"
     );
 }

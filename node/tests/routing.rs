@@ -2,7 +2,8 @@
 //! items 3 and 7): a region of three nodes (and a second region of one),
 //! P = 16, RF = 2. Adds and reads sent to any node are served by the key's
 //! first live owner: a key written through a non-owner has a slot of its
-//! owner only, a read through any node answers the owner's value, a batch
+//! owner only (and is stored only by its owners), a read through any node
+//! answers the owner's value, a batch
 //! spanning owners is answered per item in order, a non-owner's answer
 //! names the owner, the routing client sends every key straight to its
 //! owner (no node forwards), and a killed owner fails over to the next one
@@ -257,16 +258,19 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
         assert_eq!(read.value, 4, "{index}");
     }
 
-    // 4. Once synced, each key has one eu slot: its first owner's, holding
-    // every add; a key written through a non-owner made no slot there.
+    // 4. Once synced, each key eu-1 owns has one eu slot there: its first
+    // owner's, holding every add; a key written through a non-owner made
+    // no slot there. eu-1 stores no key it does not own.
     let expected_slots = |key: &str, p: u64| -> BTreeMap<u64, u64> {
         [(replica_of(&map, &owners_of(&map, key)[0]), p)].into()
     };
+    let map = &map;
     let owner_only = |p: u64| {
         move |held: &Slots| {
-            (0..KEYS)
-                .map(key)
-                .all(|k| held.get(&k) == Some(&expected_slots(&k, p)))
+            (0..KEYS).map(key).all(|k| {
+                let owned = owners_of(map, &k).iter().any(|owner| owner == "eu-1");
+                held.get(&k) == owned.then(|| expected_slots(&k, p)).as_ref()
+            })
         }
     };
     wait_slots(
@@ -329,7 +333,7 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
     let through = 0; // eu-1
     let moved: Vec<String> = (0..KEYS)
         .map(key)
-        .filter(|k| owners_of(&map, k)[0] == stopped)
+        .filter(|k| owners_of(map, k)[0] == stopped)
         .collect();
     assert!(!moved.is_empty(), "eu-3 owns some of the keys");
     let failed_over_before =
@@ -365,17 +369,24 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
     // Every region reads the exact total (4 for each key, 5 for each key
     // of eu-3) once synced; the failed-over adds are in the second owners'
     // slots.
+    // eu nodes hold the keys they own; us-1, alone in its region, all.
     let expected = |k: &str| if moved.iter().any(|m| m == k) { 7 } else { 6 };
-    for endpoint in [&endpoints[0], &endpoints[1], &nodes[3].endpoint()] {
+    let holds = |node: &str, k: &str| node == "us-1" || owners_of(map, k).iter().any(|o| o == node);
+    let us_1 = nodes[3].endpoint();
+    for (node, endpoint) in [
+        ("eu-1", &endpoints[0]),
+        ("eu-2", &endpoints[1]),
+        ("us-1", &us_1),
+    ] {
         let held = wait_slots(endpoint, "the exact total", |held| {
-            (0..KEYS).map(key).all(|k| {
+            (0..KEYS).map(key).filter(|k| holds(node, k)).all(|k| {
                 held.get(&k)
                     .is_some_and(|slots| slots.values().sum::<u64>() == expected(&k))
             })
         })
         .await;
-        for k in &moved {
-            let second = replica_of(&map, &owners_of(&map, k)[1]);
+        for k in moved.iter().filter(|k| holds(node, k)) {
+            let second = replica_of(map, &owners_of(map, k)[1]);
             assert_eq!(held[k].get(&second), Some(&1), "{k} on its second owner");
         }
     }

@@ -143,6 +143,9 @@ fn housekeeping(engine: &Engine) {
     if let Some(bytes) = engine.store.size_on_disk() {
         engine.metrics.disk_bytes.set(bytes as i64);
     }
+    if let Some(counters) = engine.store.counters_stored() {
+        engine.metrics.counters_stored.set(counters as i64);
+    }
     engine.sample_disk();
 }
 

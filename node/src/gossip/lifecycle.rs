@@ -229,22 +229,48 @@ impl Partitioning {
             .publish_holding(&holdings.serving(), &holdings.releasing());
     }
 
-    /// What to pull from the node named `peer` now (`None`: it serves
-    /// nothing this node keeps, or there is no view yet).
+    /// What to pull from the node named `peer` now: the partitions it
+    /// serves that this node keeps; for a node of this region that serves
+    /// none, an empty scope (like sets and uniques are not partitioned, any
+    /// node takes them, and every node of a region pulls them from every
+    /// other); `None` for a node of another region that serves none.
     pub fn pull_scope(&self, peer: &str) -> Option<PullScope> {
-        self.lock().holdings.poll_pull_scope(peer)
+        let inner = self.lock();
+        inner
+            .holdings
+            .poll_pull_scope(peer)
+            .or_else(|| self.sets_only_scope(&inner, peer))
+    }
+
+    fn sets_only_scope(&self, inner: &Inner, peer: &str) -> Option<PullScope> {
+        let representatives = inner.lifecycle.representatives();
+        let member = representatives.get(peer)?;
+        if member.region != self.region {
+            return None;
+        }
+        let none = PartitionSet::empty(self.settings.partitions);
+        Some(PullScope {
+            peer: peer.to_string(),
+            partitions: none.clone(),
+            from_scratch: none.clone(),
+            copy: none,
+            epoch: 0,
+        })
     }
 
     /// The names of the nodes worth pulling from now: those that serve a
-    /// partition this node keeps.
+    /// partition this node keeps, and every node of this region (see
+    /// [`Self::pull_scope`]).
     pub fn pull_sources(&self) -> BTreeSet<String> {
         let inner = self.lock();
         inner
             .lifecycle
             .representatives()
-            .into_keys()
-            .filter(|name| inner.holdings.poll_pull_scope(name).is_some())
-            .map(str::to_string)
+            .into_iter()
+            .filter(|(name, member)| {
+                member.region == self.region || inner.holdings.poll_pull_scope(name).is_some()
+            })
+            .map(|(name, _)| name.to_string())
             .collect()
     }
 

@@ -143,6 +143,10 @@ impl DurableState for MemoryStore {
 }
 
 impl Store for MemoryStore {
+    fn counters_stored(&self) -> Option<u64> {
+        Some(self.layers().changes.len() as u64)
+    }
+
     fn identity(&self) -> &Identity {
         &self.identity
     }

@@ -59,6 +59,10 @@ pub trait Store: DurableState + Send + Sync + 'static {
     fn size_on_disk(&self) -> Option<u64> {
         None
     }
+    /// Counters stored (each listed once in the change log), when known.
+    fn counters_stored(&self) -> Option<u64> {
+        None
+    }
     /// The record format the store writes: the cluster version as last
     /// persisted (see [`crate::replica::version`]).
     fn format(&self) -> u32 {

@@ -775,6 +775,10 @@ impl Store for SledStore {
         self.db.size_on_disk().ok()
     }
 
+    fn counters_stored(&self) -> Option<u64> {
+        Some(self.changes().len() as u64)
+    }
+
     fn born_at(&self) -> u32 {
         self.born_at
     }
