@@ -571,12 +571,15 @@ impl Partitioning {
             let mut deleted = Vec::new();
             if heard {
                 holdings.handle_durable(durable_seq);
-                holdings.handle_view(&lifecycle.view(now, self.settings));
+                // Against the last round's view, which the routes in use
+                // were built from: a partition goes only once they send
+                // its keys to owners that hold it (see `poll_deletions`).
                 deleted = self.delete_released(engine, &mut holdings);
                 if !deleted.is_empty() {
                     // The replica was told at once (see `delete_released`).
                     inner.replica_serving = Some(holdings.serving());
                 }
+                holdings.handle_view(&lifecycle.view(now, self.settings));
                 lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
                 lifecycle.handle_drained(inner.has_view && holdings.kept().is_empty());
             }

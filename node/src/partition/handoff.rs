@@ -379,8 +379,10 @@ impl Holdings {
 
     /// The partitions to delete now, forgotten here at once: released
     /// partitions that every owner confirmed through this node's latest
-    /// durable change and that are `quiet` (no change to them waits for a
-    /// commit, which would raise the latest change once stamped), and
+    /// durable change, that the view shows every owner holding (so this
+    /// node's routes send their keys there, not here), and that are `quiet`
+    /// (no change to them waits for a commit, which would raise the latest
+    /// change once stamped), and
     /// receiving ones this node no longer owns. The runtime stops serving
     /// them before anything can change them again, then deletes what it
     /// stores of them; this node no longer serves or keeps them.
@@ -402,6 +404,9 @@ impl Holdings {
                         && owners.iter().all(|owner| {
                             *owner != self.name
                                 && confirmed.get(*owner).is_some_and(|seq| *seq >= latest)
+                                && view
+                                    .node(owner)
+                                    .is_some_and(|node| node.holding.contains(*partition))
                         })
                 }
             };

@@ -162,6 +162,41 @@ fn only_a_copy_from_scratch_is_confirmed_to_a_releasing_peer() {
     assert_eq!(b.answer_confirm(p, "a"), Some(9));
 }
 
+/// A confirmed release waits until the view shows the owner holding the
+/// partition: until then this node's routes would still send its keys
+/// here, where they would be refused.
+#[test]
+fn a_release_waits_for_the_view_to_show_the_owner_holding_it() {
+    let one = count(1);
+    let (none, all) = (PartitionSet::empty(one), PartitionSet::full(one));
+    let p = Partition(0);
+    let mut a = Holdings::recover("a", REGION, one, &all, 3);
+    let view = |b_holds: &PartitionSet| {
+        ClusterView::new(
+            one,
+            1,
+            DEAD_AFTER_MS,
+            0,
+            vec![
+                NodeInfo {
+                    holding: all.clone(),
+                    releasing: all.clone(),
+                    ..node("a", NodeState::Draining)
+                },
+                NodeInfo {
+                    holding: b_holds.clone(),
+                    ..node("b", NodeState::Active)
+                },
+            ],
+        )
+    };
+    a.handle_view(&view(&none));
+    a.handle_confirm(p, "b", Some(3));
+    assert!(a.poll_deletions(|_| true).is_empty(), "b not seen holding");
+    a.handle_view(&view(&all));
+    assert_eq!(a.poll_deletions(|_| true), vec![p]);
+}
+
 /// One step of the region model.
 #[derive(Clone, Debug)]
 enum Op {
