@@ -111,6 +111,30 @@ fn two_releasing_nodes_never_confirm_each_other() {
     assert!(!a.keeps(p) && b.serves(p));
 }
 
+/// A view of one partition, RF 1: "a" drains and releases it, "b" owns it
+/// and holds `b_holds`.
+fn a_releases_to_b(b_holds: &PartitionSet) -> ClusterView {
+    let one = count(1);
+    let all = PartitionSet::full(one);
+    ClusterView::new(
+        one,
+        1,
+        DEAD_AFTER_MS,
+        0,
+        vec![
+            NodeInfo {
+                holding: all.clone(),
+                releasing: all,
+                ..node("a", NodeState::Draining)
+            },
+            NodeInfo {
+                holding: b_holds.clone(),
+                ..node("b", NodeState::Active)
+            },
+        ],
+    )
+}
+
 /// A partition served here before a restart is followed by deltas, which
 /// are enough to converge but not to vouch for a releasing peer (the peer
 /// may hold writes it merged while this node's cursor passed them by):
@@ -133,24 +157,7 @@ fn only_a_copy_from_scratch_is_confirmed_to_a_releasing_peer() {
     b.handle_pulled(&scope, &all, 5, &none);
     assert_eq!(b.answer_confirm(p, "a"), None, "deltas alone");
 
-    let releasing = ClusterView::new(
-        one,
-        1,
-        DEAD_AFTER_MS,
-        0,
-        vec![
-            NodeInfo {
-                holding: all.clone(),
-                releasing: all.clone(),
-                ..node("a", NodeState::Draining)
-            },
-            NodeInfo {
-                holding: all.clone(),
-                ..node("b", NodeState::Active)
-            },
-        ],
-    );
-    b.handle_view(&releasing);
+    b.handle_view(&a_releases_to_b(&all));
     let scope = b.poll_pull_scope("a").unwrap();
     assert_eq!(scope.copy, all, "the peer releases it: copy it");
     b.handle_pulled(&scope, &all, 7, &all);
@@ -171,29 +178,10 @@ fn a_release_waits_for_the_view_to_show_the_owner_holding_it() {
     let (none, all) = (PartitionSet::empty(one), PartitionSet::full(one));
     let p = Partition(0);
     let mut a = Holdings::recover("a", REGION, one, &all, 3);
-    let view = |b_holds: &PartitionSet| {
-        ClusterView::new(
-            one,
-            1,
-            DEAD_AFTER_MS,
-            0,
-            vec![
-                NodeInfo {
-                    holding: all.clone(),
-                    releasing: all.clone(),
-                    ..node("a", NodeState::Draining)
-                },
-                NodeInfo {
-                    holding: b_holds.clone(),
-                    ..node("b", NodeState::Active)
-                },
-            ],
-        )
-    };
-    a.handle_view(&view(&none));
+    a.handle_view(&a_releases_to_b(&none));
     a.handle_confirm(p, "b", Some(3));
     assert!(a.poll_deletions(|_| true).is_empty(), "b not seen holding");
-    a.handle_view(&view(&all));
+    a.handle_view(&a_releases_to_b(&all));
     assert_eq!(a.poll_deletions(|_| true), vec![p]);
 }
 
