@@ -3,9 +3,10 @@
 //! over gRPC, and feed each chunk to the core. The loop only moves messages;
 //! what to pull, what to merge and what to refuse is the core's decision.
 //!
-//! Each pull is bounded in time (`pull_timeout`) and in bytes (`max_bytes`);
-//! a peer with a pull still in flight is skipped, so one slow or dead peer
-//! never stalls the others.
+//! Each pull is bounded in time (`pull_timeout`, doubled for a peer after
+//! each of its pulls that timed out, up to 16 times) and in bytes
+//! (`max_bytes`); a peer with a pull still in flight is skipped, so one slow
+//! or dead peer never stalls the others.
 //!
 //! Pulls are scoped by partition: only peers that serve a partition this
 //! node keeps are pulled from, each for those partitions
@@ -90,6 +91,7 @@ pub fn spawn_anti_entropy(
     let task = tokio::spawn(async move {
         let channels: Channels = Arc::default();
         let sessions: Arc<Mutex<CopySessions>> = Arc::default();
+        let timeouts: Timeouts = Arc::default();
         let mut interval = tokio::time::interval(config.interval);
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pulls = tokio::task::JoinSet::new();
@@ -156,6 +158,7 @@ pub fn spawn_anti_entropy(
                     partitioning: partitioning.clone(),
                     sessions: sessions.clone(),
                     scope,
+                    timeouts: timeouts.clone(),
                 };
                 pulls.spawn(pull_once(
                     engine.clone(),
@@ -251,9 +254,37 @@ struct Scoped {
     partitioning: Arc<Partitioning>,
     sessions: Arc<Mutex<CopySessions>>,
     scope: PullScope,
+    /// Per peer, its pulls that timed out in a row.
+    timeouts: Timeouts,
 }
 
+/// Per peer, how many of its pulls timed out in a row.
+type Timeouts = Arc<Mutex<HashMap<ReplicaId, u32>>>;
+
+/// The most a pull's time limit is doubled after pulls that timed out.
+const MAX_TIMEOUT_DOUBLINGS: u32 = 4;
+
 impl Scoped {
+    /// The time limit of a pull from `peer`: `base`, doubled for each of its
+    /// last pulls that timed out in a row (at most 16 times `base`). A pull
+    /// that must read much from the start (a copy session; records learned
+    /// from a third node) may not fit in `base` on a loaded machine, and a
+    /// pull cut short makes no headway next time either.
+    fn time_limit(&self, peer: ReplicaId, base: Duration) -> Duration {
+        let timed_out = lock(&self.timeouts).get(&peer).copied().unwrap_or(0);
+        base * 2u32.pow(timed_out.min(MAX_TIMEOUT_DOUBLINGS))
+    }
+
+    /// Counts a pull from `peer` that timed out (or not).
+    fn note_timeout(&self, peer: ReplicaId, timed_out: bool) {
+        let mut timeouts = lock(&self.timeouts);
+        if timed_out {
+            *timeouts.entry(peer).or_default() += 1;
+        } else {
+            timeouts.remove(&peer);
+        }
+    }
+
     /// Reports a pull that ended well, once what it merged is durable here
     /// (a partition is counted as copied only when a crash cannot take the
     /// copy back); a pull whose merges do not become durable within
@@ -292,11 +323,9 @@ async fn pull_once(
     scoped: Scoped,
     config: AntiEntropyConfig,
 ) {
-    let outcome = tokio::time::timeout(
-        config.pull_timeout,
-        run_pull(&engine, channel, &plan, &request),
-    )
-    .await;
+    let limit = scoped.time_limit(plan.peer, config.pull_timeout);
+    let outcome = tokio::time::timeout(limit, run_pull(&engine, channel, &plan, &request)).await;
+    scoped.note_timeout(plan.peer, outcome.is_err());
     let labels = labels(&engine, plan.peer);
     let interval_ms = config.interval.as_millis() as u64;
     match outcome {
