@@ -383,11 +383,6 @@ impl Partitioning {
         .map(Some)
     }
 
-    /// The partitions being copied in.
-    pub fn receiving(&self) -> PartitionSet {
-        self.lock().holdings.receiving()
-    }
-
     /// Partitions held here per state, for status: (serving, receiving, releasing).
     pub fn holdings(&self) -> (PartitionSet, PartitionSet, PartitionSet) {
         let inner = self.lock();

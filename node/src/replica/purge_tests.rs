@@ -60,10 +60,11 @@ fn stored_keys(node: &Node) -> Vec<String> {
         keys.push(change.key.to_string());
     }
     assert_eq!(node.replica.digest(), digest, "the state digest");
+    let writer_digests = compute_writer_digests(&node.store).unwrap();
     for writer in [ReplicaId(1), ReplicaId(2)] {
-        let stored = compute_writer_digests(&node.store)
-            .unwrap()
-            .into_iter()
+        let stored = writer_digests
+            .iter()
+            .copied()
             .find(|(w, _)| *w == writer)
             .map(|(_, d)| d)
             .unwrap_or_default();
