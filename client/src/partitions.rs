@@ -37,6 +37,10 @@ pub struct PartitionNode {
     /// Of those held, how many it is handing away (no longer owned).
     #[cfg_attr(feature = "serde", serde(default))]
     pub partitions_releasing: u32,
+    /// How many counters it stores, as it last gossiped (about RF/N of the
+    /// region's); `None` before it was heard, or from an older build.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub counters_stored: Option<u64>,
 }
 
 /// The partition map of one region, as one node computes it.
@@ -104,6 +108,7 @@ impl From<tally_proto::v1::PartitionMapResponse> for PartitionMap {
                     partitions_owned: node.partitions_owned,
                     partitions_held: node.partitions_held,
                     partitions_releasing: node.partitions_releasing,
+                    counters_stored: node.counters_stored,
                 })
                 .collect(),
             owners: map.owners.into_iter().map(|owners| owners.nodes).collect(),

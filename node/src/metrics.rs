@@ -155,6 +155,8 @@ pub struct Metrics {
     pub idempotency_records_learned: Counter,
     /// HTTP event streams (`/v1/counters/{key}/events`) open now.
     pub http_event_streams: Gauge,
+    /// Watches (gRPC or HTTP) this node relays from a key's owner now.
+    pub watch_relays: Gauge,
     /// Like-set and uniques operations, by kind.
     pub set_ops: Family<SetOpLabels, Counter>,
     /// Items per `LikeBatch` call (how well clients coalesce their likes).
@@ -236,6 +238,7 @@ impl Metrics {
             idempotency_capacity: Gauge::default(),
             idempotency_records_learned: Counter::default(),
             http_event_streams: Gauge::default(),
+            watch_relays: Gauge::default(),
             set_ops: Family::default(),
             like_batch_items: Histogram::new(exponential_buckets(1.0, 2.0, 15)),
             set_merge_changes: Counter::default(),
@@ -457,6 +460,11 @@ impl Metrics {
             "http_event_streams",
             "HTTP server-sent event streams of counters open now",
             metrics.http_event_streams.clone(),
+        );
+        registry.register(
+            "watch_relays",
+            "Watches (gRPC or HTTP events) of keys this node relays from their first live owner now",
+            metrics.watch_relays.clone(),
         );
         registry.register(
             "slots_per_key",

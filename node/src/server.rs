@@ -350,7 +350,11 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         AntiEntropyConfig::for_interval(settings.cluster_id.clone(), settings.sync_interval);
     anti_entropy_config.tls = security.tls.as_ref().map(|tls| tls.client.clone());
     anti_entropy_config.source_ip = settings.peer_source_ip;
-    let copier = spawn_copier(engine.clone(), anti_entropy_config.clone());
+    let copier = spawn_copier(
+        engine.clone(),
+        partitioning.clone(),
+        anti_entropy_config.clone(),
+    );
     let forwarder = Arc::new(crate::api::forward::Forwarder::new(
         partitioning.clone(),
         anti_entropy_config.clone(),
@@ -370,11 +374,13 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         protocol_newest: newest,
     };
     let (grpc_stop, grpc_stop_rx) = oneshot::channel::<()>();
+    // One service for gRPC and the HTTP API: both route and forward alike.
+    let counters = Arc::new(crate::api::CountersService::new(engine.clone(), forwarder));
     let grpc_task = spawn_grpc(
         engine.clone(),
         info.clone(),
         partitioning.clone(),
-        forwarder,
+        counters.clone(),
         settings.gossip_interval,
         &security,
         grpc_listener,
@@ -394,6 +400,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         auth: security.auth.clone(),
         settings: settings.http.clone(),
         partitioning,
+        counters,
     });
     let http_task = crate::http::serve::spawn_http(
         http_listener,
@@ -480,7 +487,8 @@ fn spawn_membership_feed(engine: Arc<Engine>, membership: Arc<MembershipHandle>)
                 let core = engine.core();
                 (core.durable_seq(), core.digest().0, core.sets_digest().0)
             };
-            membership.publish(seq, digest, sets_digest);
+            let counters = engine.store().counters_stored();
+            membership.publish(seq, digest, sets_digest, counters);
             members_changed = tokio::select! {
                 changed = members_rx.changed() => match changed {
                     Ok(()) => true,

@@ -236,6 +236,31 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
     }
     let lifecycle = std::fs::read_to_string(nodes[2].spec.data_dir.join("LIFECYCLE")).unwrap();
     assert!(lifecycle.contains("serving = "), "{lifecycle}");
+    // The partition map (as eu-1 computes it, from gossip for the others)
+    // shows how many counters each node stores.
+    let stored_counts: Vec<Option<u64>> = stored
+        .iter()
+        .map(|(_, counters)| Some(counters.len() as u64))
+        .collect();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let map = map_of(&nodes[0].endpoint()).await.unwrap();
+        let shown: Vec<Option<u64>> = ["eu-1", "eu-2", "eu-3"]
+            .iter()
+            .map(|name| {
+                let row = map.nodes.iter().find(|node| node.node_name == *name);
+                row.and_then(|row| row.counters_stored)
+            })
+            .collect();
+        if shown == stored_counts {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the map shows {shown:?} counters stored, the nodes store {stored_counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Adds after the joins, through each node in turn, go to the keys'
     // holders; a restarted joiner serves again what it held, at once.

@@ -773,7 +773,40 @@ fn adds_and_batches_may_ask_for_replicated_durability() {
     let taker = NodeProcess::start(taker);
     let mut copy = NodeProcess::start(copy);
     let api = Api::new(taker.spec.http);
-    let copy_api = Api::new(copy.spec.http);
+    let endpoints = [taker.endpoint(), copy.endpoint()];
+    // Both nodes own every partition (RF 2 of 2); wait until both serve the
+    // keys below (eu-2 copies them in first), so that each holds what it
+    // was pushed and nothing else.
+    let keys = ["votes", "likes", "b1", "b2", "b3"];
+    wait_until(Duration::from_secs(60), "both nodes to serve", || {
+        endpoints
+            .iter()
+            .all(|endpoint| keys.iter().all(|key| local_value(endpoint, key).is_ok()))
+            .then_some(())
+    });
+    // And until each node's map shows both holding every partition they
+    // own, so that routes no longer change: with syncs an hour apart, an
+    // add served before eu-1's routes knew eu-2 (at eu-1) and a read
+    // routed after (to eu-2) would disagree until the next sync.
+    wait_until(
+        Duration::from_secs(60),
+        "both nodes' routes to settle",
+        || {
+            endpoints
+                .iter()
+                .all(|endpoint| both_hold_what_they_own(endpoint))
+                .then_some(())
+        },
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let held = |key: &str| -> Vec<i64> {
+        let mut values: Vec<i64> = endpoints
+            .iter()
+            .map(|endpoint| local_value(endpoint, key).unwrap())
+            .collect();
+        values.sort_unstable();
+        values
+    };
     let add = |key: &str, body: &str, idempotency_key: &str| {
         api.call(
             "POST",
@@ -783,7 +816,8 @@ fn adds_and_batches_may_ask_for_replicated_durability() {
         )
     };
 
-    // A sync add (the node's default) stays on the taking node.
+    // A sync add (the node's default) stays on the node that takes it (the
+    // key's first owner, where eu-1 forwards it).
     ok(&add("likes", "{\"delta\": 4}", "l-1"));
     // A replicated one is acknowledged once the copy holds it: retried with
     // its idempotency key until eu-1 sees eu-2 (it counts once).
@@ -800,17 +834,8 @@ fn adds_and_batches_may_ask_for_replicated_durability() {
         },
     );
     assert_eq!(api.value("votes"), 3);
-    // eu-2 joined: it answers reads of a partition once it has copied it in
-    // (503 until then, never a value it may not have whole).
-    wait_until(Duration::from_secs(60), "eu-2 to serve reads", || {
-        (copy_api.get("/v1/counters/votes").status == 200).then_some(())
-    });
-    assert_eq!(
-        copy_api.value("votes"),
-        3,
-        "the copy holds the replicated add"
-    );
-    assert_eq!(copy_api.value("likes"), 0, "a sync add is not pushed");
+    assert_eq!(held("votes"), [3, 3], "the copy holds the replicated add");
+    assert_eq!(held("likes"), [0, 4], "a sync add is not pushed");
     // "async" is accepted; a sync node applies the stronger mode, its own.
     ok(&add(
         "likes",
@@ -838,7 +863,7 @@ fn adds_and_batches_may_ask_for_replicated_durability() {
         "{\"adds\": [{\"key\": \"b3\", \"delta\": 7, \"durability\": \"replicated\"}]}",
     ));
     for (key, value) in [("b1", 1), ("b2", 2), ("b3", 7)] {
-        assert_eq!(copy_api.value(key), value, "{key} on the copy");
+        assert_eq!(held(key), [value, value], "{key} on the taker and the copy");
     }
 
     // A mode that does not exist: 400, and nothing changes.
@@ -887,4 +912,56 @@ fn adds_and_batches_may_ask_for_replicated_durability() {
         "{detail}"
     );
     drop(taker);
+}
+
+/// `key`'s value in the state of the node at `endpoint` itself: a request
+/// marked forwarded is served where it lands, never sent on (an error
+/// while that node does not serve the key's partition).
+fn local_value(endpoint: &str, key: &str) -> Result<i64, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut client =
+            tally_proto::v1::counters_client::CountersClient::connect(endpoint.to_string())
+                .await
+                .map_err(|e| e.to_string())?;
+        let mut request = tonic::Request::new(tally_proto::v1::GetRequest {
+            key: key.as_bytes().to_vec().into(),
+            ..Default::default()
+        });
+        request
+            .metadata_mut()
+            .insert("tally-forwarded", "test".parse().unwrap());
+        client
+            .get(request)
+            .await
+            .map(|answer| answer.into_inner().value)
+            .map_err(|status| status.to_string())
+    })
+}
+
+/// Whether the node at `endpoint` maps two nodes, each holding every
+/// partition it owns (the routes follow within a keeper round).
+fn both_hold_what_they_own(endpoint: &str) -> bool {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let Ok(client) = tally_client::Client::connect(endpoint.to_string()).await else {
+            return false;
+        };
+        let Ok(map) = client.partition_map(None).await else {
+            return false;
+        };
+        map.nodes.len() == 2
+            && map.nodes.iter().all(|node| {
+                node.alive
+                    && node.partitions_owned > 0
+                    && node.partitions_held == node.partitions_owned
+                    && node.partitions_releasing == 0
+            })
+    })
 }

@@ -9,9 +9,15 @@
 //! - `sync` durability: the kill waits until anti-entropy has brought the
 //!   first owner's records to the second (the window before that is
 //!   documented); after the first owner comes back, both hold the totals.
-//! - `replicated` durability, with anti-entropy all but off (1 h): the kill
-//!   follows the last acknowledgement at once; the copy push carried the
-//!   records, so the copy recognises every retry with no window.
+//! - `replicated` durability, with anti-entropy all but off (1 h), in a
+//!   region of three nodes (RF 2, so one node of three owns none of a
+//!   key): the kill follows the last acknowledgement at once, and each add
+//!   is retried through its key's second owner. The copy push went to that
+//!   owner (a key's copies are its other owners) and carried the records,
+//!   so it recognises every retry with no window. eu-3 must sync at the
+//!   default pace to copy its partitions in, so it could learn records by
+//!   anti-entropy too; the keys whose second owner is eu-2 (some are) show
+//!   the copies' choice: only a copy push reaches eu-2.
 
 mod common;
 
@@ -56,7 +62,11 @@ async fn settled_map(endpoints: &[String]) -> tally_client::PartitionMap {
             tokio::time::sleep(Duration::from_millis(500)).await;
             return maps.swap_remove(0);
         }
-        assert!(Instant::now() < deadline, "no settled partition map");
+        assert!(
+            Instant::now() < deadline,
+            "no settled partition map: {:?}",
+            maps.iter().map(|map| &map.nodes).collect::<Vec<_>>()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -93,13 +103,22 @@ async fn a_replicated_add_s_retry_is_a_duplicate_on_its_copy_at_once() {
 
 async fn failover(replicated: bool) {
     let root = tempfile::tempdir().unwrap();
-    let specs: Vec<common::NodeSpec> = ["eu-1", "eu-2"]
-        .into_iter()
+    let names: &[&str] = if replicated {
+        &["eu-1", "eu-2", "eu-3"]
+    } else {
+        &["eu-1", "eu-2"]
+    };
+    let specs: Vec<common::NodeSpec> = names
+        .iter()
         .map(|name| {
             let mut spec = common::partitioned_spec(root.path(), "eu", name, 16, 2);
             if replicated {
                 spec.durability = "replicated";
-                spec.sync_interval = "1h";
+                // eu-3 syncs at the default pace, or it would never copy
+                // its partitions in and become active.
+                if *name != "eu-3" {
+                    spec.sync_interval = "1h";
+                }
             }
             spec
         })
@@ -114,6 +133,22 @@ async fn failover(replicated: bool) {
         .filter(|key| common::first_owner(&map, key) == "eu-1")
         .take(KEYS)
         .collect();
+    // Each key's second owner, where its retry goes.
+    let count = tally_proto::partition::PartitionCount::new(u64::from(map.partitions)).unwrap();
+    let second: BTreeMap<String, String> = keys
+        .iter()
+        .map(|key| {
+            let owners = map.owners_of(count.of_key(key.as_bytes()).0);
+            let index = names.iter().position(|name| *name == owners[1]).unwrap();
+            (key.clone(), endpoints[index].clone())
+        })
+        .collect();
+    if replicated {
+        assert!(
+            second.values().any(|endpoint| *endpoint == endpoints[1]),
+            "no key has eu-2 as its second owner"
+        );
+    }
 
     // 1. Each key takes one keyed add on its first owner, eu-1, and a
     // second, unkeyed one there, so that the first answers differ by key.
@@ -147,12 +182,13 @@ async fn failover(replicated: bool) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    // 3. eu-1 dies; every add is retried through eu-2, which now serves the
-    // keys (it forwards to eu-1 first, fails over and serves them itself).
+    // 3. eu-1 dies; every add is retried through its key's second owner,
+    // which now serves it (it forwards to eu-1 first, fails over and serves
+    // it itself).
     nodes[0].kill9();
     for key in &keys {
         let retried = loop {
-            match add(&endpoints[1], key, &format!("like-{key}")).await {
+            match add(&second[key], key, &format!("like-{key}")).await {
                 Ok(answer) => break answer,
                 Err(status) if Instant::now() < deadline => {
                     eprintln!("retrying {key}: {status}");
@@ -163,14 +199,15 @@ async fn failover(replicated: bool) {
         };
         assert!(
             retried.duplicate,
-            "{key}: the retry through eu-2 was applied again"
+            "{key}: the retry through {} was applied again",
+            second[key]
         );
         assert_eq!(retried.value, first[key], "{key}: the first answer's value");
     }
 
-    // 4. eu-2 holds each key's exact total (with replicated durability, eu-1's
-    // slot came with the pushes); in sync mode eu-1 comes back and holds
-    // them too, once synced.
+    // 4. The survivors read each key's exact total (with replicated durability,
+    // eu-1's slot came to the second owner with the pushes); in sync mode eu-1
+    // comes back and holds them too, once synced.
     let checked = if replicated {
         &endpoints[1..]
     } else {

@@ -164,10 +164,18 @@ async fn three_regions_see_each_other_and_the_published_values() {
     }
 
     let mut ap_rx = ap_handle.subscribe();
-    us_handle.publish(7, 0xabc, 0x5e7);
+    assert!(eu_handle
+        .members()
+        .iter()
+        .all(|m| m.counters_stored.is_none()));
+    us_handle.publish(7, 0xabc, 0x5e7, Some(42));
     let published = |members: &[Member]| {
         us.find(members).is_some_and(|m| {
-            m.alive && m.durable_seq == 7 && m.digest == 0xabc && m.sets_digest == Some(0x5e7)
+            m.alive
+                && m.durable_seq == 7
+                && m.digest == 0xabc
+                && m.sets_digest == Some(0x5e7)
+                && m.counters_stored == Some(42)
         })
     };
     wait_until("eu sees us's publication", &eu_handle, published).await;

@@ -134,6 +134,35 @@ fn forwarded_count(node: &NodeProcess, outcome: &str) -> u64 {
         .sum()
 }
 
+/// Posts a batch of one item per key (`item` writes it) to `path`, whose
+/// list is `field`; returns each item's value, in order.
+fn http_batch(
+    api: &common::http::Api,
+    path: &str,
+    field: &str,
+    item: impl Fn(&str) -> String,
+) -> Vec<serde_json::Value> {
+    let items: Vec<String> = (0..KEYS).map(|i| item(&key(i))).collect();
+    let reply = api.post(path, &format!("{{\"{field}\": [{}]}}", items.join(",")));
+    assert_eq!(reply.status, 200, "{reply:?}");
+    let results = reply.json()["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), KEYS, "{results:?}");
+    results
+        .iter()
+        .map(|result| result["ok"]["value"].clone())
+        .collect()
+}
+
+/// The next value of a watch stream.
+async fn next_watched(watch: &mut tonic::Streaming<pb::WatchEvent>) -> i64 {
+    tokio::time::timeout(LIMIT, watch.message())
+        .await
+        .expect("a watched value in time")
+        .expect("the watch stream")
+        .expect("an open watch stream")
+        .value
+}
+
 async fn add(
     client: &mut CountersClient<tonic::transport::Channel>,
     key: &str,
@@ -265,10 +294,10 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
         [(replica_of(&map, &owners_of(&map, key)[0]), p)].into()
     };
     let map = &map;
-    let owner_only = |p: u64| {
+    let owner_only = |node: &'static str, p: u64| {
         move |held: &Slots| {
             (0..KEYS).map(key).all(|k| {
-                let owned = owners_of(map, &k).iter().any(|owner| owner == "eu-1");
+                let owned = owners_of(map, &k).iter().any(|owner| owner == node);
                 held.get(&k) == owned.then(|| expected_slots(&k, p)).as_ref()
             })
         }
@@ -276,7 +305,7 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
     wait_slots(
         &endpoints[0],
         "each key's slot on its first owner only",
-        owner_only(4),
+        owner_only("eu-1", 4),
     )
     .await;
 
@@ -322,11 +351,143 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
     wait_slots(
         &endpoints[0],
         "the routed adds in the owners' slots",
-        owner_only(6),
+        owner_only("eu-1", 6),
     )
     .await;
 
-    // 6. The owner of some keys is killed. Adds through another node fail
+    // 6. The HTTP API routes as gRPC does, and a watch through a node that
+    // is not the key's first owner relays the owner's values. The watched
+    // key is one eu-3 owns first (eu-3 is killed below): the event stream
+    // is opened through the node that does not own it at all, the gRPC
+    // watch through its second owner.
+    let watched = (0..KEYS)
+        .map(key)
+        .find(|k| owners_of(map, k)[0] == "eu-3")
+        .expect("eu-3 owns some of the keys");
+    let watched_owners = owners_of(map, &watched);
+    let outsider = names
+        .iter()
+        .position(|name| !watched_owners.iter().any(|owner| owner == name))
+        .unwrap();
+    let second = names
+        .iter()
+        .position(|name| *name == watched_owners[1])
+        .unwrap();
+    let apis: Vec<common::http::Api> = eu
+        .iter()
+        .map(|node| common::http::Api::new(node.spec.http))
+        .collect();
+    let events_path = format!("/v1/counters/{watched}/events");
+    let events = apis[outsider].events(&events_path, &[]);
+    assert_eq!(events.status, 200, "the event stream through a non-owner");
+    let first = events.next_value(LIMIT).expect("a first value");
+    assert_eq!(
+        first.value(),
+        6,
+        "the owner's value, through {}",
+        names[outsider]
+    );
+    let mut watch = counters(&endpoints[second])
+        .await
+        .watch(pb::WatchRequest {
+            key: watched.clone().into_bytes().into(),
+        })
+        .await
+        .expect("a watch through the second owner")
+        .into_inner();
+    assert_eq!(next_watched(&mut watch).await, 6);
+    for index in [outsider, second] {
+        let metrics = common::http_get(eu[index].spec.http, "/metrics").unwrap().1;
+        assert!(
+            metrics.lines().any(|line| line == "tally_watch_relays 1"),
+            "{} relays one watch:\n{metrics}",
+            names[index]
+        );
+    }
+    let http_apis = apis.clone();
+    let http_names = names;
+    let first_owners: Vec<String> = (0..KEYS)
+        .map(|i| owners_of(map, &key(i))[0].clone())
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        // Single adds through every node: each answer is the owner's value,
+        // and a forwarded one names the owner.
+        for (index, (api, node)) in http_apis.iter().zip(http_names).enumerate() {
+            for (i, owner) in first_owners.iter().enumerate() {
+                let reply = api.add(&key(i), 1, Some(&format!("http-{i}-{node}")));
+                assert_eq!(reply.status, 200, "{reply:?}");
+                let hint = if owner == node { "" } else { owner.as_str() };
+                assert_eq!(reply.header("tally-owner"), hint, "{} via {node}", key(i));
+                assert_eq!(
+                    reply.json()["value"],
+                    7 + index as i64,
+                    "{} via {node}",
+                    key(i)
+                );
+            }
+        }
+        // A batch spanning every owner, through eu-2; a read of each key
+        // through every node; a batch read through eu-3.
+        let added = http_batch(&http_apis[1], "/v1/batch/add", "adds", |key| {
+            format!("{{\"key\": \"{key}\", \"delta\": 1}}")
+        });
+        assert!(added.iter().all(|value| *value == 10), "{added:?}");
+        for (api, node) in http_apis.iter().zip(http_names) {
+            for i in 0..KEYS {
+                assert_eq!(api.value(&key(i)), 10, "{} via {node}", key(i));
+            }
+        }
+        let read = http_batch(&http_apis[2], "/v1/batch/get", "gets", |key| {
+            format!("{{\"key\": \"{key}\"}}")
+        });
+        assert!(read.iter().all(|value| *value == 10), "{read:?}");
+        // The seed API: one increment through each node, read through each.
+        for api in &http_apis {
+            let reply = api.call(
+                "PUT",
+                "/v1/counter/",
+                &[],
+                Some("{\"counter_id\": \"like:routed\"}"),
+            );
+            assert_eq!(reply.status, 204, "{reply:?}");
+        }
+        for (api, node) in http_apis.iter().zip(http_names) {
+            let reply = api.get("/v1/counter/?counter_id=like:routed");
+            assert_eq!(
+                reply.json()["value"],
+                3,
+                "the seed counter via {node}: {reply:?}"
+            );
+        }
+    })
+    .await
+    .unwrap();
+    // The watchers see the owner's value reach 10 (values are coalesced:
+    // some in between may be skipped, none goes past it).
+    let mut seen = first.value();
+    while seen != 10 {
+        seen = events
+            .next_value(LIMIT)
+            .expect("the owner's changes")
+            .value();
+        assert!(seen <= 10, "{seen}");
+    }
+    let mut seen = 6;
+    while seen != 10 {
+        seen = next_watched(&mut watch).await;
+        assert!(seen <= 10, "{seen}");
+    }
+    // Every add above is in its owners' slots before eu-3 goes.
+    for (index, node) in [(0, "eu-1"), (1, "eu-2")] {
+        wait_slots(
+            &endpoints[index],
+            "the HTTP adds in the owners' slots",
+            owner_only(node, 10),
+        )
+        .await;
+    }
+
+    // 7. The owner of some keys is killed. Adds through another node fail
     // over to each key's next owner at once (failure detection has not
     // seen it go yet), with idempotent retries: nothing is lost or doubled.
     let stopped = "eu-3";
@@ -366,11 +527,11 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
         - failed_over_before;
     eprintln!("measured: {failed_over} forwarded adds failed over from the stopped eu-3");
     assert!(failed_over > 0, "no add failed over from the stopped owner");
-    // Every region reads the exact total (4 for each key, 5 for each key
+    // Every region reads the exact total (10 for each key, 11 for each key
     // of eu-3) once synced; the failed-over adds are in the second owners'
     // slots.
     // eu nodes hold the keys they own; us-1, alone in its region, all.
-    let expected = |k: &str| if moved.iter().any(|m| m == k) { 7 } else { 6 };
+    let expected = |k: &str| if moved.iter().any(|m| m == k) { 11 } else { 10 };
     let holds = |node: &str, k: &str| node == "us-1" || owners_of(map, k).iter().any(|o| o == node);
     let us_1 = nodes[3].endpoint();
     for (node, endpoint) in [
@@ -389,5 +550,21 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
             let second = replica_of(map, &owners_of(map, k)[1]);
             assert_eq!(held[k].get(&second), Some(&1), "{k} on its second owner");
         }
+    }
+
+    // The watches of the killed owner's key moved to its next owner: they
+    // see the failed-over add.
+    let mut seen = 10;
+    while seen != 11 {
+        seen = events
+            .next_value(LIMIT)
+            .expect("the next owner's value")
+            .value();
+        assert!(seen <= 11, "{seen}");
+    }
+    let mut seen = 10;
+    while seen != 11 {
+        seen = next_watched(&mut watch).await;
+        assert!(seen <= 11, "{seen}");
     }
 }

@@ -223,7 +223,8 @@ impl Admin for AdminService {
         request: Request<pb::PartitionMapRequest>,
     ) -> Result<Response<pb::PartitionMapResponse>, Status> {
         let region = request.into_inner().region;
-        super::partitions::partition_map(&self.partitioning, &region).map(Response::new)
+        let counters = super::partitions::counters_stored(&self.engine);
+        super::partitions::partition_map(&self.partitioning, &region, &counters).map(Response::new)
     }
 
     async fn drain(

@@ -4,11 +4,13 @@
 //!
 //! In a region of several nodes, `Add`, `AddBatch`, `Get` and `GetBatch`
 //! for a key this node is not the first live owner of are forwarded to that
-//! owner ([`super::forward`]); a batch is split by owner. `Watch` stays
-//! local: its stream follows this node's merged state, which today holds
-//! every counter, as fresh as the last sync with the owner. With one node
-//! in the region (or one node in all), nothing is forwarded and the only
-//! cost is one atomic load per request.
+//! owner ([`super::forward`]); a batch is split by owner. `Watch` relays
+//! the owner's stream ([`super::watch_relay`]). With one node in the region
+//! (or one node in all), nothing is forwarded and the only cost is one
+//! atomic load per request.
+//!
+//! The HTTP API's counter endpoints call this service in-process, so they
+//! route, forward and answer exactly as gRPC does.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -19,7 +21,6 @@ use tally_proto::v1 as pb;
 use tally_proto::v1::counters_server::Counters;
 use tonic::{Request, Response, Status};
 
-use crate::crdt::ValueOutOfRange;
 use crate::engine::{now_ms, CounterRead, Engine, ReadParts};
 use crate::replica::RegionPart;
 use crate::security::ItemCharge;
@@ -27,6 +28,7 @@ use crate::security::ItemCharge;
 use super::convert::{item_error, status_of};
 use super::copies::{deadline_of, durability_from};
 use super::forward::{hint_owners, is_forwarded, Forwarded, Forwarder};
+use super::watch_relay::ValueStream;
 use crate::partition::Route;
 
 /// The shortest gap between two updates of one `Watch` stream.
@@ -113,6 +115,16 @@ impl CountersService {
                 }),
             })
             .collect())
+    }
+
+    /// The values of `key` for a watcher (gRPC `Watch`, the HTTP event
+    /// stream), from its first live owner ([`super::watch_relay`]).
+    pub async fn values(
+        &self,
+        key: prost::bytes::Bytes,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<ValueStream, Status> {
+        super::watch_relay::values(&self.engine, &self.forwarder, key, metadata).await
     }
 
     fn get_batch_here(&self, gets: Vec<pb::GetRequest>) -> Vec<pb::GetResult> {
@@ -215,9 +227,9 @@ fn read_parts(get: &pb::GetRequest) -> ReadParts {
 /// newest after each change, at most one per [`WATCH_MIN_INTERVAL`] (a hot
 /// key must not flood a watcher). A value outside `i64` is the last item.
 /// Shared by gRPC `Watch` and the HTTP event stream.
-pub fn coalesced_values(
-    receiver: tokio::sync::watch::Receiver<Result<i64, ValueOutOfRange>>,
-) -> impl Stream<Item = Result<i64, ValueOutOfRange>> + Send {
+pub fn coalesced_values<E: Clone + Send + Sync + 'static>(
+    receiver: tokio::sync::watch::Receiver<Result<i64, E>>,
+) -> impl Stream<Item = Result<i64, E>> + Send {
     futures::stream::unfold(
         (receiver, true, false),
         |(mut receiver, first, ended)| async move {
@@ -229,7 +241,7 @@ pub fn coalesced_values(
                 tokio::time::sleep(WATCH_MIN_INTERVAL).await;
                 receiver.changed().await.ok()?;
             }
-            let value = *receiver.borrow_and_update();
+            let value = receiver.borrow_and_update().clone();
             let ended = value.is_err();
             Some((value, (receiver, false, ended)))
         },
@@ -422,15 +434,19 @@ impl Counters for CountersService {
         &self,
         request: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let key = request.into_inner().key;
-        let receiver = self.engine.watch(&key).map_err(|e| status_of(&e))?;
-        let stream = coalesced_values(receiver).map(move |value| match value {
-            Ok(value) => Ok(pb::WatchEvent {
-                key: key.clone(),
-                value,
-            }),
-            Err(out_of_range) => Err(Status::out_of_range(out_of_range.to_string())),
+        let forwarded = is_forwarded(request.metadata());
+        let (metadata, _, watch) = request.into_parts();
+        let key = watch.key;
+        let result = self.values(key.clone(), &metadata).await.map(|values| {
+            let stream: WatchStream = Box::pin(values.map(move |value| match value {
+                Ok(value) => Ok(pb::WatchEvent {
+                    key: key.clone(),
+                    value,
+                }),
+                Err(out_of_range) => Err(Status::out_of_range(out_of_range)),
+            }));
+            Response::new(stream)
         });
-        Ok(Response::new(Box::pin(stream)))
+        self.forwarder.mark_served(forwarded, result)
     }
 }

@@ -18,11 +18,14 @@
 //!   passed back as it is: an owner that answered `UNAVAILABLE` ("copies
 //!   missing, outcome unknown") must not be applied a second time here.
 //! - **Idempotency window** (issue 11 item 6): a retry that fails over to
-//!   another node is recognised as a duplicate only once the first owner's
-//!   idempotency record reached it. Records do not replicate yet, so today a
-//!   retry of an add whose first attempt the (now unreachable) owner had
-//!   applied, failed over to another node, is applied again. The window is
-//!   "until idempotency records travel with the partition".
+//!   another node is recognised as a duplicate once the first owner's
+//!   idempotency record reached it (records travel with region pulls, and
+//!   with replicated durability's copy pushes). An add the owner committed
+//!   less than about a sync interval before it died, retried elsewhere, is
+//!   applied again: the README's "Idempotency across failover" says more.
+//! - **Streams.** `Watch` is relayed ([`super::watch_relay`]): only its
+//!   opening is bounded by a deadline, and the relay follows the key to a
+//!   new owner when the first one changes or its stream breaks.
 //! - **Deadline and credentials.** The forwarded call carries what remains
 //!   of the caller's deadline (`grpc-timeout`) and this node's peer
 //!   identity: over TLS, the node's certificate (the cluster CA signs it,
@@ -148,6 +151,44 @@ impl Forwarder {
         F: Fn(CountersClient<Channel>, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
+        self.send(method, hops, message, deadline, true, call).await
+    }
+
+    /// Opens a server stream (`Watch`) along `hops` as [`Forwarder::forward`]
+    /// sends a call, except that only its opening is bounded (by
+    /// [`DEFAULT_FORWARD_TIMEOUT`]): the stream itself lasts as long as
+    /// its reader wants it.
+    pub async fn open_stream<M, T, F, Fut>(
+        &self,
+        method: &'static str,
+        hops: &[Hop<'_>],
+        message: M,
+        call: F,
+    ) -> Forwarded<T>
+    where
+        M: Clone,
+        F: Fn(CountersClient<Channel>, Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
+        self.send(method, hops, message, None, false, call).await
+    }
+
+    /// [`Forwarder::forward`], with the deadline sent to the owner (as
+    /// `grpc-timeout`) only when `whole_call`.
+    async fn send<M, T, F, Fut>(
+        &self,
+        method: &'static str,
+        hops: &[Hop<'_>],
+        message: M,
+        deadline: Option<Duration>,
+        whole_call: bool,
+        call: F,
+    ) -> Forwarded<T>
+    where
+        M: Clone,
+        F: Fn(CountersClient<Channel>, Request<M>) -> Fut,
+        Fut: Future<Output = Result<Response<T>, Status>>,
+    {
         let deadline = tokio::time::Instant::now() + deadline.unwrap_or(DEFAULT_FORWARD_TIMEOUT);
         for (attempt, hop) in hops.iter().enumerate() {
             let node = match hop {
@@ -162,7 +203,9 @@ impl Forwarder {
             request
                 .metadata_mut()
                 .insert(FORWARDED_HEADER, self.node_name.clone());
-            request.set_timeout(remaining);
+            if whole_call {
+                request.set_timeout(remaining);
+            }
             let client = CountersClient::new(channel)
                 .max_decoding_message_size(super::serve::MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(super::serve::MAX_MESSAGE_BYTES);

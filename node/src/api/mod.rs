@@ -13,6 +13,7 @@ pub mod partitions;
 pub mod replication;
 pub mod serve;
 pub mod status_codes;
+pub mod watch_relay;
 
 pub use admin::{AdminService, NodeInfo};
 pub use counters::CountersService;

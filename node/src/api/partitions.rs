@@ -3,11 +3,13 @@
 //! core's view and the prost messages live here only, and so does the
 //! mapping of the core's refusals to gRPC codes.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tally_proto::v1 as pb;
 use tonic::Status;
 
+use crate::engine::Engine;
 use crate::gossip::lifecycle::{LifecycleError, Partitioning};
 use crate::partition::{AdminRefusal, DrainStep, NodeState};
 
@@ -16,10 +18,29 @@ use crate::partition::{AdminRefusal, DrainStep, NodeState};
 /// must come within a client's default deadline (5 s).
 pub const DRAIN_CONFIRM_WAIT: Duration = Duration::from_secs(3);
 
-/// The partition map of `region` (empty: this node's) as this node sees it.
+/// How many counters each node stores, by replica id: this node's from its
+/// store, the others' as they last gossiped (those that published none are
+/// left out).
+pub fn counters_stored(engine: &Engine) -> BTreeMap<u64, u64> {
+    let core = engine.core();
+    let mut counters: BTreeMap<u64, u64> = core
+        .peers()
+        .peers()
+        .filter_map(|peer| Some((peer.member.replica.0, peer.member.counters_stored?)))
+        .collect();
+    if let Some(own) = engine.store().counters_stored() {
+        counters.insert(core.identity().replica.0, own);
+    }
+    counters
+}
+
+/// The partition map of `region` (empty: this node's) as this node sees
+/// it, with each node's count of `counters` (by replica id,
+/// [`counters_stored`]).
 pub fn partition_map(
     partitioning: &Partitioning,
     region: &str,
+    counters: &BTreeMap<u64, u64>,
 ) -> Result<pb::PartitionMapResponse, Status> {
     let region = if region.is_empty() {
         partitioning.region().to_string()
@@ -75,6 +96,7 @@ pub fn partition_map(
                 partitions_owned,
                 partitions_held: node.holding.len() as u32,
                 partitions_releasing: node.releasing.len() as u32,
+                counters_stored: counters.get(&replica.0).copied(),
             }
         })
         .collect();

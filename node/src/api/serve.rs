@@ -52,14 +52,14 @@ pub async fn spawn_grpc(
     engine: Arc<Engine>,
     info: NodeInfo,
     partitioning: Arc<crate::gossip::lifecycle::Partitioning>,
-    forwarder: Arc<super::forward::Forwarder>,
+    counters: Arc<CountersService>,
     gossip_interval: std::time::Duration,
     security: &Security,
     listener: TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
     let interceptor = AuthInterceptor::new(security.auth.clone(), engine.metrics().clone());
-    let counters = CountersServer::new(CountersService::new(engine.clone(), forwarder))
+    let counters = CountersServer::from_arc(counters)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let likes = LikesServer::new(LikesService::new(engine.clone()))

@@ -1,16 +1,19 @@
 //! The pusher of replicated durability: whenever the core has counters whose
 //! replicated adds wait for their copies, take one push
 //! ([`crate::replica::Replica::poll_push`]), send it with the `Copy` RPC to
-//! `--write-copies - 1` live nodes of the region (the core chooses them,
-//! [`crate::replica::PeerBook::choose_copies`]), and report back: confirmed
-//! when enough answered `OK` (each answers only once the push is durable
-//! there), failed otherwise, and then the next attempt rotates to other
-//! copies after a short pause. The loop only moves messages; what to push
-//! and what counts as confirmed is the core's decision.
+//! `--write-copies - 1` live nodes of the region per counter: the key's
+//! other owners first ([`super::copy_plan`]), among the members that take
+//! copies ([`crate::replica::PeerBook::choose_copies`]), and report back:
+//! confirmed when enough answered `OK` for every counter (each answers only
+//! once the push is durable there), failed otherwise, and then the next
+//! attempt rotates to other copies after a short pause. The loop only moves
+//! messages; what to push and what counts as confirmed is the core's
+//! decision.
 //!
-//! Invariant: a push is confirmed only when `write_copies - 1` distinct
-//! copies answered `OK` to it; every call is bounded by [`PUSH_TIMEOUT`], so
-//! a dead copy costs one timeout, never a stuck pusher.
+//! Invariant: a push is confirmed only when, for each of its counters,
+//! `write_copies - 1` distinct copies answered `OK` to a call carrying it;
+//! every call is bounded by [`PUSH_TIMEOUT`], so a dead copy costs one
+//! timeout, never a stuck pusher.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +24,11 @@ use tokio::task::JoinHandle;
 
 use crate::api::copies::copy_request_to;
 use crate::engine::{CopyAttempt, Engine};
+use crate::replica::CopyPush;
 
 use super::anti_entropy::{channel_for, forget_channel, AntiEntropyConfig, Channels};
+use super::copy_plan::{plan_copies, CopyPlan};
+use super::lifecycle::Partitioning;
 
 /// The longest one push to one copy may take (its commit included).
 pub const PUSH_TIMEOUT: Duration = Duration::from_millis(1_500);
@@ -51,7 +57,11 @@ impl CopierHandle {
 
 /// Starts the pusher; it dials copies as the anti-entropy loop dials peers
 /// (same TLS and source address).
-pub fn spawn_copier(engine: Arc<Engine>, config: AntiEntropyConfig) -> CopierHandle {
+pub fn spawn_copier(
+    engine: Arc<Engine>,
+    partitioning: Arc<Partitioning>,
+    config: AntiEntropyConfig,
+) -> CopierHandle {
     let (stop_tx, mut stop_rx) = oneshot::channel();
     let task = tokio::spawn(async move {
         let channels: Channels = Arc::default();
@@ -73,7 +83,9 @@ pub fn spawn_copier(engine: Arc<Engine>, config: AntiEntropyConfig) -> CopierHan
                     _ = &mut stop_rx => break,
                 }
             }
-            while let Some(confirmed) = push_once(&engine, &channels, &config, turn).await {
+            while let Some(confirmed) =
+                push_once(&engine, &partitioning, &channels, &config, turn).await
+            {
                 turn = turn.wrapping_add(1);
                 if confirmed {
                     failures = 0;
@@ -93,35 +105,94 @@ pub fn spawn_copier(engine: Arc<Engine>, config: AntiEntropyConfig) -> CopierHan
 /// Sends the next push, if any; `Some(confirmed)` when there was one.
 async fn push_once(
     engine: &Arc<Engine>,
+    partitioning: &Partitioning,
     channels: &Channels,
     config: &AntiEntropyConfig,
     turn: u64,
 ) -> Option<bool> {
     let needed = engine.write_copies().saturating_sub(1);
-    let (push, targets, candidates) = {
+    let (push, candidates, known) = {
         let mut core = engine.core();
         let push = core.poll_push()?;
         let region = core.identity().region.clone();
-        let targets: Vec<(String, String)> = core
-            .peers()
-            .choose_copies(&region, needed, turn)
+        let peers = core.peers();
+        let candidates: Vec<(String, String)> = peers
+            .choose_copies(&region, usize::MAX, turn)
             .into_iter()
             .map(|member| (member.node_name.clone(), member.grpc_addr.clone()))
             .collect();
-        let candidates = core.peers().copy_candidates(&region).count();
-        (push, targets, candidates)
+        let known = peers.copy_candidates(&region).count();
+        (push, candidates, known)
     };
     if needed == 0 {
         engine.note_copy_done(push.upto_seq);
         return Some(true);
     }
-    let wire = copy_request_to(&push);
+    let routes = partitioning.routes();
+    let plan = plan_copies(
+        push.counters.iter().map(|(key, _)| key.as_bytes()),
+        |key| {
+            let routes = routes.as_ref()?;
+            Some(
+                routes
+                    .other_owners(key)
+                    .into_iter()
+                    .map(String::from)
+                    .collect(),
+            )
+        },
+        &candidates,
+        needed,
+        turn,
+    );
+    let (answered, mut problems) = send_plan(&push, &plan, channels, config).await;
+    if plan.confirmed(&answered, needed) {
+        engine.note_copy_done(push.upto_seq);
+        return Some(true);
+    }
+    engine.core().handle_push_failed(push.upto_seq);
+    if plan.fewest_targets() < needed {
+        problems.push(format!(
+            "the region has {} live node(s) that take copies, {needed} needed ({known} known, alive or not)",
+            candidates.len()
+        ));
+    }
+    let problem = problems.join("; ");
+    let confirmed = answered.iter().filter(|ok| **ok).count();
+    tracing::debug!(upto_seq = push.upto_seq, confirmed, needed, %problem, "a push to the copies failed");
+    engine.note_copy_failure(CopyAttempt { confirmed, problem });
+    Some(false)
+}
+
+/// Sends each target of `plan` its counters of `push` (and all of the
+/// push's records), all at once; returns which answered `OK`, and what the
+/// others said.
+async fn send_plan(
+    push: &CopyPush,
+    plan: &CopyPlan,
+    channels: &Channels,
+    config: &AntiEntropyConfig,
+) -> (Vec<bool>, Vec<String>) {
     let mut calls = tokio::task::JoinSet::new();
-    for (name, addr) in &targets {
+    for (index, (name, addr)) in plan.targets.iter().enumerate() {
         let Some(channel) = channel_for(channels, addr, config) else {
             continue;
         };
-        let wire = wire.clone();
+        let part = CopyPush {
+            counters: plan
+                .counters_for(index)
+                .into_iter()
+                .map(|counter| push.counters[counter].clone())
+                .collect(),
+            cluster_id: push.cluster_id.clone(),
+            source: push.source,
+            region: push.region.clone(),
+            upto_seq: push.upto_seq,
+            protocol: push.protocol,
+            records: push.records.clone(),
+            id_keys: push.id_keys.clone(),
+        };
+        let wire = copy_request_to(&part);
         let name = name.clone();
         let addr = addr.clone();
         calls.spawn(async move {
@@ -135,34 +206,20 @@ async fn push_once(
                     PUSH_TIMEOUT.as_millis()
                 )),
             };
-            (addr, result)
+            (index, addr, result)
         });
     }
-    let mut confirmed = 0;
+    let mut answered = vec![false; plan.targets.len()];
     let mut problems = Vec::new();
     while let Some(joined) = calls.join_next().await {
         match joined {
-            Ok((_, Ok(()))) => confirmed += 1,
-            Ok((addr, Err(problem))) => {
+            Ok((index, _, Ok(()))) => answered[index] = true,
+            Ok((_, addr, Err(problem))) => {
                 forget_channel(channels, &addr);
                 problems.push(problem);
             }
             Err(join_error) => problems.push(format!("a push task died: {join_error}")),
         }
     }
-    if confirmed >= needed {
-        engine.note_copy_done(push.upto_seq);
-        return Some(true);
-    }
-    engine.core().handle_push_failed(push.upto_seq);
-    if targets.len() < needed {
-        problems.push(format!(
-            "the region has {} live node(s) that take copies, {needed} needed ({candidates} known, alive or not)",
-            targets.len()
-        ));
-    }
-    let problem = problems.join("; ");
-    tracing::debug!(upto_seq = push.upto_seq, confirmed, needed, %problem, "a push to the copies failed");
-    engine.note_copy_failure(CopyAttempt { confirmed, problem });
-    Some(false)
+    (answered, problems)
 }

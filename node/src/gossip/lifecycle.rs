@@ -85,10 +85,22 @@ struct Inner {
     /// Whether `holdings` has had a view of the cluster: until then this
     /// node serves only what it recovered, and knows no route.
     has_view: bool,
-    /// What the replica was last told to serve. `holdings` changes between
-    /// rounds too (a pull completes a copy), and only a round persists,
-    /// applies and publishes what it serves.
-    replica_serving: Option<PartitionSet>,
+    /// What the replica was last told to serve, and to keep. `holdings`
+    /// changes between rounds too (a pull completes a copy), and only a
+    /// round persists, applies and publishes what it serves.
+    replica_scope: Option<ReplicaScope>,
+}
+
+/// The partitions a replica serves, and those it keeps (served, being
+/// copied in, or being handed away).
+type ReplicaScope = (PartitionSet, PartitionSet);
+
+/// Tells the replica what `holdings` serve and keep; returns it.
+fn scope_replica(core: &mut crate::replica::Replica, holdings: &Holdings) -> ReplicaScope {
+    let scope = (holdings.serving(), holdings.kept());
+    core.set_serving(Some(scope.0.clone()));
+    core.set_kept(Some(scope.1.clone()));
+    scope
 }
 
 /// The partitions a node recovers as served from its `LIFECYCLE` record:
@@ -174,7 +186,7 @@ impl Partitioning {
                 lifecycle,
                 holdings,
                 has_view: false,
-                replica_serving: None,
+                replica_scope: None,
             }),
             settings,
             data_dir,
@@ -202,9 +214,8 @@ impl Partitioning {
     pub fn start(&self, engine: &Engine) {
         {
             let mut inner = self.lock();
-            let serving = inner.holdings.serving();
-            engine.core().set_serving(Some(serving.clone()));
-            inner.replica_serving = Some(serving);
+            let scope = scope_replica(&mut engine.core(), &inner.holdings);
+            inner.replica_scope = Some(scope);
         }
         self.handle_round(engine, self.membership.member_lifecycles());
     }
@@ -316,7 +327,7 @@ impl Partitioning {
         holdings.handle_durable(core.durable_seq());
         let deleted = holdings.poll_deletions(|partition| core.partition_quiet(count, partition));
         if !deleted.is_empty() {
-            core.set_serving(Some(holdings.serving()));
+            scope_replica(&mut core, holdings);
         }
         deleted
     }
@@ -572,7 +583,7 @@ impl Partitioning {
                 deleted = self.delete_released(engine, &mut holdings);
                 if !deleted.is_empty() {
                     // The replica was told at once (see `delete_released`).
-                    inner.replica_serving = Some(holdings.serving());
+                    inner.replica_scope = Some((holdings.serving(), holdings.kept()));
                 }
                 holdings.handle_view(&lifecycle.view(now, self.settings));
                 lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
@@ -584,10 +595,9 @@ impl Partitioning {
                     return;
                 }
             }
-            let serving = holdings.serving();
-            if inner.replica_serving.as_ref() != Some(&serving) {
-                engine.core().set_serving(Some(serving.clone()));
-                inner.replica_serving = Some(serving);
+            let scope = (holdings.serving(), holdings.kept());
+            if inner.replica_scope.as_ref() != Some(&scope) {
+                inner.replica_scope = Some(scope_replica(&mut engine.core(), &holdings));
             }
             self.publish(&lifecycle, &holdings);
             let after = lifecycle.state();

@@ -84,6 +84,9 @@ const KEY_DRAIN: &str = "drain";
 const KEY_HOLDING: &str = "holding";
 /// Those of `holding` the node is handing away.
 const KEY_RELEASING: &str = "releasing";
+/// How many counters the node stores (absent: a build before it was
+/// published), for the partition map's per-node counts.
+const KEY_COUNTERS_STORED: &str = "counters_stored";
 
 /// Phi above which a node is dead. Chitchat's phi is linear: the silence
 /// divided by the mean heartbeat interval.
@@ -144,6 +147,8 @@ struct Published {
     durable_seq: u64,
     digest: u64,
     sets_digest: u64,
+    /// How many counters the store holds (`None`: a store that cannot say).
+    counters_stored: Option<u64>,
     /// Set once the protocol window changed (the cluster version moved).
     protocol: Option<ProtocolWindow>,
     /// The fold report's text ([`super::fold_report`]), once there is one.
@@ -322,16 +327,29 @@ impl MembershipHandle {
     }
 
     /// Publishes this node's durable sequence and digests (counters, and
-    /// like sets with uniques). Cheap and never blocks: only the latest
-    /// values are kept, and they reach chitchat at the next gossip round.
-    pub fn publish(&self, durable_seq: u64, digest: u64, sets_digest: u64) {
+    /// like sets with uniques), and how many counters it stores. Cheap and
+    /// never blocks: only the latest values are kept, and they reach
+    /// chitchat at the next gossip round.
+    pub fn publish(
+        &self,
+        durable_seq: u64,
+        digest: u64,
+        sets_digest: u64,
+        counters_stored: Option<u64>,
+    ) {
         self.publish_tx.send_if_modified(|current| {
-            let new = (durable_seq, digest, sets_digest);
-            let changed = (current.durable_seq, current.digest, current.sets_digest) != new;
+            let new = (durable_seq, digest, sets_digest, counters_stored);
+            let old = (
+                current.durable_seq,
+                current.digest,
+                current.sets_digest,
+                current.counters_stored,
+            );
             current.durable_seq = durable_seq;
             current.digest = digest;
             current.sets_digest = sets_digest;
-            changed
+            current.counters_stored = counters_stored;
+            old != new
         });
     }
 
@@ -551,6 +569,9 @@ impl Refresher {
                     state.set(KEY_DURABLE_SEQ, published.durable_seq);
                     state.set(KEY_DIGEST, hex(published.digest));
                     state.set(KEY_SETS_DIGEST, hex(published.sets_digest));
+                    if let Some(counters) = published.counters_stored {
+                        state.set(KEY_COUNTERS_STORED, counters);
+                    }
                     if let Some(protocol) = published.protocol {
                         state.set(KEY_PROTOCOL, protocol.newest);
                         state.set(KEY_PROTOCOL_OLDEST, protocol.oldest);
@@ -745,6 +766,7 @@ fn parse_member<'a>(
         folds: get(super::fold_report::KEY_FOLDS).and_then(super::fold_report::decode),
         partitions: version(KEY_PARTITIONS)?,
         born_at: version(KEY_BORN_AT)?,
+        counters_stored: get(KEY_COUNTERS_STORED).and_then(|text| text.parse().ok()),
     })
 }
 

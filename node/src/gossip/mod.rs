@@ -5,6 +5,7 @@
 
 pub mod anti_entropy;
 pub mod copier;
+pub mod copy_plan;
 pub mod copy_sessions;
 pub mod fold_report;
 pub mod lifecycle;

@@ -126,7 +126,10 @@ pub fn cors_layer(origins: &[String]) -> Option<CorsLayer> {
                 HeaderName::from_static(super::extract::IDEMPOTENCY_KEY),
                 HeaderName::from_static("last-event-id"),
             ])
-            .expose_headers([header::RETRY_AFTER]),
+            .expose_headers([
+                header::RETRY_AFTER,
+                HeaderName::from_static(super::counters::OWNER_HINT),
+            ]),
     )
 }
 

@@ -1,23 +1,30 @@
 //! The JSON API of counters under `/v1/`: add, get (with the per-region
 //! breakdown, and the live writers' slots with the folded base, on request),
-//! batch add and batch get. Each handler is a thin
-//! shell over the [`Engine`], as the gRPC `Counters` service is: the same
-//! validation, the same messages, the same idempotency (the
-//! `Idempotency-Key` header is gRPC's `idempotency_key`), and errors as
-//! problem documents with the gRPC code's meaning ([`super::problem`]).
+//! batch add and batch get. Each handler calls the gRPC `Counters` service
+//! in-process ([`crate::api::CountersService`]), so it answers exactly as
+//! gRPC does: the same validation and messages, the same idempotency (the
+//! `Idempotency-Key` header is gRPC's `idempotency_key`), and, in a region
+//! of several nodes, the same routing: a key this node does not own is
+//! forwarded to its first live owner, and a batch is split by owner.
+//! Errors are problem documents with the gRPC code's meaning
+//! ([`super::problem`]).
 
 use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use prost::bytes::Bytes;
+use tally_proto::v1 as pb;
+use tally_proto::v1::counters_server::Counters;
+use tonic::{Request, Status};
+
 use super::extract::{CounterKey, IdempotencyKey, JsonBody, QueryParams};
 use super::problem::Problem;
 use super::HttpState;
-use crate::api::counters::{check_batch_size, region_net, since_last_sync_ms, MAX_BATCH_ITEMS};
-use crate::crdt::FoldedBase;
-use crate::engine::{now_ms, CounterRead, Durability, ReadParts};
-use crate::replica::{AddAccepted, WriterSlot as CoreWriterSlot};
+use crate::api::counters::{check_batch_size, MAX_BATCH_ITEMS};
+use crate::api::forward::OWNER_HEADER;
 use crate::security::ItemCharge;
 
 /// When an add asks to be acknowledged. The node applies the stronger of
@@ -38,14 +45,16 @@ pub enum AddDurability {
     Async,
 }
 
-impl From<AddDurability> for Durability {
-    fn from(asked: AddDurability) -> Durability {
-        match asked {
-            AddDurability::Sync => Durability::Sync,
-            AddDurability::Replicated => Durability::Replicated,
-            AddDurability::Async => Durability::Async,
-        }
-    }
+/// The gRPC field of an asked durability. `async` is never stronger than
+/// a node's own mode, so it asks for nothing: the node's own applies, as
+/// for no ask at all.
+fn wire_durability(asked: Option<AddDurability>) -> i32 {
+    let wire = match asked {
+        None | Some(AddDurability::Async) => pb::Durability::Unspecified,
+        Some(AddDurability::Sync) => pb::Durability::Sync,
+        Some(AddDurability::Replicated) => pb::Durability::Replicated,
+    };
+    wire as i32
 }
 
 /// The body of an add.
@@ -275,58 +284,84 @@ fn unsigned_sum() -> utoipa::openapi::schema::Schema {
         .into()
 }
 
-pub(super) fn add_result(key: String, accepted: &AddAccepted) -> AddResult {
+/// The response header naming the owners that served a request this node
+/// forwarded (gRPC's `tally-owner`): the key lives on another node.
+pub const OWNER_HINT: &str = "tally-owner";
+
+/// The [`OWNER_HINT`] header of a forwarded answer (none when served here).
+fn owner_hint<T>(answer: &tonic::Response<T>) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let owners = answer
+        .metadata()
+        .get(OWNER_HEADER)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| HeaderValue::from_str(value).ok());
+    if let Some(owners) = owners {
+        headers.insert(OWNER_HINT, owners);
+    }
+    headers
+}
+
+fn add_result(key: String, answer: pb::AddResponse) -> AddResult {
     AddResult {
         key,
-        value: accepted.value,
-        duplicate: accepted.duplicate,
+        value: answer.value,
+        duplicate: answer.duplicate,
     }
 }
 
-pub(super) fn counter_value(key: String, read: CounterRead, breakdown: bool) -> CounterValue {
-    let now = now_ms();
+/// The JSON of a `Get` answer; `slots` (with the folded base) when asked.
+fn counter_value(
+    key: String,
+    answer: pb::GetResponse,
+    breakdown: bool,
+    slots: bool,
+) -> CounterValue {
     CounterValue {
         key,
-        value: read.value,
+        value: answer.value,
         regions: breakdown.then(|| {
-            read.regions
-                .iter()
+            answer
+                .regions
+                .into_iter()
                 .map(|part| RegionValue {
-                    region: part.region.clone(),
-                    value: region_net(part),
+                    region: part.region,
+                    value: part.value,
                     increments: part.increments,
                     decrements: part.decrements,
                     local: part.local,
-                    since_last_sync_ms: since_last_sync_ms(part, now),
+                    since_last_sync_ms: part.since_last_sync_ms,
                 })
                 .collect()
         }),
-        slots: read
-            .slots
-            .as_ref()
-            .map(|(slots, _)| slots.iter().map(writer_slot).collect()),
-        folded: read.slots.map(|(_, base)| folded_sums(base)),
+        slots: slots.then(|| answer.slots.into_iter().map(writer_slot).collect()),
+        folded: slots.then(|| folded_sums(answer.folded.unwrap_or_default())),
     }
 }
 
-fn writer_slot(writer: &CoreWriterSlot) -> WriterSlot {
+fn writer_slot(writer: pb::WriterSlot) -> WriterSlot {
     WriterSlot {
-        replica: format!("{:016x}", writer.replica.0),
-        region: writer.region.clone(),
-        p: writer.slot.p,
-        n: writer.slot.n,
+        replica: format!("{:016x}", writer.replica),
+        region: writer.region,
+        p: writer.p,
+        n: writer.n,
     }
 }
 
-fn folded_sums(base: FoldedBase) -> FoldedSums {
+fn folded_sums(base: pb::FoldedSums) -> FoldedSums {
+    let wide = |low: u64, high: u64| (u128::from(high) << 64) | u128::from(low);
     FoldedSums {
         epoch: base.epoch,
-        p: base.p,
-        n: base.n,
+        p: wide(base.p_low, base.p_high),
+        n: wide(base.n_low, base.n_high),
     }
 }
 
-/// Adds to one counter.
+/// The problem of a batch item's error.
+fn item_problem(error: pb::Error) -> Problem {
+    Problem::of_status(&Status::new(tonic::Code::from(error.code), error.message))
+}
+
 #[utoipa::path(
     post,
     path = "/v1/counters/{key}",
@@ -340,7 +375,8 @@ fn folded_sums(base: FoldedBase) -> FoldedSums {
     ),
     request_body = AddBody,
     responses(
-        (status = 200, description = "Added (or a duplicate of an add already applied).", body = AddResult),
+        (status = 200, description = "Added (or a duplicate of an add already applied).", body = AddResult,
+         headers(("Tally-Owner" = String, description = "When this node forwarded the add: the node that owns the key and served it."))),
         (status = 400, description = "A bad key, delta, body or Idempotency-Key.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The add would overflow the counter; nothing changed.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "The Idempotency-Key was used for another add.", body = Problem, content_type = "application/problem+json"),
@@ -353,23 +389,22 @@ pub async fn add(
     CounterKey(key): CounterKey,
     idempotency: IdempotencyKey,
     JsonBody(body): JsonBody<AddBody>,
-) -> Result<Json<AddResult>, Problem> {
-    let own = state.engine.durability();
-    let durability = body
-        .durability
-        .map_or(own, |asked| Durability::from(asked).stronger(own));
-    let accepted = state
-        .engine
-        .add_as(
-            key.as_bytes(),
-            body.delta,
-            idempotency.as_deref(),
-            durability,
-            None,
-        )
+) -> Result<(HeaderMap, Json<AddResult>), Problem> {
+    let add = pb::AddRequest {
+        key: Bytes::from(key.clone()),
+        delta: body.delta,
+        idempotency_key: idempotency.0.unwrap_or_default(),
+        durability: wire_durability(body.durability),
+    };
+    let answer = state
+        .counters
+        .add(Request::new(add))
         .await
-        .map_err(|e| Problem::of_engine(&e))?;
-    Ok(Json(add_result(key, &accepted)))
+        .map_err(|status| Problem::of_status(&status))?;
+    Ok((
+        owner_hint(&answer),
+        Json(add_result(key, answer.into_inner())),
+    ))
 }
 
 /// Reads one counter.
@@ -383,7 +418,8 @@ pub async fn add(
         GetQuery,
     ),
     responses(
-        (status = 200, description = "The counter's value on this node.", body = CounterValue),
+        (status = 200, description = "The counter's value on its first live owner (this node, or the one it forwarded the read to).", body = CounterValue,
+         headers(("Tally-Owner" = String, description = "When this node forwarded the read: the node that owns the key and served it."))),
         (status = 400, description = "A bad key or query (`breakdown` and `slots` take `true` or `false`).", body = Problem, content_type = "application/problem+json"),
         (status = "default", description = "Any other problem (401, 429, 503).", body = Problem, content_type = "application/problem+json"),
     )
@@ -392,16 +428,20 @@ pub async fn get(
     State(state): State<HttpState>,
     CounterKey(key): CounterKey,
     QueryParams(query): QueryParams<GetQuery>,
-) -> Result<Json<CounterValue>, Problem> {
-    let parts = ReadParts {
+) -> Result<(HeaderMap, Json<CounterValue>), Problem> {
+    let get = pb::GetRequest {
+        key: Bytes::from(key.clone()),
         breakdown: query.breakdown,
         slots: query.slots,
     };
-    let read = state
-        .engine
-        .read(key.as_bytes(), parts)
-        .map_err(|e| Problem::of_engine(&e))?;
-    Ok(Json(counter_value(key, read, query.breakdown)))
+    let answer = state
+        .counters
+        .get(Request::new(get))
+        .await
+        .map_err(|status| Problem::of_status(&status))?;
+    let hint = owner_hint(&answer);
+    let value = counter_value(key, answer.into_inner(), query.breakdown, query.slots);
+    Ok((hint, Json(value)))
 }
 
 /// Charges a batch's items beyond the first to the caller's token.
@@ -430,38 +470,43 @@ pub async fn batch_add(
 ) -> Result<Json<BatchAddResults>, Problem> {
     charge_items(charge, body.adds.len());
     check_batch_size(body.adds.len()).map_err(|status| Problem::invalid(status.message()))?;
-    let outcomes = state
-        .engine
-        .add_batch(
-            body.adds.iter().map(|add| {
-                let asked = match (add.durability, body.durability) {
-                    (Some(own), Some(batch)) => {
-                        Some(Durability::from(own).stronger(Durability::from(batch)))
-                    }
-                    (own, batch) => own.or(batch).map(Durability::from),
-                };
-                (
-                    add.key.as_bytes(),
-                    add.delta,
-                    add.idempotency_key.as_deref().filter(|key| !key.is_empty()),
-                    asked,
-                )
-            }),
-            None,
-        )
-        .await;
-    let results = body
-        .adds
+    let keys: Vec<String> = body.adds.iter().map(|add| add.key.clone()).collect();
+    let batch = pb::AddBatchRequest {
+        adds: body
+            .adds
+            .into_iter()
+            .map(|add| pb::AddRequest {
+                key: Bytes::from(add.key),
+                delta: add.delta,
+                idempotency_key: add.idempotency_key.unwrap_or_default(),
+                durability: wire_durability(add.durability),
+            })
+            .collect(),
+        durability: wire_durability(body.durability),
+    };
+    let answers = state
+        .counters
+        .add_batch(Request::new(batch))
+        .await
+        .map_err(|status| Problem::of_status(&status))?;
+    let results = keys
         .into_iter()
-        .zip(outcomes)
-        .map(|(add, outcome)| match outcome {
-            Ok(accepted) => BatchAddOutcome {
-                ok: Some(add_result(add.key, &accepted)),
+        .zip(answers.into_inner().results)
+        .map(|(key, result)| match result.outcome {
+            Some(pb::add_result::Outcome::Ok(answer)) => BatchAddOutcome {
+                ok: Some(add_result(key, answer)),
                 error: None,
             },
-            Err(error) => BatchAddOutcome {
+            Some(pb::add_result::Outcome::Error(error)) => BatchAddOutcome {
                 ok: None,
-                error: Some(Problem::of_engine(&error)),
+                error: Some(item_problem(error)),
+            },
+            None => BatchAddOutcome {
+                ok: None,
+                error: Some(Problem::new(
+                    tonic::Code::Internal,
+                    "no answer for this item",
+                )),
             },
         })
         .collect();
@@ -487,21 +532,47 @@ pub async fn batch_get(
 ) -> Result<Json<BatchGetResults>, Problem> {
     charge_items(charge, body.gets.len());
     check_batch_size(body.gets.len()).map_err(|status| Problem::invalid(status.message()))?;
-    let results = body
+    let asked: Vec<(String, bool)> = body
         .gets
+        .iter()
+        .map(|get| (get.key.clone(), get.breakdown))
+        .collect();
+    let batch = pb::GetBatchRequest {
+        gets: body
+            .gets
+            .into_iter()
+            .map(|get| pb::GetRequest {
+                key: Bytes::from(get.key),
+                breakdown: get.breakdown,
+                slots: false,
+            })
+            .collect(),
+    };
+    let answers = state
+        .counters
+        .get_batch(Request::new(batch))
+        .await
+        .map_err(|status| Problem::of_status(&status))?;
+    let results = asked
         .into_iter()
-        .map(
-            |item| match state.engine.get(item.key.as_bytes(), item.breakdown) {
-                Ok(read) => BatchGetOutcome {
-                    ok: Some(counter_value(item.key, read, item.breakdown)),
-                    error: None,
-                },
-                Err(error) => BatchGetOutcome {
-                    ok: None,
-                    error: Some(Problem::of_engine(&error)),
-                },
+        .zip(answers.into_inner().results)
+        .map(|((key, breakdown), result)| match result.outcome {
+            Some(pb::get_result::Outcome::Ok(answer)) => BatchGetOutcome {
+                ok: Some(counter_value(key, answer, breakdown, false)),
+                error: None,
             },
-        )
+            Some(pb::get_result::Outcome::Error(error)) => BatchGetOutcome {
+                ok: None,
+                error: Some(item_problem(error)),
+            },
+            None => BatchGetOutcome {
+                ok: None,
+                error: Some(Problem::new(
+                    tonic::Code::Internal,
+                    "no answer for this item",
+                )),
+            },
+        })
         .collect();
     Ok(Json(BatchGetResults { results }))
 }

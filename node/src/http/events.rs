@@ -2,8 +2,12 @@
 //! server-sent events (`text/event-stream`), for a browser's `EventSource`.
 //!
 //! - One `value` event per change, coalesced exactly as gRPC `Watch` is
-//!   ([`coalesced_values`]): at most one per 100 ms, always the newest value,
-//!   so a hot key costs a browser at most ten events a second.
+//!   ([`crate::api::counters::coalesced_values`]): at most one per 100 ms,
+//!   always the newest value, so a hot key costs a browser at most ten
+//!   events a second.
+//! - The values are the key's first live owner's: a node that does not own
+//!   the key relays the owner's stream, as gRPC `Watch` does
+//!   ([`crate::api::watch_relay`]).
 //! - Each event's `id` is the value it carries. A client that reconnects with
 //!   `Last-Event-ID` equal to the current value gets no repeat of it: the
 //!   stream starts at the next change. (The event is the state, so there is
@@ -25,14 +29,13 @@ use utoipa::ToSchema;
 use super::extract::{CounterKey, QueryParams};
 use super::problem::Problem;
 use super::HttpState;
-use crate::api::counters::coalesced_values;
 
 /// The data of a `value` event.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ValueEvent {
     /// The counter's name.
     pub key: String,
-    /// Its value on this node.
+    /// Its value on the key's first live owner.
     pub value: i64,
 }
 
@@ -78,16 +81,17 @@ pub async fn events(
     QueryParams(_query): QueryParams<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Problem> {
-    let receiver = state
-        .engine
-        .watch(key.as_bytes())
-        .map_err(|e| Problem::of_engine(&e))?;
+    let values = state
+        .counters
+        .values(key.clone().into(), &tonic::metadata::MetadataMap::new())
+        .await
+        .map_err(|status| Problem::of_status(&status))?;
     let resume_at: Option<i64> = headers
         .get("last-event-id")
         .and_then(|value| value.to_str().ok())
         .and_then(|text| text.trim().parse().ok());
     let mut first = true;
-    let stream = coalesced_values(receiver)
+    let stream = values
         .filter(move |value| {
             // Skip the current value when the client already has it.
             let skip = first && value.as_ref().ok() == resume_at.as_ref();
@@ -104,10 +108,9 @@ pub async fn events(
                         key: key.clone(),
                         value,
                     }),
-                Err(out_of_range) => Event::default().event("error").json_data(Problem::new(
-                    tonic::Code::OutOfRange,
-                    out_of_range.to_string(),
-                )),
+                Err(out_of_range) => Event::default()
+                    .event("error")
+                    .json_data(Problem::new(tonic::Code::OutOfRange, out_of_range)),
             };
             Ok(event.unwrap_or_else(|_| Event::default()))
         });

@@ -79,6 +79,9 @@ pub struct HttpState {
     pub settings: HttpSettings,
     /// Ownership of partitions, for the status page's partition map.
     pub partitioning: Arc<crate::gossip::lifecycle::Partitioning>,
+    /// The gRPC `Counters` service, called in-process by the counter
+    /// endpoints: they route and forward a key to its owner as gRPC does.
+    pub counters: Arc<crate::api::CountersService>,
 }
 
 /// The router: the probes, the status page, and the JSON API.
@@ -214,7 +217,8 @@ async fn status_html(State(state): State<HttpState>, headers: HeaderMap) -> Resp
 /// This node's region's partition map (`None` before membership knows the
 /// region, which the page then leaves out).
 fn own_partition_map(state: &HttpState) -> Option<tally_proto::v1::PartitionMapResponse> {
-    crate::api::partitions::partition_map(&state.partitioning, "").ok()
+    let counters = crate::api::partitions::counters_stored(&state.engine);
+    crate::api::partitions::partition_map(&state.partitioning, "", &counters).ok()
 }
 
 async fn status_json(State(state): State<HttpState>, headers: HeaderMap) -> Response {

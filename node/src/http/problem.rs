@@ -113,13 +113,23 @@ impl Problem {
 
     /// The problem of an engine error: the code gRPC gives it, its message.
     pub fn of_engine(error: &EngineError) -> Problem {
-        let problem = Problem::new(crate::api::convert::code_of(error), error.to_string());
-        if problem.status == StatusCode::SERVICE_UNAVAILABLE.as_u16() {
-            // The node is stopping or its store is failing: another node of
-            // the region can take the request now, this one maybe in a moment.
-            problem.retry_after(1_000)
+        Problem::new(crate::api::convert::code_of(error), error.to_string()).retry_if_unavailable()
+    }
+
+    /// The problem of a gRPC status (the in-process `Counters` service's
+    /// answer, or a forwarded one): its code's meaning, its message.
+    pub fn of_status(status: &tonic::Status) -> Problem {
+        Problem::new(status.code(), status.message()).retry_if_unavailable()
+    }
+
+    /// A 503 asks the client to wait a second: the node is stopping or its
+    /// store is failing, and another node of the region can take the
+    /// request now, this one maybe in a moment.
+    fn retry_if_unavailable(self) -> Problem {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE.as_u16() {
+            self.retry_after(1_000)
         } else {
-            problem
+            self
         }
     }
 

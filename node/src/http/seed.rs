@@ -17,7 +17,11 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use prost::bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tally_proto::v1 as pb;
+use tally_proto::v1::counters_server::Counters;
+use tonic::Request;
 use utoipa::ToSchema;
 
 use super::extract::{IdempotencyKey, JsonBody, QueryParams};
@@ -146,11 +150,17 @@ pub async fn increment(
     JsonBody(body): JsonBody<CounterId>,
 ) -> Result<StatusCode, Problem> {
     check_counter_id(&body.counter_id)?;
+    let add = pb::AddRequest {
+        key: Bytes::from(body.counter_id),
+        delta: 1,
+        idempotency_key: idempotency.0.unwrap_or_default(),
+        durability: pb::Durability::Unspecified as i32,
+    };
     state
-        .engine
-        .add(body.counter_id.as_bytes(), 1, idempotency.as_deref())
+        .counters
+        .add(Request::new(add))
         .await
-        .map_err(|e| Problem::of_engine(&e))?;
+        .map_err(|status| Problem::of_status(&status))?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -171,11 +181,19 @@ pub async fn read(
     QueryParams(query): QueryParams<CounterIdQuery>,
 ) -> Result<Json<SeedValue>, Problem> {
     check_counter_id(&query.counter_id)?;
-    let read = state
-        .engine
-        .get(query.counter_id.as_bytes(), false)
-        .map_err(|e| Problem::of_engine(&e))?;
-    Ok(Json(SeedValue { value: read.value }))
+    let get = pb::GetRequest {
+        key: Bytes::from(query.counter_id),
+        breakdown: false,
+        slots: false,
+    };
+    let answer = state
+        .counters
+        .get(Request::new(get))
+        .await
+        .map_err(|status| Problem::of_status(&status))?;
+    Ok(Json(SeedValue {
+        value: answer.into_inner().value,
+    }))
 }
 
 #[cfg(test)]

@@ -177,7 +177,7 @@ fn partition_section(html: &mut String, map: &pb::PartitionMapResponse) {
         html,
         "<h2>Partitions of region {region}</h2><p>{partitions} partitions · replication factor {rf} \
          (in effect {effective}) · {badge}</p><table><tr><th>node</th><th>state</th><th>alive</th>\
-         <th>partitions owned</th><th>held</th><th>releasing</th></tr>",
+         <th>partitions owned</th><th>held</th><th>releasing</th><th>counters</th></tr>",
         region = escape(&map.region),
         partitions = map.partitions,
         rf = map.replication_factor,
@@ -199,12 +199,14 @@ fn partition_section(html: &mut String, map: &pb::PartitionMapResponse) {
         };
         let _ = write!(
             html,
-            "<tr><td>{}</td><td>{}</td><td class=\"{class}\">{liveness}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td class=\"{class}\">{liveness}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
             escape(&node.node_name),
             escape(&node.state),
             node.partitions_owned,
             node.partitions_held,
             node.partitions_releasing,
+            node.counters_stored
+                .map_or_else(|| "?".to_string(), |counters| counters.to_string()),
         );
     }
     html.push_str("</table>");
@@ -224,6 +226,7 @@ fn partition_json(map: &pb::PartitionMapResponse) -> serde_json::Value {
             "gone": node.gone, "partitions_owned": node.partitions_owned,
             "partitions_held": node.partitions_held,
             "partitions_releasing": node.partitions_releasing,
+            "counters_stored": node.counters_stored,
         })).collect::<Vec<_>>(),
     })
 }

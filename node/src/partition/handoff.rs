@@ -7,7 +7,7 @@
 //! Per partition, a node is in one of these states:
 //!
 //! ```text
-//!            owned                 caught up from every live holder
+//!            owned       caught up from every live holder, and one at least
 //!  (absent) -------> Receiving ---------------------------------> Ready
 //!     ^                 | not owned: delete (it holds nobody's    |  ^
 //!     |                 v  unique writes: it never served)        |  | owned again
@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use super::hash::{Partition, PartitionCount};
 use super::set::PartitionSet;
-use super::view::ClusterView;
+use super::view::{ClusterView, NodeInfo};
 
 /// A held partition's state (see the module documentation).
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -429,7 +429,14 @@ impl Holdings {
     }
 
     /// Receiving partitions become ready once pulled from scratch from every
-    /// live node of the region that serves them (none: nothing to copy).
+    /// live node of the region that serves them, and from at least one of
+    /// them. A holder this node does not see alive (not yet: failure
+    /// detection has not heard it since this node started; or down for less
+    /// than `dead_after`) is not waited for when another holder was copied,
+    /// but it is when it is the only one: ready with nothing copied, this
+    /// node would answer reads with what it does not have. Only when every
+    /// holder is gone past `dead_after` (or none exists) is there nothing to
+    /// copy.
     fn mark_caught_up(&mut self) {
         let Some(view) = &self.view else {
             return;
@@ -439,19 +446,25 @@ impl Holdings {
             if *holding != Holding::Receiving || !view.owns(&self.name, *partition) {
                 continue;
             }
-            let caught_up = view
+            let covered = |name: &str| {
+                self.coverage
+                    .get(name)
+                    .is_some_and(|c| c.partitions.contains(*partition))
+            };
+            let holders: Vec<&NodeInfo> = view
                 .nodes()
                 .filter(|node| {
                     node.region == self.region
                         && node.name != self.name
-                        && node.alive
+                        && !view.is_gone(node)
                         && node.holding.contains(*partition)
                 })
-                .all(|node| {
-                    self.coverage
-                        .get(&node.name)
-                        .is_some_and(|c| c.partitions.contains(*partition))
-                });
+                .collect();
+            let caught_up = holders
+                .iter()
+                .filter(|node| node.alive)
+                .all(|node| covered(&node.name))
+                && (holders.is_empty() || holders.iter().any(|node| covered(&node.name)));
             if caught_up {
                 ready.push(*partition);
             }

@@ -169,6 +169,53 @@ fn only_a_copy_from_scratch_is_confirmed_to_a_releasing_peer() {
     assert_eq!(b.answer_confirm(p, "a"), Some(9));
 }
 
+/// A joiner that does not see the only holder of a partition alive (not
+/// yet after its start, or down for less than `dead_after`) waits for it:
+/// ready with nothing copied, it would answer reads without the holder's
+/// adds. With the holder copied it is ready; with the holder gone past
+/// `dead_after` there is nothing left to copy.
+#[test]
+fn a_joiner_waits_for_a_holder_it_does_not_see_alive() {
+    let one = count(1);
+    let (none, all) = (PartitionSet::empty(one), PartitionSet::full(one));
+    let p = Partition(0);
+    let view_at = |now_ms: u64, alive: bool| {
+        ClusterView::new(
+            one,
+            2,
+            DEAD_AFTER_MS,
+            now_ms,
+            vec![
+                NodeInfo {
+                    alive,
+                    down_since_ms: (!alive).then_some(0),
+                    holding: all.clone(),
+                    releasing: none.clone(),
+                    ..node("a", NodeState::Active)
+                },
+                NodeInfo {
+                    holding: none.clone(),
+                    releasing: none.clone(),
+                    ..node("b", NodeState::Joining)
+                },
+            ],
+        )
+    };
+    let mut b = Holdings::recover("b", REGION, one, &none, 0);
+    b.handle_view(&view_at(1, false));
+    assert_eq!(b.state(p), Some(&Holding::Receiving), "a is down, not gone");
+    // a comes up and is copied: ready.
+    let mut copied = b.clone();
+    copied.handle_view(&view_at(2, true));
+    assert_eq!(copied.state(p), Some(&Holding::Receiving));
+    let scope = copied.poll_pull_scope("a").unwrap();
+    copied.handle_pulled(&scope, &all, 3, &all);
+    assert_eq!(copied.state(p), Some(&Holding::Ready));
+    // a stays down past dead_after: nothing left to copy.
+    b.handle_view(&view_at(DEAD_AFTER_MS, false));
+    assert_eq!(b.state(p), Some(&Holding::Ready), "a is gone");
+}
+
 /// A confirmed release waits until the view shows the owner holding the
 /// partition: until then this node's routes would still send its keys
 /// here, where they would be refused.

@@ -157,6 +157,20 @@ impl RouteTable {
         }
     }
 
+    /// The names of `key`'s live owners other than this node, first owner
+    /// first: replicated durability's copies of the key.
+    pub fn other_owners(&self, key: &[u8]) -> Vec<&str> {
+        if self.all_local {
+            return Vec::new();
+        }
+        let partition = self.partitions.of_key(key);
+        self.owners[partition.0 as usize]
+            .iter()
+            .filter(|index| **index != HERE)
+            .map(|index| self.nodes[*index as usize].name.as_str())
+            .collect()
+    }
+
     /// The name of `key`'s first live owner, `None` when it is this node.
     pub fn first_owner(&self, key: &[u8]) -> Option<&str> {
         match self.route(key) {

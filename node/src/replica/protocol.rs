@@ -233,6 +233,9 @@ pub struct MergeReport {
     pub set_elements_changed: usize,
     /// Idempotency records of the region that were new here.
     pub records_learned: usize,
+    /// Counters of partitions this replica no longer keeps, dropped
+    /// unmerged (see [`Replica::set_kept`]).
+    pub not_kept: usize,
 }
 
 /// The estimated wire size of one counter in a chunk.
@@ -505,6 +508,11 @@ impl Replica {
         #[cfg(feature = "planted-bugs")]
         let keeps_folded = self.config.planted_bug == Some(super::PlantedBug::MergeKeepsFoldedSlot);
         for (key, incoming) in chunk.counters {
+            // A partition deleted while the pull was in flight.
+            if !self.keeps(&key) {
+                report.not_kept += 1;
+                continue;
+            }
             let entry = self.entry(store, &key, now_ms)?;
             #[cfg(feature = "planted-bugs")]
             let incoming = match by_addition {

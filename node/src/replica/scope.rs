@@ -37,6 +37,9 @@ use super::{AddRefused, PullRefused, Replica};
 pub(super) struct Scope {
     /// The partitions served; `None`: every one.
     serving: Option<PartitionSet>,
+    /// The partitions kept (served, being copied in, or being handed away);
+    /// `None`: every one.
+    kept: Option<PartitionSet>,
     /// Per partition, the sequence of the latest commit that changed it,
     /// while tracking is on.
     latest_change: Option<(PartitionCount, Vec<u64>)>,
@@ -65,6 +68,22 @@ impl Replica {
     /// The partitions this replica serves (`None`: every one).
     pub fn serving(&self) -> Option<&PartitionSet> {
         self.scope.serving.as_ref()
+    }
+
+    /// The partitions this replica keeps from now on (`None`: every one).
+    /// A pulled chunk's counters of other partitions are dropped unmerged:
+    /// a pull still in flight when a partition was deleted here must not
+    /// store it again after its purge (nothing would purge it again).
+    pub fn set_kept(&mut self, kept: Option<PartitionSet>) {
+        self.scope.kept = kept.filter(|set| !set.is_full());
+    }
+
+    /// Whether `key`'s partition is kept here.
+    pub(super) fn keeps(&self, key: &str) -> bool {
+        self.scope
+            .kept
+            .as_ref()
+            .is_none_or(|kept| kept.contains(kept.count().of_key(key.as_bytes())))
     }
 
     /// Starts stamping each partition's latest change (see the module

@@ -225,3 +225,45 @@ fn serving_every_partition_is_kept_as_serving_all() {
     a.replica.set_serving(Some(set(&[1])));
     assert_eq!(a.replica.serving(), Some(&set(&[1])));
 }
+
+/// A pull in flight when a partition was deleted here must not store it
+/// again: a chunk's counters of partitions not kept are dropped unmerged.
+#[test]
+fn a_chunk_s_counters_of_partitions_not_kept_are_dropped() {
+    let mut a = node();
+    let (p1, p2) = (keys_of(1, 2), keys_of(2, 2));
+    for key in p1.iter().chain(&p2) {
+        a.add(key, 1);
+    }
+    a.commit();
+    let mut b = Node::new(2, "eu");
+    b.replica.peers_mut().set_own_partitions(count().get());
+    b.replica.set_kept(Some(set(&[1])));
+    let chunk = a.replica.handle_pull(&a.store, &scoped_pull(None)).unwrap();
+    let report = b
+        .replica
+        .handle_pull_chunk(0, &b.store, ReplicaId(1), chunk)
+        .unwrap();
+    assert_eq!((report.received, report.not_kept), (4, 2));
+    for key in &p1 {
+        assert_eq!(b.value(key), 1, "{key} is kept");
+    }
+    for key in &p2 {
+        assert_eq!(b.value(key), 0, "{key} is not kept");
+    }
+    b.commit();
+    assert_eq!(
+        b.store.counters_stored(),
+        Some(2),
+        "only the kept partition's counters are stored"
+    );
+    // Every partition kept again (`None`, or a full set): all merge.
+    b.replica.set_kept(Some(PartitionSet::full(count())));
+    let chunk = a.replica.handle_pull(&a.store, &scoped_pull(None)).unwrap();
+    let report = b
+        .replica
+        .handle_pull_chunk(0, &b.store, ReplicaId(1), chunk)
+        .unwrap();
+    assert_eq!(report.not_kept, 0);
+    assert_eq!(b.value(&p2[0]), 1);
+}

@@ -51,6 +51,9 @@ pub struct Member {
     /// none announced, a build before it was recorded); see
     /// [`super::version::new_cluster_version`].
     pub born_at: u32,
+    /// How many counters it stores, as it last published (`None`: not
+    /// published, a build before partitioned regions' status).
+    pub counters_stored: Option<u64>,
 }
 
 /// A pull to start now.
@@ -298,7 +301,8 @@ impl PeerBook {
     /// up to `count` live members of `own_region` that take copy pushes,
     /// starting at the `turn`-th in replica order, so that successive pushes
     /// spread over the region (and a retry after a failure tries others).
-    /// With partitioned regions this becomes the key's other owners.
+    /// With partitioned regions the copier prefers the key's other owners
+    /// among them (`gossip/copy_plan.rs`).
     pub fn choose_copies<'a>(
         &'a self,
         own_region: &'a str,

@@ -164,6 +164,7 @@ impl Membership {
                 folds: report,
                 partitions: node.replica.peers().own_partitions(),
                 born_at: tally_node::replica::version::NEWEST,
+                counters_stored: None,
             });
         }
         nodes[observer]

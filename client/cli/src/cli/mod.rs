@@ -59,7 +59,7 @@
 //!     "since_last_sync_ms"(or null),"seq_lag"}`, MAP `{"partitions",
 //!     "replication_factor","effective_replication","region","nodes":[{"node_name",
 //!     "region","replica","grpc_addr","state","alive","gone","partitions_owned",
-//!     "partitions_held","partitions_releasing"}..],
+//!     "partitions_held","partitions_releasing","counters_stored"(or null)}..],
 //!     "owners":[[NODE INDEX..] per partition],"answered_by"}` (null from a
 //!     node without partition maps).
 //! - `tally admin drain NODE`: `node NODE is draining: ...` or `node NODE

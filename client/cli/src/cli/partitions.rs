@@ -74,6 +74,8 @@ pub fn summary(map: &PartitionMap) -> String {
                 node.partitions_owned.to_string(),
                 node.partitions_held.to_string(),
                 node.partitions_releasing.to_string(),
+                node.counters_stored
+                    .map_or_else(|| "?".to_owned(), |counters| counters.to_string()),
             ]
         })
         .collect();
@@ -85,6 +87,7 @@ pub fn summary(map: &PartitionMap) -> String {
             ("OWNS", Align::Right),
             ("HOLDS", Align::Right),
             ("RELEASING", Align::Right),
+            ("COUNTERS", Align::Right),
         ],
         &rows,
     ));
@@ -121,6 +124,7 @@ mod tests {
             partitions_owned: owned,
             partitions_held: owned,
             partitions_releasing: 0,
+            counters_stored: Some(u64::from(owned) * 10),
         }
     }
 
@@ -138,7 +142,10 @@ mod tests {
                     partitions_releasing: 3,
                     ..node("b", "draining", true, false, 0)
                 },
-                node("c", "active", false, true, 0),
+                PartitionNode {
+                    counters_stored: None,
+                    ..node("c", "active", false, true, 0)
+                },
                 node("d", "active", true, false, 4),
             ],
             owners: vec![vec![0, 3]; 4],
@@ -161,11 +168,19 @@ mod tests {
         };
         assert_eq!(
             row("NODE "),
-            ["NODE", "STATE", "ALIVE", "OWNS", "HOLDS", "RELEASING"]
+            [
+                "NODE",
+                "STATE",
+                "ALIVE",
+                "OWNS",
+                "HOLDS",
+                "RELEASING",
+                "COUNTERS"
+            ]
         );
-        assert_eq!(row("b "), ["b", "draining", "yes", "0", "3", "3"]);
-        assert_eq!(row("c "), ["c", "active", "gone", "0", "0", "0"]);
-        assert_eq!(row("d "), ["d", "active", "yes", "4", "4", "0"]);
+        assert_eq!(row("b "), ["b", "draining", "yes", "0", "3", "3", "0"]);
+        assert_eq!(row("c "), ["c", "active", "gone", "0", "0", "0", "?"]);
+        assert_eq!(row("d "), ["d", "active", "yes", "4", "4", "0", "40"]);
         assert_eq!(
             lines[lines.len() - 2],
             "nodes by state: 3 active, 1 draining"

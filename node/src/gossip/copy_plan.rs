@@ -1,0 +1,235 @@
+//! Which nodes a push of replicated durability goes to (issue 11 with issue
+//! 12): each counter's copies are its key's **other live owners** in the
+//! region, so that the nodes holding a replicated add are the ones that
+//! serve, sync and hand off its partition. A copy on a node that does not
+//! own the key is never pulled by the owners (pulls are scoped to the
+//! partitions a peer holds) and is dropped by that node's next purge.
+//!
+//! - A counter needs `needed` copies (`--write-copies` less this node).
+//!   They are taken from its other live owners that take copies, starting
+//!   at the `turn`-th (successive pushes spread over them, and a retry after
+//!   a failure tries others).
+//! - When a key has fewer such owners than `needed` (RF below
+//!   `--write-copies`, or an owner down), the rest are other live nodes of
+//!   the region, as before partitioned regions: the add is acknowledged as
+//!   available as it was, and the README says what such a copy is worth.
+//! - With no routes (one node in the region, or no view yet) every counter
+//!   takes the region's candidates in turn.
+//!
+//! Counters with the same copies form a group; each node is sent one call
+//! with the counters of every group it is a copy for, and a group is
+//! confirmed when `needed` of its copies answered. The plan is pure: the
+//! copier ([`super::copier`]) feeds it the routes and the live candidates.
+
+use std::collections::BTreeMap;
+
+/// A node that takes copies: its name and gRPC address.
+pub type CopyTarget = (String, String);
+
+/// Where one push goes (see the module documentation).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CopyPlan {
+    /// The nodes sent a call.
+    pub targets: Vec<CopyTarget>,
+    /// Groups of counters: the targets (indexes into `targets`) that must
+    /// confirm them, and the counters (indexes into the push).
+    pub groups: Vec<(Vec<usize>, Vec<usize>)>,
+}
+
+impl CopyPlan {
+    /// The counters (indexes into the push) sent to the `target`-th target.
+    pub fn counters_for(&self, target: usize) -> Vec<usize> {
+        let mut counters: Vec<usize> = self
+            .groups
+            .iter()
+            .filter(|(targets, _)| targets.contains(&target))
+            .flat_map(|(_, counters)| counters.iter().copied())
+            .collect();
+        counters.sort_unstable();
+        counters
+    }
+
+    /// Whether every group has `needed` targets among `confirmed` (one flag
+    /// per target: it answered `OK`).
+    pub fn confirmed(&self, confirmed: &[bool], needed: usize) -> bool {
+        self.groups.iter().all(|(targets, _)| {
+            targets.iter().filter(|target| confirmed[**target]).count() >= needed
+        })
+    }
+
+    /// The fewest targets any group has (what a failure reports).
+    pub fn fewest_targets(&self) -> usize {
+        self.groups
+            .iter()
+            .map(|(targets, _)| targets.len())
+            .min()
+            .unwrap_or(0)
+    }
+}
+
+/// Plans a push of the counters `keys`: `other_owners(key)` names a key's
+/// other live owners in route order (`None`: the region has no routes);
+/// `candidates` are the region's live nodes that take copies, in the
+/// rotation's order for this `turn`.
+pub fn plan_copies<'k>(
+    keys: impl Iterator<Item = &'k [u8]>,
+    other_owners: impl Fn(&[u8]) -> Option<Vec<String>>,
+    candidates: &[CopyTarget],
+    needed: usize,
+    turn: u64,
+) -> CopyPlan {
+    let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+    for (index, key) in keys.enumerate() {
+        let mut chosen: Vec<usize> = Vec::with_capacity(needed);
+        if let Some(owners) = other_owners(key) {
+            let eligible: Vec<usize> = owners
+                .iter()
+                .filter_map(|name| candidates.iter().position(|(known, _)| known == name))
+                .collect();
+            if !eligible.is_empty() {
+                let start = (turn % eligible.len() as u64) as usize;
+                chosen.extend(
+                    (0..eligible.len().min(needed))
+                        .map(|offset| eligible[(start + offset) % eligible.len()]),
+                );
+            }
+        }
+        for candidate in 0..candidates.len() {
+            if chosen.len() >= needed {
+                break;
+            }
+            if !chosen.contains(&candidate) {
+                chosen.push(candidate);
+            }
+        }
+        chosen.sort_unstable();
+        groups.entry(chosen).or_default().push(index);
+    }
+    // Only candidates that some group uses are sent a call.
+    let mut used: Vec<usize> = groups.keys().flatten().copied().collect();
+    used.sort_unstable();
+    used.dedup();
+    let renumber = |candidate: &usize| used.binary_search(candidate).unwrap_or_default();
+    CopyPlan {
+        targets: used
+            .iter()
+            .map(|index| candidates[*index].clone())
+            .collect(),
+        groups: groups
+            .into_iter()
+            .map(|(targets, counters)| (targets.iter().map(renumber).collect(), counters))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidates(names: &[&str]) -> Vec<CopyTarget> {
+        names
+            .iter()
+            .map(|name| (name.to_string(), format!("{name}:7100")))
+            .collect()
+    }
+
+    fn names(plan: &CopyPlan, targets: &[usize]) -> Vec<String> {
+        targets
+            .iter()
+            .map(|target| plan.targets[*target].0.clone())
+            .collect()
+    }
+
+    /// Owners by the key's first byte: a -> b, c; b -> c; z -> none alive.
+    fn owners(key: &[u8]) -> Option<Vec<String>> {
+        Some(match key[0] {
+            b'a' => vec!["b".into(), "c".into()],
+            b'b' => vec!["c".into()],
+            _ => vec!["gone".into()],
+        })
+    }
+
+    #[test]
+    fn each_counter_goes_to_its_other_owners() {
+        let keys: Vec<&[u8]> = vec![b"a1", b"b1", b"a2"];
+        let plan = plan_copies(
+            keys.into_iter(),
+            owners,
+            &candidates(&["b", "c", "d"]),
+            1,
+            0,
+        );
+        assert_eq!(plan.groups.len(), 2, "{plan:?}");
+        for (targets, counters) in &plan.groups {
+            let expected = if counters == &vec![0, 2] { "b" } else { "c" };
+            assert_eq!(names(&plan, targets), vec![expected], "{plan:?}");
+        }
+        // d owns nothing here: it is sent nothing.
+        assert!(plan.targets.iter().all(|(name, _)| name != "d"));
+        // The next turn spreads the a-keys to their other owner.
+        let keys: Vec<&[u8]> = vec![b"a1"];
+        let plan = plan_copies(
+            keys.into_iter(),
+            owners,
+            &candidates(&["b", "c", "d"]),
+            1,
+            1,
+        );
+        assert_eq!(names(&plan, &plan.groups[0].0), vec!["c"]);
+    }
+
+    #[test]
+    fn too_few_owners_are_topped_up_from_the_region() {
+        // b-keys have one other owner, two copies are needed: c and one more.
+        let keys: Vec<&[u8]> = vec![b"b1"];
+        let plan = plan_copies(
+            keys.into_iter(),
+            owners,
+            &candidates(&["b", "c", "d"]),
+            2,
+            0,
+        );
+        let chosen = names(&plan, &plan.groups[0].0);
+        assert!(chosen.contains(&"c".to_string()), "{chosen:?}");
+        assert_eq!(chosen.len(), 2);
+        // No owner alive, or no routes: the region's candidates in turn.
+        let keys: Vec<&[u8]> = vec![b"z1"];
+        let plan = plan_copies(keys.into_iter(), owners, &candidates(&["d", "b"]), 1, 0);
+        assert_eq!(names(&plan, &plan.groups[0].0), vec!["d"]);
+        let keys: Vec<&[u8]> = vec![b"a1"];
+        let plan = plan_copies(keys.into_iter(), |_| None, &candidates(&["d", "b"]), 1, 0);
+        assert_eq!(names(&plan, &plan.groups[0].0), vec!["d"]);
+    }
+
+    #[test]
+    fn a_push_is_confirmed_only_when_every_group_is() {
+        let keys: Vec<&[u8]> = vec![b"a1", b"b1"];
+        let plan = plan_copies(keys.into_iter(), owners, &candidates(&["b", "c"]), 1, 0);
+        let b = plan
+            .targets
+            .iter()
+            .position(|(name, _)| name == "b")
+            .unwrap();
+        let c = plan
+            .targets
+            .iter()
+            .position(|(name, _)| name == "c")
+            .unwrap();
+        assert_eq!(plan.counters_for(b), vec![0]);
+        assert_eq!(plan.counters_for(c), vec![1]);
+        let mut answered = vec![false; plan.targets.len()];
+        answered[b] = true;
+        assert!(
+            !plan.confirmed(&answered, 1),
+            "c holds b1 and did not answer"
+        );
+        answered[c] = true;
+        assert!(plan.confirmed(&answered, 1));
+        assert_eq!(plan.fewest_targets(), 1);
+        // No candidate at all: a group with no targets is never confirmed.
+        let keys: Vec<&[u8]> = vec![b"a1"];
+        let plan = plan_copies(keys.into_iter(), owners, &[], 1, 0);
+        assert!(!plan.confirmed(&[], 1));
+        assert_eq!(plan.fewest_targets(), 0);
+    }
+}
