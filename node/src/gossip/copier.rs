@@ -132,14 +132,9 @@ async fn push_once(
     let plan = plan_copies(
         push.counters.iter().map(|(key, _)| key.as_bytes()),
         |key| {
-            let routes = routes.as_ref()?;
-            Some(
-                routes
-                    .other_owners(key)
-                    .into_iter()
-                    .map(String::from)
-                    .collect(),
-            )
+            let (owners, releasing) = routes.as_ref()?.other_holders(key);
+            let owned = |names: Vec<&str>| names.into_iter().map(String::from).collect();
+            Some((owned(owners), owned(releasing)))
         },
         &candidates,
         needed,

@@ -3,15 +3,18 @@
 //! region, so that the nodes holding a replicated add are the ones that
 //! serve, sync and hand off its partition. A copy on a node that does not
 //! own the key is never pulled by the owners (pulls are scoped to the
-//! partitions a peer holds) and is dropped by that node's next purge.
+//! partitions a peer holds) and is dropped by that node's next purge (it
+//! starts one when such a copy arrives: `replica/copies.rs`).
 //!
 //! - A counter needs `needed` copies (`--write-copies` less this node).
-//!   They are taken from its other live owners that take copies, starting
-//!   at the `turn`-th (successive pushes spread over them, and a retry after
-//!   a failure tries others).
+//!   They are taken from its other live owners that hold it caught up and
+//!   take copies, starting at the `turn`-th (successive pushes spread over
+//!   them, and a retry after a failure tries others).
 //! - When a key has fewer such owners than `needed` (RF below
-//!   `--write-copies`, or an owner down), the rest are other live nodes of
-//!   the region, as before partitioned regions: the add is acknowledged as
+//!   `--write-copies`, an owner down or still copying the partition in),
+//!   the next are the nodes still holding it as releasing (its new owners
+//!   pull from them until they confirm), then other live nodes of the
+//!   region, as before partitioned regions: the add is acknowledged as
 //!   available as it was, and the README says what such a copy is worth.
 //! - With no routes (one node in the region, or no view yet) every counter
 //!   takes the region's candidates in turn.
@@ -67,13 +70,14 @@ impl CopyPlan {
     }
 }
 
-/// Plans a push of the counters `keys`: `other_owners(key)` names a key's
-/// other live owners in route order (`None`: the region has no routes);
+/// Plans a push of the counters `keys`: `other_holders(key)` names a key's
+/// other live owners in route order and the other live nodes that still
+/// hold it as releasing (`None`: the region has no routes);
 /// `candidates` are the region's live nodes that take copies, in the
 /// rotation's order for this `turn`.
 pub fn plan_copies<'k>(
     keys: impl Iterator<Item = &'k [u8]>,
-    other_owners: impl Fn(&[u8]) -> Option<Vec<String>>,
+    other_holders: impl Fn(&[u8]) -> Option<(Vec<String>, Vec<String>)>,
     candidates: &[CopyTarget],
     needed: usize,
     turn: u64,
@@ -81,20 +85,24 @@ pub fn plan_copies<'k>(
     let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
     for (index, key) in keys.enumerate() {
         let mut chosen: Vec<usize> = Vec::with_capacity(needed);
-        if let Some(owners) = other_owners(key) {
-            let eligible: Vec<usize> = owners
+        let (owners, releasing) = other_holders(key).unwrap_or_default();
+        let known = |names: &[String]| -> Vec<usize> {
+            names
                 .iter()
                 .filter_map(|name| candidates.iter().position(|(known, _)| known == name))
-                .collect();
-            if !eligible.is_empty() {
-                let start = (turn % eligible.len() as u64) as usize;
-                chosen.extend(
-                    (0..eligible.len().min(needed))
-                        .map(|offset| eligible[(start + offset) % eligible.len()]),
-                );
-            }
+                .collect()
+        };
+        let eligible = known(&owners);
+        if !eligible.is_empty() {
+            let start = (turn % eligible.len() as u64) as usize;
+            chosen.extend(
+                (0..eligible.len().min(needed))
+                    .map(|offset| eligible[(start + offset) % eligible.len()]),
+            );
         }
-        for candidate in 0..candidates.len() {
+        // Then the nodes handing the partition away: their new owners copy
+        // from them until they confirm, then the copy goes with the rest.
+        for candidate in known(&releasing).into_iter().chain(0..candidates.len()) {
             if chosen.len() >= needed {
                 break;
             }
@@ -140,12 +148,20 @@ mod tests {
             .collect()
     }
 
-    /// Owners by the key's first byte: a -> b, c; b -> c; z -> none alive.
-    fn owners(key: &[u8]) -> Option<Vec<String>> {
+    /// Where the copies of the one counter `key` go.
+    fn copies_of(key: &[u8], live: &[&str], needed: usize, turn: u64) -> Vec<String> {
+        let plan = plan_copies([key].into_iter(), owners, &candidates(live), needed, turn);
+        names(&plan, &plan.groups[0].0)
+    }
+
+    /// Owners by the key's first byte: a -> b, c; b -> c; r -> none caught
+    /// up, d releasing; z -> none alive.
+    fn owners(key: &[u8]) -> Option<(Vec<String>, Vec<String>)> {
         Some(match key[0] {
-            b'a' => vec!["b".into(), "c".into()],
-            b'b' => vec!["c".into()],
-            _ => vec!["gone".into()],
+            b'a' => (vec!["b".into(), "c".into()], vec![]),
+            b'b' => (vec!["c".into()], vec![]),
+            b'r' => (vec![], vec!["d".into()]),
+            _ => (vec!["gone".into()], vec![]),
         })
     }
 
@@ -167,15 +183,7 @@ mod tests {
         // d owns nothing here: it is sent nothing.
         assert!(plan.targets.iter().all(|(name, _)| name != "d"));
         // The next turn spreads the a-keys to their other owner.
-        let keys: Vec<&[u8]> = vec![b"a1"];
-        let plan = plan_copies(
-            keys.into_iter(),
-            owners,
-            &candidates(&["b", "c", "d"]),
-            1,
-            1,
-        );
-        assert_eq!(names(&plan, &plan.groups[0].0), vec!["c"]);
+        assert_eq!(copies_of(b"a1", &["b", "c", "d"], 1, 1), vec!["c"]);
     }
 
     #[test]
@@ -192,6 +200,8 @@ mod tests {
         let chosen = names(&plan, &plan.groups[0].0);
         assert!(chosen.contains(&"c".to_string()), "{chosen:?}");
         assert_eq!(chosen.len(), 2);
+        // No owner holds it caught up: the node handing it away first.
+        assert_eq!(copies_of(b"r1", &["b", "c", "d"], 1, 0), vec!["d"]);
         // No owner alive, or no routes: the region's candidates in turn.
         let keys: Vec<&[u8]> = vec![b"z1"];
         let plan = plan_copies(keys.into_iter(), owners, &candidates(&["d", "b"]), 1, 0);

@@ -58,6 +58,9 @@ pub struct RouteTable {
     /// Per partition: the live owners, first owner first, as indexes into
     /// `nodes` ([`HERE`] for this node). Empty for a table with no routes.
     owners: Vec<Vec<u16>>,
+    /// Per partition: how many of the first `owners` own it (the rest
+    /// hold it as releasing).
+    owning: Vec<u16>,
     all_local: bool,
 }
 
@@ -68,6 +71,7 @@ impl RouteTable {
             partitions,
             nodes: Vec::new(),
             owners: Vec::new(),
+            owning: Vec::new(),
             all_local: true,
         }
     }
@@ -86,15 +90,18 @@ impl RouteTable {
         let region = own.region.clone();
         let mut nodes: Vec<RouteNode> = Vec::new();
         let mut all_local = true;
+        let mut owning = Vec::with_capacity(partitions.get() as usize);
         let owners: Vec<Vec<u16>> = partitions
             .iter()
             .map(|partition| {
-                let live: Vec<u16> = view
-                    .route(&region, partition)
+                let route = view.route(&region, partition);
+                let owner_names = view.owners(&region, partition);
+                let mut owning_here = 0;
+                let live: Vec<u16> = route
                     .into_iter()
                     .filter_map(|name| {
                         if name == own_name {
-                            return Some(HERE);
+                            return Some((name, HERE));
                         }
                         let node = view.node(name)?;
                         if view.is_gone(node) || node.state == NodeState::Left {
@@ -111,12 +118,20 @@ impl RouteTable {
                                 nodes.len() - 1
                             }
                         };
-                        Some(index as u16)
+                        Some((name, index as u16))
                     })
+                    // The route lists the owners first.
+                    .inspect(|(name, _)| {
+                        if owner_names.contains(name) {
+                            owning_here += 1;
+                        }
+                    })
+                    .map(|(_, index)| index)
                     .collect();
                 if live.first().is_some_and(|first| *first != HERE) {
                     all_local = false;
                 }
+                owning.push(owning_here);
                 live
             })
             .collect();
@@ -127,6 +142,7 @@ impl RouteTable {
             partitions,
             nodes,
             owners,
+            owning,
             all_local,
         }
     }
@@ -157,18 +173,25 @@ impl RouteTable {
         }
     }
 
-    /// The names of `key`'s live owners other than this node, first owner
-    /// first: replicated durability's copies of the key.
-    pub fn other_owners(&self, key: &[u8]) -> Vec<&str> {
+    /// Where replicated durability's copies of `key` may go: its other
+    /// live owners that hold it caught up (first owner first), and the
+    /// other live nodes still holding it as releasing (which purge it once
+    /// the owners confirmed it).
+    pub fn other_holders(&self, key: &[u8]) -> (Vec<&str>, Vec<&str>) {
         if self.all_local {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
-        let partition = self.partitions.of_key(key);
-        self.owners[partition.0 as usize]
-            .iter()
-            .filter(|index| **index != HERE)
-            .map(|index| self.nodes[*index as usize].name.as_str())
-            .collect()
+        let partition = self.partitions.of_key(key).0 as usize;
+        let route = &self.owners[partition];
+        let (owners, releasing) =
+            route.split_at(usize::from(self.owning[partition]).min(route.len()));
+        let names = |hops: &[u16]| -> Vec<&str> {
+            hops.iter()
+                .filter(|index| **index != HERE)
+                .map(|index| self.nodes[*index as usize].name.as_str())
+                .collect()
+        };
+        (names(owners), names(releasing))
     }
 
     /// The name of `key`'s first live owner, `None` when it is this node.
@@ -340,6 +363,16 @@ mod tests {
         assert_eq!(
             RouteTable::build(&view, "eu-3", addr).route(key.as_bytes()),
             Route::Forward(vec![Hop::Node(&eu_1), Hop::Here])
+        );
+        // Copies of eu-1's adds: no other owner holds it caught up, eu-3
+        // still holds it as releasing; eu-3's go to eu-1, an owner.
+        assert_eq!(
+            RouteTable::build(&view, "eu-1", addr).other_holders(key.as_bytes()),
+            (vec![], vec!["eu-3"])
+        );
+        assert_eq!(
+            RouteTable::build(&view, "eu-3", addr).other_holders(key.as_bytes()),
+            (vec!["eu-1"], vec![])
         );
     }
 

@@ -385,6 +385,8 @@ impl Replica {
         }
         let mut changed = Vec::new();
         let mut ticket = 0;
+        // The latest commit holding a copy of a partition not kept here.
+        let mut strays_at = None;
         // Merged as a pulled chunk is: a folded writer's slot is dropped.
         let book = self.folds.shared_book();
         for (key, slot) in &push.counters {
@@ -395,10 +397,6 @@ impl Replica {
                 self.mark_dirty(key);
             }
             let entry = &self.counters[key];
-            #[cfg(feature = "planted-bugs")]
-            if self.config.planted_bug == Some(super::PlantedBug::AckBeforeCopyDurable) {
-                continue;
-            }
             // The commit that holds this counter's state: the next one if
             // it waits, the one in flight if it is being written.
             let holds = if entry.dirty {
@@ -408,7 +406,21 @@ impl Replica {
             } else {
                 0
             };
+            if !self.keeps(key) {
+                strays_at = strays_at.max(Some(holds));
+            }
+            #[cfg(feature = "planted-bugs")]
+            if self.config.planted_bug == Some(super::PlantedBug::AckBeforeCopyDurable) {
+                continue;
+            }
             ticket = ticket.max(holds);
+        }
+        // A copy of a partition this node does not keep (a top-up, or a
+        // sender that did not yet see this node release it) is durable like
+        // any other, but no owner pulls it from here: a purge pass drops it
+        // once it is committed, keeping this node's own slot.
+        if let Some(seq) = strays_at {
+            self.purge_strays_at(seq);
         }
         // The records go into the next commit, which the answer waits for.
         let seq = self.last_seq + 1;

@@ -425,3 +425,64 @@ fn more_pending_counters_than_a_push_takes_go_in_several_and_hold_replicated_seq
     assert_eq!(a.replica.replicated_seq(), later);
     assert!(a.replica.poll_push().is_none());
 }
+
+/// A copy of a partition the copy does not keep (a top-up, or a sender
+/// that had not yet seen it release the partition) is taken and made
+/// durable like any other, then dropped by a purge pass it starts, down to
+/// the copy's own slot: no owner pulls it from there, and it would stay
+/// forever.
+#[test]
+fn a_copy_of_a_partition_not_kept_is_durable_then_purged_to_the_own_slot() {
+    use crate::partition::{PartitionCount, PartitionSet};
+    let count = PartitionCount::new(16).unwrap();
+    let partition_of = |key: &str| count.of_key(key.as_bytes());
+    let kept_key = (0..)
+        .map(|i| format!("k-{i}"))
+        .find(|key| partition_of(key).0 == 1)
+        .unwrap();
+    let stray_key = (0..)
+        .map(|i| format!("k-{i}"))
+        .find(|key| partition_of(key).0 == 2)
+        .unwrap();
+    let mut a = Node::new(1, "eu");
+    let mut b = Node::new(2, "eu");
+    b.add_as(&stray_key, 3, false, None);
+    b.commit();
+    let mut kept = PartitionSet::empty(count);
+    kept.insert(partition_of(&kept_key));
+    b.replica.set_kept(Some(kept.clone()));
+    a.add_as(&kept_key, 5, true, None);
+    a.add_as(&stray_key, 7, true, None);
+    a.commit();
+    let push = a.replica.poll_push().unwrap();
+    assert!(!b.replica.purging());
+    let state = b.take(&push, &stray_key);
+    assert_eq!(
+        state.slot(ReplicaId(1)),
+        slot(7),
+        "durable before the purge"
+    );
+    assert!(b.replica.purging(), "the stray copy started a purge pass");
+    loop {
+        let step = b
+            .replica
+            .poll_purge(1, &b.store, 100, |key| kept.contains(partition_of(key)))
+            .unwrap();
+        b.commit();
+        if step.done {
+            break;
+        }
+    }
+    let stray = b.store.load_counter(&stray_key).unwrap().unwrap().state;
+    assert_eq!(
+        stray,
+        PnCounter::from_slots([(ReplicaId(2), slot(3))]),
+        "only b's own slot of the stray key stays"
+    );
+    let kept_state = b.store.load_counter(&kept_key).unwrap().unwrap().state;
+    assert_eq!(
+        kept_state.slot(ReplicaId(1)),
+        slot(5),
+        "the kept key's copy stays"
+    );
+}

@@ -7,7 +7,10 @@
 //! starts a purge pass ([`Replica::start_purge`]); each
 //! [`Replica::poll_purge`] step walks a bounded stretch of the change log
 //! (every stored counter appears there once, at its latest commit) and
-//! drops the counters whose partition the runtime says is not kept.
+//! drops the counters whose partition the runtime says is not kept. A copy
+//! push that merged counters of a partition not kept here (a top-up, or a
+//! sender whose routes still showed this node holding it) asks for a pass
+//! once its commit is durable, so such copies do not stay forever.
 //!
 //! Invariants kept here:
 //! - **Its own slot stays.** A counter whose slot of this replica is not
@@ -43,6 +46,10 @@ pub(super) struct Purge {
     pending: Vec<(Key, StoredCounter)>,
     /// Those the commit in flight deletes.
     in_flight: Vec<(Key, StoredCounter)>,
+    /// Copies of partitions not kept were merged into the commit with
+    /// this sequence (or an earlier one): once it is durable, a pass drops
+    /// them.
+    strays_at: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -99,9 +106,16 @@ impl Replica {
         }
     }
 
-    /// Whether a purge pass runs.
+    /// Asks for a pass once the commit `seq` is durable (see
+    /// [`Purge::strays_at`]).
+    pub(super) fn purge_strays_at(&mut self, seq: u64) {
+        self.purge.strays_at = self.purge.strays_at.max(Some(seq));
+    }
+
+    /// Whether a purge pass runs, or one waits for a commit of copies of
+    /// partitions not kept.
     pub fn purging(&self) -> bool {
-        self.purge.running.is_some()
+        self.purge.running.is_some() || self.purge.strays_at.is_some()
     }
 
     /// One bounded step of the purge: looks at up to `limit` stored
@@ -115,6 +129,17 @@ impl Replica {
         keeps: impl Fn(&str) -> bool,
     ) -> Result<PurgeStep, StorageError> {
         let mut step = PurgeStep::default();
+        if self.purge.running.is_none() {
+            match self.purge.strays_at {
+                Some(seq) if self.durable_seq() >= seq => {
+                    self.purge.strays_at = None;
+                    self.start_purge();
+                }
+                // Not durable yet: the pass waits for that commit.
+                Some(_) => return Ok(step),
+                None => {}
+            }
+        }
         let Some(pass) = &self.purge.running else {
             step.done = true;
             return Ok(step);

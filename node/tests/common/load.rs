@@ -132,10 +132,28 @@ pub async fn run_for(
 /// Retries every unknown add with its own idempotency key until each is
 /// acknowledged (at most `limit`), and adds them to the totals.
 pub async fn settle(tally: &mut Tally, limit: Duration) {
+    settle_with(tally, limit, |unknown, _| unknown.endpoint.clone()).await
+}
+
+/// [`settle`], but each retry goes through `endpoints` in turn: the node an
+/// add was sent to may be gone for good, and a retry through another node
+/// reaches the key's live owner, where the add's record has replicated.
+pub async fn settle_through(tally: &mut Tally, endpoints: &[String], limit: Duration) {
+    settle_with(tally, limit, |_, attempt| {
+        endpoints[attempt % endpoints.len()].clone()
+    })
+    .await
+}
+
+async fn settle_with(
+    tally: &mut Tally,
+    limit: Duration,
+    endpoint: impl Fn(&Unknown, usize) -> String,
+) {
     let deadline = tokio::time::Instant::now() + limit;
     for unknown in std::mem::take(&mut tally.unknown) {
-        loop {
-            let attempt = match try_quick_client(&unknown.endpoint).await {
+        for attempt in 0.. {
+            let outcome = match try_quick_client(&endpoint(&unknown, attempt)).await {
                 Ok(client) => {
                     client
                         .add_with_key(&unknown.key, unknown.delta, &unknown.idempotency_key)
@@ -143,7 +161,7 @@ pub async fn settle(tally: &mut Tally, limit: Duration) {
                 }
                 Err(error) => Err(error),
             };
-            match attempt {
+            match outcome {
                 // Applied now, or recognised as already applied: counted once either way.
                 Ok(_) => {
                     *tally.acked.entry(unknown.key.clone()).or_default() += unknown.delta;
