@@ -7,6 +7,11 @@
 //! told to fail the next N adds with a given code or to answer slowly, so
 //! tests can watch the client's retries and coalescing from the server's
 //! side. Like the node, it turns Nagle's algorithm off on its connections.
+//!
+//! It has no partition map unless given a region ([`FakeRegion`]): then
+//! `PartitionMap` answers the region's map and `Drain` drains a node of it,
+//! which hands its partitions away a few per `PartitionMap` call and has
+//! `left` once it holds none (as a real drain ends).
 
 // Each test file uses a different part of this module.
 #![allow(dead_code)]
@@ -63,6 +68,105 @@ pub struct FakeState {
     pub read_delay: Duration,
     /// The request metadata (headers) of every `Add`/`AddBatch` call.
     pub add_metadata: Vec<MetadataMap>,
+    /// The partitioned region served, if any.
+    pub region: Option<FakeRegion>,
+}
+
+/// A partitioned region the fake serves (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct FakeRegion {
+    /// The map as `PartitionMap` answers it next.
+    pub map: tally_proto::v1::PartitionMapResponse,
+    /// How many partitions a draining node hands away per `PartitionMap` call.
+    pub released_per_map: u32,
+    /// The node of every `Drain` call, in order.
+    pub drains: Vec<String>,
+    /// How many `PartitionMap` calls arrived.
+    pub map_calls: u32,
+}
+
+impl FakeRegion {
+    /// Region `region` of active nodes `(name, partitions held)`.
+    pub fn new(region: &str, nodes: &[(&str, u32)]) -> FakeRegion {
+        let map_nodes = nodes
+            .iter()
+            .enumerate()
+            .map(|(index, (name, held))| tally_proto::v1::PartitionNode {
+                node_name: (*name).to_owned(),
+                region: region.to_owned(),
+                replica: index as u64 + 1,
+                grpc_addr: format!("127.0.0.1:{}", 7100 + index),
+                state: "active".to_owned(),
+                alive: true,
+                partitions_owned: *held,
+                partitions_held: *held,
+                ..Default::default()
+            })
+            .collect();
+        FakeRegion {
+            map: tally_proto::v1::PartitionMapResponse {
+                partitions: 16,
+                replication_factor: 2,
+                effective_replication: 2,
+                region: region.to_owned(),
+                nodes: map_nodes,
+                answered_by: nodes.first().map_or("fake", |(name, _)| *name).to_owned(),
+                ..Default::default()
+            },
+            released_per_map: 4,
+            drains: Vec::new(),
+            map_calls: 0,
+        }
+    }
+
+    /// A `PartitionMap` call: draining nodes hand some partitions away first.
+    fn answer_map(&mut self) -> tally_proto::v1::PartitionMapResponse {
+        self.map_calls += 1;
+        for node in &mut self.map.nodes {
+            if node.state == "draining" {
+                node.partitions_held = node.partitions_held.saturating_sub(self.released_per_map);
+                node.partitions_releasing = node.partitions_held;
+                if node.partitions_held == 0 {
+                    node.state = "left".to_owned();
+                }
+            }
+        }
+        self.map.clone()
+    }
+
+    /// A `Drain` call, refused as the node refuses it.
+    fn drain(&mut self, name: &str) -> Result<bool, Status> {
+        self.drains.push(name.to_owned());
+        let region = self.map.region.clone();
+        let owners = self
+            .map
+            .nodes
+            .iter()
+            .filter(|node| node.state == "active" || node.state == "joining")
+            .count();
+        let node = self
+            .map
+            .nodes
+            .iter_mut()
+            .find(|node| node.node_name == name)
+            .ok_or_else(|| Status::not_found(format!("no node named {name:?} in this cluster")))?;
+        match node.state.as_str() {
+            "left" => Err(Status::failed_precondition(format!(
+                "node {name:?} has already left the cluster"
+            ))),
+            "draining" => Ok(false),
+            _ if owners <= 1 => Err(Status::failed_precondition(format!(
+                "node {name:?} is the last node of region {region:?} that can own partitions; \
+                 add a node to {region:?} first, then drain {name:?}"
+            ))),
+            _ => {
+                node.state = "draining".to_owned();
+                node.partitions_owned = 0;
+                node.partitions_releasing = node.partitions_held;
+                Ok(true)
+            }
+        }
+    }
 }
 
 /// The services' shared state.
@@ -339,21 +443,32 @@ impl Admin for FakeNode {
         ))
     }
 
-    /// As a node from before partition maps: `tally status` prints no summary.
+    /// Without a region, as a node from before partition maps: `tally
+    /// status` prints no summary.
     async fn partition_map(
         &self,
         _request: Request<tally_proto::v1::PartitionMapRequest>,
     ) -> Result<Response<tally_proto::v1::PartitionMapResponse>, Status> {
-        Err(Status::unimplemented("Admin.PartitionMap"))
+        match &mut self.state().region {
+            Some(region) => Ok(Response::new(region.answer_map())),
+            None => Err(Status::unimplemented("Admin.PartitionMap")),
+        }
     }
 
     async fn drain(
         &self,
-        _request: Request<tally_proto::v1::DrainRequest>,
+        request: Request<tally_proto::v1::DrainRequest>,
     ) -> Result<Response<tally_proto::v1::DrainResponse>, Status> {
-        Err(Status::failed_precondition(
-            "node \"fake-1\" is the last node of region \"eu-west\" that can own partitions",
-        ))
+        match &mut self.state().region {
+            Some(region) => region
+                .drain(&request.into_inner().node)
+                .map(|newly_draining| {
+                    Response::new(tally_proto::v1::DrainResponse { newly_draining })
+                }),
+            None => Err(Status::failed_precondition(
+                "node \"fake-1\" is the last node of region \"eu-west\" that can own partitions",
+            )),
+        }
     }
 
     async fn remove(

@@ -2,8 +2,10 @@
 //!
 //! Global options: `--endpoint URL` (env `TALLY_ENDPOINT`, default
 //! `http://127.0.0.1:7100`; `host:port` works too; `https://host:port` with
-//! `--tls-ca PEM` / `TALLY_TLS_CA`), `--token TOKEN` (env `TALLY_TOKEN`) for
-//! nodes that require one, and `--json`.
+//! `--tls-ca PEM` / `TALLY_TLS_CA`), `--token TOKEN` (env `TALLY_TOKEN`) or
+//! `--token-file FILE` (env `TALLY_TOKEN_FILE`: a token alone, or the node's
+//! `--auth-tokens` file, whose first token is used) for nodes that require
+//! one, and `--json`.
 //!
 //! # Output formats (stable: scripts and tests parse them)
 //!
@@ -66,6 +68,30 @@
 //!   was draining already`; JSON `{"node","newly_draining"}`.
 //! - `tally admin remove NODE`: `node NODE removed (replica HEX): ...`;
 //!   JSON `{"node","removed":[HEX..]}`.
+//! - `tally admin k8s-pre-stop [--pod POD] [--node NODE] [--timeout 58m]
+//!   [--poll-interval 2s] [--log-to FILE] [--statefulset S] [--namespace NS]
+//!   [--first-ordinal N] [--kube-api URL] [--kube-credentials DIR]`, the
+//!   preStop hook of a StatefulSet's pod (see `pre_stop.rs`): reads the
+//!   StatefulSet's desired replicas from the Kubernetes API with the pod's
+//!   service account and, only if the pod's ordinal is scaled away, drains
+//!   NODE (`TALLY_NODE_NAME`) on `--endpoint` and waits until it has left.
+//!   One line per step, progress printed before a failure may come:
+//!   - text: `pod tally-1 is restarting, not leaving: StatefulSet tally keeps
+//!     ordinals 0 to 2 (3 replicas); node N is not drained`, or `pod tally-3
+//!     is leaving: ...; draining node N`, then `node N is draining: ...;
+//!     waiting until it has left (at most 58m)`, `node N: draining, holds H
+//!     partitions, R being handed away (1.2s)` when that changes (or each
+//!     minute), and `node N has left: ...; the pod may stop`; or
+//!     `StatefulSet tally is scaled to 0: ...` (no drain);
+//!   - JSON, one object per line, each with `"event"`: `decision` (`"pod",
+//!     "statefulset","ordinal","replicas","node","decision":"restarting"|
+//!     "leaving"|"region_stops"`), `draining` (`"node","newly_draining"`),
+//!     `progress` (`"node","state","held","releasing","elapsed_ms"`),
+//!     `map_error` (`"node","error","elapsed_ms"`), `left` (`"node","region",
+//!     "elapsed_ms"`);
+//!   - `--log-to FILE` gets the same lines (text ones prefixed with `tally
+//!     admin k8s-pre-stop: `) and, on failure, the error line (`error: ...`,
+//!     or `{"event":"error","error"}`).
 //! - `tally bench [--op add|get|mixed] [--concurrency 64] [--connections N]
 //!   [--keys 1] [--duration 10s] [--warmup 1s] [--no-coalesce]
 //!   [--batches-in-flight N] [--batch-size N] [--coalesce-window 200us]
@@ -108,16 +134,19 @@
 //!
 //! On failure nothing is printed to stdout, one line `error: MESSAGE` goes to
 //! stderr and the exit status is 1 (2 for bad usage, with clap's message).
-//! The one exception is `bench`, which prints its report first and then fails
-//! only if every request failed.
+//! The exceptions are `bench`, which prints its report first and then fails
+//! only if every request failed, and `admin k8s-pre-stop`, whose lines before
+//! the failure stay printed.
 
 mod backup;
 mod bench;
 mod commands;
 mod duration;
+mod kube;
 mod likes;
 pub mod output;
 mod partitions;
+mod pre_stop;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -151,6 +180,17 @@ pub struct Cli {
     /// Bearer token for nodes started with --auth-tokens.
     #[arg(long, global = true, env = "TALLY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+
+    /// Read the bearer token from FILE: a token alone, or a node's
+    /// --auth-tokens file (`NAME TOKEN` lines), whose first token is used.
+    #[arg(
+        long,
+        global = true,
+        env = "TALLY_TOKEN_FILE",
+        value_name = "FILE",
+        conflicts_with = "token"
+    )]
+    pub token_file: Option<std::path::PathBuf>,
 
     /// Where each key's calls go in a region of several nodes: `direct` (to
     /// the key's first owner, by the region's partition map), `endpoint`
@@ -220,7 +260,8 @@ pub enum Command {
         keys: Vec<String>,
     },
     /// Operator commands: `tally admin backup --to DIR`, `tally admin finalize`,
-    /// `tally admin retire REPLICA`, `tally admin drain NODE`, `tally admin remove NODE`.
+    /// `tally admin retire REPLICA`, `tally admin drain NODE`, `tally admin remove NODE`,
+    /// `tally admin k8s-pre-stop`.
     #[command(subcommand)]
     Admin(AdminCommand),
 }
@@ -266,6 +307,12 @@ pub enum AdminCommand {
         /// The node's name, as `tally status` prints it.
         node: String,
     },
+    /// The preStop hook of a Tally pod in a Kubernetes StatefulSet: when a
+    /// scale-down removes the pod (its ordinal is no longer kept, as the
+    /// Kubernetes API tells), drain its node and wait until it has left;
+    /// when the pod is only restarting, do nothing. Uses the pod's service
+    /// account; talks to the node at --endpoint.
+    K8sPreStop(pre_stop::PreStopArgs),
 }
 
 /// `tally add`.
@@ -360,6 +407,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         json,
         tls_ca,
         token,
+        token_file,
         routing,
         command,
     } = cli;
@@ -369,6 +417,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             anyhow::anyhow!("--tls-ca {}: cannot read the file: {e}", path.display())
         })?;
         base = base.with_tls_ca(pem);
+    }
+    if let Some(path) = token_file {
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            anyhow::anyhow!("--token-file {}: cannot read the file: {e}", path.display())
+        })?;
+        let token = token_from_file(&text)
+            .map_err(|problem| anyhow::anyhow!("--token-file {}: {problem}", path.display()))?;
+        base = base.with_token(token);
     }
     if let Some(token) = token {
         base = base.with_token(token);
@@ -398,7 +454,28 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Admin(AdminCommand::Remove { node }) => {
             partitions::remove(&target, &node, json).await
         }
+        Command::Admin(AdminCommand::K8sPreStop(args)) => pre_stop::run(&target, &args, json).await,
     }
+}
+
+/// The token of a `--token-file`: the file's first token, the file holding
+/// a token alone or a node's `--auth-tokens` lines (`NAME TOKEN`; blank
+/// lines and `#` comments skipped).
+fn token_from_file(text: &str) -> Result<String, String> {
+    for (number, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        return match line.split_whitespace().collect::<Vec<_>>()[..] {
+            [token] | [_, token] => Ok(token.to_owned()),
+            _ => Err(format!(
+                "line {}: expected `TOKEN` or `NAME TOKEN`",
+                number + 1
+            )),
+        };
+    }
+    Err("the file holds no token".to_owned())
 }
 
 /// The node to talk to and how: the endpoint and the connection settings
@@ -467,6 +544,47 @@ mod tests {
         assert_eq!(cli.endpoint, "10.0.0.1:7100");
         let cli = parse(&["--json", "status"]);
         assert!(cli.json && matches!(cli.command, Command::Status));
+    }
+
+    #[test]
+    fn a_token_file_gives_its_first_token() {
+        assert_eq!(token_from_file("s3cret\n").as_deref(), Ok("s3cret"));
+        assert_eq!(
+            token_from_file("# NAME TOKEN\n\n  web  tok-1 \nops tok-2\n").as_deref(),
+            Ok("tok-1")
+        );
+        assert!(token_from_file("# none\n")
+            .unwrap_err()
+            .contains("no token"));
+        assert!(token_from_file("a b c\n").unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn k8s_pre_stop_takes_the_pod_and_node_from_flags() {
+        let Command::Admin(AdminCommand::K8sPreStop(args)) = parse(&[
+            "admin",
+            "k8s-pre-stop",
+            "--pod",
+            "tally-3",
+            "--node",
+            "eu-west-tally-3",
+            "--timeout",
+            "10m",
+        ])
+        .command
+        else {
+            panic!("not k8s-pre-stop");
+        };
+        assert_eq!(
+            (args.pod.as_str(), args.node.as_str()),
+            ("tally-3", "eu-west-tally-3")
+        );
+        assert_eq!(args.timeout, std::time::Duration::from_secs(600));
+        assert_eq!(args.poll_interval, std::time::Duration::from_secs(2));
+        assert_eq!(
+            args.kube_credentials,
+            std::path::Path::new("/var/run/secrets/kubernetes.io/serviceaccount")
+        );
     }
 
     #[test]
