@@ -153,7 +153,7 @@ pub fn spawn_anti_entropy(
                     records_from: plan.records_from,
                     scope: None,
                 };
-                lock(&sessions).prepare(plan.peer, &scope, &mut request);
+                let scope = lock(&sessions).prepare(plan.peer, &scope, &mut request);
                 let scoped = Scoped {
                     partitioning: partitioning.clone(),
                     sessions: sessions.clone(),

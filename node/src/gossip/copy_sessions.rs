@@ -30,8 +30,15 @@
 //! peer's durable sequence, and a partition is reported as served only if
 //! every chunk of every pull of its session served it, so that a partition
 //! the peer was itself still copying in is never taken as copied whole
-//! (invariant 8). A session restarts from the start when the scope asks for
-//! a partition from scratch that the session did not start with.
+//! (invariant 8).
+//!
+//! A partition to copy from scratch that the session did not start with (a
+//! peer that starts releasing more, a later move) waits for the next
+//! session: it is left out of the pulls' scope until this session ends,
+//! since the cursors are past its beginning. Restarting the session from
+//! the start instead threw its headway away each time the set grew, and a
+//! session that took longer than the set stayed the same never ended (seen
+//! under load: a release that never finished).
 
 use std::collections::HashMap;
 
@@ -91,20 +98,30 @@ pub struct CopySessions {
 impl CopySessions {
     /// Fits `request` (planned with the peer's cursors) to `scope`: its
     /// partitions, and every cursor at the start when a session starts now
-    /// (for the partitions of `scope.copy`).
-    pub fn prepare(&mut self, peer: ReplicaId, scope: &PullScope, request: &mut PullRequest) {
+    /// (for the partitions of `scope.copy`). Returns the scope of this
+    /// pull, which [`CopySessions::finish`] takes: `scope` without the
+    /// partitions to copy that wait for the next session.
+    pub fn prepare(
+        &mut self,
+        peer: ReplicaId,
+        scope: &PullScope,
+        request: &mut PullRequest,
+    ) -> PullScope {
         request.scope = Some(scope.partitions.clone());
         let copy = scope.copy.clone();
         if copy.is_empty() {
             self.sessions.remove(&peer);
-            return;
+            return scope.clone();
         }
-        let started = self
-            .sessions
-            .get(&peer)
-            .is_some_and(|session| copy.difference(&session.partitions).is_empty());
-        if started {
-            return;
+        if let Some(session) = self.sessions.get(&peer) {
+            let waiting = copy.difference(&session.partitions);
+            let fitted = PullScope {
+                partitions: scope.partitions.difference(&waiting),
+                copy: copy.intersection(&session.partitions),
+                ..scope.clone()
+            };
+            request.scope = Some(fitted.partitions.clone());
+            return fitted;
         }
         self.sessions.insert(
             peer,
@@ -120,6 +137,7 @@ impl CopySessions {
             .as_ref()
             .map(|_| DeltaCursor::default());
         request.records_from = request.records_from.map(|_| RecordsCursor::default());
+        scope.clone()
     }
 
     /// A pull made with `scope` ended with `outcome`: what to report, if it

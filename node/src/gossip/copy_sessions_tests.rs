@@ -98,24 +98,46 @@ fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_t
 }
 
 #[test]
-fn a_new_partition_to_copy_restarts_the_session_and_a_served_one_never_starts_one() {
+fn a_new_partition_to_copy_waits_for_the_next_session_and_a_served_one_never_starts_one() {
     let mut sessions = CopySessions::default();
     let mut request = planned();
-    sessions.prepare(PEER, &scope(&[3], &[3], &[3]), &mut request);
+    sessions.prepare(PEER, &scope(&[2, 3], &[3], &[3]), &mut request);
     assert!(sessions
         .finish(
             PEER,
-            &scope(&[3], &[3], &[3]),
-            &outcome(Some(&[3]), 20, false)
+            &scope(&[2, 3], &[3], &[3]),
+            &outcome(Some(&[2, 3]), 20, false)
         )
         .is_none());
+    // 4 now needs copying too: the session goes on (its cursors keep their
+    // headway) without it, and it is not pulled meanwhile.
+    let grown = scope(&[2, 3, 4], &[3, 4], &[3, 4]);
     let mut request = planned();
-    sessions.prepare(PEER, &scope(&[3, 4], &[3, 4], &[3, 4]), &mut request);
+    let fitted = sessions.prepare(PEER, &grown, &mut request);
+    assert_eq!(request.after, Cursor::after_seq(40), "no restart");
+    assert_eq!(request.scope, Some(set(&[2, 3])));
+    assert_eq!(
+        (fitted.partitions.clone(), fitted.copy.clone()),
+        (set(&[2, 3]), set(&[3]))
+    );
+    let (reported, _, _, read) = sessions
+        .finish(PEER, &fitted, &outcome(Some(&[2, 3]), 30, true))
+        .unwrap();
+    assert_eq!(read, set(&[2, 3]), "read from the start: 2 and 3, not 4");
+    assert!(
+        !reported.partitions.contains(Partition(4)),
+        "4 is not covered"
+    );
+    // The next pull starts 4's own session from the start.
+    let mut request = planned();
+    let fitted = sessions.prepare(PEER, &scope(&[2, 3, 4], &[4], &[4]), &mut request);
     assert_eq!(
         request.after,
         Cursor::default(),
-        "4 is copied from the start too"
+        "4 is copied from the start"
     );
+    assert_eq!(request.records_from, Some(RecordsCursor::default()));
+    assert_eq!(fitted.partitions, set(&[2, 3, 4]));
     // Recovered after a restart: served, not copied yet, not received, and
     // the peer does not release it.
     let mut fresh = CopySessions::default();
