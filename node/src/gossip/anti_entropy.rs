@@ -153,7 +153,10 @@ pub fn spawn_anti_entropy(
                     records_from: plan.records_from,
                     scope: None,
                 };
-                let scope = lock(&sessions).prepare(plan.peer, &scope, &mut request);
+                let scope = lock(&sessions).prepare(now_ms(), plan.peer, &scope, &mut request);
+                if request.after != plan.after || request.records_from != plan.records_from {
+                    tracing::debug!(peer = %plan.peer, copy = %scope.copy.to_hex(), "a copy session starts: every cursor of the peer goes back to the start");
+                }
                 let scoped = Scoped {
                     partitioning: partitioning.clone(),
                     sessions: sessions.clone(),

@@ -33,12 +33,14 @@
 //! (invariant 8).
 //!
 //! A partition to copy from scratch that the session did not start with (a
-//! peer that starts releasing more, a later move) waits for the next
-//! session: it is left out of the pulls' scope until this session ends,
-//! since the cursors are past its beginning. Restarting the session from
-//! the start instead threw its headway away each time the set grew, and a
-//! session that took longer than the set stayed the same never ended (seen
-//! under load: a release that never finished).
+//! peer that starts releasing more, a later move) restarts the session
+//! from the start with it while the session is young
+//! ([`RESTART_WITHIN_MS`]: a join's sets grow in its first gossip rounds,
+//! and a restart then loses little). Later it waits for the next session:
+//! it is left out of the pulls' scope until this session ends, since the
+//! cursors are past its beginning. Restarting at any time threw the
+//! session's headway away each time the set grew, and a session that took
+//! longer than the set stayed the same never ended.
 
 use std::collections::HashMap;
 
@@ -46,9 +48,16 @@ use crate::crdt::ReplicaId;
 use crate::partition::{PartitionSet, PullScope};
 use crate::replica::{Cursor, DeltaCursor, PullRequest, RecordsCursor};
 
+/// A session younger than this restarts from the start for a partition
+/// it did not start with; an older one finishes first (see the module
+/// documentation).
+pub const RESTART_WITHIN_MS: u64 = 2_000;
+
 /// A copy from scratch in progress from one peer.
 #[derive(Clone, Debug)]
 struct Session {
+    /// When it started (ms).
+    started_ms: u64,
     /// The partitions it copies from scratch.
     partitions: PartitionSet,
     /// Those the peer served in every chunk so far.
@@ -103,6 +112,7 @@ impl CopySessions {
     /// partitions to copy that wait for the next session.
     pub fn prepare(
         &mut self,
+        now_ms: u64,
         peer: ReplicaId,
         scope: &PullScope,
         request: &mut PullRequest,
@@ -115,6 +125,10 @@ impl CopySessions {
         }
         if let Some(session) = self.sessions.get(&peer) {
             let waiting = copy.difference(&session.partitions);
+            let young = now_ms.saturating_sub(session.started_ms) < RESTART_WITHIN_MS;
+            if !waiting.is_empty() && young {
+                return self.start(now_ms, peer, scope, request);
+            }
             let fitted = PullScope {
                 partitions: scope.partitions.difference(&waiting),
                 copy: copy.intersection(&session.partitions),
@@ -123,9 +137,22 @@ impl CopySessions {
             request.scope = Some(fitted.partitions.clone());
             return fitted;
         }
+        self.start(now_ms, peer, scope, request)
+    }
+
+    /// Starts a session of `scope.copy` with every cursor at the start.
+    fn start(
+        &mut self,
+        now_ms: u64,
+        peer: ReplicaId,
+        scope: &PullScope,
+        request: &mut PullRequest,
+    ) -> PullScope {
+        let copy = scope.copy.clone();
         self.sessions.insert(
             peer,
             Session {
+                started_ms: now_ms,
                 partitions: copy,
                 served: scope.partitions.clone(),
                 epoch: scope.epoch,

@@ -54,7 +54,7 @@ fn a_delta_pull_keeps_its_cursors_and_reports_only_when_it_reached_the_end() {
     let mut sessions = CopySessions::default();
     let scope = scope(&[1, 2], &[1], &[]);
     let mut request = planned();
-    sessions.prepare(PEER, &scope, &mut request);
+    sessions.prepare(0, PEER, &scope, &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
     assert_eq!(request.scope, Some(set(&[1, 2])));
     assert!(sessions
@@ -72,7 +72,7 @@ fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_t
     let mut sessions = CopySessions::default();
     let first = scope(&[1, 3], &[1, 3], &[3]);
     let mut request = planned();
-    sessions.prepare(PEER, &first, &mut request);
+    sessions.prepare(0, PEER, &first, &mut request);
     assert_eq!(request.after, Cursor::default());
     assert_eq!(request.deltas_after, Some(DeltaCursor::default()));
     assert_eq!(request.records_from, Some(RecordsCursor::default()));
@@ -82,7 +82,7 @@ fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_t
         .is_none());
     // The next pull goes on from where the cursors are: no restart.
     let mut request = planned();
-    sessions.prepare(PEER, &first, &mut request);
+    sessions.prepare(0, PEER, &first, &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
     let (reported, served, through, read) = sessions
         .finish(PEER, &first, &outcome(Some(&[1, 3]), 45, true))
@@ -93,7 +93,7 @@ fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_t
     assert_eq!((reported.epoch, through), (3, 45));
     // The session is over: the next pull is a delta pull again.
     let mut request = planned();
-    sessions.prepare(PEER, &scope(&[1, 3], &[], &[]), &mut request);
+    sessions.prepare(0, PEER, &scope(&[1, 3], &[], &[]), &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
 }
 
@@ -101,7 +101,7 @@ fn a_partition_being_received_starts_a_session_from_the_start_that_lasts_until_t
 fn a_new_partition_to_copy_waits_for_the_next_session_and_a_served_one_never_starts_one() {
     let mut sessions = CopySessions::default();
     let mut request = planned();
-    sessions.prepare(PEER, &scope(&[2, 3], &[3], &[3]), &mut request);
+    sessions.prepare(0, PEER, &scope(&[2, 3], &[3], &[3]), &mut request);
     assert!(sessions
         .finish(
             PEER,
@@ -109,11 +109,20 @@ fn a_new_partition_to_copy_waits_for_the_next_session_and_a_served_one_never_sta
             &outcome(Some(&[2, 3]), 20, false)
         )
         .is_none());
-    // 4 now needs copying too: the session goes on (its cursors keep their
-    // headway) without it, and it is not pulled meanwhile.
+    // 4 now needs copying too. A young session restarts with it (a join's
+    // sets grow in its first rounds); this one is older: it goes on (its
+    // cursors keep their headway) without 4, which is not pulled meanwhile.
     let grown = scope(&[2, 3, 4], &[3, 4], &[3, 4]);
+    let mut young = CopySessions::default();
+    young.prepare(0, PEER, &scope(&[2, 3], &[3], &[3]), &mut planned());
     let mut request = planned();
-    let fitted = sessions.prepare(PEER, &grown, &mut request);
+    let restarted = young.prepare(RESTART_WITHIN_MS - 1, PEER, &grown, &mut request);
+    assert_eq!(
+        (request.after, restarted),
+        (Cursor::default(), grown.clone())
+    );
+    let mut request = planned();
+    let fitted = sessions.prepare(RESTART_WITHIN_MS, PEER, &grown, &mut request);
     assert_eq!(request.after, Cursor::after_seq(40), "no restart");
     assert_eq!(request.scope, Some(set(&[2, 3])));
     assert_eq!(
@@ -130,7 +139,12 @@ fn a_new_partition_to_copy_waits_for_the_next_session_and_a_served_one_never_sta
     );
     // The next pull starts 4's own session from the start.
     let mut request = planned();
-    let fitted = sessions.prepare(PEER, &scope(&[2, 3, 4], &[4], &[4]), &mut request);
+    let fitted = sessions.prepare(
+        RESTART_WITHIN_MS,
+        PEER,
+        &scope(&[2, 3, 4], &[4], &[4]),
+        &mut request,
+    );
     assert_eq!(
         request.after,
         Cursor::default(),
@@ -142,7 +156,7 @@ fn a_new_partition_to_copy_waits_for_the_next_session_and_a_served_one_never_sta
     // the peer does not release it.
     let mut fresh = CopySessions::default();
     let mut request = planned();
-    fresh.prepare(PEER, &scope(&[5], &[5], &[]), &mut request);
+    fresh.prepare(0, PEER, &scope(&[5], &[5], &[]), &mut request);
     assert_eq!(request.after, Cursor::after_seq(40));
 }
 
@@ -151,7 +165,7 @@ fn a_peer_that_names_no_served_partitions_serves_the_whole_scope() {
     let mut sessions = CopySessions::default();
     let scope = scope(&[1, 2], &[], &[]);
     let mut request = planned();
-    sessions.prepare(PEER, &scope, &mut request);
+    sessions.prepare(0, PEER, &scope, &mut request);
     let (_, served, _, _) = sessions
         .finish(PEER, &scope, &outcome(None, 9, true))
         .unwrap();
