@@ -243,8 +243,8 @@ impl Churn {
     /// In `map` of `region`: each active node stores exactly the counters
     /// of the partitions it owns, and of any other only its own slot; a
     /// node that left stores only its own slots. Each node owns about RF/N
-    /// of the partitions. Returns (node, counters held whole) for the note.
-    fn check_stored(&self, region: &str, map: &PartitionMap) -> Vec<(String, usize)> {
+    /// of the partitions. Prints the counters each node holds whole.
+    fn check_stored(&self, region: &str, map: &PartitionMap) {
         let active: Vec<_> = map
             .nodes
             .iter()
@@ -307,7 +307,6 @@ impl Churn {
             "measured {region}: counters held whole per node {held:?} of {KEYS} (RF/N = {:.2})",
             f64::from(RF) / active.len() as f64
         );
-        held
     }
 
     /// The checks after a change: exact totals everywhere, and every
