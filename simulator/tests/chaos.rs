@@ -186,3 +186,41 @@ fn replicated_durability_needs_enough_nodes_per_region() {
     assert!(!output.status.success());
     assert!(stderr.contains("--nodes-per-region"), "{stderr}");
 }
+
+/// Partitioned regions (issue 11): two regions of three nodes and a spare
+/// each, RF 2; spares join, nodes are drained, killed and cut off from their
+/// clients under load. The run passes only when the placement settles (every
+/// key held whole by exactly its owners in every region, nothing stray) and
+/// the exact per-slot check holds.
+#[test]
+fn joins_and_drains_of_a_partitioned_region_under_faults_pass() {
+    let stdout = chaos(&[
+        "--seed",
+        "1",
+        "--regions",
+        "2",
+        "--nodes-per-region",
+        "3",
+        "--replication-factor",
+        "2",
+        "--faults",
+        "join,drain,kill,client",
+    ]);
+    assert!(stdout.contains("joins eu-west"), "{stdout}");
+    assert!(stdout.contains(" drains n"), "{stdout}");
+    assert!(stdout.contains("placement settled"), "{stdout}");
+}
+
+#[test]
+fn membership_faults_need_partitioned_regions() {
+    let output = Command::new(env!("CARGO_BIN_EXE_tally-sim"))
+        .arg("chaos")
+        .arg("--node-bin")
+        .arg(node_binary())
+        .args(["--faults", "join"])
+        .output()
+        .expect("running tally-sim chaos");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("--replication-factor"), "{stderr}");
+}

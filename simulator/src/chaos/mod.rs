@@ -24,11 +24,19 @@
 //! With `--durability replicated` the nodes run in that mode and a wiped
 //! replica may lose no acknowledged add (in `sync` mode the ones no peer had
 //! pulled are counted and allowed).
+//!
+//! With `--replication-factor RF` the regions are partitioned (`--partitions`
+//! P, RF owners per partition and region): clients add only to keys their
+//! node owns, the menu gains `join` (a spare node per region starts) and
+//! `drain`, and the end waits until the placement settles
+//! (`placement.rs`) instead of for equal digests: then every key's owners
+//! hold the same state, which the exact per-slot check takes as final.
 
 mod check;
 mod likes;
 mod links;
 mod node;
+mod placement;
 mod schedule;
 mod tcp_proxy;
 mod udp_proxy;
@@ -50,7 +58,8 @@ use crate::options::Durability;
 use check::AddTimes;
 use links::{Links, Topology};
 use node::{assign_ports, node_ip, wait_ready, NodeProc};
-use schedule::{Fault, ScheduledFault};
+use placement::KeyPlacement;
+use schedule::{Fault, Roster, ScheduledFault};
 use tcp_proxy::{spawn_client_proxy, spawn_tcp_proxy, ProxyRules, TcpProxyHandle};
 use udp_proxy::{spawn_udp_proxy, UdpProxyHandle};
 use workload::{client_loop, Book, Shared};
@@ -88,9 +97,12 @@ pub struct ChaosArgs {
     keys: usize,
     /// Faults: a comma list of kill, stop, cut (isolate one node), partition
     /// (a shape drawn from the seed), wipe, overlap (a partition while a node
-    /// is down), client (a node's clients cut off mid-add); or none.
-    #[arg(long, default_value = "kill,stop,partition,wipe,overlap,client")]
-    faults: String,
+    /// is down), client (a node's clients cut off mid-add), and with
+    /// --replication-factor join (a spare node of a region starts) and drain;
+    /// or none. [default: kill,stop,partition,wipe,overlap,client, and with
+    /// --replication-factor also join,drain]
+    #[arg(long)]
+    faults: Option<String>,
     /// WAN delay the proxies add between regions (ms, one way).
     #[arg(long, default_value_t = 30)]
     wan_ms: u64,
@@ -112,6 +124,14 @@ pub struct ChaosArgs {
     /// the nodes then upgrade their cluster version on their own.
     #[arg(long)]
     likes: bool,
+    /// Partitioned regions: each key is held by this many nodes of its
+    /// region (1 to --nodes-per-region); the faults join and drain become
+    /// available. Default: not partitioned (every node holds every key).
+    #[arg(long)]
+    replication_factor: Option<usize>,
+    /// With --replication-factor: the cluster's partition count P.
+    #[arg(long, default_value_t = 16)]
+    partitions: u32,
 }
 
 /// Runs `tally-sim chaos`.
@@ -151,12 +171,49 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             args.nodes_per_region
         );
     }
-    let topology = Topology::new(args.regions, args.nodes_per_region);
+    let partitioned = match args.replication_factor {
+        Some(rf) if (1..=args.nodes_per_region.min(7)).contains(&rf) => true,
+        Some(rf) => bail!(
+            "--replication-factor {rf} must be 1 to 7 and at most --nodes-per-region ({})",
+            args.nodes_per_region
+        ),
+        None => false,
+    };
+    let faults = schedule::parse_faults(args.faults.as_deref().unwrap_or(if partitioned {
+        "kill,stop,partition,wipe,overlap,client,join,drain"
+    } else {
+        "kill,stop,partition,wipe,overlap,client"
+    }))?;
+    if let Some(fault) = faults
+        .iter()
+        .find(|fault| !partitioned && schedule::MEMBERSHIP_FAULTS.contains(&fault.as_str()))
+    {
+        bail!("the fault {fault} changes a partitioned region's membership: pass --replication-factor");
+    }
+    if partitioned && args.likes {
+        bail!("--likes with --replication-factor is not supported yet: like sets are not partitioned, and their check reads every node");
+    }
+    let key_partitions = tally_proto::partition::PartitionCount::new(u64::from(args.partitions))
+        .map_err(|_| anyhow::anyhow!("--partitions {} must be 1 to 65536", args.partitions))?;
+    // One spare node per region, started by a `join`.
+    let spares = usize::from(faults.iter().any(|fault| fault == "join"));
+    let per_region = args.nodes_per_region + spares;
+    let topology = Topology::new(args.regions, per_region);
     let n = topology.nodes();
     if n > 250 {
         bail!("at most 250 nodes (one loopback IP each)");
     }
-    let faults = schedule::parse_faults(&args.faults)?;
+    let roster = Roster {
+        started: (0..n)
+            .map(|i| i % per_region < args.nodes_per_region)
+            .collect(),
+        drained: vec![false; n],
+        keep_active: args
+            .replication_factor
+            .unwrap_or(0)
+            .max(if replicated { args.write_copies } else { 0 })
+            .max(2),
+    };
     let ports = assign_ports(n, args.base_port)?;
     let dir = match &args.dir {
         Some(dir) => dir.clone(),
@@ -173,7 +230,19 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         if replicated { format!(" --durability replicated --write-copies {}", args.write_copies) } else { String::new() },
         bin.display(), dir.display()
     );
-    let plan = schedule::draw(args.seed, &faults, &topology, args.duration_s * 1000);
+    if let Some(rf) = args.replication_factor {
+        println!(
+            "partitioned regions: --partitions {} --replication-factor {rf}, {spares} spare node(s) per region",
+            args.partitions
+        );
+    }
+    let plan = schedule::draw(
+        args.seed,
+        &faults,
+        &topology,
+        roster.clone(),
+        args.duration_s * 1000,
+    );
     println!("schedule ({} faults):", plan.len());
     for fault in &plan {
         println!("  {fault}");
@@ -241,6 +310,13 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             ("--durability", args.durability.to_string()),
             ("--write-copies", args.write_copies.to_string()),
         ];
+        let partitioning = [
+            ("--partitions", args.partitions.to_string()),
+            (
+                "--replication-factor",
+                args.replication_factor.unwrap_or(0).to_string(),
+            ),
+        ];
         let node_args: Vec<String> = [
             ("--data-dir", data_dir.display().to_string()),
             ("--region", region.clone()),
@@ -257,6 +333,7 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         ]
         .into_iter()
         .chain(mode.into_iter().filter(|_| replicated))
+        .chain(partitioning.into_iter().filter(|_| partitioned))
         .chain(
             [("--cluster-version-upgrade", "auto".to_string())]
                 .into_iter()
@@ -276,12 +353,19 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             replica: ReplicaId(0),
             http_addr: format!("{ip}:{}", port.http),
         };
-        node.spawn(&bin)?;
+        if roster.started[i] {
+            node.spawn(&bin)?;
+        }
         nodes.push(node);
     }
     let clients = ClientCuts {
         cuts: &client_cuts,
         dropped: &answers_dropped,
+    };
+    let membership = Membership {
+        topology: topology.clone(),
+        running: roster.started,
+        key_partitions: partitioned.then_some(key_partitions),
     };
     let outcome = tokio::select! {
         outcome = drive(
@@ -289,9 +373,9 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
             &bin,
             &mut nodes,
             &plan,
-            &topology,
             &rules.links,
             &clients,
+            membership,
         ) => outcome,
         signal = interrupted() => Err(anyhow::anyhow!("interrupted by {signal}")),
     };
@@ -321,6 +405,14 @@ async fn interrupted() -> &'static str {
     }
 }
 
+/// The nodes' regions, which of them run, and with partitioned regions the
+/// partition count.
+struct Membership {
+    topology: Topology,
+    running: Vec<bool>,
+    key_partitions: Option<tally_proto::partition::PartitionCount>,
+}
+
 /// The switches of the client proxies, and how many answers they dropped.
 struct ClientCuts<'a> {
     cuts: &'a [tokio::sync::watch::Sender<bool>],
@@ -332,14 +424,17 @@ async fn drive(
     bin: &Path,
     nodes: &mut [NodeProc],
     plan: &[ScheduledFault],
-    topology: &Topology,
     links: &Links,
     clients: &ClientCuts<'_>,
+    mut membership: Membership,
 ) -> anyhow::Result<bool> {
     let n = nodes.len();
     let cluster = format!("chaos-{}", args.seed);
     let mut checker = Checker::new(n, args.keys);
     for (i, node) in nodes.iter_mut().enumerate() {
+        if !membership.running[i] {
+            continue;
+        }
         node.replica = wait_ready(
             &node.endpoint,
             &cluster,
@@ -353,6 +448,22 @@ async fn drive(
         );
         checker.started_fresh(0, i, node.replica);
     }
+    let names: Vec<String> = (0..args.keys)
+        .map(|k| {
+            if k == 0 {
+                "post:hot:likes".to_string()
+            } else {
+                format!("k{k:03}")
+            }
+        })
+        .collect();
+    let placement = membership.key_partitions.map(|partitions| {
+        KeyPlacement::new(
+            partitions,
+            &names,
+            nodes.iter().map(|node| node.name.clone()).collect(),
+        )
+    });
     let shared = Arc::new(Shared {
         book: Mutex::new(Book {
             ledger: Ledger::new(n, args.keys),
@@ -363,16 +474,10 @@ async fn drive(
         replicas: nodes.iter().map(|n| AtomicU64::new(n.replica.0)).collect(),
         epochs: (0..n).map(|_| AtomicU64::new(0)).collect(),
         stop: AtomicBool::new(false),
-        names: (0..args.keys)
-            .map(|k| {
-                if k == 0 {
-                    "post:hot:likes".to_string()
-                } else {
-                    format!("k{k:03}")
-                }
-            })
-            .collect(),
+        names,
         retried: AtomicU64::new(0),
+        placement,
+        not_served: AtomicU64::new(0),
     });
     // History of each node's replica ids, in order (for adds across a wipe).
     let mut incarnations: Vec<Vec<ReplicaId>> = nodes.iter().map(|n| vec![n.replica]).collect();
@@ -433,15 +538,8 @@ async fn drive(
                     })?;
                 }
                 tokio::time::sleep(hold).await;
-                nodes[target].spawn(bin)?;
+                let id = nodes[target].start(bin, &cluster).await?;
                 let node = &nodes[target];
-                let id = wait_ready(
-                    &node.endpoint,
-                    &cluster,
-                    &node.name,
-                    Duration::from_secs(30),
-                )
-                .await?;
                 if wipe {
                     println!("           {} is now replica {id}", node.name);
                     checker.started_fresh(0, target, id);
@@ -466,7 +564,7 @@ async fn drive(
                 nodes[*target].signal("-CONT");
             }
             Fault::Partition(shape) => {
-                links.set(shape.cut_pairs(topology));
+                links.set(shape.cut_pairs(&membership.topology));
                 tokio::time::sleep(hold).await;
                 links.heal();
             }
@@ -474,17 +572,10 @@ async fn drive(
                 let down = *down;
                 nodes[down].kill();
                 tokio::time::sleep(hold / 3).await;
-                links.set(shape.cut_pairs(topology));
+                links.set(shape.cut_pairs(&membership.topology));
                 tokio::time::sleep(hold / 3).await;
-                nodes[down].spawn(bin)?;
+                let id = nodes[down].start(bin, &cluster).await?;
                 let node = &nodes[down];
-                let id = wait_ready(
-                    &node.endpoint,
-                    &cluster,
-                    &node.name,
-                    Duration::from_secs(30),
-                )
-                .await?;
                 println!(
                     "           {} is back inside the partition at {:.1} s",
                     node.name,
@@ -508,6 +599,25 @@ async fn drive(
                 tokio::time::sleep(hold).await;
                 clients.cuts[*target].send_replace(false);
             }
+            Fault::Join(target) => {
+                let target = *target;
+                let id = nodes[target].start(bin, &cluster).await?;
+                let node = &nodes[target];
+                println!(
+                    "           {} joins {} as replica {id}",
+                    node.name, node.region
+                );
+                checker.started_fresh(0, target, id);
+                nodes[target].replica = id;
+                incarnations[target] = vec![id];
+                shared.replicas[target].store(id.0, Ordering::SeqCst);
+                membership.running[target] = true;
+                tokio::time::sleep(hold).await;
+            }
+            Fault::Drain(target) => {
+                placement::drain(nodes, &membership.running, *target, &mut checker).await;
+                tokio::time::sleep(hold).await;
+            }
         }
     }
     let remaining = deadline.saturating_duration_since(Instant::now());
@@ -519,55 +629,44 @@ async fn drive(
     }
     // Heal (every fault above is already undone) and wait for convergence.
     links.heal();
-    let heal = Instant::now();
-    let mut converged = None;
-    while heal.elapsed() < Duration::from_secs(args.converge_timeout_s) {
-        let mut digests = Vec::new();
-        for node in nodes.iter() {
-            // Both digests: the counters' and the like sets' and uniques'.
-            let digest = match Client::connect(node.endpoint.clone()).await {
-                Ok(client) => client
-                    .status()
-                    .await
-                    .ok()
-                    .map(|s| (s.node.digest, s.node.sets_digest)),
-                Err(_) => None,
-            };
-            digests.push(digest);
+    let converge_timeout = Duration::from_secs(args.converge_timeout_s);
+    let finals = match &shared.placement {
+        Some(placement) => {
+            let running = &membership.running;
+            match placement::settle(
+                nodes,
+                running,
+                &cluster,
+                &shared.names,
+                placement,
+                converge_timeout,
+            )
+            .await
+            {
+                Ok(finals) => finals,
+                Err(unsettled) => {
+                    for line in unsettled.iter().take(20) {
+                        checker.violate(0, "placement not settled", line.clone());
+                    }
+                    if unsettled.len() > 20 {
+                        let more = format!("and {} more such lines", unsettled.len() - 20);
+                        checker.violate(0, "placement not settled", more);
+                    }
+                    placement::merged(nodes, running, &cluster, &shared.names).await?
+                }
+            }
         }
-        if digests.iter().all(|d| d.is_some() && *d == digests[0]) {
-            converged = Some(heal.elapsed());
-            break;
+        None => {
+            converge_everywhere(
+                nodes,
+                &cluster,
+                &shared.names,
+                converge_timeout,
+                &mut checker,
+            )
+            .await?
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut finals: Vec<Vec<PnCounter>> = Vec::new();
-    for node in nodes.iter() {
-        finals.push(check::read_state(&node.endpoint, &cluster, &shared.names).await?);
-    }
-    match converged {
-        Some(elapsed) => println!("convergence: {} ms after the heal", elapsed.as_millis()),
-        None => checker.violate(
-            0,
-            "no convergence",
-            format!(
-                "digests still differ {} s after the heal",
-                args.converge_timeout_s
-            ),
-        ),
-    }
-    for (key, first) in finals[0].iter().enumerate() {
-        if let Some(node) = (1..n).find(|node| finals[*node][key] != *first) {
-            checker.violate(
-                0,
-                "replicas differ",
-                format!(
-                    "key {}: n0 {first:?}, n{node} {:?}",
-                    shared.names[key], finals[node][key]
-                ),
-            );
-        }
-    }
+    };
     if args.likes {
         let mut held = Vec::new();
         for node in nodes.iter() {
@@ -620,7 +719,7 @@ async fn drive(
             book.ledger.delivered(add, *replica);
         }
     }
-    let (slots, wiped) = check::check_all(&mut checker, &book.ledger, &book.times, &finals[0]);
+    let (slots, wiped) = check::check_all(&mut checker, &book.ledger, &book.times, &finals);
     let w = &book.ledger.stats;
     println!(
         "workload: {} adds ({} on the hot key), {} acked, {} abandoned; slots checked {}, unacknowledged applied {}, lost {}",
@@ -631,6 +730,12 @@ async fn drive(
         clients.dropped.load(Ordering::SeqCst),
         shared.retried.load(Ordering::SeqCst)
     );
+    if shared.placement.is_some() {
+        println!(
+            "partitioned: {} adds given up because their node no longer served the key (fate unknown)",
+            shared.not_served.load(Ordering::SeqCst)
+        );
+    }
     if wiped.slots > 0 {
         println!(
             "wipes: {} slots of wiped replicas checked, {} acknowledged adds lost with their disk (never pulled), {} answered across a wipe",
@@ -666,4 +771,67 @@ async fn drive(
         }
         Ok(false)
     }
+}
+
+/// Every node holds every key: waits until all nodes publish the same
+/// digests, then reads every node's state, checks that they agree slot by
+/// slot, and returns the first node's.
+async fn converge_everywhere(
+    nodes: &[NodeProc],
+    cluster: &str,
+    names: &[String],
+    timeout: Duration,
+    checker: &mut Checker,
+) -> anyhow::Result<Vec<PnCounter>> {
+    let n = nodes.len();
+    let heal = Instant::now();
+    let mut converged = None;
+    while heal.elapsed() < timeout {
+        let mut digests = Vec::new();
+        for node in nodes.iter() {
+            // Both digests: the counters' and the like sets' and uniques'.
+            let digest = match Client::connect(node.endpoint.clone()).await {
+                Ok(client) => client
+                    .status()
+                    .await
+                    .ok()
+                    .map(|s| (s.node.digest, s.node.sets_digest)),
+                Err(_) => None,
+            };
+            digests.push(digest);
+        }
+        if digests.iter().all(|d| d.is_some() && *d == digests[0]) {
+            converged = Some(heal.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut finals: Vec<Vec<PnCounter>> = Vec::new();
+    for node in nodes.iter() {
+        finals.push(check::read_state(&node.endpoint, cluster, names).await?);
+    }
+    match converged {
+        Some(elapsed) => println!("convergence: {} ms after the heal", elapsed.as_millis()),
+        None => checker.violate(
+            0,
+            "no convergence",
+            format!(
+                "digests still differ {} s after the heal",
+                timeout.as_secs()
+            ),
+        ),
+    }
+    for (key, first) in finals[0].iter().enumerate() {
+        if let Some(node) = (1..n).find(|node| finals[*node][key] != *first) {
+            checker.violate(
+                0,
+                "replicas differ",
+                format!(
+                    "key {}: n0 {first:?}, n{node} {:?}",
+                    names[key], finals[node][key]
+                ),
+            );
+        }
+    }
+    Ok(finals.swap_remove(0))
 }

@@ -167,6 +167,13 @@ impl NodeProc {
         Ok(())
     }
 
+    /// Starts the process and waits (30 s at most) until it answers as this
+    /// node of `cluster`; returns its replica id.
+    pub async fn start(&mut self, bin: &Path, cluster: &str) -> anyhow::Result<ReplicaId> {
+        self.spawn(bin)?;
+        wait_ready(&self.endpoint, cluster, &self.name, Duration::from_secs(30)).await
+    }
+
     /// `kill -9`, and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -5,6 +5,13 @@
 //! overlap inside one step: `overlap` partitions the cluster while a node is
 //! down and brings the node back inside the partition.
 //!
+//! With partitioned regions (`--replication-factor`) the menu also changes
+//! membership: `join` starts a region's spare node, `drain` drains an active
+//! one. The draw keeps a [`Roster`] of who runs and who is draining, so that
+//! a fault never targets a spare that has not joined, a drained node is never
+//! wiped (its name has left), and a drain always leaves `keep_active` nodes
+//! of its region active.
+//!
 //! Times in the schedule are nominal: a restart waits for the node to answer,
 //! which shifts what follows. The run prints the actual start of each fault.
 
@@ -24,7 +31,12 @@ pub const FAULT_NAMES: &[&str] = &[
     "wipe",
     "overlap",
     "client",
+    "join",
+    "drain",
 ];
+
+/// The faults that change membership: only with partitioned regions.
+pub const MEMBERSHIP_FAULTS: &[&str] = &["join", "drain"];
 
 /// One fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +63,38 @@ pub enum Fault {
     /// the adds apply and the clients do not learn it. Each client retries
     /// with the same idempotency key until it gets an answer.
     CutClients(usize),
+    /// A spare node of a region starts for the first time: it joins the
+    /// region, and partitions move to it.
+    Join(usize),
+    /// The node is drained (`Admin.Drain`, asked of another node of its
+    /// region): it hands its partitions to the others and leaves.
+    Drain(usize),
+}
+
+/// Who runs when the load starts, and what the schedule did to membership
+/// so far (see the module documentation).
+#[derive(Clone, Debug)]
+pub struct Roster {
+    /// Per node: running (false: a spare that has not joined yet).
+    pub started: Vec<bool>,
+    /// Per node: drained by an earlier fault.
+    pub drained: Vec<bool>,
+    /// A drain leaves at least this many active nodes in its region.
+    pub keep_active: usize,
+}
+
+impl Roster {
+    fn running(&self) -> Vec<usize> {
+        (0..self.started.len())
+            .filter(|i| self.started[*i])
+            .collect()
+    }
+
+    fn active_in(&self, topology: &Topology, region: usize) -> usize {
+        (0..self.started.len())
+            .filter(|i| topology.region_of[*i] == region && self.started[*i] && !self.drained[*i])
+            .count()
+    }
 }
 
 /// A fault with its place in the schedule.
@@ -80,6 +124,8 @@ impl fmt::Display for Fault {
             Fault::CutClients(node) => {
                 write!(f, "cut n{node}'s clients off mid-add (answers dropped)")
             }
+            Fault::Join(node) => write!(f, "join: start spare n{node}, a new node of its region"),
+            Fault::Drain(node) => write!(f, "drain n{node}: it hands its partitions away and leaves"),
         }
     }
 }
@@ -114,11 +160,12 @@ pub fn parse_faults(text: &str) -> anyhow::Result<Vec<String>> {
     Ok(faults)
 }
 
-/// Draws the schedule for `duration_ms` of load.
+/// Draws the schedule for `duration_ms` of load, starting from `roster`.
 pub fn draw(
     seed: u64,
     faults: &[String],
     topology: &Topology,
+    mut roster: Roster,
     duration_ms: u64,
 ) -> Vec<ScheduledFault> {
     let mut rng = stream(seed, Subsystem::Plan);
@@ -128,14 +175,24 @@ pub fn draw(
     if faults.is_empty() || n == 0 {
         return schedule;
     }
-    loop {
+    // Draws that found no target in a row (every spare joined, no node
+    // left to drain): the menu is exhausted.
+    let mut misses = 0;
+    while misses < 1_000 {
+        misses += 1;
         let gap_ms = between(&mut rng, 500, 2_000);
         let name = faults[between(&mut rng, 0, faults.len() as u64 - 1) as usize].as_str();
-        let target = between(&mut rng, 0, n as u64 - 1) as usize;
+        let running = roster.running();
+        if running.is_empty() {
+            return schedule;
+        }
+        let target = running[between(&mut rng, 0, running.len() as u64 - 1) as usize];
         let (fault, hold_ms) = match name {
             "kill" => (Fault::Kill(target), between(&mut rng, 300, 3_000)),
             "stop" => (Fault::Stop(target), between(&mut rng, 300, 3_000)),
-            "wipe" => (Fault::Wipe(target), between(&mut rng, 300, 1_500)),
+            "wipe" if !roster.drained[target] => {
+                (Fault::Wipe(target), between(&mut rng, 300, 1_500))
+            }
             "cut" if n >= 2 => (
                 Fault::Partition(Partition::IsolateNode(target)),
                 between(&mut rng, 300, 3_000),
@@ -155,8 +212,28 @@ pub fn draw(
                 None => continue,
             },
             "client" => (Fault::CutClients(target), between(&mut rng, 300, 3_000)),
+            "join" => {
+                let spares: Vec<usize> = (0..n).filter(|i| !roster.started[*i]).collect();
+                if spares.is_empty() {
+                    continue;
+                }
+                let spare = spares[between(&mut rng, 0, spares.len() as u64 - 1) as usize];
+                roster.started[spare] = true;
+                (Fault::Join(spare), between(&mut rng, 1_000, 3_000))
+            }
+            "drain" => {
+                let region = topology.region_of[target];
+                if roster.drained[target]
+                    || roster.active_in(topology, region) <= roster.keep_active
+                {
+                    continue;
+                }
+                roster.drained[target] = true;
+                (Fault::Drain(target), between(&mut rng, 1_000, 3_000))
+            }
             _ => continue,
         };
+        misses = 0;
         if now + gap_ms >= duration_ms {
             return schedule;
         }
@@ -169,22 +246,32 @@ pub fn draw(
         });
         now += hold_ms;
     }
+    schedule
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Every node runs from the start; no spare, no drain.
+    fn all(nodes: usize) -> Roster {
+        Roster {
+            started: vec![true; nodes],
+            drained: vec![false; nodes],
+            keep_active: usize::MAX,
+        }
+    }
+
     #[test]
     fn a_schedule_is_a_function_of_the_seed_and_fits_the_duration() {
         let faults = parse_faults("kill,stop,cut,partition,wipe").unwrap();
         let topology = Topology::new(2, 2);
-        let one = draw(5, &faults, &topology, 20_000);
-        assert_eq!(one, draw(5, &faults, &topology, 20_000));
+        let one = draw(5, &faults, &topology, all(4), 20_000);
+        assert_eq!(one, draw(5, &faults, &topology, all(4), 20_000));
         assert!(!one.is_empty());
         assert!(one.iter().all(|f| f.at_ms < 20_000));
         let partitions = parse_faults("partition").unwrap();
-        assert!(draw(5, &partitions, &topology, 20_000)
+        assert!(draw(5, &partitions, &topology, all(4), 20_000)
             .iter()
             .all(|f| matches!(f.fault, Fault::Partition(_))));
     }
@@ -193,7 +280,7 @@ mod tests {
     fn overlapping_and_client_faults_are_drawn_and_printed() {
         let faults = parse_faults("overlap,client").unwrap();
         let topology = Topology::new(3, 1);
-        let schedule = draw(3, &faults, &topology, 30_000);
+        let schedule = draw(3, &faults, &topology, all(3), 30_000);
         assert!(schedule
             .iter()
             .any(|f| matches!(f.fault, Fault::PartitionWhileDown { .. })));
@@ -206,10 +293,61 @@ mod tests {
             "{text:?}"
         );
         // One node: nothing to partition, but its clients can be cut off.
-        let alone = draw(3, &faults, &Topology::new(1, 1), 30_000);
+        let alone = draw(3, &faults, &Topology::new(1, 1), all(1), 30_000);
         assert!(alone
             .iter()
             .all(|f| matches!(f.fault, Fault::CutClients(0))));
+    }
+
+    #[test]
+    fn membership_faults_respect_the_roster() {
+        // Two regions of three nodes and a spare (nodes 3 and 7).
+        let topology = Topology::new(2, 4);
+        let faults = parse_faults("kill,stop,wipe,client,join,drain").unwrap();
+        let mut joins_and_drains = 0;
+        for seed in 0..50 {
+            let mut roster = Roster {
+                started: (0..8).map(|i| i % 4 != 3).collect(),
+                drained: vec![false; 8],
+                keep_active: 2,
+            };
+            let schedule = draw(seed, &faults, &topology, roster.clone(), 60_000);
+            for step in &schedule {
+                let touches = match step.fault {
+                    Fault::Kill(n) | Fault::Stop(n) | Fault::Wipe(n) | Fault::CutClients(n) => n,
+                    Fault::Join(n) => {
+                        assert!(!roster.started[n], "seed {seed}: n{n} joins twice");
+                        roster.started[n] = true;
+                        joins_and_drains += 1;
+                        n
+                    }
+                    Fault::Drain(n) => {
+                        assert!(!roster.drained[n], "seed {seed}: n{n} drained twice");
+                        roster.drained[n] = true;
+                        let region = topology.region_of[n];
+                        assert!(
+                            roster.active_in(&topology, region) >= 2,
+                            "seed {seed}: a drain left fewer than 2 active nodes"
+                        );
+                        joins_and_drains += 1;
+                        n
+                    }
+                    _ => continue,
+                };
+                assert!(
+                    roster.started[touches],
+                    "seed {seed}: {} before its join",
+                    step.fault
+                );
+                if let Fault::Wipe(n) = step.fault {
+                    assert!(!roster.drained[n], "seed {seed}: wipe of drained n{n}");
+                }
+            }
+        }
+        assert!(joins_and_drains > 50, "{joins_and_drains}");
+        // Only membership faults, all spent: the schedule ends.
+        let spent = draw(1, &parse_faults("join").unwrap(), &topology, all(8), 60_000);
+        assert!(spent.is_empty());
     }
 
     #[test]

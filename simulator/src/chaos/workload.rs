@@ -11,15 +11,22 @@
 //! same idempotency key until it is answered, so an add applied while its
 //! answer was lost must be counted once; only the end of the load or a wipe
 //! of its node makes the client give up on it (its fate is then unknown).
+//!
+//! With partitioned regions a client adds only to keys its node owns, as
+//! the node's partition map says (refreshed every half second). An add its
+//! node refuses as not served (ownership moved, or the node is still copying
+//! the partition in) is given up at once: an earlier attempt may have
+//! landed, so its fate is unknown, and its retries could never succeed there.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tally_client::ClientConfig;
 use tally_node::crdt::ReplicaId;
 
 use super::check::AddTimes;
+use super::placement::KeyPlacement;
 use crate::ledger::Ledger;
 use crate::rng::{between, chance, stream, Subsystem, Zipf};
 
@@ -51,6 +58,30 @@ pub struct Shared {
     pub names: Vec<String>,
     /// Adds answered only after a retry with their idempotency key.
     pub retried: AtomicU64,
+    /// Partitioned regions: where keys live (`None`: every node holds all).
+    pub placement: Option<KeyPlacement>,
+    /// Adds given up because their node no longer served the key.
+    pub not_served: AtomicU64,
+}
+
+/// How often a client of a partitioned region rereads its node's map.
+const MAP_EVERY: Duration = Duration::from_millis(500);
+
+/// Draws a key: the hot one 30% of the time, else by a Zipf law; with
+/// `owned`, only among the keys the node owns (`None` when it owns none of
+/// a few draws).
+fn draw_key(rng: &mut crate::rng::SimRng, zipf: &Zipf, owned: Option<&[bool]>) -> Option<usize> {
+    for _ in 0..16 {
+        let key = if chance(rng, 0.3) {
+            0
+        } else {
+            zipf.sample(rng)
+        };
+        if owned.is_none_or(|owned| owned[key]) {
+            return Some(key);
+        }
+    }
+    None
 }
 
 /// One client: adds until `shared.stop`, against node `node` at `endpoint`.
@@ -67,7 +98,10 @@ pub async fn client_loop(
     // is what the checker accounts it to (a forwarded add would land in
     // its key's first owner's slot instead).
     let config = ClientConfig::default().with_routing(tally_client::Routing::Pinned);
-    let mut client = None;
+    let mut client: Option<tally_client::Client> = None;
+    // Partitioned: the keys the node owns, and when its map was last read.
+    let mut owned: Option<Vec<bool>> = shared.placement.as_ref().map(|_| Vec::new());
+    let mut map_read = Instant::now() - MAP_EVERY;
     while !shared.stop.load(Ordering::SeqCst) {
         if client.is_none() {
             client = config.clone().connect(endpoint.clone()).await.ok();
@@ -77,15 +111,28 @@ pub async fn client_loop(
             }
         }
         let epoch = shared.epochs[node].load(Ordering::SeqCst);
-        if epoch % 2 == 1 {
-            // A wipe is under way: wait for the new replica's id.
+        // A wipe is under way, or a spare has not joined yet (its replica
+        // id is known only once the fault loop saw it answer).
+        if epoch % 2 == 1 || shared.replicas[node].load(Ordering::SeqCst) == 0 {
+            // Wait for the new replica's id.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         }
-        let key = if chance(&mut rng, 0.3) {
-            0
-        } else {
-            zipf.sample(&mut rng)
+        if let (Some(placement), Some(connected)) = (&shared.placement, &client) {
+            if map_read.elapsed() >= MAP_EVERY {
+                map_read = Instant::now();
+                if let Ok(map) = connected.partition_map(None).await {
+                    owned = Some(placement.owned_by(&map, node));
+                }
+            }
+        }
+        let key = match &owned {
+            Some(owned) if owned.is_empty() => None,
+            owned => draw_key(&mut rng, &zipf, owned.as_deref()),
+        };
+        let Some(key) = key else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
         };
         let negative = chance(&mut rng, 0.25);
         let replica = ReplicaId(shared.replicas[node].load(Ordering::SeqCst));
@@ -114,6 +161,11 @@ pub async fn client_loop(
                 .await;
             let retry = match &result {
                 Ok(_) => false,
+                Err(error) if error.to_string().contains("does not serve partition") => {
+                    shared.not_served.fetch_add(1, Ordering::SeqCst);
+                    map_read = Instant::now() - MAP_EVERY;
+                    false
+                }
                 Err(error) => {
                     error.is_transient()
                         && !shared.stop.load(Ordering::SeqCst)
