@@ -44,6 +44,11 @@ pub struct LikeOutcome {
     pub count: u64,
     /// True when this was a retry the node had already applied.
     pub duplicate: bool,
+    /// The member's causal length on the answering node right after the
+    /// operation (odd: liked; regions merge it by max); 0 for a duplicate
+    /// and from a node of a build before lengths were answered.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub length: u64,
 }
 
 /// A page of liked members.
@@ -203,6 +208,7 @@ impl Client {
                     liked: response.liked,
                     count: response.count,
                     duplicate: response.duplicate,
+                    length: response.length,
                 })
             })
             .await

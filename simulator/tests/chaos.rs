@@ -100,6 +100,10 @@ fn likes_unlikes_and_observes_under_faults_pass() {
         count_before(&stdout, "likes: ", "with an exact expectation") > 0,
         "{stdout}"
     );
+    assert!(
+        count_before(&stdout, "likes: ", "with an exact length") > 0,
+        "{stdout}"
+    );
 }
 
 /// The number printed before `label` on the line that starts with `prefix`.

@@ -39,6 +39,7 @@ impl BatchRpc for LikeBatch {
             liked: false,
             count: 0,
             duplicate: false,
+            length: 0,
         };
         while !inner.is_empty() {
             let (tag, wire_type) = decode_key(&mut inner).map_err(|error| error.to_string())?;
@@ -47,6 +48,7 @@ impl BatchRpc for LikeBatch {
                 (2, WireType::Varint) => outcome.liked = varint(&mut inner)? != 0,
                 (3, WireType::Varint) => outcome.count = varint(&mut inner)?,
                 (4, WireType::Varint) => outcome.duplicate = varint(&mut inner)? != 0,
+                (5, WireType::Varint) => outcome.length = varint(&mut inner)?,
                 _ => skip(wire_type, tag, &mut inner)?,
             }
         }
@@ -148,19 +150,20 @@ mod tests {
 
     #[test]
     fn answers_decode_as_prost_decodes_them() {
-        let ok = |changed, liked, count, duplicate| LikeResult {
+        let ok = |changed, liked, count, duplicate, length| LikeResult {
             outcome: Some(like_result::Outcome::Ok(LikeResponse {
                 changed,
                 liked,
                 count,
                 duplicate,
+                length,
             })),
         };
         let response = LikeBatchResponse {
             results: vec![
-                ok(true, true, 1, false),
-                ok(false, false, u64::MAX, true),
-                ok(false, false, 0, false),
+                ok(true, true, 1, false, 3),
+                ok(false, false, u64::MAX, true, 0),
+                ok(false, false, 0, false, u64::MAX),
                 LikeResult {
                     outcome: Some(like_result::Outcome::Error(tally_proto::v1::Error {
                         code: 3,
@@ -171,20 +174,21 @@ mod tests {
             ],
         };
         let answers = decode_answers::<LikeBatch>(&response.encode_to_vec()).unwrap();
-        let outcome = |changed, liked, count, duplicate| {
+        let outcome = |changed, liked, count, duplicate, length| {
             Answer::Ok(LikeOutcome {
                 changed,
                 liked,
                 count,
                 duplicate,
+                length,
             })
         };
         assert_eq!(
             answers,
             [
-                outcome(true, true, 1, false),
-                outcome(false, false, u64::MAX, true),
-                outcome(false, false, 0, false),
+                outcome(true, true, 1, false, 3),
+                outcome(false, false, u64::MAX, true, 0),
+                outcome(false, false, 0, false, u64::MAX),
                 Answer::Error {
                     code: 3,
                     message: "the member is empty".to_owned()

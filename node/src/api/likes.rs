@@ -50,6 +50,7 @@ fn like_response(accepted: &LikeAccepted) -> pb::LikeResponse {
         liked: accepted.liked,
         count: accepted.count,
         duplicate: accepted.duplicate,
+        length: accepted.length,
     }
 }
 

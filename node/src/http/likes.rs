@@ -30,6 +30,10 @@ pub struct LikeResult {
     pub count: u64,
     /// True for a retry with an `Idempotency-Key` already applied.
     pub duplicate: bool,
+    /// The member's causal length on this node right after the operation
+    /// (odd: liked; it only grows, and regions merge it by max); 0 for a
+    /// duplicate, whose first answer's length is not kept.
+    pub length: u64,
 }
 
 /// A member who likes it.
@@ -155,6 +159,7 @@ async fn like_or_unlike(
         liked: accepted.liked,
         count: accepted.count,
         duplicate: accepted.duplicate,
+        length: accepted.length,
     }))
 }
 

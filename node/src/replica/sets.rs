@@ -164,6 +164,9 @@ pub struct LikeAccepted {
     pub count: u64,
     /// True for a retry with an idempotency key already applied.
     pub duplicate: bool,
+    /// The member's causal length right after the operation (odd: liked);
+    /// 0 for a duplicate, whose first answer's length is not kept.
+    pub length: u64,
     /// Everything answered is durable once the durable sequence reaches this.
     pub durable_at_seq: u64,
 }
@@ -585,6 +588,7 @@ impl Replica {
                     liked: request.like,
                     count: record.value.max(0) as u64,
                     duplicate: true,
+                    length: 0,
                     durable_at_seq: record.seq,
                 })
             }
@@ -613,6 +617,7 @@ impl Replica {
             liked: is_liked(new),
             count,
             duplicate: false,
+            length: new,
             durable_at_seq,
         })
     }

@@ -47,16 +47,18 @@ fn double_likes_and_strange_unlikes_change_nothing_and_say_so() {
     let mut node = Node::new(1, "eu");
     let first = node.like("post", "sam", true);
     assert!(first.changed && first.liked);
-    assert_eq!(first.count, 1);
+    assert_eq!((first.count, first.length), (1, 1));
     let again = node.like("post", "sam", true);
     assert!(!again.changed && again.liked);
-    assert_eq!(again.count, 1);
+    assert_eq!((again.count, again.length), (1, 1));
     let stranger = node.like("post", "ann", false);
     assert!(!stranger.changed && !stranger.liked);
+    assert_eq!(stranger.length, 0);
     assert_eq!((node.length("post", "ann"), node.count("post")), (0, 1));
-    for _ in 0..3 {
-        assert!(node.like("post", "sam", false).changed);
-        assert!(node.like("post", "sam", true).changed);
+    for round in 0..3 {
+        // Each answer carries the member's length right after it.
+        assert_eq!(node.like("post", "sam", false).length, 2 + 2 * round);
+        assert_eq!(node.like("post", "sam", true).length, 3 + 2 * round);
     }
     assert_eq!((node.length("post", "sam"), node.count("post")), (7, 1));
 }
@@ -264,6 +266,7 @@ fn a_keyed_retry_of_a_like_is_applied_once_even_after_an_unlike() {
         .handle_like(1, &node.store, keyed(true))
         .unwrap();
     assert!(retry.duplicate && !retry.changed);
+    assert_eq!(retry.length, 0, "a duplicate's length is not kept");
     assert_eq!(node.count("post"), 0, "the retry liked again");
     // The same key for another request is refused.
     assert!(node

@@ -17,12 +17,15 @@
 //! every answer, so they order the events exactly as the lanes saw them.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tally_client::Client;
 use tally_node::crdt::{Crdt, PnCounter, ReplicaId, Slot};
 use tally_proto::v1 as proto;
 use tally_proto::v1::replication_client::ReplicationClient;
 
+use super::node::NodeProc;
 use crate::checker::Checker;
 use crate::ledger::Ledger;
 
@@ -219,6 +222,69 @@ fn check_wiped(
         }
     }
     stats
+}
+
+/// Every node holds every key: waits until all nodes publish the same
+/// digests, then reads every node's state, checks that they agree slot by
+/// slot, and returns the first node's.
+pub async fn converge_everywhere(
+    nodes: &[NodeProc],
+    cluster: &str,
+    names: &[String],
+    timeout: Duration,
+    checker: &mut Checker,
+) -> anyhow::Result<Vec<PnCounter>> {
+    let n = nodes.len();
+    let heal = Instant::now();
+    let mut converged = None;
+    while heal.elapsed() < timeout {
+        let mut digests = Vec::new();
+        for node in nodes.iter() {
+            // Both digests: the counters' and the like sets' and uniques'.
+            let digest = match Client::connect(node.endpoint.clone()).await {
+                Ok(client) => client
+                    .status()
+                    .await
+                    .ok()
+                    .map(|s| (s.node.digest, s.node.sets_digest)),
+                Err(_) => None,
+            };
+            digests.push(digest);
+        }
+        if digests.iter().all(|d| d.is_some() && *d == digests[0]) {
+            converged = Some(heal.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut finals: Vec<Vec<PnCounter>> = Vec::new();
+    for node in nodes.iter() {
+        finals.push(read_state(&node.endpoint, cluster, names).await?);
+    }
+    match converged {
+        Some(elapsed) => println!("convergence: {} ms after the heal", elapsed.as_millis()),
+        None => checker.violate(
+            0,
+            "no convergence",
+            format!(
+                "digests still differ {} s after the heal",
+                timeout.as_secs()
+            ),
+        ),
+    }
+    for (key, first) in finals[0].iter().enumerate() {
+        if let Some(node) = (1..n).find(|node| finals[*node][key] != *first) {
+            checker.violate(
+                0,
+                "replicas differ",
+                format!(
+                    "key {}: n0 {first:?}, n{node} {:?}",
+                    names[key], finals[node][key]
+                ),
+            );
+        }
+    }
+    Ok(finals.swap_remove(0))
 }
 
 #[cfg(test)]

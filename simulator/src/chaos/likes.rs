@@ -2,17 +2,25 @@
 //! per node likes, unlikes and observes through gRPC, with retries that
 //! reuse the operation's idempotency key, and the check after the heal.
 //!
-//! The node's API does not expose causal lengths, so the check is on what
-//! it does expose, and is exact where the operations decide the outcome:
+//! Each like and unlike is answered with the member's causal length right
+//! after it (`LikeResponse.length`), and the check reads every node's final
+//! lengths from its delta log (a raw `Pull` from the start, as a peer would).
+//! It requires:
 //! - every region answers the same "liked" for every member, the same
 //!   derived count, equal to the members it says are liked, and a recount
 //!   (`verify`) that agrees with the count;
 //! - a member is liked if every operation that may have reached it was a
 //!   like and at least one was acknowledged, and not liked if none of them
 //!   was a like (an operation whose outcome is unknown may or may not
-//!   count, as the counters' checker allows); with both likes and unlikes,
-//!   which wins depends on lengths the regions saw, and only agreement is
-//!   required;
+//!   count, as the counters' checker allows);
+//! - every node holds the same length for every member, liked exactly when
+//!   it is odd, and (unless a wipe may have lost an acknowledged operation
+//!   with its disk) that length is at least the longest acknowledged answer,
+//!   exactly it when every operation on the member was answered with its
+//!   length, and never more than the operations that could have raised it
+//!   (a length grows by one per operation that changes it, and regions
+//!   merge by max): so a like or unlike lost, or counted twice, is caught
+//!   for members that got both too;
 //! - every region holds identical registers (the digest of `Distinct`), and
 //!   the estimate lies between the acknowledged and the issued distinct
 //!   observes, within the sketch's error.
@@ -25,9 +33,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context;
 use tally_proto::v1::likes_client::LikesClient;
+use tally_proto::v1::replication_client::ReplicationClient;
 use tally_proto::v1::{
-    DistinctRequest, LikeCountRequest, LikeRequest, LikedRequest, ObserveRequest,
+    DistinctRequest, LikeCountRequest, LikeRequest, LikeResponse, LikedRequest, ObserveRequest,
+    PullRequest,
 };
 
 use crate::rng::{between, chance, stream, Subsystem};
@@ -73,6 +84,14 @@ pub struct MemberOps {
     pub likes_unknown: u32,
     /// Unlikes acknowledged or unknown.
     pub unlikes: u32,
+    /// The longest length an acknowledged operation was answered with.
+    pub longest_answer: u64,
+    /// Operations that may have raised the length: answered as changed,
+    /// unknown, or answered as duplicates (whose first answer is unknown).
+    pub may_raise: u32,
+    /// Operations whose resulting length is unknown (unknown outcome, or a
+    /// duplicate answer).
+    pub length_unknown: u32,
 }
 
 /// What the tasks share with the checker.
@@ -163,7 +182,7 @@ pub async fn like_loop(node: usize, endpoint: String, seed: u64, shared: Arc<Lik
                 async move { likes.observe(request).await.map(|_| ()) }
             })
             .await;
-            if acked {
+            if acked.is_some() {
                 shared.book.lock().expect("like book").observed_acked += 1;
             }
         } else {
@@ -178,52 +197,69 @@ pub async fn like_loop(node: usize, endpoint: String, seed: u64, shared: Arc<Lik
                 member: member_name(index).into_bytes().into(),
                 idempotency_key,
             };
-            let acked = retry(&shared, || {
+            let answer = retry(&shared, || {
                 let mut likes = likes.clone();
                 let request = request.clone();
                 async move {
                     match like {
-                        true => likes.like(request).await.map(|_| ()),
-                        false => likes.unlike(request).await.map(|_| ()),
+                        true => likes.like(request).await,
+                        false => likes.unlike(request).await,
                     }
+                    .map(tonic::Response::into_inner)
                 }
             })
             .await;
             let mut book = shared.book.lock().expect("like book");
-            let ops = &mut book.members[index];
-            match (like, acked) {
-                (true, true) => ops.likes_acked += 1,
-                (true, false) => ops.likes_unknown += 1,
-                (false, _) => ops.unlikes += 1,
-            }
+            book.members[index].record(like, answer.as_ref());
         }
         tokio::time::sleep(Duration::from_millis(between(&mut rng, 5, 40))).await;
     }
 }
 
+impl MemberOps {
+    /// Books one like (`like`) or unlike and its answer (`None`: unknown).
+    fn record(&mut self, like: bool, answer: Option<&LikeResponse>) {
+        match (like, answer) {
+            (true, Some(_)) => self.likes_acked += 1,
+            (true, None) => self.likes_unknown += 1,
+            (false, _) => self.unlikes += 1,
+        }
+        match answer {
+            Some(answer) if !answer.duplicate => {
+                self.longest_answer = self.longest_answer.max(answer.length);
+                self.may_raise += u32::from(answer.changed);
+            }
+            _ => {
+                self.may_raise += 1;
+                self.length_unknown += 1;
+            }
+        }
+    }
+}
+
 /// Sends one request until it is answered (the same request, so the same
-/// idempotency key), an error is not transient, or the load stops: true
-/// when it was answered.
-async fn retry<F, Fut>(shared: &LikeShared, mut send: F) -> bool
+/// idempotency key), an error is not transient, or the load stops: the
+/// answer, or `None` when it was given up.
+async fn retry<T, F, Fut>(shared: &LikeShared, mut send: F) -> Option<T>
 where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), tonic::Status>>,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
 {
     let mut failures = 0;
     loop {
         let attempt = tokio::time::timeout(Duration::from_secs(3), send()).await;
         match attempt {
-            Ok(Ok(())) => {
+            Ok(Ok(answer)) => {
                 if failures > 0 {
                     shared.retried.fetch_add(1, Ordering::SeqCst);
                 }
-                return true;
+                return Some(answer);
             }
-            Ok(Err(status)) if !transient(&status) => return false,
+            Ok(Err(status)) if !transient(&status) => return None,
             _ => {}
         }
         if shared.stop.load(Ordering::SeqCst) {
-            return false;
+            return None;
         }
         failures += 1;
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -241,10 +277,12 @@ pub struct HeldLikes {
     pub recount_consistent: bool,
     /// The uniques estimate and the digest of its registers.
     pub distinct: (u64, u64),
+    /// Each member's causal length, from the node's delta log.
+    pub lengths: Vec<u64>,
 }
 
-/// Reads what the node at `endpoint` holds.
-pub async fn read_likes(endpoint: &str) -> anyhow::Result<HeldLikes> {
+/// Reads what the node at `endpoint` (of `cluster`) holds.
+pub async fn read_likes(endpoint: &str, cluster: &str) -> anyhow::Result<HeldLikes> {
     let mut likes = LikesClient::connect(endpoint.to_string()).await?;
     let key: tonic::codegen::Bytes = LIKE_KEY.as_bytes().to_vec().into();
     let liked = likes
@@ -277,7 +315,56 @@ pub async fn read_likes(endpoint: &str) -> anyhow::Result<HeldLikes> {
         count,
         recount_consistent: recount.consistent,
         distinct: (distinct.estimate, distinct.registers_digest),
+        lengths: read_lengths(endpoint, cluster).await?,
     })
+}
+
+/// Each member's causal length at the node at `endpoint`: the max over its
+/// whole delta log, read by a raw pull from the start (the log is never
+/// compacted, and every committed change of a member, taken or merged, is
+/// in it).
+async fn read_lengths(endpoint: &str, cluster: &str) -> anyhow::Result<Vec<u64>> {
+    let mut client = ReplicationClient::connect(endpoint.to_string())
+        .await
+        .with_context(|| format!("cannot reach {endpoint} to read its like lengths"))?
+        .max_decoding_message_size(64 << 20);
+    let mut lengths = vec![0; MEMBERS];
+    let mut request = PullRequest {
+        cluster_id: cluster.to_string(),
+        max_bytes: 16 << 20,
+        protocol_version: tally_node::replica::version::NEWEST,
+        protocol_oldest: tally_node::replica::version::OLDEST,
+        deltas_after: Some(Default::default()),
+        ..Default::default()
+    };
+    for _ in 0..1_000 {
+        let mut stream = client.pull(request.clone()).await?.into_inner();
+        let mut complete = false;
+        while let Some(chunk) = stream.message().await? {
+            for delta in chunk.set_deltas.iter().filter(|delta| delta.kind == 1) {
+                if delta.key != LIKE_KEY.as_bytes() {
+                    continue;
+                }
+                for member in &delta.members {
+                    let index = (0..MEMBERS).find(|i| member_name(*i).as_bytes() == member.member);
+                    if let Some(index) = index {
+                        lengths[index] = lengths[index].max(member.length);
+                    }
+                }
+            }
+            if chunk.next.is_some() {
+                request.after = chunk.next;
+            }
+            if chunk.deltas_next.is_some() {
+                request.deltas_after = chunk.deltas_next;
+            }
+            complete = chunk.deltas_complete;
+        }
+        if complete {
+            return Ok(lengths);
+        }
+    }
+    anyhow::bail!("{endpoint} never finished answering its delta log")
 }
 
 /// The check of the module documentation: each violation as (kind, detail).
@@ -299,6 +386,24 @@ pub fn check(
                 format!("n{node} and n0 hold different members or registers"),
             ));
         }
+        if region.lengths != first.lengths {
+            violations.push((
+                "like lengths differ",
+                format!("n{node}: {:?}, n0: {:?}", region.lengths, first.lengths),
+            ));
+        }
+        for (index, length) in region.lengths.iter().enumerate() {
+            if region.liked.get(index) != Some(&(length % 2 == 1)) {
+                violations.push((
+                    "liked but length even",
+                    format!(
+                        "n{node}: {} answers liked {:?} with length {length}",
+                        member_name(index),
+                        region.liked.get(index)
+                    ),
+                ));
+            }
+        }
         let liked = region.liked.iter().filter(|liked| **liked).count() as u64;
         if region.count != liked || !region.recount_consistent {
             violations.push((
@@ -316,6 +421,22 @@ pub fn check(
             (_, 0) if ops.likes_acked > 0 => Some(true),
             _ => None,
         };
+        let length = first.lengths.get(index).copied().unwrap_or_default();
+        let wrong = if length < ops.longest_answer {
+            Some("an acknowledged operation's length lost")
+        } else if ops.length_unknown == 0 && length != ops.longest_answer {
+            Some("not the longest answer, though every operation was answered")
+        } else if length > u64::from(ops.may_raise) {
+            Some("longer than the operations that could raise it")
+        } else {
+            None
+        };
+        if let Some(wrong) = wrong {
+            violations.push((
+                "like length not exact",
+                format!("{}: length {length}: {wrong} ({ops:?})", member_name(index)),
+            ));
+        }
         if let Some(expected) = expected {
             if first.liked.get(index) != Some(&expected) {
                 violations.push((
@@ -341,8 +462,9 @@ pub fn check(
     violations
 }
 
-/// Counts for the summary line: (members liked, members with an exact expectation).
-pub fn summary(book: &LikeBook, held: &[HeldLikes]) -> (usize, usize) {
+/// Counts for the summary line: (members liked, members with an exact
+/// expectation, members whose length must equal the longest answer).
+pub fn summary(book: &LikeBook, held: &[HeldLikes]) -> (usize, usize, usize) {
     let liked = held
         .first()
         .map_or(0, |h| h.liked.iter().filter(|l| **l).count());
@@ -353,64 +475,14 @@ pub fn summary(book: &LikeBook, held: &[HeldLikes]) -> (usize, usize) {
             ops.likes_acked + ops.likes_unknown == 0 || (ops.unlikes == 0 && ops.likes_acked > 0)
         })
         .count();
-    (liked, exact)
+    let exact_lengths = book
+        .members
+        .iter()
+        .filter(|ops| ops.length_unknown == 0)
+        .count();
+    (liked, exact, exact_lengths)
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn held(liked: Vec<bool>) -> HeldLikes {
-        let count = liked.iter().filter(|l| **l).count() as u64;
-        HeldLikes {
-            liked,
-            count,
-            recount_consistent: true,
-            distinct: (10, 7),
-        }
-    }
-
-    fn book() -> LikeBook {
-        let mut members = vec![MemberOps::default(); 3];
-        members[0].likes_acked = 2;
-        members[1].unlikes = 3;
-        members[2] = MemberOps {
-            likes_acked: 1,
-            likes_unknown: 0,
-            unlikes: 1,
-        };
-        LikeBook {
-            members,
-            observed_acked: 10,
-            observed_issued: 11,
-        }
-    }
-
-    #[test]
-    fn the_check_passes_an_exact_state_and_catches_each_wrong_one() {
-        let right = held(vec![true, false, false]);
-        assert!(check(&book(), &[right.clone(), right.clone()], true).is_empty());
-        // A mixed member may come out either way, but everywhere the same.
-        let other = held(vec![true, false, true]);
-        assert!(check(&book(), &[other.clone(), other.clone()], true).is_empty());
-        let kinds = |held: &[HeldLikes]| -> Vec<&'static str> {
-            check(&book(), held, true)
-                .into_iter()
-                .map(|(kind, _)| kind)
-                .collect()
-        };
-        assert_eq!(kinds(&[right.clone(), other]), ["like sets differ"]);
-        // A liked-only member lost, an unliked-only member liked.
-        assert!(kinds(&[held(vec![false, false, false])]).contains(&"like state not exact"));
-        assert!(kinds(&[held(vec![true, true, false])]).contains(&"like state not exact"));
-        let mut drifted = right.clone();
-        drifted.count = 2;
-        assert_eq!(kinds(&[drifted]), ["derived count wrong"]);
-        let mut registers = right.clone();
-        registers.distinct.1 = 8;
-        assert_eq!(kinds(&[right.clone(), registers]), ["like sets differ"]);
-        let mut estimate = right;
-        estimate.distinct.0 = 30;
-        assert_eq!(kinds(&[estimate]), ["uniques estimate out of range"]);
-    }
-}
+#[path = "likes_tests.rs"]
+mod tests;

@@ -49,8 +49,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use tally_client::Client;
-use tally_node::crdt::{PnCounter, ReplicaId};
+use tally_node::crdt::ReplicaId;
 
 use crate::checker::Checker;
 use crate::ledger::Ledger;
@@ -657,7 +656,7 @@ async fn drive(
             }
         }
         None => {
-            converge_everywhere(
+            check::converge_everywhere(
                 nodes,
                 &cluster,
                 &shared.names,
@@ -670,7 +669,7 @@ async fn drive(
     if args.likes {
         let mut held = Vec::new();
         for node in nodes.iter() {
-            held.push(likes::read_likes(&node.endpoint).await?);
+            held.push(likes::read_likes(&node.endpoint, &cluster).await?);
         }
         let book = like_shared.book.lock().expect("like book");
         // A wipe may lose an acknowledged like with its disk (sync mode):
@@ -678,14 +677,14 @@ async fn drive(
         for (kind, detail) in likes::check(&book, &held, !wiped_any) {
             checker.violate(0, kind, detail);
         }
-        let (liked, exact) = likes::summary(&book, &held);
+        let (liked, exact, exact_lengths) = likes::summary(&book, &held);
         let ops: u32 = book
             .members
             .iter()
             .map(|ops| ops.likes_acked + ops.likes_unknown + ops.unlikes)
             .sum();
         println!(
-            "likes: {ops} likes and unlikes ({} answered only after a retry), {liked} of {} members liked, {exact} with an exact expectation{}; {} distinct observes acked, estimate {}",
+            "likes: {ops} likes and unlikes ({} answered only after a retry), {liked} of {} members liked, {exact} with an exact expectation, {exact_lengths} with an exact length (every operation answered){}; {} distinct observes acked, estimate {}",
             like_shared.retried.load(Ordering::SeqCst),
             likes::MEMBERS,
             if wiped_any { " (not checked: a wipe)" } else { "" },
@@ -771,67 +770,4 @@ async fn drive(
         }
         Ok(false)
     }
-}
-
-/// Every node holds every key: waits until all nodes publish the same
-/// digests, then reads every node's state, checks that they agree slot by
-/// slot, and returns the first node's.
-async fn converge_everywhere(
-    nodes: &[NodeProc],
-    cluster: &str,
-    names: &[String],
-    timeout: Duration,
-    checker: &mut Checker,
-) -> anyhow::Result<Vec<PnCounter>> {
-    let n = nodes.len();
-    let heal = Instant::now();
-    let mut converged = None;
-    while heal.elapsed() < timeout {
-        let mut digests = Vec::new();
-        for node in nodes.iter() {
-            // Both digests: the counters' and the like sets' and uniques'.
-            let digest = match Client::connect(node.endpoint.clone()).await {
-                Ok(client) => client
-                    .status()
-                    .await
-                    .ok()
-                    .map(|s| (s.node.digest, s.node.sets_digest)),
-                Err(_) => None,
-            };
-            digests.push(digest);
-        }
-        if digests.iter().all(|d| d.is_some() && *d == digests[0]) {
-            converged = Some(heal.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let mut finals: Vec<Vec<PnCounter>> = Vec::new();
-    for node in nodes.iter() {
-        finals.push(check::read_state(&node.endpoint, cluster, names).await?);
-    }
-    match converged {
-        Some(elapsed) => println!("convergence: {} ms after the heal", elapsed.as_millis()),
-        None => checker.violate(
-            0,
-            "no convergence",
-            format!(
-                "digests still differ {} s after the heal",
-                timeout.as_secs()
-            ),
-        ),
-    }
-    for (key, first) in finals[0].iter().enumerate() {
-        if let Some(node) = (1..n).find(|node| finals[*node][key] != *first) {
-            checker.violate(
-                0,
-                "replicas differ",
-                format!(
-                    "key {}: n0 {first:?}, n{node} {:?}",
-                    names[key], finals[node][key]
-                ),
-            );
-        }
-    }
-    Ok(finals.swap_remove(0))
 }
