@@ -368,6 +368,8 @@ async fn read_lengths(endpoint: &str, cluster: &str) -> anyhow::Result<Vec<u64>>
 }
 
 /// The check of the module documentation: each violation as (kind, detail).
+/// `held`: the running nodes' states in node order (a spare that never
+/// joined is left out, so `n{i}` in a detail is the i-th running node).
 /// `exact_members`: check each member's state against its operations (not
 /// after a wipe, which may lose an acknowledged like with its disk).
 pub fn check(

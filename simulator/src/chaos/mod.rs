@@ -81,7 +81,8 @@ pub struct ChaosArgs {
     /// Seed of the fault schedule and the workload.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// First port; node i takes base+10i to base+10i+6 on its own IP 127.0.0.(i+2)
+    /// First port; node i takes base+10i to base+10i+6 on its own IP
+    /// 127.A.B.(i+2), A.B from the process id
     /// (never 7100-7199, 17100-17199 or 27100-27199). Default: free ports.
     #[arg(long)]
     base_port: Option<u16>,
@@ -188,9 +189,6 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
         .find(|fault| !partitioned && schedule::MEMBERSHIP_FAULTS.contains(&fault.as_str()))
     {
         bail!("the fault {fault} changes a partitioned region's membership: pass --replication-factor");
-    }
-    if partitioned && args.likes {
-        bail!("--likes with --replication-factor is not supported yet: like sets are not partitioned, and their check reads every node");
     }
     let key_partitions = tally_proto::partition::PartitionCount::new(u64::from(args.partitions))
         .map_err(|_| anyhow::anyhow!("--partitions {} must be 1 to 65536", args.partitions))?;
@@ -668,7 +666,9 @@ async fn drive(
     };
     if args.likes {
         let mut held = Vec::new();
-        for node in nodes.iter() {
+        // Every node that runs (a spare that never joined holds nothing).
+        let running = nodes.iter().zip(&membership.running);
+        for (node, _) in running.filter(|(_, running)| **running) {
             held.push(likes::read_likes(&node.endpoint, &cluster).await?);
         }
         let book = like_shared.book.lock().expect("like book");

@@ -1,10 +1,14 @@
 //! One `tally-node` process of a chaos run: its loopback IP, its ports, its
 //! command line, and the signals the faults send it.
 //!
-//! Node `i` lives on 127.0.0.(i+2) (Linux routes all of 127/8 to `lo`): its
-//! gRPC, gossip and HTTP listen there, its outgoing pulls are bound there
+//! Node `i` lives on 127.A.B.(i+2), where A.B are the two low bytes of this
+//! process's id (Linux routes all of 127/8 to `lo`): its gRPC, gossip and
+//! HTTP listen there, its outgoing pulls are bound there
 //! (`--peer-source-ip`), and its two proxies listen there too, so every proxy
-//! can tell from a source IP which node is talking.
+//! can tell from a source IP which node is talking. Runs side by side (the
+//! chaos tests) thus never share an address: on one shared 127.0.0.x they
+//! did, and a port chosen free by one run (a spare's, kept unbound until it
+//! joins) could be taken by another run's node or connection meanwhile.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -32,9 +36,10 @@ pub struct NodePorts {
     pub client_proxy: u16,
 }
 
-/// The loopback IP of node `index`.
+/// The loopback IP of node `index` (module documentation).
 pub fn node_ip(index: usize) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + index as u8))
+    let [_, _, a, b] = std::process::id().to_be_bytes();
+    IpAddr::V4(Ipv4Addr::new(127, a, b, 2 + index as u8))
 }
 
 /// True for the ports other runs on this machine use.

@@ -13,7 +13,9 @@
 //!   state is the run's final state, checked slot by slot by `check.rs`);
 //! - a node that does not own a key stores at most its own slot of it, and
 //!   that slot equals the owners' (DESIGN.md invariant 8: what a node handed
-//!   away is held by the owners; and no stray copy is kept).
+//!   away is held by the owners; and no stray copy is kept);
+//! - like sets and uniques, which are not partitioned, are the same on
+//!   every node (equal sets digests), so `--likes` checks every node.
 //!
 //! A run that does not settle within the timeout fails with what was still
 //! unsettled at the last look.
@@ -127,17 +129,34 @@ async fn look(
     let mut unsettled = Vec::new();
     let mut maps: BTreeMap<String, Vec<(usize, PartitionMap)>> = BTreeMap::new();
     let mut states: BTreeMap<usize, Vec<PnCounter>> = BTreeMap::new();
+    let mut sets_digests = BTreeMap::new();
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| running[*i]) {
-        let map = match Client::connect(node.endpoint.clone()).await {
-            Ok(client) => client.partition_map(None).await.ok(),
-            Err(_) => None,
+        let (map, status) = match Client::connect(node.endpoint.clone()).await {
+            Ok(client) => (
+                client.partition_map(None).await.ok(),
+                client.status().await.ok(),
+            ),
+            Err(_) => (None, None),
         };
-        match (map, read_state(&node.endpoint, cluster, names).await) {
-            (Some(map), Ok(state)) => {
+        match (
+            map,
+            status,
+            read_state(&node.endpoint, cluster, names).await,
+        ) {
+            (Some(map), Some(status), Ok(state)) => {
                 maps.entry(node.region.clone()).or_default().push((i, map));
                 states.insert(i, state);
+                sets_digests.insert(i, status.node.sets_digest);
             }
             _ => unsettled.push(format!("n{i} does not answer")),
+        }
+    }
+    let first_sets = sets_digests.values().next().copied();
+    for (node, digest) in &sets_digests {
+        if Some(*digest) != first_sets {
+            unsettled.push(format!(
+                "n{node}'s like sets and uniques differ (sets digests)"
+            ));
         }
     }
     // Per key, its owners in every region (node indexes), by each region's
