@@ -18,6 +18,9 @@
 //!   default pace to copy its partitions in, so it could learn records by
 //!   anti-entropy too; the keys whose second owner is eu-2 (some are) show
 //!   the copies' choice: only a copy push reaches eu-2.
+//! - Records stay with their partitions: in a region of three nodes (RF 2),
+//!   each node keeps exactly the records of the keys it owns, not the
+//!   region's all.
 
 mod common;
 
@@ -231,4 +234,85 @@ async fn failover(replicated: bool) {
             }
         }
     }
+}
+
+/// `node`'s cluster version, from its status page.
+fn cluster_version(node: &NodeProcess) -> Option<u64> {
+    let (code, body) = common::http_get(node.spec.http, "/status.json").ok()?;
+    let status: serde_json::Value = (code == 200).then(|| serde_json::from_str(&body).ok())??;
+    status["cluster_version"].as_u64()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_node_keeps_only_the_records_of_the_partitions_it_owns() {
+    let root = tempfile::tempdir().unwrap();
+    let names = ["eu-1", "eu-2", "eu-3"];
+    let specs: Vec<common::NodeSpec> = names
+        .iter()
+        .map(|name| common::partitioned_spec(root.path(), "eu", name, 16, 2))
+        .collect();
+    let nodes = tokio::task::spawn_blocking(move || start_seeded(specs))
+        .await
+        .unwrap();
+    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
+    let map = settled_map(&endpoints).await;
+    // Records are written with their partitions once the (new) cluster is
+    // at the version that has them.
+    let newest = u64::from(tally_node::replica::version::NEWEST);
+    common::wait_until(LIMIT, "every node at the newest cluster version", || {
+        nodes
+            .iter()
+            .all(|node| cluster_version(node) == Some(newest))
+            .then_some(())
+    });
+
+    let count = tally_proto::partition::PartitionCount::new(u64::from(map.partitions)).unwrap();
+    let keys: Vec<String> = (0..60).map(|i| format!("post:{i}")).collect();
+    for key in &keys {
+        // Through eu-1, which forwards the add to the key's first owner.
+        let added = add(&endpoints[0], key, &format!("like-{key}"))
+            .await
+            .unwrap();
+        assert!(!added.duplicate);
+    }
+    let owned: Vec<u64> = names
+        .iter()
+        .map(|name| {
+            let owns = |key: &&String| {
+                map.owners_of(count.of_key(key.as_bytes()).0)
+                    .iter()
+                    .any(|owner| owner == name)
+            };
+            keys.iter().filter(owns).count() as u64
+        })
+        .collect();
+    assert!(
+        owned.iter().all(|owned| *owned < keys.len() as u64),
+        "every node owns fewer than all keys: {owned:?}"
+    );
+    assert_eq!(owned.iter().sum::<u64>(), 2 * keys.len() as u64, "RF 2");
+
+    // Each key's record reaches its other owner, and only it.
+    let held = || -> Vec<u64> {
+        nodes
+            .iter()
+            .map(|node| metric(node, "tally_idempotency_records "))
+            .collect()
+    };
+    let deadline = Instant::now() + LIMIT;
+    while held() != owned {
+        assert!(
+            Instant::now() < deadline,
+            "records held per node {:?}, expected those of the keys each owns {owned:?}",
+            held()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And no more arrive later: a few sync rounds on, still the same.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        held(),
+        owned,
+        "records held per node, some sync rounds later"
+    );
 }

@@ -8,7 +8,7 @@ use tonic::{Code, Status};
 use crate::crdt::hll::check_register;
 use crate::crdt::{check_member, FoldedBase, PnCounter, ReplicaId, Slot};
 use crate::engine::EngineError;
-use crate::partition::{PartitionCount, PartitionSet};
+use crate::partition::{Partition, PartitionCount, PartitionSet};
 use crate::replica::version::ProtocolWindow;
 use crate::replica::{
     check_name, parse_key, AddRefused, Cursor, DeltaCursor, IdempotencyRecord, PullChunk,
@@ -229,6 +229,7 @@ pub(crate) fn record_to(record: &IdempotencyRecord) -> pb::IdempotencyRecord {
         fingerprint: record.fingerprint,
         value: record.value,
         expires_at_ms: record.expires_at_ms,
+        partition: record.partition.map(|partition| partition.0),
     }
 }
 
@@ -240,6 +241,7 @@ pub(crate) fn record_from(record: pb::IdempotencyRecord) -> IdempotencyRecord {
         value: record.value,
         seq: 0,
         expires_at_ms: record.expires_at_ms,
+        partition: record.partition.map(Partition),
     }
 }
 
@@ -503,6 +505,7 @@ mod tests {
                 value: i64::MIN,
                 seq: 0,
                 expires_at_ms: 99,
+                partition: None,
             }],
             id_keys: vec![u128::MAX / 3, 1],
             records_next: Some(RecordsCursor { seq: 12, skip: 3 }),

@@ -191,6 +191,7 @@ mod tests {
                 value: -4,
                 seq: 0,
                 expires_at_ms: 1_000,
+                partition: None,
             }],
             id_keys: vec![9, u128::MAX - 1],
         }

@@ -30,6 +30,7 @@ use std::hash::{BuildHasher, RandomState};
 use hashbrown::HashTable;
 
 use crate::crdt::stable_hash;
+use crate::partition::Partition;
 
 use super::types::IdempotencyRecord;
 
@@ -152,6 +153,9 @@ impl Slot {
         }
     }
 
+    /// The record, as a lookup answers it: without its partition, which
+    /// only the segment on disk keeps (8 bytes more per record in memory,
+    /// and a lookup needs none).
     fn record(&self) -> IdempotencyRecord {
         IdempotencyRecord {
             id: join(self.id),
@@ -159,6 +163,7 @@ impl Slot {
             value: self.value,
             seq: self.seq,
             expires_at_ms: self.expires_at_ms,
+            partition: None,
         }
     }
 }
@@ -317,13 +322,15 @@ impl IdempotencyTable {
             .map(Slot::record)
     }
 
-    /// Remembers an applied add and returns the record to persist.
+    /// Remembers an applied add (to a counter of `partition`, if known) and
+    /// returns the record to persist.
     pub fn insert(
         &mut self,
         id: u128,
         fingerprint: u64,
         value: i64,
         seq: u64,
+        partition: Option<Partition>,
         now_ms: u64,
     ) -> IdempotencyRecord {
         let record = IdempotencyRecord {
@@ -332,6 +339,7 @@ impl IdempotencyTable {
             value,
             seq,
             expires_at_ms: now_ms.saturating_add(self.ttl_ms),
+            partition,
         };
         self.push(Slot::new(&record, 0));
         record
@@ -440,7 +448,7 @@ mod tests {
     fn records_expire_after_the_ttl() {
         let mut table = IdempotencyTable::new(1_000, 10, IdHasher::default());
         let id = IdHasher::default().id("retry-1");
-        table.insert(id, 1, 5, 1, 0);
+        table.insert(id, 1, 5, 1, None, 0);
         table.assign_segment(1, [id].into_iter());
         assert_eq!(table.get(id, 999).map(|r| r.value), Some(5));
         assert_eq!(
@@ -461,11 +469,11 @@ mod tests {
     fn a_segment_emptied_by_a_newer_record_of_its_id_is_handed_out_for_deletion() {
         let mut table = IdempotencyTable::new(1_000, 10, IdHasher::default());
         let id = IdHasher::default().id("retry-1");
-        table.insert(id, 1, 5, 1, 0);
+        table.insert(id, 1, 5, 1, None, 0);
         table.assign_segment(1, [id].into_iter());
         // Expired but not forgotten yet: the same key applies again.
         assert!(table.get(id, 1_500).is_none());
-        table.insert(id, 1, 6, 2, 1_500);
+        table.insert(id, 1, 6, 2, None, 1_500);
         table.assign_segment(2, [id].into_iter());
         assert_eq!(
             table.expire(1_500, usize::MAX),
@@ -483,7 +491,7 @@ mod tests {
             .map(|i| IdHasher::default().id(&format!("k{i}")))
             .collect();
         for (at, id) in ids.iter().enumerate() {
-            table.insert(*id, 0, 0, 1, at as u64);
+            table.insert(*id, 0, 0, 1, None, at as u64);
         }
         table.assign_segment(4, ids[..2].iter().copied());
         table.assign_segment(5, ids[2..].iter().copied());
@@ -503,6 +511,7 @@ mod tests {
             value: 3,
             seq: 1,
             expires_at_ms: 50,
+            partition: None,
         };
         let dead = IdempotencyRecord {
             id: 2,
@@ -510,6 +519,7 @@ mod tests {
             value: 3,
             seq: 1,
             expires_at_ms: 5,
+            partition: None,
         };
         let table = IdempotencyTable::recovered(
             100,
@@ -525,7 +535,7 @@ mod tests {
     #[test]
     fn a_failed_commit_returns_its_records_to_the_next_segment() {
         let mut table = IdempotencyTable::new(1_000, 10, IdHasher::default());
-        table.insert(9, 0, 0, 1, 0);
+        table.insert(9, 0, 0, 1, None, 0);
         table.assign_segment(1, [9].into_iter());
         table.unassign_segment(1);
         table.assign_segment(2, [9].into_iter());
@@ -543,7 +553,7 @@ mod tests {
     fn positions_survive_the_front_moving_and_a_replaced_record() {
         let mut table = IdempotencyTable::new(100, 1_000, IdHasher::default());
         for i in 0..50u128 {
-            table.insert(i, i as u64, i as i64, 1, i as u64);
+            table.insert(i, i as u64, i as i64, 1, None, i as u64);
         }
         table.assign_segment(1, 0..50);
         assert!(table.expire(120, usize::MAX).is_empty());
@@ -553,7 +563,7 @@ mod tests {
         }
         // Id 30 expired at 130 but is still queued; used again, it is replaced.
         assert!(table.get(30, 131).is_none());
-        table.insert(30, 7, -1, 2, 131);
+        table.insert(30, 7, -1, 2, None, 131);
         table.assign_segment(2, [30].into_iter());
         assert_eq!(
             table.expire(150, usize::MAX),
@@ -592,6 +602,7 @@ mod tests {
             value: 3,
             seq: 1,
             expires_at_ms: 1_000,
+            partition: None,
         };
         let table = IdempotencyTable::recovered(1_000, 10, ids.clone(), vec![(1, old)], 0);
         assert_eq!(table.lookup("retry-1", 999).map(|r| r.value), Some(3));
@@ -599,7 +610,7 @@ mod tests {
         assert!(table.lookup("retry-1", 1_000).is_none());
         let mut table = IdempotencyTable::new(1_000, 10, ids);
         let id = table.id_of("retry-1");
-        table.insert(id, 4, 5, 2, 0);
+        table.insert(id, 4, 5, 2, None, 0);
         assert_eq!(table.lookup("retry-1", 10).map(|r| r.value), Some(5));
     }
 

@@ -28,6 +28,7 @@
 //! records are pulled once more and change nothing.
 
 use crate::crdt::ReplicaId;
+use crate::partition::PartitionSet;
 
 use super::protocol::{PullChunk, PullRequest};
 use super::record_sources::Run;
@@ -68,6 +69,11 @@ impl RecordsCursor {
 /// README).
 const SEGMENTS_PER_READ: usize = 64;
 
+/// The most records one chunk looks at, sent or passed over: a scoped pull
+/// passes over the records of other partitions, and a chunk must not read
+/// a whole long history to find the few it sends.
+const MAX_SCANNED_PER_CHUNK: usize = 8 * MAX_CHUNK_RECORDS;
+
 /// The records part of a pull's answer, as the core bounds it under its
 /// lock; [`RecordsRead::serve`] reads the segments, which needs no lock.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -84,6 +90,10 @@ pub struct RecordsRead {
     /// Positions of segments learned from the caller, left out
     /// (`record_sources.rs`), by segment.
     left_out: Vec<(u64, Run)>,
+    /// The partitions the caller asked for (`None`: every one). A record of
+    /// another partition is passed over; one whose partition is unknown
+    /// (an older format, a like set's) is sent.
+    scope: Option<PartitionSet>,
 }
 
 impl RecordsRead {
@@ -106,11 +116,17 @@ impl RecordsRead {
         Ok(())
     }
 
-    /// Whether the record at `position` of `segment` is left out.
-    fn is_left_out(&self, segment: u64, position: usize) -> bool {
-        self.left_out.iter().any(|(seq, run)| {
-            *seq == segment && (run.start as usize..run.end as usize).contains(&position)
-        })
+    /// Whether the record at `position` of `segment` is left out: learned
+    /// from the caller, or of a partition the caller did not ask for.
+    fn is_left_out(&self, segment: u64, position: usize, record: &IdempotencyRecord) -> bool {
+        let out_of_scope = match (&self.scope, record.partition) {
+            (Some(scope), Some(partition)) => !scope.contains(partition),
+            _ => false,
+        };
+        out_of_scope
+            || self.left_out.iter().any(|(seq, run)| {
+                *seq == segment && (run.start as usize..run.end as usize).contains(&position)
+            })
     }
 
     /// The records from `from`, the position after them, and whether that
@@ -123,6 +139,7 @@ impl RecordsRead {
         let mut records_out = Vec::new();
         let mut next = self.from;
         let mut per_read = 1;
+        let mut scanned = 0;
         loop {
             if next >= done {
                 return Ok((records_out, next.max(done), true));
@@ -142,7 +159,15 @@ impl RecordsRead {
                     false => 0,
                 };
                 for (position, record) in records.iter().enumerate().skip(skip) {
-                    if self.is_left_out(segment, position) {
+                    if scanned == MAX_SCANNED_PER_CHUNK {
+                        let next = RecordsCursor {
+                            seq: segment,
+                            skip: position as u32,
+                        };
+                        return Ok((records_out, next, false));
+                    }
+                    scanned += 1;
+                    if self.is_left_out(segment, position, record) {
                         continue;
                     }
                     if records_out.len() == self.budget {
@@ -183,6 +208,7 @@ impl Replica {
                 from.seq,
                 self.durable_seq.saturating_add(1),
             ),
+            scope: request.scope.clone(),
         })
     }
 

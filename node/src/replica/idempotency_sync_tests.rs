@@ -4,8 +4,9 @@
 //! durable; nodes of other regions are not sent them.
 
 use crate::crdt::ReplicaId;
+use crate::partition::{Partition, PartitionCount, PartitionSet};
 use crate::replica::tests::Node;
-use crate::replica::{AddRequest, Member, RecordsCursor};
+use crate::replica::{AddRequest, DurableState, LikeRequest, Member, RecordsCursor};
 
 fn vote(idempotency_key: &str) -> AddRequest<'_> {
     AddRequest {
@@ -178,8 +179,19 @@ fn a_commit_with_more_records_than_a_chunk_holds_is_sent_in_parts() {
 /// The ids of the records `by` gets pulling `from` from the start, chunk by
 /// chunk, without merging them.
 fn records_sent(by: &Node, from: &Node, max_bytes: usize) -> Vec<u128> {
+    records_sent_in(by, from, max_bytes, None).0
+}
+
+/// [`records_sent`] for a pull scoped to `scope`, and how many chunks it took.
+fn records_sent_in(
+    by: &Node,
+    from: &Node,
+    max_bytes: usize,
+    scope: Option<PartitionSet>,
+) -> (Vec<u128>, usize) {
     let mut cursor = RecordsCursor::default();
     let mut ids = Vec::new();
+    let mut chunks = 0;
     loop {
         let request = crate::replica::PullRequest {
             cluster_id: crate::replica::tests::CLUSTER.into(),
@@ -191,13 +203,14 @@ fn records_sent(by: &Node, from: &Node, max_bytes: usize) -> Vec<u128> {
             protocol: by.replica.peers().own_protocol(),
             deltas_after: None,
             records_from: Some(cursor),
-            scope: None,
+            scope: scope.clone(),
         };
         let chunk = from.replica.handle_pull(&from.store, &request).unwrap();
         ids.extend(chunk.records.iter().map(|record| record.id));
         cursor = chunk.records_next.unwrap();
+        chunks += 1;
         if chunk.records_complete {
-            return ids;
+            return (ids, chunks);
         }
     }
 }
@@ -249,4 +262,102 @@ fn a_failed_commit_keeps_track_of_where_its_learned_records_came_from() {
     assert_eq!(records_sent(&a, &b, 1 << 20).len(), 3, "b's two and c's");
     assert_eq!(records_sent(&c, &b, 1 << 20).len(), 3, "b's two and a's");
     assert_eq!(records_sent(&third, &b, 1 << 20).len(), 4);
+}
+
+/// A keyed add of 1 to `counter` on `node`.
+fn add_to(node: &mut Node, counter: &str, idempotency_key: &str) {
+    let request = AddRequest {
+        key: counter,
+        delta: 1,
+        idempotency_key: Some(idempotency_key),
+    };
+    node.replica.handle_add(5, &node.store, request).unwrap();
+}
+
+#[test]
+fn a_keyed_add_s_record_keeps_its_counter_s_partition() {
+    let count = PartitionCount::new(16).unwrap();
+    let mut a = Node::new(1, "eu");
+    add_to(&mut a, "c-0", "req-0");
+    a.replica.peers_mut().set_own_partitions(16);
+    add_to(&mut a, "c-1", "req-1");
+    let like = LikeRequest {
+        key: "post",
+        member: "sam",
+        like: true,
+        idempotency_key: Some("tap-1"),
+    };
+    a.replica.handle_like(5, &a.store, like).unwrap();
+    a.commit();
+    let kept: Vec<Option<Partition>> = a
+        .store
+        .idempotency_segments_after(0, 10)
+        .unwrap()
+        .into_iter()
+        .flat_map(|(_, records)| records)
+        .map(|record| record.partition)
+        .collect();
+    assert_eq!(
+        kept,
+        [None, Some(count.of_key(b"c-1")), None],
+        "unknown without a partition count; a like set's record has none (sets are not partitioned)"
+    );
+}
+
+#[test]
+fn a_scoped_pull_carries_only_the_records_of_its_partitions() {
+    let count = PartitionCount::new(16).unwrap();
+    let (mut a, mut b) = (Node::new(1, "eu"), Node::new(2, "eu"));
+    meet(&mut [&mut a, &mut b]);
+    // One record of unknown partition (made before the count was known).
+    add_to(&mut a, "old", "req-old");
+    a.replica.peers_mut().set_own_partitions(16);
+    let counters: Vec<String> = (0..200).map(|i| format!("c-{i}")).collect();
+    for (i, counter) in counters.iter().enumerate() {
+        add_to(&mut a, counter, &format!("req-{i}"));
+        if i % 9 == 0 {
+            a.commit();
+        }
+    }
+    a.commit();
+    let mut scope = PartitionSet::empty(count);
+    scope.extend((0..16).filter(|p| p % 3 == 0).map(Partition));
+    let id = |key: &str| a.replica.idempotency.id_of(key);
+    let mut expected: Vec<u128> = counters
+        .iter()
+        .enumerate()
+        .filter(|(_, counter)| scope.contains(count.of_key(counter.as_bytes())))
+        .map(|(i, _)| id(&format!("req-{i}")))
+        .chain([id("req-old")])
+        .collect();
+    expected.sort_unstable();
+    assert!(expected.len() > 20 && expected.len() < 150);
+    for max_bytes in [1 << 20, 300] {
+        let (mut sent, _) = records_sent_in(&b, &a, max_bytes, Some(scope.clone()));
+        sent.sort_unstable();
+        assert_eq!(sent, expected, "with chunks of {max_bytes} bytes");
+    }
+    assert_eq!(records_sent(&b, &a, 1 << 20).len(), 201, "unscoped: all");
+    // A scope of nothing reads through to the end and sends only the
+    // record of unknown partition.
+    let (sent, _) = records_sent_in(&b, &a, 1 << 20, Some(PartitionSet::empty(count)));
+    assert_eq!(sent, [id("req-old")]);
+}
+
+#[test]
+fn a_chunk_passes_over_a_bounded_number_of_records() {
+    let count = PartitionCount::new(16).unwrap();
+    let (mut a, mut b) = (Node::new(1, "eu"), Node::new(2, "eu"));
+    meet(&mut [&mut a, &mut b]);
+    a.replica.peers_mut().set_own_partitions(16);
+    let total = super::MAX_SCANNED_PER_CHUNK + 100;
+    for i in 0..total {
+        add_to(&mut a, "one-counter", &format!("req-{i}"));
+    }
+    a.commit();
+    let mut others = PartitionSet::full(count);
+    others.remove(count.of_key(b"one-counter"));
+    let (sent, chunks) = records_sent_in(&b, &a, 1 << 20, Some(others));
+    assert!(sent.is_empty());
+    assert_eq!(chunks, 2, "one chunk stops after the most it may pass over");
 }

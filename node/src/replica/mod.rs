@@ -36,6 +36,7 @@ use std::sync::Arc;
 use crate::crdt::{
     AddError, FoldedBase, PnCounter, ReplicaId, SetsDigest, StateDigest, WriterDigest,
 };
+use crate::partition::Partition;
 use directory::Directory;
 use folds::Folds;
 
@@ -527,7 +528,8 @@ impl Replica {
         let value = entry.live.checked_add(replica, request.delta)?;
         self.mark_dirty(request.key);
         let durable_at_seq = self.last_seq + 1;
-        self.remember_idempotent(now_ms, keyed, value, durable_at_seq);
+        let partition = keyed.and_then(|_| self.partition_of(request.key));
+        self.remember_idempotent(now_ms, keyed, value, durable_at_seq, partition);
         Ok(AddAccepted {
             value,
             duplicate: false,
@@ -566,18 +568,22 @@ impl Replica {
         }
     }
 
-    /// Remembers an applied keyed request (made durable by commit `seq`).
+    /// Remembers an applied keyed request (made durable by commit `seq`) to
+    /// a key of `partition` (`None`: not partitioned, as like sets are).
     fn remember_idempotent(
         &mut self,
         now_ms: u64,
         keyed: Option<(u128, u64)>,
         value: i64,
         seq: u64,
+        partition: Option<Partition>,
     ) {
         let Some((id, fingerprint)) = keyed else {
             return;
         };
-        let record = self.idempotency.insert(id, fingerprint, value, seq, now_ms);
+        let record = self
+            .idempotency
+            .insert(id, fingerprint, value, seq, partition, now_ms);
         self.idempotency_put.push(record);
         // Past the capacity, forget the oldest records now, a few per add,
         // rather than thousands at once in a tick under the lock.

@@ -142,6 +142,16 @@ impl Replica {
         })
     }
 
+    /// The partition of `key` under this node's partition count, if it has
+    /// one (a node that stores every counter may have none).
+    pub(super) fn partition_of(&self, key: &str) -> Option<Partition> {
+        let count = match &self.scope.serving {
+            Some(serving) => serving.count(),
+            None => PartitionCount::new(u64::from(self.peers.own_partitions())).ok()?,
+        };
+        Some(count.of_key(key.as_bytes()))
+    }
+
     /// Refuses a pull scope drawn from another partition count than this
     /// node's (a stranger's, or a member's of another cluster layout):
     /// comparing it with the partitions served would mean nothing.

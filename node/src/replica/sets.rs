@@ -610,7 +610,8 @@ impl Replica {
         if keyed.is_some() {
             // The record itself is written by the next commit.
             durable_at_seq = self.last_seq + 1;
-            self.remember_idempotent(now_ms, keyed, count as i64, durable_at_seq);
+            // Like sets are not partitioned: the record goes to every node.
+            self.remember_idempotent(now_ms, keyed, count as i64, durable_at_seq, None);
         }
         Ok(LikeAccepted {
             changed,

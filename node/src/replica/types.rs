@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::crdt::{
     FoldRecord, HyperLogLog, PnCounter, ReplicaId, SetsDigest, StateDigest, WriterDigest,
 };
+use crate::partition::Partition;
 
 use super::folds::RetireReason;
 use super::sets::{LikeWrite, SetDelta, UniqueWrite};
@@ -136,6 +137,13 @@ pub struct IdempotencyRecord {
     pub seq: u64,
     /// When the record may be forgotten, in milliseconds since the Unix epoch.
     pub expires_at_ms: u64,
+    /// The partition of the counter the add went to, so that a pull scoped
+    /// to some partitions carries only their records
+    /// (`idempotency_sync.rs`). `None` when unknown: records of older
+    /// formats and builds, a node without a partition count, and adds to
+    /// like sets and uniques (not partitioned; every node of the region
+    /// takes them, so their records go to every node).
+    pub partition: Option<Partition>,
 }
 
 /// Everything one group commit writes, in one atomic batch, then makes durable.

@@ -15,8 +15,12 @@
 //!   whatever the cluster version (it writes no new format, so it needs no
 //!   finalize); version 7 adds the store's commit log (`store::commit_log`:
 //!   a local change, versioned so that a build without it refuses a
-//!   directory whose log holds commits). A node that announces nothing (a
-//!   build before versions) counts as `1..=1`.
+//!   directory whose log holds commits); version 8 writes idempotency
+//!   segments in format 3, with each record's partition, so that a pull
+//!   scoped to some partitions carries only their records
+//!   (`idempotency_sync.rs`; on the wire the partition is an added field,
+//!   which needs no version). A node that announces nothing (a build before
+//!   versions) counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
 //!   directory before anything of it is written, and only rises: to the
@@ -43,7 +47,10 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 7;
+pub const NEWEST: u32 = 8;
+/// The version from which idempotency segments keep each record's
+/// partition (segment format 3).
+pub const RECORD_PARTITIONS: u32 = 8;
 /// The version that brought like sets and uniques (their records and the
 /// delta log): writes of them wait for this cluster version, and only a peer
 /// that speaks it is asked for its delta log.

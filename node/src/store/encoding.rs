@@ -29,6 +29,7 @@
 //! format changes only once a fold happened (cluster version 4).
 
 use crate::crdt::{stable_hash, FoldedBase, PnCounter, ReplicaId, Slot};
+use crate::partition::Partition;
 use crate::replica::{Cursor, IdempotencyRecord, Identity, StorageError, StoredCounter};
 
 /// The format version written by this build.
@@ -251,15 +252,32 @@ pub fn decode_ordinal(key: &[u8], value: &[u8]) -> Result<(u32, ReplicaId), Stor
     ))
 }
 
-/// The idempotency segment format written by this build: records of 27 to
-/// about 34 bytes (48 in version 1), the sequence and the expiry as varints
-/// relative to the segment.
-pub const IDEMPOTENCY_VERSION: u8 = 2;
+/// The idempotency segment format written by this build from cluster
+/// version 8 ([`crate::replica::version::RECORD_PARTITIONS`]): format 2,
+/// and after each record its partition as a varint, plus one (0: unknown),
+/// 28 to about 36 bytes a record.
+pub const IDEMPOTENCY_VERSION: u8 = 3;
 
-/// Encodes the idempotency records of commit (segment) `segment`.
+/// Format 2: records of 27 to about 34 bytes (48 in format 1), the sequence
+/// and the expiry as varints relative to the segment, no partition. Written
+/// from cluster version 2 until version 8.
+pub const IDEMPOTENCY_VERSION_2: u8 = 2;
+
+/// Encodes the idempotency records of commit (segment) `segment` in this
+/// build's format (with each record's partition).
 pub fn encode_idempotency(segment: u64, records: &[IdempotencyRecord]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(12 + records.len() * 34);
-    out.push(IDEMPOTENCY_VERSION);
+    encode_idempotency_as(IDEMPOTENCY_VERSION, segment, records)
+}
+
+/// Encodes the idempotency records of segment `segment` in format 2 (their
+/// partitions left out), which builds before record partitions read.
+pub fn encode_idempotency_v2(segment: u64, records: &[IdempotencyRecord]) -> Vec<u8> {
+    encode_idempotency_as(IDEMPOTENCY_VERSION_2, segment, records)
+}
+
+fn encode_idempotency_as(version: u8, segment: u64, records: &[IdempotencyRecord]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(12 + records.len() * 36);
+    out.push(version);
     put_varint(&mut out, records.len() as u64);
     let base_expiry = records.iter().map(|r| r.expires_at_ms).min().unwrap_or(0);
     put_varint(&mut out, base_expiry);
@@ -269,6 +287,9 @@ pub fn encode_idempotency(segment: u64, records: &[IdempotencyRecord]) -> Vec<u8
         put_varint(&mut out, zigzag(record.value));
         put_varint(&mut out, zigzag(record.seq.wrapping_sub(segment) as i64));
         put_varint(&mut out, record.expires_at_ms - base_expiry);
+        if version >= 3 {
+            put_varint(&mut out, record.partition.map_or(0, |p| u64::from(p.0) + 1));
+        }
     }
     out
 }
@@ -287,6 +308,16 @@ pub fn encode_idempotency_v1(records: &[IdempotencyRecord]) -> Vec<u8> {
         out.extend_from_slice(&record.expires_at_ms.to_le_bytes());
     }
     out
+}
+
+/// A record's stored partition: 0 for none, else the partition plus one.
+fn decode_partition(stored: u64) -> Result<Option<Partition>, StorageError> {
+    match stored.checked_sub(1) {
+        None => Ok(None),
+        Some(partition) => u32::try_from(partition)
+            .map(|p| Some(Partition(p)))
+            .map_err(|_| corrupt("idempotency segment", "partition out of range")),
+    }
 }
 
 fn zigzag(value: i64) -> u64 {
@@ -309,7 +340,11 @@ pub fn decode_idempotency(
         .and_then(|b| b.try_into().ok())
         .ok_or_else(|| corrupt("idempotency segment key", "too short"))?;
     let segment = u64::from_be_bytes(raw);
-    let (version, mut reader) = Reader::any_version(bytes, WHAT, &[1, IDEMPOTENCY_VERSION])?;
+    let (version, mut reader) = Reader::any_version(
+        bytes,
+        WHAT,
+        &[1, IDEMPOTENCY_VERSION_2, IDEMPOTENCY_VERSION],
+    )?;
     let count = reader.varint()?;
     let smallest = if version == 1 { 48 } else { 27 };
     if count.saturating_mul(smallest) > bytes.len() as u64 {
@@ -329,6 +364,7 @@ pub fn decode_idempotency(
                 value: reader.u64()? as i64,
                 seq: reader.u64()?,
                 expires_at_ms: reader.u64()?,
+                partition: None,
             }
         } else {
             IdempotencyRecord {
@@ -339,6 +375,10 @@ pub fn decode_idempotency(
                 expires_at_ms: base_expiry
                     .checked_add(reader.varint()?)
                     .ok_or_else(|| corrupt(WHAT, "expiry out of range"))?,
+                partition: match version {
+                    IDEMPOTENCY_VERSION_2 => None,
+                    _ => decode_partition(reader.varint()?)?,
+                },
             }
         };
         records.push(record);

@@ -49,6 +49,7 @@ fn format_1_writers_round_trip_through_the_readers() {
         value: -12,
         seq: 40,
         expires_at_ms: 1_000_000,
+        partition: None,
     }];
     let bytes = encode_idempotency_v1(&records);
     assert_eq!(bytes[0], 1);
@@ -159,10 +160,11 @@ fn idempotency_segments_are_small_and_version_1_still_reads() {
             value: 1_000 + i as i64,
             seq: 500,
             expires_at_ms: 1_800_000_000_000 + i,
+            partition: (i % 3 > 0).then_some(Partition(i as u32 * 650)),
         })
         .collect();
     let bytes = encode_idempotency(500, &records);
-    assert!(bytes.len() <= 12 + 100 * 29, "{} bytes", bytes.len());
+    assert!(bytes.len() <= 12 + 100 * 32, "{} bytes", bytes.len());
     assert_eq!(
         decode_idempotency(&idempotency_key(500), &bytes).unwrap(),
         (500, records.clone())
@@ -170,6 +172,22 @@ fn idempotency_segments_are_small_and_version_1_still_reads() {
     for cut in 0..bytes.len() {
         assert!(decode_idempotency(&idempotency_key(500), &bytes[..cut]).is_err());
     }
+
+    // Version 2, as builds before record partitions wrote it (and this one
+    // until the cluster version reaches 8): the same without partitions.
+    let v2 = encode_idempotency_v2(500, &records);
+    assert_eq!(v2[0], 2);
+    let unknown: Vec<IdempotencyRecord> = records
+        .iter()
+        .map(|record| IdempotencyRecord {
+            partition: None,
+            ..record.clone()
+        })
+        .collect();
+    assert_eq!(
+        decode_idempotency(&idempotency_key(500), &v2).unwrap(),
+        (500, unknown)
+    );
 
     // Version 1, as earlier builds wrote it: fixed 8-byte fields.
     let mut v1 = vec![1, 1];
@@ -179,14 +197,20 @@ fn idempotency_segments_are_small_and_version_1_still_reads() {
     }
     assert_eq!(
         decode_idempotency(&idempotency_key(500), &v1).unwrap(),
-        (500, vec![records[3].clone()])
+        (
+            500,
+            vec![IdempotencyRecord {
+                partition: None,
+                ..records[3].clone()
+            }]
+        )
     );
     let mut future = bytes;
-    future[0] = 3;
+    future[0] = 4;
     assert!(decode_idempotency(&idempotency_key(500), &future)
         .unwrap_err()
         .0
-        .contains("in format 3, written by a newer Tally build"));
+        .contains("in format 4, written by a newer Tally build"));
 }
 
 #[test]
@@ -208,6 +232,7 @@ fn other_records_round_trip() {
         value: -4,
         seq: 3,
         expires_at_ms: 77,
+        partition: None,
     };
     let other = IdempotencyRecord {
         id: 1,
@@ -215,6 +240,7 @@ fn other_records_round_trip() {
         value: i64::MIN,
         seq: 4,
         expires_at_ms: 5,
+        partition: None,
     };
     let bytes = encode_idempotency(12, &[record.clone(), other.clone()]);
     assert_eq!(

@@ -1,13 +1,15 @@
 //! Tests of the data directory's format (the persisted cluster version): a
 //! new directory writes format 1, a raised one format 2 and says so in its
-//! marker first, and a build that writes only older formats refuses it
-//! without calling it corrupt.
+//! marker first, idempotency records keep their partitions from version 8,
+//! and a build that writes only older formats refuses it without calling it
+//! corrupt.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::crdt::{PnCounter, ReplicaId, Slot, StateDigest};
+use crate::partition::Partition;
 use crate::replica::version::{NEWEST, OLDEST};
 use crate::replica::{CommitBatch, DurableState, IdempotencyRecord};
 
@@ -32,22 +34,30 @@ fn open(path: &Path, newest: u32) -> Result<SledStore, OpenError> {
     }
 }
 
-fn commit(store: &SledStore, seq: u64, key: &str) {
-    let batch = CommitBatch {
+/// Commit `seq`'s batch, with one idempotency record (of `partition`).
+fn keyed_batch(seq: u64, partition: Option<Partition>) -> CommitBatch {
+    CommitBatch {
         seq,
-        counters: vec![(
-            Arc::from(key),
-            PnCounter::from_slots([(ReplicaId(7), Slot { p: seq, n: 0 })]),
-        )],
         idempotency_put: vec![IdempotencyRecord {
             id: u128::from(seq),
             fingerprint: 1,
             value: 1,
             seq,
             expires_at_ms: u64::MAX,
+            partition,
         }],
         digest: StateDigest(seq),
         ..Default::default()
+    }
+}
+
+fn commit(store: &SledStore, seq: u64, key: &str) {
+    let batch = CommitBatch {
+        counters: vec![(
+            Arc::from(key),
+            PnCounter::from_slots([(ReplicaId(7), Slot { p: seq, n: 0 })]),
+        )],
+        ..keyed_batch(seq, None)
     };
     store.write(&batch).unwrap();
     store.flush().unwrap();
@@ -98,6 +108,32 @@ fn a_new_directory_writes_format_1_until_the_format_is_raised() {
     assert_eq!(store.load_counter("b").unwrap().unwrap().seq, 2);
     store.raise_format(1).unwrap();
     assert_eq!(store.format(), 2, "the format never goes back");
+}
+
+#[test]
+fn record_partitions_are_written_from_version_8_on() {
+    use crate::replica::version::RECORD_PARTITIONS;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    let store = open(&path, NEWEST).unwrap();
+    store.raise_format(RECORD_PARTITIONS - 1).unwrap();
+    store.write(&keyed_batch(1, Some(Partition(5)))).unwrap();
+    store.raise_format(RECORD_PARTITIONS).unwrap();
+    store.write(&keyed_batch(2, Some(Partition(5)))).unwrap();
+    store.flush().unwrap();
+    let partitions: Vec<(u64, Option<Partition>)> = store
+        .idempotency_segments_after(0, 10)
+        .unwrap()
+        .into_iter()
+        .map(|(seq, records)| (seq, records[0].partition))
+        .collect();
+    assert_eq!(
+        partitions,
+        [(1, None), (2, Some(Partition(5)))],
+        "before version 8 a segment is written in format 2, which has no partitions"
+    );
+    drop(store);
+    assert_eq!(record_versions(&path).1, [2, 3]);
 }
 
 #[test]

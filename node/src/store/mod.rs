@@ -94,7 +94,7 @@ pub enum Op {
 /// numbers in `ordinals` and the batch's `new` ones (from [`Ordinals::plan`]),
 /// in record format `format` (the cluster version: 1 writes counter records
 /// and idempotency segments in format 1, which every build reads; 2 and up
-/// in format 2). Replica numbers are written in every format, so that a
+/// in format 2; from 8 idempotency segments in format 3, with partitions). Replica numbers are written in every format, so that a
 /// later format-2 record never names a number the store has not kept.
 pub fn batch_ops(
     batch: &CommitBatch,
@@ -124,6 +124,8 @@ pub fn batch_ops(
     if !batch.idempotency_put.is_empty() {
         let value = if format < 2 {
             encode_idempotency_v1(&batch.idempotency_put)
+        } else if format < crate::replica::version::RECORD_PARTITIONS {
+            encode_idempotency_v2(batch.seq, &batch.idempotency_put)
         } else {
             encode_idempotency(batch.seq, &batch.idempotency_put)
         };

@@ -132,6 +132,7 @@ mod idempotency_id_tests {
             value: 40,
             seq: 7,
             expires_at_ms: now + 60_000,
+            partition: None,
         };
         let db = &store.db;
         db.remove(encoding::META_IDEMPOTENCY_HASH_KEY).unwrap();

@@ -88,6 +88,7 @@ fn run_suite(store: &impl Store) {
         value: 9,
         seq: 3,
         expires_at_ms: 1_000,
+        partition: None,
     }];
     third.directory_put = vec![(ReplicaId(1), "eu".into())];
     third.watermarks = vec![(
