@@ -38,11 +38,11 @@ mod links;
 mod node;
 mod placement;
 mod schedule;
+mod setup;
 mod tcp_proxy;
 mod udp_proxy;
 mod workload;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -56,11 +56,9 @@ use crate::ledger::Ledger;
 use crate::options::Durability;
 use check::AddTimes;
 use links::{Links, Topology};
-use node::{assign_ports, node_ip, wait_ready, NodeProc};
+use node::{assign_ports, wait_ready, NodeProc};
 use placement::KeyPlacement;
 use schedule::{Fault, Roster, ScheduledFault};
-use tcp_proxy::{spawn_client_proxy, spawn_tcp_proxy, ProxyRules, TcpProxyHandle};
-use udp_proxy::{spawn_udp_proxy, UdpProxyHandle};
 use workload::{client_loop, Book, Shared};
 
 /// Options of `tally-sim chaos`.
@@ -143,55 +141,9 @@ pub fn main(args: ChaosArgs) -> anyhow::Result<bool> {
 }
 
 async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
-    let bin = match &args.node_bin {
-        Some(bin) => bin.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .context("no directory for this binary")?
-            .join("tally-node"),
-    };
-    if !bin.exists() {
-        bail!(
-            "no tally-node binary at {}: build it (cargo build --release -p tally-node) or pass --node-bin",
-            bin.display()
-        );
-    }
-    if args.regions == 0 || args.nodes_per_region == 0 || args.keys == 0 {
-        bail!("--regions, --nodes-per-region and --keys must be at least 1");
-    }
-    let replicated = args.durability == Durability::Replicated;
-    if replicated && !(2..=7).contains(&args.write_copies) {
-        bail!("--write-copies must be 2 to 7 (the taking node included)");
-    }
-    if replicated && args.write_copies > args.nodes_per_region {
-        bail!(
-            "--durability replicated --write-copies {} needs at least {} nodes per region (--nodes-per-region is {})",
-            args.write_copies,
-            args.write_copies,
-            args.nodes_per_region
-        );
-    }
-    let partitioned = match args.replication_factor {
-        Some(rf) if (1..=args.nodes_per_region.min(7)).contains(&rf) => true,
-        Some(rf) => bail!(
-            "--replication-factor {rf} must be 1 to 7 and at most --nodes-per-region ({})",
-            args.nodes_per_region
-        ),
-        None => false,
-    };
-    let faults = schedule::parse_faults(args.faults.as_deref().unwrap_or(if partitioned {
-        "kill,stop,partition,wipe,overlap,client,join,drain"
-    } else {
-        "kill,stop,partition,wipe,overlap,client"
-    }))?;
-    if let Some(fault) = faults
-        .iter()
-        .find(|fault| !partitioned && schedule::MEMBERSHIP_FAULTS.contains(&fault.as_str()))
-    {
-        bail!("the fault {fault} changes a partitioned region's membership: pass --replication-factor");
-    }
-    let key_partitions = tally_proto::partition::PartitionCount::new(u64::from(args.partitions))
-        .map_err(|_| anyhow::anyhow!("--partitions {} must be 1 to 65536", args.partitions))?;
+    let settings = setup::check_args(&args)?;
+    let (bin, replicated, partitioned) = (&settings.bin, settings.replicated, settings.partitioned);
+    let (faults, key_partitions) = (&settings.faults, settings.key_partitions);
     // One spare node per region, started by a `join`.
     let spares = usize::from(faults.iter().any(|fault| fault == "join"));
     let per_region = args.nodes_per_region + spares;
@@ -235,7 +187,7 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     }
     let plan = schedule::draw(
         args.seed,
-        &faults,
+        faults,
         &topology,
         roster.clone(),
         args.duration_s * 1000,
@@ -244,117 +196,22 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     for fault in &plan {
         println!("  {fault}");
     }
-    let options = crate::options::SimOptions {
-        regions: args.regions,
-        ..Default::default()
-    };
-    let wan = Duration::from_millis(args.wan_ms);
-    let rules = ProxyRules {
-        links: Links::default(),
-        node_of_ip: Arc::new((0..n).map(|i| (node_ip(i), i)).collect::<HashMap<_, _>>()),
-        delays: Arc::new(
-            (0..n)
-                .map(|a| {
-                    (0..n)
-                        .map(|b| {
-                            if topology.region_of[a] == topology.region_of[b] {
-                                Duration::ZERO
-                            } else {
-                                wan
-                            }
-                        })
-                        .collect()
-                })
-                .collect(),
-        ),
-    };
-    let advertised_gossip: Vec<String> = (0..n)
-        .map(|i| format!("{}:{}", node_ip(i), ports[i].gossip_proxy))
-        .collect();
-    let mut proxies: Vec<(TcpProxyHandle, UdpProxyHandle, TcpProxyHandle)> = Vec::new();
-    let answers_dropped = Arc::new(AtomicU64::new(0));
-    let mut client_cuts = Vec::new();
-    let mut nodes = Vec::new();
-    for (i, port) in ports.iter().enumerate() {
-        let ip = node_ip(i);
-        let region = options.region_name(topology.region_of[i]);
-        let tcp = spawn_tcp_proxy(
-            &format!("{ip}:{}", port.grpc_proxy),
-            format!("{ip}:{}", port.grpc),
-            i,
-            rules.clone(),
-        )
-        .await?;
-        let udp = spawn_udp_proxy(
-            &advertised_gossip[i],
-            format!("{ip}:{}", port.gossip).parse()?,
-            i,
-            rules.clone(),
-        )
-        .await?;
-        let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
-        client_cuts.push(cut_tx);
-        let client_proxy = spawn_client_proxy(
-            &format!("{ip}:{}", port.client_proxy),
-            format!("{ip}:{}", port.grpc),
-            cut_rx,
-            answers_dropped.clone(),
-        )
-        .await?;
-        proxies.push((tcp, udp, client_proxy));
-        let data_dir = dir.join(format!("n{i}"));
-        let mode = [
-            ("--durability", args.durability.to_string()),
-            ("--write-copies", args.write_copies.to_string()),
-        ];
-        let partitioning = [
-            ("--partitions", args.partitions.to_string()),
-            (
-                "--replication-factor",
-                args.replication_factor.unwrap_or(0).to_string(),
-            ),
-        ];
-        let node_args: Vec<String> = [
-            ("--data-dir", data_dir.display().to_string()),
-            ("--region", region.clone()),
-            ("--node-name", format!("n{i}")),
-            ("--grpc-addr", format!("{ip}:{}", port.grpc)),
-            ("--advertise-grpc-addr", format!("{ip}:{}", port.grpc_proxy)),
-            ("--gossip-addr", format!("{ip}:{}", port.gossip)),
-            ("--advertise-gossip-addr", advertised_gossip[i].clone()),
-            ("--http-addr", format!("{ip}:{}", port.http)),
-            ("--peer-source-ip", ip.to_string()),
-            ("--seeds", advertised_gossip.join(",")),
-            ("--cluster-id", format!("chaos-{}", args.seed)),
-            ("--sync-interval", "200ms".into()),
-        ]
-        .into_iter()
-        .chain(mode.into_iter().filter(|_| replicated))
-        .chain(partitioning.into_iter().filter(|_| partitioned))
-        .chain(
-            [("--cluster-version-upgrade", "auto".to_string())]
-                .into_iter()
-                .filter(|_| args.likes),
-        )
-        .flat_map(|(flag, value)| [flag.to_string(), value])
-        .collect();
-        let mut node = NodeProc {
-            name: format!("n{i}"),
-            region,
-            args: node_args,
-            data_dir,
-            log: dir.join(format!("n{i}.log")),
-            child: None,
-            endpoint: format!("http://{ip}:{}", port.grpc),
-            client_endpoint: format!("http://{ip}:{}", port.client_proxy),
-            replica: ReplicaId(0),
-            http_addr: format!("{ip}:{}", port.http),
-        };
-        if roster.started[i] {
-            node.spawn(&bin)?;
-        }
-        nodes.push(node);
-    }
+    let rules = setup::proxy_rules(&topology, Duration::from_millis(args.wan_ms));
+    let setup::Cluster {
+        mut nodes,
+        proxies,
+        client_cuts,
+        answers_dropped,
+    } = setup::start_cluster(
+        &args,
+        &settings,
+        &topology,
+        &roster.started,
+        &ports,
+        &dir,
+        &rules,
+    )
+    .await?;
     let clients = ClientCuts {
         cuts: &client_cuts,
         dropped: &answers_dropped,
@@ -367,7 +224,7 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     let outcome = tokio::select! {
         outcome = drive(
             &args,
-            &bin,
+            bin,
             &mut nodes,
             &plan,
             &rules.links,
