@@ -19,10 +19,12 @@
 //! persists the new version first and the keeper then announces it, so the
 //! rest of the cluster follows through gossip.
 //!
-//! Invariant: the version moves only after the node has listened to gossip
-//! for the settle time (and, when it has seeds, has heard of a member), so a
-//! node that has just started never finalizes an upgrade over members it
-//! has not met yet.
+//! Invariant: the version moves past every member's only after the node
+//! has listened to gossip for the settle time (and, when it has seeds, has
+//! heard of a member), so a node that has just started never finalizes an
+//! upgrade over members it has not met yet. Following a member that was
+//! finalized already (its window starts at the version) waits for nothing:
+//! that closes no rollback that was still open.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,10 +35,7 @@ use tokio::task::JoinHandle;
 use crate::crdt::ReplicaId;
 use crate::engine::Engine;
 use crate::gossip::membership::MembershipHandle;
-use crate::replica::version::{
-    finalize_target, followed_cluster_version, new_cluster_version, next_cluster_version,
-    ProtocolWindow,
-};
+use crate::replica::version::{cluster_version_target, finalize_target, Moves, ProtocolWindow};
 use crate::replica::Member;
 
 /// Settings of the keeper.
@@ -140,20 +139,17 @@ pub fn spawn_upgrade_keeper(
                      in format {persisted}; announcing it so the other members follow"
                 );
             }
-            let settled = started.elapsed() >= config.settle;
-            if !settled || (config.has_seeds && members.is_empty()) {
-                continue;
-            }
             let current = engine.store().format();
-            let target =
-                if config.manual {
-                    let born_at = engine.store().born_at();
-                    followed_cluster_version(current, config.newest, &members).max(
-                        new_cluster_version(current, config.newest, born_at, &members),
-                    )
-                } else {
-                    next_cluster_version(current, config.newest, &members)
-                };
+            let settled =
+                started.elapsed() >= config.settle && !(config.has_seeds && members.is_empty());
+            let mode = match (settled, config.manual) {
+                (false, _) => Moves::FollowOnly,
+                (true, true) => Moves::Manual {
+                    born_at: engine.store().born_at(),
+                },
+                (true, false) => Moves::Auto,
+            };
+            let target = cluster_version_target(mode, current, config.newest, &members);
             if target <= current {
                 continue;
             }

@@ -164,6 +164,44 @@ pub fn new_cluster_version(
     }
 }
 
+/// What may move a node's cluster version now.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Moves {
+    /// Before the settle time: only following a member that was finalized
+    /// already. That closes no rollback that was still open (the member's
+    /// own move did), and a build that cannot read the version is refused
+    /// by that member anyway, so it needs no listening first; a node that
+    /// joins a finalized cluster then writes its formats from its first
+    /// commits (a joiner copies partitions in within seconds, and records
+    /// learned in an older format lose their partitions).
+    FollowOnly,
+    /// Manual mode after the settle time: following, or a new cluster
+    /// ([`new_cluster_version`]; `born_at` is this node's directory's).
+    Manual {
+        /// The version of the build that created this node's directory.
+        born_at: u32,
+    },
+    /// Automatic mode after the settle time: the newest every member speaks.
+    Auto,
+}
+
+/// The cluster version the keeper (`upgrade.rs`) moves to from `current`.
+pub fn cluster_version_target(
+    mode: Moves,
+    current: u32,
+    own_newest: u32,
+    members: &[Member],
+) -> u32 {
+    let followed = followed_cluster_version(current, own_newest, members);
+    match mode {
+        Moves::FollowOnly => followed,
+        Moves::Manual { born_at } => {
+            followed.max(new_cluster_version(current, own_newest, born_at, members))
+        }
+        Moves::Auto => next_cluster_version(current, own_newest, members),
+    }
+}
+
 /// The cluster version `tally admin finalize` moves to: the newest this node
 /// speaks, or the members (that this node talks with) that do not speak it
 /// yet. Refused members do not count, as in [`next_cluster_version`].
@@ -284,6 +322,28 @@ mod tests {
         );
         // Never down.
         assert_eq!(followed_cluster_version(2, 2, &[member(1, 2)]), 2);
+    }
+
+    #[test]
+    fn before_the_settle_time_a_node_only_follows_a_finalized_member() {
+        let all_new = [born(1, 3, 3), born(1, 3, 3)];
+        // Nothing finalized: a new cluster and auto mode wait for the settle time.
+        assert_eq!(cluster_version_target(Moves::FollowOnly, 1, 3, &all_new), 1);
+        let manual = Moves::Manual { born_at: 3 };
+        assert_eq!(cluster_version_target(manual, 1, 3, &all_new), 3);
+        assert_eq!(cluster_version_target(Moves::Auto, 1, 3, &all_new), 3);
+        // A member finalized at 3 (a joiner's first view of its cluster):
+        // followed at once.
+        let finalized = [born(3, 3, 3), born(1, 3, 0)];
+        assert_eq!(
+            cluster_version_target(Moves::FollowOnly, 1, 3, &finalized),
+            3
+        );
+        // ... but not past what every member it knows speaks.
+        let behind = [born(3, 3, 3), born(1, 2, 3)];
+        assert_eq!(cluster_version_target(Moves::FollowOnly, 1, 3, &behind), 2);
+        // Knowing no member yet, it stays.
+        assert_eq!(cluster_version_target(Moves::FollowOnly, 1, 3, &[]), 1);
     }
 
     #[test]
