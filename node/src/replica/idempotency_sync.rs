@@ -35,8 +35,10 @@ use super::record_sources::Run;
 use super::types::{DurableState, IdempotencyRecord, StorageError};
 use super::Replica;
 
-/// The wire size of one record, for the chunk's byte budget.
-pub const RECORD_BYTES: usize = 44;
+/// The wire size of one record, for the chunk's byte budget: five fixed
+/// and varint fields (about 44 bytes with their tags and the message's
+/// length) and the partition (3 more up to partition 16,383).
+pub const RECORD_BYTES: usize = 47;
 /// The most records one chunk (or copy push) may carry: about 700 KB.
 pub const MAX_CHUNK_RECORDS: usize = 16_384;
 
