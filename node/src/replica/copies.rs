@@ -385,8 +385,10 @@ impl Replica {
         }
         let mut changed = Vec::new();
         let mut ticket = 0;
-        // The latest commit holding a copy of a partition not kept here.
+        // The latest commit holding a copy of a partition not kept here,
+        // and the earliest at which such a copy is listed in the change log.
         let mut strays_at = None;
+        let mut strays_from = u64::MAX;
         // Merged as a pulled chunk is: a folded writer's slot is dropped.
         let book = self.folds.shared_book();
         for (key, slot) in &push.counters {
@@ -408,6 +410,8 @@ impl Replica {
             };
             if !self.keeps(key) {
                 strays_at = strays_at.max(Some(holds));
+                let listed_at = if holds == 0 { entry.durable_seq } else { holds };
+                strays_from = strays_from.min(listed_at);
             }
             #[cfg(feature = "planted-bugs")]
             if self.config.planted_bug == Some(super::PlantedBug::AckBeforeCopyDurable) {
@@ -420,7 +424,7 @@ impl Replica {
         // any other, but no owner pulls it from here: a purge pass drops it
         // once it is committed, keeping this node's own slot.
         if let Some(seq) = strays_at {
-            self.purge_strays_at(seq);
+            self.purge_strays_at(seq, strays_from);
         }
         // The records go into the next commit, which the answer waits for.
         let seq = self.last_seq + 1;

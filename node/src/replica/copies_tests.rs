@@ -448,6 +448,16 @@ fn a_copy_of_a_partition_not_kept_is_durable_then_purged_to_the_own_slot() {
     let mut b = Node::new(2, "eu");
     b.add_as(&stray_key, 3, false, None);
     b.commit();
+    // Counters b stored before the copy came: its pass does not walk them.
+    let earlier: Vec<String> = (0..)
+        .map(|i| format!("earlier-{i}"))
+        .filter(|key| partition_of(key).0 == 1)
+        .take(50)
+        .collect();
+    for key in &earlier {
+        b.add_as(key, 1, false, None);
+    }
+    b.commit();
     let mut kept = PartitionSet::empty(count);
     kept.insert(partition_of(&kept_key));
     b.replica.set_kept(Some(kept.clone()));
@@ -463,16 +473,23 @@ fn a_copy_of_a_partition_not_kept_is_durable_then_purged_to_the_own_slot() {
         "durable before the purge"
     );
     assert!(b.replica.purging(), "the stray copy started a purge pass");
+    let mut visited = 0;
     loop {
         let step = b
             .replica
             .poll_purge(1, &b.store, 100, |key| kept.contains(partition_of(key)))
             .unwrap();
+        visited += step.visited;
         b.commit();
         if step.done {
             break;
         }
     }
+    assert!(
+        visited <= 2,
+        "the pass starts at the copy's commit: it looked at {visited} counters, not the {} stored before",
+        earlier.len()
+    );
     let stray = b.store.load_counter(&stray_key).unwrap().unwrap().state;
     assert_eq!(
         stray,

@@ -10,7 +10,11 @@
 //! drops the counters whose partition the runtime says is not kept. A copy
 //! push that merged counters of a partition not kept here (a top-up, or a
 //! sender whose routes still showed this node holding it) asks for a pass
-//! once its commit is durable, so such copies do not stay forever.
+//! once its commit is durable, so such copies do not stay forever. Such a
+//! pass starts at the earliest commit that lists one of them in the change
+//! log, not at the log's start: while top-ups go on (an owner down, or RF
+//! below `--write-copies`) passes run back to back, and each used to walk
+//! every stored counter.
 //!
 //! Invariants kept here:
 //! - **Its own slot stays.** A counter whose slot of this replica is not
@@ -50,6 +54,10 @@ pub(super) struct Purge {
     /// this sequence (or an earlier one): once it is durable, a pass drops
     /// them.
     strays_at: Option<u64>,
+    /// The earliest commit that lists one of those copies in the change
+    /// log (a change only moves a counter later in it): their pass starts
+    /// there.
+    strays_from: u64,
 }
 
 #[derive(Debug)]
@@ -96,20 +104,30 @@ impl Replica {
     /// Starts a purge pass over every stored counter (or queues one after
     /// the pass that runs).
     pub fn start_purge(&mut self) {
+        self.start_purge_after(Cursor::default());
+    }
+
+    /// Starts a pass over the change log after `after` (or queues a pass
+    /// over all of it after the pass that runs).
+    fn start_purge_after(&mut self, after: Cursor) {
         if self.purge.running.is_some() {
             self.purge.again = true;
         } else {
             self.purge.running = Some(Pass {
-                after: Cursor::default(),
+                after,
                 stop_seq: self.last_seq,
             });
         }
     }
 
-    /// Asks for a pass once the commit `seq` is durable (see
-    /// [`Purge::strays_at`]).
-    pub(super) fn purge_strays_at(&mut self, seq: u64) {
+    /// Asks for a pass once the commit `seq` is durable, over the change
+    /// log from commit `from` on (see [`Purge::strays_at`]).
+    pub(super) fn purge_strays_at(&mut self, seq: u64, from: u64) {
+        if self.purge.strays_at.is_none() {
+            self.purge.strays_from = from;
+        }
         self.purge.strays_at = self.purge.strays_at.max(Some(seq));
+        self.purge.strays_from = self.purge.strays_from.min(from);
     }
 
     /// Whether a purge pass runs, or one waits for a commit of copies of
@@ -133,7 +151,11 @@ impl Replica {
             match self.purge.strays_at {
                 Some(seq) if self.durable_seq() >= seq => {
                     self.purge.strays_at = None;
-                    self.start_purge();
+                    // Every change listed at `strays_from` or later.
+                    self.start_purge_after(Cursor {
+                        seq: self.purge.strays_from.saturating_sub(1),
+                        key: String::new(),
+                    });
                 }
                 // Not durable yet: the pass waits for that commit.
                 Some(_) => return Ok(step),
