@@ -19,12 +19,13 @@
 //! persists the new version first and the keeper then announces it, so the
 //! rest of the cluster follows through gossip.
 //!
-//! Invariant: the version moves past every member's only after the node
-//! has listened to gossip for the settle time (and, when it has seeds, has
-//! heard of a member), so a node that has just started never finalizes an
-//! upgrade over members it has not met yet. Following a member that was
-//! finalized already (its window starts at the version) waits for nothing:
-//! that closes no rollback that was still open.
+//! Invariant: the version moves by this node's own decision (a new
+//! cluster, auto mode) only after the node has listened to gossip for the
+//! settle time (and, when it has seeds, has heard of a member), so a node
+//! that has just started never finalizes an upgrade over members it has
+//! not met yet. Following a member that was finalized already (its window
+//! starts at the version) waits for nothing: that closes no rollback that
+//! was still open.
 
 use std::collections::HashSet;
 use std::sync::Arc;
