@@ -278,6 +278,12 @@ impl Checker {
         self.node_ids[node] = replica;
     }
 
+    /// Node `node` is gone for good with its disk (removed from its
+    /// region): its replica is checked as a wiped one is.
+    pub fn removed(&mut self, node: usize) {
+        self.bury(node);
+    }
+
     /// Marks the current incarnation of `node` as gone with its disk.
     fn bury(&mut self, node: usize) {
         let old = self.node_ids[node];

@@ -27,8 +27,9 @@
 //!
 //! With `--replication-factor RF` the regions are partitioned (`--partitions`
 //! P, RF owners per partition and region): clients add only to keys their
-//! node owns, the menu gains `join` (a spare node per region starts) and
-//! `drain`, and the end waits until the placement settles
+//! node owns, the menu gains `join` (a spare node per region starts),
+//! `drain` and `remove` (a node killed for good, then removed; its replica
+//! is checked as a wiped one), and the end waits until the placement settles
 //! (`placement.rs`) instead of for equal digests: then every key's owners
 //! hold the same state, which the exact per-slot check takes as final.
 
@@ -152,16 +153,16 @@ async fn chaos(args: ChaosArgs) -> anyhow::Result<bool> {
     if n > 250 {
         bail!("at most 250 nodes (one loopback IP each)");
     }
+    let keep_active = args
+        .replication_factor
+        .unwrap_or(0)
+        .max(if replicated { args.write_copies } else { 0 })
+        .max(2);
     let roster = Roster {
         started: (0..n)
             .map(|i| i % per_region < args.nodes_per_region)
             .collect(),
-        drained: vec![false; n],
-        keep_active: args
-            .replication_factor
-            .unwrap_or(0)
-            .max(if replicated { args.write_copies } else { 0 })
-            .max(2),
+        ..Roster::all(n, keep_active)
     };
     let ports = assign_ports(n, args.base_port)?;
     let dir = match &args.dir {
@@ -470,6 +471,20 @@ async fn drive(
             }
             Fault::Drain(target) => {
                 placement::drain(nodes, &membership.running, *target, &mut checker).await;
+                tokio::time::sleep(hold).await;
+            }
+            Fault::Remove(target) => {
+                let target = *target;
+                // Its disk is gone with it: in sync mode the adds no peer
+                // pulled yet are lost, as with a wipe.
+                wiped_any = true;
+                // An odd epoch for good: its clients stop retrying (an add
+                // in flight is of unknown fate) and wait until the end.
+                shared.epochs[target].fetch_add(1, Ordering::SeqCst);
+                nodes[target].kill();
+                membership.running[target] = false;
+                checker.removed(target);
+                placement::remove(nodes, &membership.running, target, &mut checker).await;
                 tokio::time::sleep(hold).await;
             }
         }

@@ -7,8 +7,9 @@
 //! (`Admin.PartitionMap`, and a full unscoped `Pull`):
 //! - every node of a region computes the same map;
 //! - no node is joining or draining any more, every owner holds exactly the
-//!   partitions it owns, caught up, and releases nothing, and a node that
-//!   left holds nothing;
+//!   partitions it owns, caught up, and releases nothing, a node that left
+//!   holds nothing, and every node is alive but those the run removed
+//!   (`left` and down for good);
 //! - for every key, its owners in every region hold the same state (that
 //!   state is the run's final state, checked slot by slot by `check.rs`);
 //! - a node that does not own a key stores at most its own slot of it, and
@@ -180,7 +181,12 @@ async fn look(
                 }
                 _ => false,
             };
-            if !settled || !entry.alive {
+            // A node the run removed is down for good, and left.
+            let removed = placement
+                .node_index(&entry.node_name)
+                .is_some_and(|i| !running[i]);
+            let down_as_expected = removed && entry.state == "left";
+            if !settled || !(entry.alive || down_as_expected) {
                 unsettled.push(format!(
                     "{region}: {} is {}{}, owns {}, holds {}, releases {}",
                     entry.node_name,
@@ -284,26 +290,61 @@ pub async fn merged(
 /// be seen alive yet, and a down node is not drained); a drain still
 /// refused then is a violation.
 pub async fn drain(nodes: &[NodeProc], running: &[bool], target: usize, checker: &mut Checker) {
+    ask_of_region(nodes, running, target, Ask::Drain, checker).await;
+}
+
+/// Has `target` (killed for good) removed by another running node of its
+/// region. A node still seen alive is refused, so the ask is retried until
+/// failure detection marks it down (30 s at most).
+pub async fn remove(nodes: &[NodeProc], running: &[bool], target: usize, checker: &mut Checker) {
+    ask_of_region(nodes, running, target, Ask::Remove, checker).await;
+}
+
+/// What is asked of a region about one of its nodes.
+#[derive(Clone, Copy)]
+enum Ask {
+    Drain,
+    Remove,
+}
+
+/// Asks `ask` about `target` of another running node of its region,
+/// retrying a refusal (the node asked may not see the target as the ask
+/// needs yet) until a deadline; a refusal at the deadline is a violation.
+async fn ask_of_region(
+    nodes: &[NodeProc],
+    running: &[bool],
+    target: usize,
+    ask: Ask,
+    checker: &mut Checker,
+) {
     let name = &nodes[target].name;
     let asked = (0..nodes.len())
         .find(|i| *i != target && running[*i] && nodes[*i].region == nodes[target].region)
         .unwrap_or(target);
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let (verb, patience) = match ask {
+        Ask::Drain => ("drains", 15),
+        Ask::Remove => ("removes", 30),
+    };
+    let deadline = Instant::now() + Duration::from_secs(patience);
     loop {
         let answer = match Client::connect(nodes[asked].endpoint.clone()).await {
-            Ok(client) => client.drain(name).await.map_err(|e| e.to_string()),
+            Ok(client) => match ask {
+                Ask::Drain => client.drain(name).await.map(|_| ()),
+                Ask::Remove => client.remove(name).await.map(|_| ()),
+            }
+            .map_err(|e| e.to_string()),
             Err(error) => Err(error.to_string()),
         };
         match answer {
-            Ok(_) => {
-                println!("           n{asked} drains {name}");
+            Ok(()) => {
+                println!("           n{asked} {verb} {name}");
                 return;
             }
             Err(error) if Instant::now() >= deadline => {
                 checker.violate(
                     0,
-                    "drain refused",
-                    format!("n{asked} refused to drain {name}: {error}"),
+                    "membership change refused",
+                    format!("n{asked} refused: {verb} {name}: {error}"),
                 );
                 return;
             }

@@ -7,10 +7,11 @@
 //!
 //! With partitioned regions (`--replication-factor`) the menu also changes
 //! membership: `join` starts a region's spare node, `drain` drains an active
-//! one. The draw keeps a [`Roster`] of who runs and who is draining, so that
-//! a fault never targets a spare that has not joined, a drained node is never
-//! wiped (its name has left), and a drain always leaves `keep_active` nodes
-//! of its region active.
+//! one, `remove` kills one for good and has it removed. The draw keeps a
+//! [`Roster`] of who runs, who is drained and who is removed, so that a
+//! fault never targets a spare that has not joined or a removed node, a
+//! drained node is never wiped (its name has left), and a drain or a removal
+//! always leaves `keep_active` nodes of its region active.
 //!
 //! Times in the schedule are nominal: a restart waits for the node to answer,
 //! which shifts what follows. The run prints the actual start of each fault.
@@ -33,10 +34,11 @@ pub const FAULT_NAMES: &[&str] = &[
     "client",
     "join",
     "drain",
+    "remove",
 ];
 
 /// The faults that change membership: only with partitioned regions.
-pub const MEMBERSHIP_FAULTS: &[&str] = &["join", "drain"];
+pub const MEMBERSHIP_FAULTS: &[&str] = &["join", "drain", "remove"];
 
 /// One fault.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,6 +71,10 @@ pub enum Fault {
     /// The node is drained (`Admin.Drain`, asked of another node of its
     /// region): it hands its partitions to the others and leaves.
     Drain(usize),
+    /// The node is lost for good: `kill -9`, never restarted, and removed
+    /// (`Admin.Remove`, asked of another node of its region once it is seen
+    /// down); the others take its partitions from the remaining holders.
+    Remove(usize),
 }
 
 /// Who runs when the load starts, and what the schedule did to membership
@@ -79,21 +85,40 @@ pub struct Roster {
     pub started: Vec<bool>,
     /// Per node: drained by an earlier fault.
     pub drained: Vec<bool>,
+    /// Per node: removed by an earlier fault (it runs no more).
+    pub removed: Vec<bool>,
     /// A drain leaves at least this many active nodes in its region.
     pub keep_active: usize,
 }
 
 impl Roster {
+    /// Every node from the start, none drained or removed.
+    pub fn all(nodes: usize, keep_active: usize) -> Self {
+        Roster {
+            started: vec![true; nodes],
+            drained: vec![false; nodes],
+            removed: vec![false; nodes],
+            keep_active,
+        }
+    }
+
     fn running(&self) -> Vec<usize> {
         (0..self.started.len())
-            .filter(|i| self.started[*i])
+            .filter(|i| self.started[*i] && !self.removed[*i])
             .collect()
     }
 
     fn active_in(&self, topology: &Topology, region: usize) -> usize {
-        (0..self.started.len())
-            .filter(|i| topology.region_of[*i] == region && self.started[*i] && !self.drained[*i])
+        self.running()
+            .into_iter()
+            .filter(|i| topology.region_of[*i] == region && !self.drained[*i])
             .count()
+    }
+
+    /// Whether `node` may leave its region now (drained or removed): it is
+    /// active, and its region keeps `keep_active` active nodes without it.
+    fn may_leave(&self, topology: &Topology, node: usize) -> bool {
+        !self.drained[node] && self.active_in(topology, topology.region_of[node]) > self.keep_active
     }
 }
 
@@ -126,6 +151,10 @@ impl fmt::Display for Fault {
             }
             Fault::Join(node) => write!(f, "join: start spare n{node}, a new node of its region"),
             Fault::Drain(node) => write!(f, "drain n{node}: it hands its partitions away and leaves"),
+            Fault::Remove(node) => write!(
+                f,
+                "remove n{node}: kill -9 for good, then tally admin remove it"
+            ),
         }
     }
 }
@@ -222,14 +251,18 @@ pub fn draw(
                 (Fault::Join(spare), between(&mut rng, 1_000, 3_000))
             }
             "drain" => {
-                let region = topology.region_of[target];
-                if roster.drained[target]
-                    || roster.active_in(topology, region) <= roster.keep_active
-                {
+                if !roster.may_leave(topology, target) {
                     continue;
                 }
                 roster.drained[target] = true;
                 (Fault::Drain(target), between(&mut rng, 1_000, 3_000))
+            }
+            "remove" => {
+                if !roster.may_leave(topology, target) {
+                    continue;
+                }
+                roster.removed[target] = true;
+                (Fault::Remove(target), between(&mut rng, 1_000, 3_000))
             }
             _ => continue,
         };
@@ -255,11 +288,7 @@ mod tests {
 
     /// Every node runs from the start; no spare, no drain.
     fn all(nodes: usize) -> Roster {
-        Roster {
-            started: vec![true; nodes],
-            drained: vec![false; nodes],
-            keep_active: usize::MAX,
-        }
+        Roster::all(nodes, usize::MAX)
     }
 
     #[test]
@@ -303,18 +332,24 @@ mod tests {
     fn membership_faults_respect_the_roster() {
         // Two regions of three nodes and a spare (nodes 3 and 7).
         let topology = Topology::new(2, 4);
-        let faults = parse_faults("kill,stop,wipe,client,join,drain").unwrap();
-        let mut joins_and_drains = 0;
+        let faults = parse_faults("kill,stop,wipe,client,join,drain,remove").unwrap();
+        let (mut joins_and_drains, mut removals) = (0, 0);
         for seed in 0..50 {
             let mut roster = Roster {
                 started: (0..8).map(|i| i % 4 != 3).collect(),
-                drained: vec![false; 8],
-                keep_active: 2,
+                ..Roster::all(8, 2)
             };
             let schedule = draw(seed, &faults, &topology, roster.clone(), 60_000);
             for step in &schedule {
                 let touches = match step.fault {
-                    Fault::Kill(n) | Fault::Stop(n) | Fault::Wipe(n) | Fault::CutClients(n) => n,
+                    Fault::Kill(n) | Fault::Stop(n) | Fault::Wipe(n) | Fault::CutClients(n) => {
+                        assert!(
+                            !roster.removed[n],
+                            "seed {seed}: {} after its removal",
+                            step.fault
+                        );
+                        n
+                    }
                     Fault::Join(n) => {
                         assert!(!roster.started[n], "seed {seed}: n{n} joins twice");
                         roster.started[n] = true;
@@ -332,6 +367,20 @@ mod tests {
                         joins_and_drains += 1;
                         n
                     }
+                    Fault::Remove(n) => {
+                        assert!(
+                            !roster.removed[n] && !roster.drained[n],
+                            "seed {seed}: n{n} removed after it left"
+                        );
+                        roster.removed[n] = true;
+                        let region = topology.region_of[n];
+                        assert!(
+                            roster.active_in(&topology, region) >= 2,
+                            "seed {seed}: a removal left fewer than 2 active nodes"
+                        );
+                        removals += 1;
+                        n
+                    }
                     _ => continue,
                 };
                 assert!(
@@ -345,6 +394,7 @@ mod tests {
             }
         }
         assert!(joins_and_drains > 50, "{joins_and_drains}");
+        assert!(removals > 10, "{removals}");
         // Only membership faults, all spent: the schedule ends.
         let spent = draw(1, &parse_faults("join").unwrap(), &topology, all(8), 60_000);
         assert!(spent.is_empty());

@@ -75,7 +75,7 @@ pub(super) fn check_args(args: &ChaosArgs) -> anyhow::Result<Settings> {
         None => false,
     };
     let faults = schedule::parse_faults(args.faults.as_deref().unwrap_or(if partitioned {
-        "kill,stop,partition,wipe,overlap,client,join,drain"
+        "kill,stop,partition,wipe,overlap,client,join,drain,remove"
     } else {
         "kill,stop,partition,wipe,overlap,client"
     }))?;
