@@ -23,6 +23,10 @@ use super::{AddRefused, Replica};
 pub(super) struct FoldSweep {
     swept: u64,
     running: Option<Pass>,
+    /// Every cached counter is folded up to this epoch: a counter enters
+    /// the cache folded to the applied epoch ([`Replica::entry`]), so the
+    /// cache needs a pass only when that epoch moves.
+    cached: u64,
 }
 
 #[derive(Debug)]
@@ -37,6 +41,7 @@ impl FoldSweep {
         FoldSweep {
             swept,
             running: None,
+            cached: 0,
         }
     }
 
@@ -271,6 +276,13 @@ impl Replica {
     /// Folds every cached counter up to the applied epoch.
     fn fold_cached(&mut self) {
         let applied = self.folds.applied();
+        // Each fold round (every gossip interval) walked the whole cache
+        // under the core's lock, fold or no fold: 3.5% of the machine's
+        // samples in a join's profile with no writer retired.
+        if applied == self.fold_sweep.cached {
+            return;
+        }
+        self.fold_sweep.cached = applied;
         let mut changed = Vec::new();
         for (key, entry) in self.counters.iter_mut() {
             // A counter nobody wrote only takes the epoch (see `entry`).
