@@ -236,13 +236,6 @@ async fn failover(replicated: bool) {
     }
 }
 
-/// `node`'s cluster version, from its status page.
-fn cluster_version(node: &NodeProcess) -> Option<u64> {
-    let (code, body) = common::http_get(node.spec.http, "/status.json").ok()?;
-    let status: serde_json::Value = (code == 200).then(|| serde_json::from_str(&body).ok())??;
-    status["cluster_version"].as_u64()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_node_keeps_only_the_records_of_the_partitions_it_owns() {
     let root = tempfile::tempdir().unwrap();
@@ -262,7 +255,7 @@ async fn each_node_keeps_only_the_records_of_the_partitions_it_owns() {
     common::wait_until(LIMIT, "every node at the newest cluster version", || {
         nodes
             .iter()
-            .all(|node| cluster_version(node) == Some(newest))
+            .all(|node| common::cluster_version(node) == Some(newest))
             .then_some(())
     });
 

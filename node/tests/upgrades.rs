@@ -17,21 +17,12 @@ mod common;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::{cli, http_get, wait_until, NodeProcess, NodeSpec};
+use common::{cli, cluster_version, status_of as status, wait_until, NodeProcess, NodeSpec};
 
 /// The newest version this build speaks (where an upgrade finalizes).
 const NEWEST: u32 = tally_node::replica::version::NEWEST;
 const POSE_AS_VERSION_1: [&str; 2] = ["--test-announce-protocol-version", "1"];
 const AUTO: [&str; 2] = ["--cluster-version-upgrade", "auto"];
-
-fn status(node: &NodeProcess) -> Option<serde_json::Value> {
-    let (code, body) = http_get(node.spec.http, "/status.json").ok()?;
-    (code == 200).then(|| serde_json::from_str(&body).ok())?
-}
-
-fn cluster_version(node: &NodeProcess) -> Option<u64> {
-    status(node)?["cluster_version"].as_u64()
-}
 
 /// The member named `name` in `node`'s status.
 fn member(node: &NodeProcess, name: &str) -> Option<serde_json::Value> {

@@ -50,14 +50,11 @@ pub(super) struct Purge {
     pending: Vec<(Key, StoredCounter)>,
     /// Those the commit in flight deletes.
     in_flight: Vec<(Key, StoredCounter)>,
-    /// Copies of partitions not kept were merged into the commit with
-    /// this sequence (or an earlier one): once it is durable, a pass drops
-    /// them.
-    strays_at: Option<u64>,
-    /// The earliest commit that lists one of those copies in the change
-    /// log (a change only moves a counter later in it): their pass starts
-    /// there.
-    strays_from: u64,
+    /// Copies of partitions not kept were merged: (the latest commit that
+    /// holds one, the earliest that lists one in the change log). Once the
+    /// first is durable, a pass drops them, starting at the second (a
+    /// change only moves a counter later in the log).
+    strays: Option<(u64, u64)>,
 }
 
 #[derive(Debug)]
@@ -121,19 +118,18 @@ impl Replica {
     }
 
     /// Asks for a pass once the commit `seq` is durable, over the change
-    /// log from commit `from` on (see [`Purge::strays_at`]).
+    /// log from commit `from` on (see [`Purge::strays`]).
     pub(super) fn purge_strays_at(&mut self, seq: u64, from: u64) {
-        if self.purge.strays_at.is_none() {
-            self.purge.strays_from = from;
-        }
-        self.purge.strays_at = self.purge.strays_at.max(Some(seq));
-        self.purge.strays_from = self.purge.strays_from.min(from);
+        self.purge.strays = Some(match self.purge.strays {
+            Some((at, earliest)) => (at.max(seq), earliest.min(from)),
+            None => (seq, from),
+        });
     }
 
     /// Whether a purge pass runs, or one waits for a commit of copies of
     /// partitions not kept.
     pub fn purging(&self) -> bool {
-        self.purge.running.is_some() || self.purge.strays_at.is_some()
+        self.purge.running.is_some() || self.purge.strays.is_some()
     }
 
     /// One bounded step of the purge: looks at up to `limit` stored
@@ -148,12 +144,12 @@ impl Replica {
     ) -> Result<PurgeStep, StorageError> {
         let mut step = PurgeStep::default();
         if self.purge.running.is_none() {
-            match self.purge.strays_at {
-                Some(seq) if self.durable_seq() >= seq => {
-                    self.purge.strays_at = None;
-                    // Every change listed at `strays_from` or later.
+            match self.purge.strays {
+                Some((seq, from)) if self.durable_seq() >= seq => {
+                    self.purge.strays = None;
+                    // Every change listed at `from` or later.
                     self.start_purge_after(Cursor {
-                        seq: self.purge.strays_from.saturating_sub(1),
+                        seq: from.saturating_sub(1),
                         key: String::new(),
                     });
                 }

@@ -378,6 +378,17 @@ pub fn send_signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill {signal} {pid} failed");
 }
 
+/// `node`'s `/status.json`, when it answers 200 with JSON.
+pub fn status_of(node: &NodeProcess) -> Option<serde_json::Value> {
+    let (code, body) = http_get(node.spec.http, "/status.json").ok()?;
+    (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+/// `node`'s cluster version, from its status page.
+pub fn cluster_version(node: &NodeProcess) -> Option<u64> {
+    status_of(node)?["cluster_version"].as_u64()
+}
+
 /// A minimal HTTP/1.1 GET on loopback: (status code, body).
 pub fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
     http_get_with(addr, path, None)
