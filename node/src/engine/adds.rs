@@ -264,7 +264,7 @@ impl Engine {
     /// Waits until the durable sequence reaches `ticket`, whatever the
     /// node's mode (a `sync` or `replicated` add, or a push taken as a copy).
     pub(super) async fn wait_flushed(&self, ticket: u64) -> Result<(), EngineError> {
-        let mut durable = self.durable_tx.subscribe();
+        let mut durable = self.synced_tx.subscribe();
         let mut health = self.health.subscribe();
         tokio::select! {
             biased;

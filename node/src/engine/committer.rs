@@ -1,6 +1,9 @@
 //! The group committer: takes every counter changed since the last commit
-//! from the core, writes them in one store batch, flushes once, then marks the
-//! batch durable, which acknowledges every add waiting on it.
+//! from the core, writes them in one store batch and flushes once. The adds
+//! waiting on the batch are answered as soon as the store says it is durable
+//! ([`Store::commit_then`](crate::store::Store::commit_then): with the commit
+//! log, once the log is synced and before sled's tree takes the batch); the
+//! core then marks the batch durable, which gossip and pulls read.
 //!
 //! One commit is in flight at a time; adds that arrive meanwhile gather for
 //! the next one, so the batch grows with the load and a hot key costs one
@@ -175,7 +178,19 @@ async fn commit_all(
         }
         let started = Instant::now();
         let store = engine.store.clone();
-        let task = tokio::task::spawn_blocking(move || store.commit(&batch));
+        let synced = engine.clone();
+        let recovering = *failures > 0;
+        let task = tokio::task::spawn_blocking(move || {
+            // Adds are answered from the moment the batch is durable; a
+            // commit that succeeds after failures makes the node healthy
+            // again first, so that an answered caller finds it serving.
+            store.commit_then(&batch, &|| {
+                if recovering {
+                    synced.set_health(StoreHealth::Healthy);
+                }
+                synced.publish_synced(seq);
+            })
+        });
         let cause: Arc<str> = match tokio::time::timeout(stall_limit, task).await {
             Ok(Ok(Ok(()))) => {
                 let (digest, replicated, copies_pending) = {

@@ -224,7 +224,7 @@ mod tests {
             .map(|r| r.as_ref().unwrap().durable_at_seq)
             .max()
             .unwrap();
-        assert!(*engine.durable_tx.borrow() >= ticket);
+        assert!(*engine.synced_tx.borrow() >= ticket);
         committer.shutdown().await;
     }
 

@@ -187,6 +187,11 @@ pub struct Engine {
     store: Arc<dyn Store>,
     durability: Durability,
     durable_tx: watch::Sender<u64>,
+    /// The newest sequence known to survive a crash, published as soon as
+    /// the store says so ([`Store::commit_then`]), before the core hears of
+    /// it: adds wait on this one. `durable_tx` follows once the core has
+    /// taken the commit in (what gossip and pulls read).
+    synced_tx: watch::Sender<u64>,
     commit_wakeup: tokio::sync::Notify,
     copies: replicated::Copies,
     watchers: Watchers,
@@ -208,6 +213,7 @@ impl Engine {
         let recovered = store.recover(now_ms())?;
         let core = Replica::open(store.identity().clone(), config, recovered, now_ms());
         let (durable_tx, _) = watch::channel(core.durable_seq());
+        let (synced_tx, _) = watch::channel(core.durable_seq());
         metrics.durable_seq.set(core.durable_seq() as i64);
         let copies = replicated::Copies::new(core.replicated_seq());
         Ok(Arc::new(Engine {
@@ -215,6 +221,7 @@ impl Engine {
             store,
             durability,
             durable_tx,
+            synced_tx,
             commit_wakeup: tokio::sync::Notify::new(),
             copies,
             watchers: Watchers::default(),
@@ -514,8 +521,19 @@ impl Engine {
     }
 
     fn publish_durable(&self, seq: u64) {
+        self.publish_synced(seq);
         self.durable_tx.send_replace(seq);
         self.metrics.durable_seq.set(seq as i64);
+    }
+
+    /// Answers the adds waiting on sequences up to `seq`: the store says
+    /// they survive a crash (invariant 4).
+    fn publish_synced(&self, seq: u64) {
+        self.synced_tx.send_if_modified(|synced| {
+            let raised = seq > *synced;
+            *synced = (*synced).max(seq);
+            raised
+        });
     }
 }
 

@@ -348,7 +348,7 @@ async fn adds_are_durable_when_answered_on_the_multi_thread_runtime() {
             .expect("an add is answered")
             .unwrap();
         assert_eq!(accepted.value, i);
-        assert!(*engine.durable_tx.borrow() >= accepted.durable_at_seq);
+        assert!(*engine.synced_tx.borrow() >= accepted.durable_at_seq);
     }
     committer.shutdown().await;
     assert_eq!(engine.core().dirty_counters(), 0);

@@ -50,6 +50,18 @@ pub trait Store: DurableState + Send + Sync + 'static {
         self.write(batch)?;
         self.flush()
     }
+    /// [`Store::commit`], calling `on_durable` once the batch survives a
+    /// crash, which may be before the call returns: sled calls it once its
+    /// commit log is synced, before the batch reaches sled's tree. The
+    /// engine answers the adds waiting on the batch from there. On an error
+    /// `on_durable` may have been called (the batch is durable, applying it
+    /// failed) or not. It may run with the store's own locks held: it must
+    /// not call the store.
+    fn commit_then(&self, batch: &CommitBatch, on_durable: &dyn Fn()) -> Result<(), StorageError> {
+        self.commit(batch)?;
+        on_durable();
+        Ok(())
+    }
     /// The node stops and writes nothing more: the store may save what
     /// makes its next open faster, but must open correctly without it.
     fn close(&self) -> Result<(), StorageError> {

@@ -743,15 +743,23 @@ impl Store for SledStore {
     }
 
     fn commit(&self, batch: &CommitBatch) -> Result<(), StorageError> {
+        self.commit_then(batch, &|| {})
+    }
+
+    fn commit_then(&self, batch: &CommitBatch, on_durable: &dyn Fn()) -> Result<(), StorageError> {
         let mut log = self.log();
         let Some(log) = log.as_mut() else {
             drop(log);
             self.write(batch)?;
-            return self.flush();
+            self.flush()?;
+            on_durable();
+            return Ok(());
         };
         self.apply(batch, |ops| {
             log.append(batch.seq, ops)
-                .map_err(|error| StorageError(error.to_string()))
+                .map_err(|error| StorageError(error.to_string()))?;
+            on_durable();
+            Ok(())
         })?;
         if log.wants_checkpoint() {
             self.flush_sled()?;
