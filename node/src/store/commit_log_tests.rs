@@ -60,6 +60,19 @@ fn copy_tree(from: &Path, to: &Path) {
     }
 }
 
+/// A bare sled tree whose durable sequence is `seq` (the directory goes
+/// with it).
+fn sled_at_seq(seq: u64) -> (tempfile::TempDir, sled::Db) {
+    let dir = tempfile::tempdir().unwrap();
+    let db = sled::Config::new()
+        .path(dir.path().join("db"))
+        .temporary(true)
+        .open()
+        .unwrap();
+    db.insert(META_DURABLE_SEQ, encode_u64(seq)).unwrap();
+    (dir, db)
+}
+
 #[test]
 fn a_crash_between_checkpoints_loses_no_commit() {
     let dir = tempfile::tempdir().unwrap();
@@ -104,13 +117,7 @@ fn a_crash_between_checkpoints_loses_no_commit() {
 
 #[test]
 fn replay_applies_only_what_sled_does_not_hold_yet() {
-    let dir = tempfile::tempdir().unwrap();
-    let db = sled::Config::new()
-        .path(dir.path().join("db"))
-        .temporary(true)
-        .open()
-        .unwrap();
-    db.insert(META_DURABLE_SEQ, encode_u64(5)).unwrap();
+    let (_dir, db) = sled_at_seq(5);
     let logged = |seq: u64, value: &[u8]| {
         commit_log::LoggedBatch::new(
             seq,
@@ -193,4 +200,43 @@ fn below_the_log_format_a_commit_says_durable_once_sled_is_flushed() {
     drop(store);
     let reopened = open(&crashed);
     assert_eq!(reopened.load_counter("a").unwrap().unwrap().seq, 1);
+}
+
+#[test]
+fn a_batch_written_key_by_key_holds_its_sequence_last() {
+    let ordinals = super::ordinals::Ordinals::new();
+    let batch = batch(9, "a");
+    let new = ordinals.plan(&batch);
+    let ops = super::batch_ops(&batch, &ordinals, &new, NEWEST);
+    assert!(ops.len() > 2);
+    match ops.last() {
+        Some(Op::Put(key, value)) => {
+            assert_eq!(key.as_slice(), META_DURABLE_SEQ);
+            assert_eq!(value.as_slice(), encode_u64(9).as_slice());
+        }
+        other => panic!("the last operation is {other:?}"),
+    }
+}
+
+#[test]
+fn a_batch_that_reached_sled_without_its_sequence_is_replayed_whole() {
+    // sled recovers a prefix of its own log: after a crash it may hold the
+    // first writes of a batch written key by key, not its sequence.
+    let (_dir, db) = sled_at_seq(1);
+    let ops = vec![
+        Op::Put(counter_key("a"), b"at-2".to_vec()),
+        Op::Delete(counter_key("gone")),
+        Op::Put(counter_key("b"), b"at-2".to_vec()),
+        Op::Put(META_DURABLE_SEQ.to_vec(), encode_u64(2)),
+    ];
+    db.insert(counter_key("gone"), b"at-1".to_vec()).unwrap();
+    db.insert(counter_key("a"), b"at-2".to_vec()).unwrap();
+    let logged = commit_log::LoggedBatch::new(2, ops);
+    assert!(commit_log::replay(&db, &[logged]).unwrap());
+    assert_eq!(&*db.get(counter_key("b")).unwrap().unwrap(), b"at-2");
+    assert_eq!(db.get(counter_key("gone")).unwrap(), None);
+    assert_eq!(
+        &*db.get(META_DURABLE_SEQ).unwrap().unwrap(),
+        encode_u64(2).as_slice()
+    );
 }

@@ -198,8 +198,10 @@ pub fn batch_ops(
         encode_u64(batch.seq),
     ));
     sets::set_ops(batch, &mut ops);
-    ops.push(Op::Put(META_DURABLE_SEQ.to_vec(), encode_u64(batch.seq)));
     ops.push(Op::Put(META_DIGEST.to_vec(), encode_u64(batch.digest.0)));
+    // Last: a store that writes the operations one by one (sled with its
+    // commit log) has written the whole batch once it holds this sequence.
+    ops.push(Op::Put(META_DURABLE_SEQ.to_vec(), encode_u64(batch.seq)));
     ops
 }
 

@@ -417,9 +417,19 @@ impl SledStore {
 
     /// Applies `batch` to sled (visible to reads, not durable), after
     /// `before_apply` has seen its operations (the commit log appends them).
+    ///
+    /// [`Apply::Atomic`] writes it as one sled batch, which sled recovers
+    /// whole or not at all. [`Apply::KeyByKey`] writes one key at a time, the
+    /// durable sequence last ([`batch_ops`] puts it there): only for a batch
+    /// already in the commit log, since sled may then recover a prefix of
+    /// it without its sequence, and the log's replay writes it again whole.
+    /// sled's batches roll its IO buffer before and after each one (two
+    /// writes and two `sync_file_range` per commit on its IO threads, at the
+    /// moment the next commit syncs its log); single writes do not.
     fn apply(
         &self,
         batch: &CommitBatch,
+        how: Apply,
         before_apply: impl FnOnce(&[Op]) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
         let mut ordinals = self
@@ -430,14 +440,27 @@ impl SledStore {
         let format = self.format.load(Ordering::Acquire);
         let ops = batch_ops(batch, &ordinals, &new, format);
         before_apply(&ops)?;
-        let mut sled_batch = sled::Batch::default();
-        for op in ops {
-            match op {
-                Op::Put(key, value) => sled_batch.insert(key, value),
-                Op::Delete(key) => sled_batch.remove(key),
+        match how {
+            Apply::Atomic => {
+                let mut sled_batch = sled::Batch::default();
+                for op in ops {
+                    match op {
+                        Op::Put(key, value) => sled_batch.insert(key, value),
+                        Op::Delete(key) => sled_batch.remove(key),
+                    }
+                }
+                self.db.apply_batch(sled_batch).map_err(storage)?;
+            }
+            Apply::KeyByKey => {
+                for op in ops {
+                    match op {
+                        Op::Put(key, value) => self.db.insert(key, value).map(drop),
+                        Op::Delete(key) => self.db.remove(key).map(drop),
+                    }
+                    .map_err(storage)?;
+                }
             }
         }
-        self.db.apply_batch(sled_batch).map_err(storage)?;
         ordinals.extend(&new);
         drop(ordinals);
         self.changes().apply(batch);
@@ -455,6 +478,16 @@ impl SledStore {
             ))
         })
     }
+}
+
+/// How [`SledStore::apply`] writes a batch to sled.
+#[derive(Clone, Copy, Debug)]
+enum Apply {
+    /// One sled batch: recovered whole or not at all.
+    Atomic,
+    /// One key at a time, the durable sequence last: for batches in the
+    /// commit log only.
+    KeyByKey,
 }
 
 /// Gives the store its secret key of idempotency ids, once: at its creation,
@@ -730,7 +763,7 @@ impl Store for SledStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
-        self.apply(batch, |_| Ok(()))
+        self.apply(batch, Apply::Atomic, |_| Ok(()))
     }
 
     fn flush(&self) -> Result<(), StorageError> {
@@ -755,7 +788,7 @@ impl Store for SledStore {
             on_durable();
             return Ok(());
         };
-        self.apply(batch, |ops| {
+        self.apply(batch, Apply::KeyByKey, |ops| {
             log.append(batch.seq, ops)
                 .map_err(|error| StorageError(error.to_string()))?;
             on_durable();
