@@ -4,7 +4,7 @@
 //! never read as zero and never a panic.
 //!
 //! All records live in one ordered key space, told apart by a one-byte prefix,
-//! so that a commit is one atomic batch:
+//! so that a commit is one batch of puts and deletes:
 //!
 //! | prefix | key                      | value                                   |
 //! |--------|--------------------------|-----------------------------------------|

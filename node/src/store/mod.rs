@@ -3,8 +3,10 @@
 //! keeps a durable and a pending part, so tests and the simulator can crash it.
 //!
 //! Both keep the same ordered key space (see [`encoding`]) and write a
-//! [`CommitBatch`] as one atomic batch of puts and deletes ([`batch_ops`]), so
-//! one test suite runs against both. Both keep the change log in memory
+//! [`CommitBatch`] as one batch of puts and deletes ([`batch_ops`]) that a
+//! crash leaves whole (sled: one atomic sled batch, or, from format 7 on,
+//! written key by key after the commit log holds it, the log's replay
+//! completing a batch cut short), so one test suite runs against both. Both keep the change log in memory
 //! ([`ChangeIndex`], rebuilt from the counter records by [`rebuild_changes`])
 //! and number replicas for their counter records ([`Ordinals`]). Writes become
 //! durable only at [`Store::flush`] (for sled, after an `fdatasync` of its

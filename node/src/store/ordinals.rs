@@ -5,8 +5,9 @@
 //! The numbering is the store's own and never changes: ordinal `n` is the
 //! `n`-th replica that this store wrote a slot of, kept under
 //! `r` + `n` (see [`super::encoding`]). A replica's number is written in the
-//! same atomic batch as the first record that uses it, so no durable record
-//! names an unknown ordinal; a store takes a batch's new numbers only once
+//! same batch as the first record that uses it, ahead of it (a crash keeps
+//! a batch whole, or a prefix of it that the commit log completes), so no
+//! durable record names an unknown ordinal; a store takes a batch's new numbers only once
 //! the batch is written ([`Ordinals::plan`], then [`Ordinals::extend`]).
 
 use std::collections::HashMap;
