@@ -97,7 +97,7 @@ pub enum ConfigError {
         /// Where the value came from.
         setting: String,
     },
-    /// A sled page cache below [`MIN_STORE_CACHE_BYTES`].
+    /// A sled page cache below `MIN_STORE_CACHE_BYTES`.
     #[error("{setting} {bytes} is too small: give at least {MIN_STORE_CACHE_BYTES} (1 MiB)")]
     CacheTooSmall {
         /// Where the value came from.

@@ -13,9 +13,9 @@
 //!
 //! In manual mode (`--cluster-version-upgrade manual`, the default) the
 //! keeper moves the version only to follow a member that was finalized
-//! ([`followed_cluster_version`]), or when the cluster is new: every data
+//! ([`crate::replica::version::followed_cluster_version`]), or when the cluster is new: every data
 //! directory in it was created by a build of this version
-//! ([`new_cluster_version`]). `tally admin finalize` ([`finalize`])
+//! ([`crate::replica::version::new_cluster_version`]). `tally admin finalize` ([`finalize`])
 //! persists the new version first and the keeper then announces it, so the
 //! rest of the cluster follows through gossip.
 //!

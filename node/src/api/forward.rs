@@ -35,7 +35,7 @@
 //!   ([`crate::security::AuthInterceptor`]), so a token file that differs
 //!   between nodes, or a token bucket, is never consulted twice.
 //! - **Channels** to peers are pooled per address, with the same dialling
-//!   as anti-entropy and the copier ([`channel_for`]), in a pool of their
+//!   as anti-entropy and the copier (`channel_for`), in a pool of their
 //!   own: a pull streams chunks of up to 16 MB, and a forwarded add must
 //!   not queue behind one on a shared HTTP/2 connection.
 //! - **The hint.** A forwarded answer carries [`OWNER_HEADER`] (the owners

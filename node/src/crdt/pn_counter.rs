@@ -62,7 +62,7 @@ pub struct ValueOutOfRange(pub i128);
 
 /// A PN-counter, sparse: only replicas that wrote have a slot. Slots are kept
 /// sorted by replica id, so equal states compare and hash equal. Writers that
-/// were retired and folded (see [`super::fold`]) no longer have a slot: their
+/// were retired and folded (see `crdt/fold.rs`) no longer have a slot: their
 /// sums live in the counter's [`FoldedBase`], tagged with the fold epoch.
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Default)]
 pub struct PnCounter {

@@ -28,7 +28,7 @@ impl Engine {
 
     /// Adds to one counter and answers once the add is as durable as
     /// `durability` asks; a replicated add waits for its copies at most
-    /// `deadline` (default [`REPLICATED_WAIT_DEFAULT`]).
+    /// `deadline` (default [`super::REPLICATED_WAIT_DEFAULT`]).
     pub async fn add_as(
         &self,
         key: &[u8],

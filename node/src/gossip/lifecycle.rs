@@ -1,7 +1,7 @@
 //! The runtime shell of the node's lifecycle and partition map (DESIGN.md
 //! "Partitioned regions"): once per gossip round, [`spawn_lifecycle_keeper`]
 //! feeds the members' gossiped lifecycle facts to the pure
-//! [`Lifecycle`](crate::partition::Lifecycle), persists its record in the
+//! [`Lifecycle`], persists its record in the
 //! data directory's `LIFECYCLE` file when it changes (before publishing it),
 //! publishes the node's state, removals and drain requests, and sets the
 //! partition metrics. [`Partitioning`] is what the Admin RPCs use: the

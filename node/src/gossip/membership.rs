@@ -475,7 +475,7 @@ impl MembershipHandle {
     }
 
     /// Leaves the cluster (tells the live nodes that are not leaving
-    /// themselves, waiting at most [`MAX_LEAVE_ANNOUNCEMENT`] for it to spread)
+    /// themselves, waiting at most `MAX_LEAVE_ANNOUNCEMENT` for it to spread)
     /// and stops the gossip task.
     pub async fn shutdown(self) -> Result<(), MembershipError> {
         let MembershipHandle {

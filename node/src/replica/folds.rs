@@ -34,7 +34,7 @@
 //!   different records for one epoch: each would have seen the other report
 //!   its own candidate, and a candidate only grows until it is committed.
 //! - A node applies a committed epoch to its own counters only when its own
-//!   digest of each writer equals the record's ([`Folds::applicable`]);
+//!   digest of each writer equals the record's (`Folds::applicable_upto`);
 //!   otherwise it says why and its counters reach the fold through merges
 //!   from members that applied it.
 
