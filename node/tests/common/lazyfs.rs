@@ -12,6 +12,14 @@
 //! nothing, a file is found again only through directory entries that were
 //! synced. The kernel's caches are dropped by unmounting (a "reboot"):
 //! [`LazyFs::mount`] again to see what survived.
+//!
+//! A slow disk ([`LazyFs::with_sync_delay`]) takes that long over every
+//! sync, which is durable only when the call returns; [`LazyFs::cut_power`]
+//! (at the kill of the process using the disk) makes the syncs still in
+//! flight fail, so their bytes are lost with the power. That widens the
+//! moment between "written" and "synced" from microseconds to most of a
+//! commit, so a node that answered an add before its sync returned loses
+//! that add in nearly every kill.
 
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
@@ -61,12 +69,24 @@ struct State {
     inodes: BTreeMap<u64, Inode>,
     next_ino: u64,
     counts: Counts,
+    /// False from [`LazyFs::cut_power`] to the next [`LazyFs::mount`]: a
+    /// sync that completes then fails and keeps nothing.
+    powered: bool,
 }
 
 /// The shared state of the filesystem; it outlives each mount.
 #[derive(Clone)]
 pub struct LazyFs {
     state: Arc<Mutex<State>>,
+    /// How long each sync takes.
+    sync_delay: Duration,
+}
+
+/// What a sync makes durable: the bytes or entries as of the call. The
+/// session runs one thread (fuser's default), so syncs complete in order.
+enum Snapshot {
+    File(Vec<u8>),
+    Dir(BTreeMap<OsString, u64>),
 }
 
 /// A mount of a [`LazyFs`]; dropping it unmounts.
@@ -125,6 +145,15 @@ pub fn unavailable() -> Option<String> {
 }
 
 impl LazyFs {
+    /// An empty filesystem whose syncs take `delay` each (see the module
+    /// documentation).
+    pub fn with_sync_delay(delay: Duration) -> LazyFs {
+        LazyFs {
+            sync_delay: delay,
+            ..LazyFs::new()
+        }
+    }
+
     /// An empty filesystem.
     pub fn new() -> LazyFs {
         let root = Inode {
@@ -139,12 +168,15 @@ impl LazyFs {
                 inodes: BTreeMap::from([(ROOT, root)]),
                 next_ino: ROOT + 1,
                 counts: Counts::default(),
+                powered: true,
             })),
+            sync_delay: Duration::ZERO,
         }
     }
 
     /// Mounts the filesystem on `mountpoint` (an existing, empty directory).
     pub fn mount(&self, mountpoint: &Path) -> Mounted {
+        self.lock().powered = true;
         let mut config = fuser::Config::default();
         config.mount_options = vec![
             MountOption::FSName("tally-lazyfs".into()),
@@ -159,6 +191,14 @@ impl LazyFs {
         Mounted {
             session: Some(session),
         }
+    }
+
+    /// The power goes out now (call it just before killing the process
+    /// that uses the disk): syncs still in flight, and any called until the
+    /// next mount, fail and keep nothing. Then unmount and
+    /// [`LazyFs::power_loss`].
+    pub fn cut_power(&self) {
+        self.lock().powered = false;
     }
 
     /// The power goes out: everything not synced is gone. Unmount first.
@@ -262,19 +302,48 @@ impl State {
         Ok(ino)
     }
 
-    fn sync(&mut self, ino: u64) -> Result<(), Errno> {
-        match self.inodes.get_mut(&ino).map(|inode| &mut inode.body) {
-            Some(Body::File { data, synced }) => {
-                synced.clone_from(data);
+    /// What a sync of `ino` called now makes durable.
+    fn snapshot(&self, ino: u64) -> Result<Snapshot, Errno> {
+        match self.inodes.get(&ino).map(|inode| &inode.body) {
+            Some(Body::File { data, .. }) => Ok(Snapshot::File(data.clone())),
+            Some(Body::Dir { entries, .. }) => Ok(Snapshot::Dir(entries.clone())),
+            None => Err(Errno::ENOENT),
+        }
+    }
+
+    /// The sync that took `snapshot` returns: durable, unless the power
+    /// was cut meanwhile.
+    fn complete_sync(&mut self, ino: u64, snapshot: Snapshot) -> Result<(), Errno> {
+        if !self.powered {
+            return Err(Errno::EIO);
+        }
+        match (
+            self.inodes.get_mut(&ino).map(|inode| &mut inode.body),
+            snapshot,
+        ) {
+            (Some(Body::File { synced, .. }), Snapshot::File(data)) => {
+                *synced = data;
                 self.counts.file_syncs += 1;
             }
-            Some(Body::Dir { entries, synced }) => {
-                synced.clone_from(entries);
+            (Some(Body::Dir { synced, .. }), Snapshot::Dir(entries)) => {
+                *synced = entries;
                 self.counts.dir_syncs += 1;
             }
-            None => return Err(Errno::ENOENT),
+            _ => return Err(Errno::ENOENT),
         }
         Ok(())
+    }
+}
+
+impl LazyFs {
+    /// A sync of `ino`: the bytes as of the call become durable once it
+    /// returns, the filesystem's sync delay later.
+    fn sync(&self, ino: u64) -> Result<(), Errno> {
+        let snapshot = self.lock().snapshot(ino)?;
+        if !self.sync_delay.is_zero() {
+            std::thread::sleep(self.sync_delay);
+        }
+        self.lock().complete_sync(ino, snapshot)
     }
 }
 
@@ -499,7 +568,7 @@ impl Filesystem for LazyFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.lock().sync(ino.0) {
+        match self.sync(ino.0) {
             Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
         }
@@ -513,7 +582,7 @@ impl Filesystem for LazyFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.lock().sync(ino.0) {
+        match self.sync(ino.0) {
             Ok(()) => reply.ok(),
             Err(errno) => reply.error(errno),
         }
