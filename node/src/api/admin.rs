@@ -123,6 +123,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         .filter(|m| m.alive)
         .all(|m| same_state(m, &own));
     let folds = core.folds();
+    let held = core.kept().map(|kept| (kept.len(), kept.count().get()));
     let retired: Vec<pb::RetiredWriter> = folds
         .retired()
         .iter()
@@ -133,7 +134,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
             waiting: folds
                 .waits()
                 .get(writer)
-                .map(ToString::to_string)
+                .map(|wait| wait.explain(held))
                 .unwrap_or_default(),
         })
         .collect();

@@ -145,6 +145,29 @@ pub enum FoldWait {
     },
 }
 
+impl FoldWait {
+    /// The wait as `tally status` shows it, on a node that keeps `held` of
+    /// the region's partitions (`None`: every one). A node that keeps only
+    /// some of them (a partitioned region whose replication factor is below
+    /// its node count) holds a writer's slots in those partitions only, so
+    /// its state differs from a member that keeps others however long
+    /// anti-entropy runs: folds need every member to hold every counter of
+    /// the writer, which such a region never has. The status says so
+    /// instead of promising that anti-entropy will settle it.
+    pub fn explain(&self, held: Option<(usize, u32)>) -> String {
+        let text = self.to_string();
+        let partial = held.filter(|(kept, count)| (*kept as u64) < u64::from(*count));
+        match (self, partial) {
+            (FoldWait::Differs { .. } | FoldWait::NotApplicable { .. }, Some((kept, count))) => {
+                format!(
+                    "{text}. This node keeps {kept} of the region's {count} partitions and other members keep others, so their states of a writer differ for good: folds in a partitioned region whose replication factor is below its node count are not built yet, and the writer's slots stay (counted once, as live slots)"
+                )
+            }
+            _ => text,
+        }
+    }
+}
+
 /// Why `tally admin retire` was refused. Nothing changed.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum RetireRefused {

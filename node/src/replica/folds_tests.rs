@@ -402,3 +402,37 @@ fn a_retired_writer_seen_up_is_folded_only_at_the_state_it_fenced_itself_at() {
         );
     }
 }
+
+#[test]
+fn a_differing_state_on_a_node_that_keeps_some_partitions_is_explained_as_lasting() {
+    let differs = FoldWait::Differs {
+        member: ReplicaId(2),
+        writer: W,
+        ours: WriterDigest::default(),
+        theirs: WriterDigest {
+            counters: 3,
+            hash: 7,
+        },
+    };
+    let everywhere = differs.explain(None);
+    assert_eq!(everywhere, differs.to_string());
+    assert!(everywhere.contains("waiting for anti-entropy"));
+    assert_eq!(differs.explain(Some((16, 16))), differs.to_string());
+
+    let partial = differs.explain(Some((11, 16)));
+    assert!(partial.starts_with(&differs.to_string()), "{partial}");
+    assert!(
+        partial.contains("keeps 11 of the region's 16 partitions")
+            && partial.contains("not built yet"),
+        "{partial}"
+    );
+    // A wait that has nothing to do with held partitions reads the same.
+    let not_reported = FoldWait::NotReported {
+        member: ReplicaId(2),
+        writer: W,
+    };
+    assert_eq!(
+        not_reported.explain(Some((11, 16))),
+        not_reported.to_string()
+    );
+}

@@ -78,6 +78,11 @@ impl Replica {
         self.scope.kept = kept.filter(|set| !set.is_full());
     }
 
+    /// The partitions this replica keeps (`None`: every one).
+    pub fn kept(&self) -> Option<&PartitionSet> {
+        self.scope.kept.as_ref()
+    }
+
     /// Whether `key`'s partition is kept here.
     pub(super) fn keeps(&self, key: &str) -> bool {
         self.scope
