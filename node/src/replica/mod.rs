@@ -19,6 +19,7 @@ pub mod folds;
 mod idempotency;
 mod idempotency_sync;
 mod identity;
+mod lru;
 mod protocol;
 mod purge;
 mod record_sources;
@@ -848,17 +849,15 @@ impl Replica {
             return;
         }
         let target = capacity - capacity / 10;
-        let mut clean: Vec<(u64, Key)> = self
+        let excess = self.counters.len().saturating_sub(target);
+        let clean = self
             .counters
             .iter()
             .filter(|(_, entry)| {
                 !entry.dirty && !entry.committing && !entry.copy_pending && !entry.copy_in_flight
             })
-            .map(|(key, entry)| (entry.last_used_ms, key.clone()))
-            .collect();
-        clean.sort_unstable();
-        let excess = self.counters.len().saturating_sub(target);
-        for (_, key) in clean.into_iter().take(excess) {
+            .map(|(key, entry)| (entry.last_used_ms, key));
+        for key in lru::least_recently_used(clean, excess) {
             self.counters.remove(&key);
         }
     }

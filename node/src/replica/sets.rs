@@ -489,28 +489,24 @@ impl Sets {
             }
         }
         if self.likes.len() > capacity {
-            let mut clean: Vec<(u64, Key)> = self
+            let excess = self.likes.len() - capacity;
+            let clean = self
                 .likes
                 .iter()
                 .filter(|(_, entry)| entry.is_clean())
-                .map(|(key, entry)| (entry.last_used_ms, key.clone()))
-                .collect();
-            clean.sort_unstable();
-            let excess = self.likes.len() - capacity;
-            for (_, key) in clean.into_iter().take(excess) {
+                .map(|(key, entry)| (entry.last_used_ms, key));
+            for key in super::lru::least_recently_used(clean, excess) {
                 self.likes.remove(&key);
             }
         }
         if self.uniques.len() > capacity {
-            let mut clean: Vec<(u64, Key)> = self
+            let excess = self.uniques.len() - capacity;
+            let clean = self
                 .uniques
                 .iter()
                 .filter(|(_, entry)| entry.changed.is_empty() && !entry.committing)
-                .map(|(key, entry)| (entry.last_used_ms, key.clone()))
-                .collect();
-            clean.sort_unstable();
-            let excess = self.uniques.len() - capacity;
-            for (_, key) in clean.into_iter().take(excess) {
+                .map(|(key, entry)| (entry.last_used_ms, key));
+            for key in super::lru::least_recently_used(clean, excess) {
                 self.uniques.remove(&key);
             }
         }
