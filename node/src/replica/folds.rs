@@ -155,15 +155,24 @@ impl FoldWait {
     /// the writer, which such a region never has. The status says so
     /// instead of promising that anti-entropy will settle it.
     pub fn explain(&self, held: Option<(usize, u32)>) -> String {
-        let text = self.to_string();
-        let partial = held.filter(|(kept, count)| (*kept as u64) < u64::from(*count));
-        match (self, partial) {
-            (FoldWait::Differs { .. } | FoldWait::NotApplicable { .. }, Some((kept, count))) => {
-                format!(
-                    "{text}. This node keeps {kept} of the region's {count} partitions and other members keep others, so their states of a writer differ for good: folds in a partitioned region whose replication factor is below its node count are not built yet, and the writer's slots stay (counted once, as live slots)"
-                )
-            }
-            _ => text,
+        let Some((kept, count)) = held.filter(|(kept, count)| (*kept as u64) < u64::from(*count))
+        else {
+            return self.to_string();
+        };
+        let lasting = format!(
+            "this node keeps {kept} of the region's {count} partitions and other members keep others, so their states of a writer differ for good: folds in a partitioned region whose replication factor is below its node count are not built yet, and the writer's slots stay (counted once, as live slots)"
+        );
+        match self {
+            FoldWait::Differs {
+                member,
+                writer,
+                ours,
+                theirs,
+            } => format!(
+                "member {member} holds another state of writer {writer} ({theirs}; here {ours}): {lasting}"
+            ),
+            FoldWait::NotApplicable { .. } => format!("{self}: {lasting}"),
+            _ => self.to_string(),
         }
     }
 }
