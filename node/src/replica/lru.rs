@@ -11,11 +11,29 @@
 //! What it keeps: only the entries offered (the caller's clean ones) are
 //! ever chosen, so a dirty or committing entry is never evicted.
 
+use std::collections::HashMap;
+
 use super::Key;
+
+/// Removes from `cache` the `excess` least recently used of the entries
+/// that `last_use_if_clean` says may go (their last use in ms; `None` for
+/// an entry that must stay), or all of those when there are fewer.
+pub(super) fn evict<V>(
+    cache: &mut HashMap<Key, V>,
+    excess: usize,
+    last_use_if_clean: impl Fn(&V) -> Option<u64>,
+) {
+    let clean = cache
+        .iter()
+        .filter_map(|(key, entry)| Some((last_use_if_clean(entry)?, key)));
+    for key in least_recently_used(clean, excess) {
+        cache.remove(&key);
+    }
+}
 
 /// The keys of the `excess` least recently used of `candidates` (last use
 /// in ms, key), in no particular order; all of them when there are fewer.
-pub(super) fn least_recently_used<'a>(
+fn least_recently_used<'a>(
     candidates: impl Iterator<Item = (u64, &'a Key)>,
     excess: usize,
 ) -> Vec<Key> {
@@ -63,6 +81,26 @@ mod tests {
         for key in &keys[..10] {
             assert!(chosen.contains(key), "{key} (used at 5) was kept");
         }
+    }
+
+    #[test]
+    fn only_entries_that_may_go_are_evicted() {
+        // (last use, may go): the two oldest must stay.
+        let mut cache: HashMap<Key, (u64, bool)> = keys(6)
+            .into_iter()
+            .zip([
+                (1, false),
+                (2, false),
+                (3, true),
+                (4, true),
+                (5, true),
+                (6, true),
+            ])
+            .collect();
+        evict(&mut cache, 3, |&(used, clean)| clean.then_some(used));
+        let mut left: Vec<u64> = cache.values().map(|(used, _)| *used).collect();
+        left.sort();
+        assert_eq!(left, [1, 2, 6]);
     }
 
     #[test]

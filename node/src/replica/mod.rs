@@ -850,16 +850,11 @@ impl Replica {
         }
         let target = capacity - capacity / 10;
         let excess = self.counters.len().saturating_sub(target);
-        let clean = self
-            .counters
-            .iter()
-            .filter(|(_, entry)| {
-                !entry.dirty && !entry.committing && !entry.copy_pending && !entry.copy_in_flight
-            })
-            .map(|(key, entry)| (entry.last_used_ms, key));
-        for key in lru::least_recently_used(clean, excess) {
-            self.counters.remove(&key);
-        }
+        lru::evict(&mut self.counters, excess, |entry| {
+            let busy =
+                entry.dirty || entry.committing || entry.copy_pending || entry.copy_in_flight;
+            (!busy).then_some(entry.last_used_ms)
+        });
     }
 }
 

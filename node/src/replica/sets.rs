@@ -488,28 +488,14 @@ impl Sets {
                     .retain(|member, _| changed.contains(member) || in_flight.contains(member));
             }
         }
-        if self.likes.len() > capacity {
-            let excess = self.likes.len() - capacity;
-            let clean = self
-                .likes
-                .iter()
-                .filter(|(_, entry)| entry.is_clean())
-                .map(|(key, entry)| (entry.last_used_ms, key));
-            for key in super::lru::least_recently_used(clean, excess) {
-                self.likes.remove(&key);
-            }
-        }
-        if self.uniques.len() > capacity {
-            let excess = self.uniques.len() - capacity;
-            let clean = self
-                .uniques
-                .iter()
-                .filter(|(_, entry)| entry.changed.is_empty() && !entry.committing)
-                .map(|(key, entry)| (entry.last_used_ms, key));
-            for key in super::lru::least_recently_used(clean, excess) {
-                self.uniques.remove(&key);
-            }
-        }
+        let excess = self.likes.len().saturating_sub(capacity);
+        super::lru::evict(&mut self.likes, excess, |entry| {
+            entry.is_clean().then_some(entry.last_used_ms)
+        });
+        let excess = self.uniques.len().saturating_sub(capacity);
+        super::lru::evict(&mut self.uniques, excess, |entry| {
+            (entry.changed.is_empty() && !entry.committing).then_some(entry.last_used_ms)
+        });
     }
 
     /// Merges a pulled delta; returns the members or registers it changed.
