@@ -2,8 +2,10 @@
 //! from the core, writes them in one store batch and flushes once. The adds
 //! waiting on the batch are answered as soon as the store says it is durable
 //! ([`Store::commit_then`](crate::store::Store::commit_then): with the commit
-//! log, once the log is synced and before sled's tree takes the batch); the
-//! core then marks the batch durable, which gossip and pulls read.
+//! log, once the log is synced and before sled's tree takes the batch, which
+//! the store's own thread then writes while the next batch is gathered,
+//! `store/sled_apply.rs`); the core then marks the batch durable, which
+//! gossip and pulls read.
 //!
 //! One commit is in flight at a time; adds that arrive meanwhile gather for
 //! the next one, so the batch grows with the load and a hot key costs one

@@ -15,7 +15,7 @@ use super::commit_log::{self, COMMIT_LOG_FILE, COMMIT_LOG_FORMAT};
 use super::encoding::{counter_key, encode_u64, META_DURABLE_SEQ};
 use super::{OnCorrupt, Op, SledStore, Store, DEFAULT_CACHE_BYTES};
 
-fn open(path: &Path) -> SledStore {
+pub(super) fn open(path: &Path) -> SledStore {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match SledStore::open_versioned(
@@ -34,7 +34,7 @@ fn open(path: &Path) -> SledStore {
     }
 }
 
-fn batch(seq: u64, key: &str) -> CommitBatch {
+pub(super) fn batch(seq: u64, key: &str) -> CommitBatch {
     CommitBatch {
         seq,
         counters: vec![(
@@ -47,7 +47,7 @@ fn batch(seq: u64, key: &str) -> CommitBatch {
 }
 
 /// Copies a directory tree as it is on disk now (sled's lock is not a file).
-fn copy_tree(from: &Path, to: &Path) {
+pub(super) fn copy_tree(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();

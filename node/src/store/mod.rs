@@ -22,6 +22,7 @@ mod fault;
 mod memory;
 mod ordinals;
 pub mod sets;
+mod sled_apply;
 mod sled_store;
 
 use crate::crdt::ReplicaId;
@@ -55,7 +56,9 @@ pub trait Store: DurableState + Send + Sync + 'static {
     /// [`Store::commit`], calling `on_durable` once the batch survives a
     /// crash, which may be before the call returns: sled calls it once its
     /// commit log is synced, before the batch reaches sled's tree. The
-    /// engine answers the adds waiting on the batch from there. On an error
+    /// engine answers the adds waiting on the batch from there. Once it
+    /// returns, every read sees the batch, though sled's tree may take it
+    /// later (on the store's own thread, `sled_apply.rs`). On an error
     /// `on_durable` may have been called (the batch is durable, applying it
     /// failed) or not. It may run with the store's own locks held: it must
     /// not call the store.

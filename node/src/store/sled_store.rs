@@ -38,6 +38,7 @@ use crate::replica::{
 use super::commit_log::{self, CommitLog, COMMIT_LOG_FORMAT};
 use super::disk_sync::{sync_dir, DiskSync};
 use super::encoding::{self, COUNTER, META_DURABLE_SEQ, META_IDENTITY, ORDINAL, RETIRED_CHANGE};
+use super::sled_apply::Applier;
 use super::{
     batch_ops, rebuild_changes, recover_from, recover_ordinals, stored_identity, ChangeIndex, Op,
     Ordinals, Store,
@@ -185,6 +186,9 @@ pub struct SledStore {
     /// The commit log, from format [`COMMIT_LOG_FORMAT`] on (see
     /// `commit_log`); `None` below it, where each commit flushes sled.
     log: Mutex<Option<CommitLog>>,
+    /// Writes logged batches into sled's tree behind the committer, and
+    /// answers reads of what it has not written yet (`sled_apply.rs`).
+    applier: Applier,
     /// Where a damaged store was moved, when it was.
     pub moved_aside: Option<PathBuf>,
 }
@@ -382,6 +386,7 @@ impl SledStore {
         }
         let changes = open_changes(dir, &db).map_err(|e| corrupt(e.0))?;
         let ordinals = recover_ordinals(db.scan_prefix([ORDINAL])).map_err(|e| corrupt(e.0))?;
+        let applier = Applier::start(db.clone()).map_err(io_error(dir))?;
         Ok(SledStore {
             db,
             disk,
@@ -393,6 +398,7 @@ impl SledStore {
             newest_format,
             born_at,
             log: Mutex::new(log),
+            applier,
             moved_aside: None,
         })
     }
@@ -415,61 +421,38 @@ impl SledStore {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Applies `batch` to sled (visible to reads, not durable), after
-    /// `before_apply` has seen its operations (the commit log appends them).
-    ///
-    /// [`Apply::Atomic`] writes it as one sled batch, which sled recovers
-    /// whole or not at all. [`Apply::KeyByKey`] writes one key at a time, the
-    /// durable sequence last ([`batch_ops`] puts it there): only for a batch
-    /// already in the commit log, since sled may then recover a prefix of
-    /// it without its sequence, and the log's replay writes it again whole.
-    /// sled's batches roll its IO buffer before and after each one (two
-    /// writes and two `sync_file_range` per commit on its IO threads, at the
-    /// moment the next commit syncs its log); single writes do not.
-    fn apply(
-        &self,
-        batch: &CommitBatch,
-        how: Apply,
-        before_apply: impl FnOnce(&[Op]) -> Result<(), StorageError>,
-    ) -> Result<(), StorageError> {
+    /// Writes `batch` to sled as one sled batch, which sled recovers whole
+    /// or not at all (visible to reads, durable at the next flush): the way
+    /// below the commit log's format. With the log, batches go to sled
+    /// through the applier instead (`sled_apply.rs`).
+    fn write_atomic(&self, batch: &CommitBatch) -> Result<(), StorageError> {
+        // The write lock is held until the new numbers are taken, so a
+        // reader never meets a record it cannot name.
         let mut ordinals = self
             .ordinals
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         let new = ordinals.plan(batch);
         let format = self.format.load(Ordering::Acquire);
-        let ops = batch_ops(batch, &ordinals, &new, format);
-        before_apply(&ops)?;
-        match how {
-            Apply::Atomic => {
-                let mut sled_batch = sled::Batch::default();
-                for op in ops {
-                    match op {
-                        Op::Put(key, value) => sled_batch.insert(key, value),
-                        Op::Delete(key) => sled_batch.remove(key),
-                    }
-                }
-                self.db.apply_batch(sled_batch).map_err(storage)?;
-            }
-            Apply::KeyByKey => {
-                for op in ops {
-                    match op {
-                        Op::Put(key, value) => self.db.insert(key, value).map(drop),
-                        Op::Delete(key) => self.db.remove(key).map(drop),
-                    }
-                    .map_err(storage)?;
-                }
+        let mut sled_batch = sled::Batch::default();
+        for op in batch_ops(batch, &ordinals, &new, format) {
+            match op {
+                Op::Put(key, value) => sled_batch.insert(key, value),
+                Op::Delete(key) => sled_batch.remove(key),
             }
         }
+        self.db.apply_batch(sled_batch).map_err(storage)?;
         ordinals.extend(&new);
         drop(ordinals);
         self.changes().apply(batch);
         Ok(())
     }
 
-    /// Makes everything applied to sled durable: sled's flush, then
+    /// Makes every batch handed to sled durable: waits for the applier to
+    /// write them into the tree, then sled's flush, then
     /// [`DiskSync::after_flush`].
     fn flush_sled(&self) -> Result<(), StorageError> {
+        self.applier.drain()?;
         self.db.flush().map_err(storage)?;
         self.disk.after_flush().map_err(|error| {
             StorageError(format!(
@@ -478,16 +461,6 @@ impl SledStore {
             ))
         })
     }
-}
-
-/// How [`SledStore::apply`] writes a batch to sled.
-#[derive(Clone, Copy, Debug)]
-enum Apply {
-    /// One sled batch: recovered whole or not at all.
-    Atomic,
-    /// One key at a time, the durable sequence last: for batches in the
-    /// commit log only.
-    KeyByKey,
 }
 
 /// Gives the store its secret key of idempotency ids, once: at its creation,
@@ -698,9 +671,7 @@ fn classify(dir: &Path, error: sled::Error) -> OpenError {
 
 impl DurableState for SledStore {
     fn load_counter(&self, key: &str) -> Result<Option<StoredCounter>, StorageError> {
-        self.db
-            .get(encoding::counter_key(key))
-            .map_err(storage)?
+        self.get_record(&encoding::counter_key(key))?
             .map(|bytes| {
                 let ordinals = self.ordinals.read().unwrap_or_else(PoisonError::into_inner);
                 encoding::decode_counter(&bytes, |o| ordinals.replica(o))
@@ -713,6 +684,9 @@ impl DurableState for SledStore {
     }
 
     fn get_record(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        if let Some(pending) = self.applier.read(key) {
+            return Ok(pending);
+        }
         Ok(self
             .db
             .get(key)
@@ -729,11 +703,13 @@ impl DurableState for SledStore {
         if from >= to {
             return Ok(Vec::new());
         }
-        self.db
-            .range(from..to)
-            .take(limit)
-            .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(storage))
-            .collect()
+        self.applier.merge_scan(from, to, limit, |limit| {
+            self.db
+                .range(from..to)
+                .take(limit)
+                .map(|item| item.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(storage))
+                .collect()
+        })
     }
 }
 
@@ -763,7 +739,11 @@ impl Store for SledStore {
     }
 
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
-        self.apply(batch, Apply::Atomic, |_| Ok(()))
+        // Under the log's lock, like a commit: one writer plans ordinals at a
+        // time, and after every batch handed to the applier.
+        let _log = self.log();
+        self.applier.drain()?;
+        self.write_atomic(batch)
     }
 
     fn flush(&self) -> Result<(), StorageError> {
@@ -788,12 +768,24 @@ impl Store for SledStore {
             on_durable();
             return Ok(());
         };
-        self.apply(batch, Apply::KeyByKey, |ops| {
-            log.append(batch.seq, ops)
-                .map_err(|error| StorageError(error.to_string()))?;
-            on_durable();
-            Ok(())
-        })?;
+        // Planned under the ordinals' lock, which is not held through the
+        // log's sync: new numbers are taken only once the log holds the
+        // batch that writes them, and before any read can meet them.
+        let (ops, new) = {
+            let ordinals = self.ordinals.read().unwrap_or_else(PoisonError::into_inner);
+            let new = ordinals.plan(batch);
+            let format = self.format.load(Ordering::Acquire);
+            (batch_ops(batch, &ordinals, &new, format), new)
+        };
+        log.append(batch.seq, &ops)
+            .map_err(|error| StorageError(error.to_string()))?;
+        self.ordinals
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(&new);
+        on_durable();
+        self.applier.hand_over(batch.seq, ops)?;
+        self.changes().apply(batch);
         if log.wants_checkpoint() {
             self.flush_sled()?;
             log.start_over();
