@@ -96,8 +96,8 @@ impl Default for ClientConfig {
             backoff_max: Duration::from_secs(1),
             coalescing: true,
             coalesce_window: Duration::from_micros(200),
-            max_batches_in_flight: 2,
-            max_batch_size: 1_024,
+            max_batches_in_flight: 8,
+            max_batch_size: 128,
             read_cache: None,
             tls_ca_pem: None,
             token: None,
@@ -110,7 +110,7 @@ impl Default for ClientConfig {
 impl ClientConfig {
     /// The defaults: a 5 s deadline per call, a 3 s connect timeout, 3
     /// retries, and a backoff starting at 20 ms, doubling, capped at 1 s;
-    /// adds coalesced, with up to 2 batches of up to 1,024 adds in flight and
+    /// adds coalesced, with up to 8 batches of up to 128 adds in flight and
     /// a 200 µs gather window; no read cache.
     pub fn new() -> Self {
         Self::default()
@@ -204,13 +204,18 @@ impl ClientConfig {
     }
 
     /// Sets how many coalesced batches may be in flight at once to the node
-    /// (default 2; at least 1).
+    /// (default 8; at least 1). Several smaller batches rather than one large
+    /// one let the node read one batch's cold counters while it commits
+    /// another's: with 256 callers on a million keys, 8 batches of at most
+    /// 128 adds took 1.05-1.2 times the adds per second of the former
+    /// default (2 batches of at most 1,024) in the same runs, and no fewer on
+    /// one hot key (see the README, "Performance").
     pub fn with_max_batches_in_flight(mut self, batches: usize) -> Self {
         self.max_batches_in_flight = batches.max(1);
         self
     }
 
-    /// Sets the most adds one coalesced batch carries (default 1,024; from 1
+    /// Sets the most adds one coalesced batch carries (default 128; from 1
     /// to [`MAX_BATCH_SIZE`], and clamped to that range).
     pub fn with_max_batch_size(mut self, adds: usize) -> Self {
         self.max_batch_size = adds.clamp(1, MAX_BATCH_SIZE);
@@ -569,8 +574,8 @@ mod tests {
         assert_eq!(policy.backoff.max, Duration::from_secs(1));
         assert!(config.coalescing());
         assert_eq!(config.coalesce_window(), Duration::from_micros(200));
-        assert_eq!(config.max_batches_in_flight(), 2);
-        assert_eq!(config.max_batch_size(), 1_024);
+        assert_eq!(config.max_batches_in_flight(), 8);
+        assert_eq!(config.max_batch_size(), 128);
         assert_eq!(config.read_cache(), None);
     }
 
