@@ -124,8 +124,9 @@ impl Applier {
         limit: usize,
         scan: impl FnOnce(usize) -> Result<Records, StorageError>,
     ) -> Result<Records, StorageError> {
-        // Taken under the lock, so the tree cannot pass the overlay between
-        // the two reads: a batch written meanwhile is in both, which is fine.
+        // The overlay first: a batch the tree takes meanwhile is then in
+        // both, which merges to the same records; one handed over after
+        // this may show in part, as beside any key-by-key write.
         let pending: Vec<(Vec<u8>, Option<Vec<u8>>)> = {
             let state = self.shared.state();
             state
@@ -234,6 +235,9 @@ impl Drop for Applier {
 
 /// Writes one batch into the tree, key by key (its durable sequence last),
 /// then takes its keys out of the overlay unless a later batch wrote them.
+/// Not as one sled batch: sled rolls its IO buffer before and after each
+/// (two writes and two `sync_file_range` per commit on its IO threads), and
+/// the log's replay completes a prefix anyway.
 fn write_into(db: &sled::Db, shared: &Shared, seq: u64, ops: Vec<Op>) {
     let _writing = shared
         .writing
