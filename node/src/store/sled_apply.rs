@@ -11,10 +11,10 @@
 //!
 //! Invariants:
 //! - **Reads see every handed-over batch.** Until a batch is in the tree its
-//!   writes wait in the *overlay* (sled key to value, or to a deletion, with
-//!   the batch's sequence), and [`Applier::read`] and [`Applier::merge_scan`]
-//!   answer from it first. A key leaves the overlay only once the tree holds
-//!   that batch's write and no later batch wrote the key again.
+//!   writes wait in the *overlay* (sled key to value, or to a deletion), and
+//!   [`Applier::read`] and [`Applier::merge_scan`] answer from it first. The
+//!   overlay holds only the one batch not yet in the tree, and is emptied
+//!   once the tree holds all of it.
 //! - **Order.** Batches go into the tree one at a time, in the order handed
 //!   over, each key by key with its durable sequence last (as `batch_ops`
 //!   lays it out), so sled recovers a prefix that the log's replay completes.
@@ -39,20 +39,16 @@ use crate::replica::StorageError;
 
 use super::Op;
 
-/// A write waiting in the overlay: the batch that made it, and the value
-/// (`None`: the key is deleted).
-type Pending = (u64, Option<Vec<u8>>);
-
 /// Records read from the tree or merged: (sled key, value), in key order.
 type Records = Vec<(Vec<u8>, Vec<u8>)>;
 
 #[derive(Default)]
 struct State {
-    overlay: BTreeMap<Vec<u8>, Pending>,
-    /// The sequence of the last batch handed over.
-    handed: u64,
-    /// The sequence of the last batch in the tree.
-    applied: u64,
+    /// The writes of the batch handed over and not yet in the tree (a value,
+    /// or `None` for a deletion); empty when the tree holds every batch.
+    overlay: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// A batch is handed over and not yet in the tree.
+    writing: bool,
     /// The first sled error met; nothing is written after it.
     failed: Option<String>,
 }
@@ -75,7 +71,7 @@ impl Shared {
 /// finish the batch it holds and joins it (so the tree is released).
 pub(super) struct Applier {
     shared: Arc<Shared>,
-    jobs: Option<mpsc::Sender<(u64, Vec<Op>)>>,
+    jobs: Option<mpsc::Sender<Vec<Op>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -87,14 +83,14 @@ impl Applier {
             applied: Condvar::new(),
             writing: Mutex::new(()),
         });
-        let (jobs, received) = mpsc::channel::<(u64, Vec<Op>)>();
+        let (jobs, received) = mpsc::channel::<Vec<Op>>();
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("tally-sled-apply".into())
                 .spawn(move || {
-                    for (seq, ops) in received {
-                        write_into(&db, &shared, seq, ops);
+                    for ops in received {
+                        write_into(&db, &shared, ops);
                     }
                 })?
         };
@@ -110,7 +106,7 @@ impl Applier {
     /// deletion; `None` when the tree's own value is the one to read.
     pub(super) fn read(&self, key: &[u8]) -> Option<Option<Vec<u8>>> {
         let state = self.shared.state();
-        state.overlay.get(key).map(|(_, value)| value.clone())
+        state.overlay.get(key).cloned()
     }
 
     /// Merges the overlay into a range read of the tree: `scan(n)` reads at
@@ -132,7 +128,7 @@ impl Applier {
             state
                 .overlay
                 .range(from.to_vec()..to.to_vec())
-                .map(|(key, (_, value))| (key.clone(), value.clone()))
+                .map(|(key, value)| (key.clone(), value.clone()))
                 .collect()
         };
         if pending.is_empty() {
@@ -154,24 +150,24 @@ impl Applier {
         Ok(merged.into_iter().take(limit).collect())
     }
 
-    /// Hands batch `seq` (its operations as `batch_ops` laid them out) to the
+    /// Hands a batch (its operations as `batch_ops` laid them out) to the
     /// thread, once the batch before is in the tree. Reads see it at once.
     /// Refused, handing over nothing, after a sled write failed.
-    pub(super) fn hand_over(&self, seq: u64, ops: Vec<Op>) -> Result<(), StorageError> {
+    pub(super) fn hand_over(&self, ops: Vec<Op>) -> Result<(), StorageError> {
         let mut state = self.wait_applied()?;
         for op in &ops {
             let (key, value) = match op {
                 Op::Put(key, value) => (key, Some(value.clone())),
                 Op::Delete(key) => (key, None),
             };
-            state.overlay.insert(key.clone(), (seq, value));
+            state.overlay.insert(key.clone(), value);
         }
-        state.handed = seq;
+        state.writing = true;
         drop(state);
         let sent = self
             .jobs
             .as_ref()
-            .is_some_and(|jobs| jobs.send((seq, ops)).is_ok());
+            .is_some_and(|jobs| jobs.send(ops).is_ok());
         if !sent {
             let mut state = self.shared.state();
             state.failed = Some("the sled writer thread is gone".into());
@@ -196,7 +192,7 @@ impl Applier {
                     "writing a logged batch into sled failed ({error}); it is in the commit log and is written at the next start"
                 )));
             }
-            if state.applied == state.handed {
+            if !state.writing {
                 return Ok(state);
             }
             state = self
@@ -234,11 +230,10 @@ impl Drop for Applier {
 }
 
 /// Writes one batch into the tree, key by key (its durable sequence last),
-/// then takes its keys out of the overlay unless a later batch wrote them.
-/// Not as one sled batch: sled rolls its IO buffer before and after each
-/// (two writes and two `sync_file_range` per commit on its IO threads), and
-/// the log's replay completes a prefix anyway.
-fn write_into(db: &sled::Db, shared: &Shared, seq: u64, ops: Vec<Op>) {
+/// then empties the overlay. Not as one sled batch: sled rolls its IO buffer
+/// before and after each (two writes and two `sync_file_range` per commit
+/// on its IO threads), and the log's replay completes a prefix anyway.
+fn write_into(db: &sled::Db, shared: &Shared, ops: Vec<Op>) {
     let _writing = shared
         .writing
         .lock()
@@ -246,31 +241,24 @@ fn write_into(db: &sled::Db, shared: &Shared, seq: u64, ops: Vec<Op>) {
     if shared.state().failed.is_some() {
         return;
     }
-    let mut written = Vec::with_capacity(ops.len());
     let mut failure = None;
     for op in ops {
         let result = match op {
-            Op::Put(key, value) => db.insert(key.as_slice(), value).map(|_| key),
-            Op::Delete(key) => db.remove(key.as_slice()).map(|_| key),
+            Op::Put(key, value) => db.insert(key, value).map(drop),
+            Op::Delete(key) => db.remove(key).map(drop),
         };
-        match result {
-            Ok(key) => written.push(key),
-            Err(error) => {
-                failure = Some(error.to_string());
-                break;
-            }
+        if let Err(error) = result {
+            failure = Some(error.to_string());
+            break;
         }
     }
     let mut state = shared.state();
     match failure {
+        // The overlay keeps what the tree lacks.
         Some(error) => state.failed = Some(error),
         None => {
-            for key in written {
-                if state.overlay.get(&key).is_some_and(|(by, _)| *by == seq) {
-                    state.overlay.remove(&key);
-                }
-            }
-            state.applied = seq;
+            state.overlay.clear();
+            state.writing = false;
         }
     }
     drop(state);

@@ -68,7 +68,7 @@ fn a_batch_is_read_from_the_overlay_until_the_tree_holds_it() {
     let applier = Applier::start(db.clone()).unwrap();
     let held = applier.hold();
     applier
-        .hand_over(1, vec![put("a", "1"), delete("b"), put("seq", "1")])
+        .hand_over(vec![put("a", "1"), delete("b"), put("seq", "1")])
         .unwrap();
     assert_eq!(in_tree(&db, "a"), None, "the tree does not hold it yet");
     assert_eq!(in_tree(&db, "b").as_deref(), Some("old"));
@@ -102,17 +102,14 @@ fn a_scan_merges_pending_puts_and_deletions_and_still_returns_a_full_page() {
     let applier = Applier::start(db.clone()).unwrap();
     let held = applier.hold();
     applier
-        .hand_over(
-            1,
-            vec![
-                delete("k1"),
-                delete("k2"),
-                put("k0", "new"),
-                put("k4", "new"),
-                put("k9", "new"),
-                put("y", "outside"),
-            ],
-        )
+        .hand_over(vec![
+            delete("k1"),
+            delete("k2"),
+            put("k0", "new"),
+            put("k4", "new"),
+            put("k9", "new"),
+            put("y", "outside"),
+        ])
         .unwrap();
     // Two deletions at the front: a page of three must still be three.
     assert_eq!(
@@ -142,12 +139,12 @@ fn a_batch_is_handed_over_only_once_the_one_before_is_in_the_tree() {
     let (_dir, db) = tree();
     let applier = std::sync::Arc::new(Applier::start(db.clone()).unwrap());
     let held = applier.hold();
-    applier.hand_over(1, vec![put("a", "1")]).unwrap();
+    applier.hand_over(vec![put("a", "1")]).unwrap();
     let (done_tx, done_rx) = mpsc::channel();
     let second = {
         let applier = applier.clone();
         std::thread::spawn(move || {
-            applier.hand_over(2, vec![put("a", "2")]).unwrap();
+            applier.hand_over(vec![put("a", "2")]).unwrap();
             done_tx.send(()).unwrap();
         })
     };
@@ -168,7 +165,7 @@ fn after_a_failed_write_every_hand_over_and_drain_says_so_and_reads_stay_right()
     let (_dir, db) = tree();
     let applier = Applier::start(db.clone()).unwrap();
     let held = applier.hold();
-    applier.hand_over(1, vec![put("a", "1")]).unwrap();
+    applier.hand_over(vec![put("a", "1")]).unwrap();
     applier.fail("disk full");
     drop(held);
     let error = applier.drain().unwrap_err().0;
@@ -176,7 +173,7 @@ fn after_a_failed_write_every_hand_over_and_drain_says_so_and_reads_stay_right()
         error.contains("disk full") && error.contains("commit log"),
         "{error}"
     );
-    let error = applier.hand_over(2, vec![put("b", "2")]).unwrap_err().0;
+    let error = applier.hand_over(vec![put("b", "2")]).unwrap_err().0;
     assert!(error.contains("disk full"), "{error}");
     assert_eq!(
         in_tree(&db, "a"),
@@ -199,7 +196,7 @@ fn after_a_failed_write_every_hand_over_and_drain_says_so_and_reads_stay_right()
 fn dropping_the_applier_writes_the_batch_it_holds_and_releases_the_tree() {
     let (dir, db) = tree();
     let applier = Applier::start(db.clone()).unwrap();
-    applier.hand_over(1, vec![put("a", "1")]).unwrap();
+    applier.hand_over(vec![put("a", "1")]).unwrap();
     drop(applier);
     assert_eq!(in_tree(&db, "a").as_deref(), Some("1"));
     drop(db);

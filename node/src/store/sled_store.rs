@@ -784,7 +784,7 @@ impl Store for SledStore {
             .unwrap_or_else(PoisonError::into_inner)
             .extend(&new);
         on_durable();
-        self.applier.hand_over(batch.seq, ops)?;
+        self.applier.hand_over(ops)?;
         self.changes().apply(batch);
         if log.wants_checkpoint() {
             self.flush_sled()?;
