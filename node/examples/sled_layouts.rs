@@ -1,0 +1,193 @@
+//! What sled 0.34 makes of a counter's bytes on disk, for the layouts issue
+//! 15 (goal 3, at most 100 bytes a counter) and issue 14 (like sets in
+//! buckets, `deploy/CAPACITY.md`) proposed: one sled entry per counter, as
+//! Tally stores them, or counters grouped by key hash into buckets of about
+//! `PER_BUCKET` each, one sled value per bucket, rewritten whole (read,
+//! change, write) on every change.
+//!
+//! The load is the footprint bench's (`deploy/bench/footprint`): every key
+//! `post:1NNNNNNNN:likes` is written once by each of three regions, so each
+//! counter ends with three slots; each pass visits the keys in a random
+//! order, and a flush follows every 25,000 writes (about a second of a
+//! node's checkpoints at the million-key rate). Records are shaped like
+//! Tally's (`store/encoding.rs`): the key with its one-byte prefix, and a
+//! value of version byte, commit sequence and (replica ordinal, p, n) per
+//! slot as varints, 14 bytes with three slots. It prints the data
+//! directory's size per counter after the load and after a reopen, the
+//! bytes handed to sled per counter, and the time per write.
+//!
+//! `cargo run --release -p tally-node --example sled_layouts -- [COUNTERS] [PER_BUCKET]`
+//! (defaults: 200000 counters, 0 = one entry per counter). Deletes its data
+//! directory when done.
+//!
+//! sled's own zstd compression cannot be tried here: its `compression`
+//! feature needs zstd-sys 1.6 while chitchat links zstd-sys 2, and cargo
+//! allows one crate linking `zstd` per build.
+
+use std::path::Path;
+use std::time::Instant;
+
+const FLUSH_EVERY: u64 = 25_000;
+const REGIONS: u64 = 3;
+
+fn dir_bytes(path: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(path).unwrap().flatten() {
+        let Ok(meta) = entry.metadata() else { continue };
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())
+        } else {
+            meta.len()
+        };
+    }
+    total
+}
+
+/// xorshift64: a fixed, seedable order of visits without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn shuffle(&mut self, items: &mut [u64]) {
+        for i in (1..items.len()).rev() {
+            let j = (self.next() % (i as u64 + 1)) as usize;
+            items.swap(i, j);
+        }
+    }
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A counter record with `slots` slots of one add each, written by commit `seq`.
+fn counter_record(seq: u64, slots: u64) -> Vec<u8> {
+    let mut out = vec![2];
+    put_varint(&mut out, seq);
+    for ordinal in 0..slots {
+        out.extend_from_slice(&[ordinal as u8 + 1, 1, 0]);
+    }
+    out
+}
+
+/// A bucket's counters, sorted by key: (key length, key, value length, value)*.
+fn decode_bucket(bytes: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut entries = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        let key_len = bytes[at] as usize;
+        let key = bytes[at + 1..at + 1 + key_len].to_vec();
+        at += 1 + key_len;
+        let value_len = bytes[at] as usize;
+        entries.push((key, bytes[at + 1..at + 1 + value_len].to_vec()));
+        at += 1 + value_len;
+    }
+    entries
+}
+
+fn encode_bucket(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (key, value) in entries {
+        out.push(key.len() as u8);
+        out.extend_from_slice(key);
+        out.push(value.len() as u8);
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+fn open(dir: &Path) -> sled::Db {
+    let opened = sled::Config::new()
+        .path(dir)
+        .cache_capacity(128 << 20)
+        .flush_every_ms(None)
+        .open();
+    opened.unwrap_or_else(|error| {
+        eprintln!(
+            "sled_layouts: cannot open sled at {}: {error}",
+            dir.display()
+        );
+        std::process::exit(2);
+    })
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let counters: u64 = args
+        .first()
+        .map_or(200_000, |s| s.parse().expect("COUNTERS"));
+    let per_bucket: u64 = args.get(1).map_or(0, |s| s.parse().expect("PER_BUCKET"));
+    // 0 buckets: one entry per counter.
+    let buckets = counters.checked_div(per_bucket).map_or(0, |n| n.max(1));
+    let dir = std::env::temp_dir().join(format!("tally-sled-layouts-{}", std::process::id()));
+    let db = open(&dir);
+
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let started = Instant::now();
+    let (mut writes, mut handed) = (0u64, 0u64);
+    for region in 1..=REGIONS {
+        let mut order: Vec<u64> = (0..counters).collect();
+        rng.shuffle(&mut order);
+        for key in order {
+            let key = format!("post:1{key:08}:likes");
+            let value = counter_record(writes / 250 + 1, region);
+            if buckets == 0 {
+                let mut store_key = vec![b'c'];
+                store_key.extend_from_slice(key.as_bytes());
+                handed += (store_key.len() + value.len()) as u64;
+                db.insert(store_key, value).unwrap();
+            } else {
+                let bucket = tally_node::crdt::stable_hash(0, &[key.as_bytes()]) % buckets;
+                let mut store_key = vec![b'b'];
+                store_key.extend_from_slice(&(bucket as u32).to_be_bytes());
+                let mut entries = db
+                    .get(&store_key)
+                    .unwrap()
+                    .map_or_else(Vec::new, |v| decode_bucket(&v));
+                match entries.binary_search_by(|(k, _)| k.as_slice().cmp(key.as_bytes())) {
+                    Ok(i) => entries[i].1 = value,
+                    Err(i) => entries.insert(i, (key.into_bytes(), value)),
+                }
+                let bucket_value = encode_bucket(&entries);
+                handed += (store_key.len() + bucket_value.len()) as u64;
+                db.insert(store_key, bucket_value).unwrap();
+            }
+            writes += 1;
+            if writes % FLUSH_EVERY == 0 {
+                db.flush().unwrap();
+            }
+        }
+    }
+    db.flush().unwrap();
+    let elapsed = started.elapsed();
+    drop(db);
+    let loaded = dir_bytes(&dir);
+    open(&dir).flush().unwrap();
+    let reopened = dir_bytes(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let layout = if per_bucket == 0 {
+        "one entry per counter".to_string()
+    } else {
+        format!("buckets of about {per_bucket} counters")
+    };
+    println!(
+        "{counters} counters, {layout}: on disk {} B/counter after the load, {} B/counter after a reopen; \
+         handed to sled {} B/counter; {:.1} µs a write ({writes} writes in {:.1} s)",
+        loaded / counters,
+        reopened / counters,
+        handed / counters,
+        elapsed.as_secs_f64() * 1e6 / writes as f64,
+        elapsed.as_secs_f64(),
+    );
+}
