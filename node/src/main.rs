@@ -5,6 +5,11 @@ use clap::{Parser, Subcommand};
 use tally_node::config::{RunArgs, Settings};
 use tally_node::dev::DevArgs;
 
+/// mimalloc instead of glibc's malloc (issue 15; measured in
+/// `deploy/bench/README.md`, "The allocator").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A Tally region node: geo-replicated counters (likes, views, votes) that take
 /// any number of adds on one key, durably, and converge across regions.
 #[derive(Parser, Debug)]
