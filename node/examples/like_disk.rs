@@ -18,18 +18,8 @@ use tally_node::replica::version::NEWEST;
 use tally_node::replica::{DurableState, ReplicaConfig};
 use tally_node::store::{OnCorrupt, SledStore, Store};
 
-fn dir_bytes(path: &std::path::Path) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir(path).unwrap().flatten() {
-        let meta = entry.metadata().unwrap();
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())
-        } else {
-            meta.len()
-        };
-    }
-    total
-}
+mod common;
+use common::dir_bytes;
 
 fn kind(prefix: u8) -> &'static str {
     match prefix {

@@ -9,10 +9,9 @@
 //! `post:1NNNNNNNN:likes` is written once by each of three regions, so each
 //! counter ends with three slots; each pass visits the keys in a random
 //! order, and a flush follows every 25,000 writes (about a second of a
-//! node's checkpoints at the million-key rate). Records are shaped like
-//! Tally's (`store/encoding.rs`): the key with its one-byte prefix, and a
-//! value of version byte, commit sequence and (replica ordinal, p, n) per
-//! slot as varints, 14 bytes with three slots. It prints the data
+//! node's checkpoints at the million-key rate). Records are Tally's own
+//! (`store/encoding.rs`): the key with its one-byte prefix, and the counter
+//! record of format 2, 14 bytes with three slots. It prints the data
 //! directory's size per counter after the load and after a reopen, the
 //! bytes handed to sled per counter, and the time per write.
 //!
@@ -27,21 +26,14 @@
 use std::path::Path;
 use std::time::Instant;
 
+use tally_node::crdt::{stable_hash, PnCounter, ReplicaId, Slot};
+use tally_node::store::encoding;
+
+mod common;
+use common::dir_bytes;
+
 const FLUSH_EVERY: u64 = 25_000;
 const REGIONS: u64 = 3;
-
-fn dir_bytes(path: &Path) -> u64 {
-    let mut total = 0;
-    for entry in std::fs::read_dir(path).unwrap().flatten() {
-        let Ok(meta) = entry.metadata() else { continue };
-        total += if meta.is_dir() {
-            dir_bytes(&entry.path())
-        } else {
-            meta.len()
-        };
-    }
-    total
-}
 
 /// xorshift64: a fixed, seedable order of visits without a dependency.
 struct Rng(u64);
@@ -62,22 +54,12 @@ impl Rng {
     }
 }
 
-fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push(value as u8 | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-/// A counter record with `slots` slots of one add each, written by commit `seq`.
-fn counter_record(seq: u64, slots: u64) -> Vec<u8> {
-    let mut out = vec![2];
-    put_varint(&mut out, seq);
-    for ordinal in 0..slots {
-        out.extend_from_slice(&[ordinal as u8 + 1, 1, 0]);
-    }
-    out
+/// A counter record as Tally writes it (`store/encoding.rs`, format 2): one
+/// add in each of the first `regions` replicas' slots, written by commit
+/// `seq`, replicas numbered by ordinals 1, 2, 3.
+fn counter_record(seq: u64, regions: u64) -> Vec<u8> {
+    let state = PnCounter::from_slots((1..=regions).map(|r| (ReplicaId(r), Slot { p: 1, n: 0 })));
+    encoding::encode_counter(seq, &state, |replica| replica.0 as u32)
 }
 
 /// A bucket's counters, sorted by key: (key length, key, value length, value)*.
@@ -142,12 +124,11 @@ fn main() {
             let key = format!("post:1{key:08}:likes");
             let value = counter_record(writes / 250 + 1, region);
             if buckets == 0 {
-                let mut store_key = vec![b'c'];
-                store_key.extend_from_slice(key.as_bytes());
+                let store_key = encoding::counter_key(&key);
                 handed += (store_key.len() + value.len()) as u64;
                 db.insert(store_key, value).unwrap();
             } else {
-                let bucket = tally_node::crdt::stable_hash(0, &[key.as_bytes()]) % buckets;
+                let bucket = stable_hash(0, &[key.as_bytes()]) % buckets;
                 let mut store_key = vec![b'b'];
                 store_key.extend_from_slice(&(bucket as u32).to_be_bytes());
                 let mut entries = db
