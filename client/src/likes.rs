@@ -395,7 +395,10 @@ impl Client {
                     validate_key(key.as_ref())?;
                     wire.push(key_bytes(key.as_ref()));
                 }
-                let request = DistinctRequest { keys: wire };
+                let request = DistinctRequest {
+                    keys: wire,
+                    with_registers: false,
+                };
                 let response = self
                     .likes_call("distinct", request, |mut likes, request| async move {
                         likes.distinct(request).await

@@ -375,12 +375,17 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     };
     let (grpc_stop, grpc_stop_rx) = oneshot::channel::<()>();
     // One service for gRPC and the HTTP API: both route and forward alike.
+    let likes = Arc::new(crate::api::LikesService::new(
+        engine.clone(),
+        forwarder.clone(),
+    ));
     let counters = Arc::new(crate::api::CountersService::new(engine.clone(), forwarder));
     let grpc_task = spawn_grpc(
         engine.clone(),
         info.clone(),
         partitioning.clone(),
         counters.clone(),
+        likes.clone(),
         settings.gossip_interval,
         &security,
         grpc_listener,
@@ -401,6 +406,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         settings: settings.http.clone(),
         partitioning,
         counters,
+        likes,
     });
     let http_task = crate::http::serve::spawn_http(
         http_listener,

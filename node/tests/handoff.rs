@@ -5,10 +5,10 @@
 //! that no longer own a partition delete it once its owners confirmed they
 //! hold it, keeping only their own slot of what they wrote; every key keeps
 //! its exact value through every node; a restart resumes serving what the
-//! node held (its `LIFECYCLE` names it) without copying again; a drained
-//! node hands everything off and leaves; and likes, which are not
-//! partitioned, reach every node, a node that left included. P = 16,
-//! RF = 2, one region: eu-1 alone first, then eu-2 and eu-3 join.
+//! node held (its `LIFECYCLE` names it) without copying again; and a
+//! drained node hands everything off and leaves (like sets and uniques move
+//! with their partitions too: `partitioned_likes.rs`). P = 16, RF = 2, one
+//! region: eu-1 alone first, then eu-2 and eu-3 join.
 
 mod common;
 
@@ -103,19 +103,6 @@ fn purged(node: &NodeProcess) -> u64 {
         .find_map(|line| line.strip_prefix("tally_purged_counters_total "))
         .and_then(|value| value.parse().ok())
         .unwrap_or_else(|| panic!("no purge metric:\n{metrics}"))
-}
-
-/// Waits until the like count of `key` through `endpoint` is `count`.
-async fn wait_for_likes(endpoint: &str, key: &str, count: u64) {
-    let client = common::load::quick_client(endpoint).await;
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    while client.like_count(key).await.unwrap() != count {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{key} has not {count} likes through {endpoint}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// Reads every key through `endpoint` and checks it against `expected`.
@@ -288,17 +275,6 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
         check_values(&endpoint, &expected).await;
     }
 
-    // Like sets are not partitioned: a like taken by eu-3, of any key,
-    // reaches every node (scoped pulls bring every set delta).
-    let eu_3 = common::load::quick_client(&nodes[2].endpoint()).await;
-    for i in 0..20 {
-        eu_3.like(&key(i), "sam").await.unwrap();
-    }
-    for endpoint in endpoints(&nodes) {
-        for i in 0..20 {
-            wait_for_likes(&endpoint, &key(i), 1).await;
-        }
-    }
     // A drain of eu-1: it hands every partition to eu-2 and eu-3, deletes
     // them once both confirmed, and has left; every key stays exact through
     // every node, eu-1 included (it forwards).
@@ -326,14 +302,5 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
     }
     for endpoint in endpoints(&nodes) {
         check_values(&endpoint, &expected).await;
-    }
-    // Likes are not partitioned: a node that holds no partition is still
-    // pulled by its region, and pulls from it.
-    let eu_1 = common::load::quick_client(&nodes[0].endpoint()).await;
-    eu_1.like(&key(0), "alex").await.unwrap();
-    eu_3.like(&key(1), "alex").await.unwrap();
-    for endpoint in endpoints(&nodes) {
-        wait_for_likes(&endpoint, &key(0), 2).await;
-        wait_for_likes(&endpoint, &key(1), 2).await;
     }
 }

@@ -18,7 +18,9 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tally_proto::v1 as pb;
+use tally_proto::v1::counters_client::CountersClient;
 use tally_proto::v1::counters_server::Counters;
+use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::engine::{now_ms, CounterRead, Engine, ReadParts};
@@ -151,7 +153,7 @@ fn get_item_error(status: Status) -> pb::GetResult {
     }
 }
 
-fn wire_error(status: &Status) -> pb::Error {
+pub(super) fn wire_error(status: &Status) -> pb::Error {
     pb::Error {
         code: status.code() as i32,
         message: status.message().to_string(),
@@ -286,7 +288,9 @@ impl Counters for CountersService {
                         &hops,
                         add.clone(),
                         deadline,
-                        |mut client, request| async move { client.add(request).await },
+                        |mut client: CountersClient<Channel>, request| async move {
+                            client.add(request).await
+                        },
                     )
                     .await;
                 return match sent {
@@ -329,7 +333,7 @@ impl Counters for CountersService {
                 adds,
                 |add| add.key.as_ref(),
                 deadline,
-                |mut client, request| async move {
+                |mut client: CountersClient<Channel>, request| async move {
                     let (metadata, extensions, adds) = request.into_parts();
                     let request = Request::from_parts(
                         metadata,
@@ -372,7 +376,9 @@ impl Counters for CountersService {
                         &hops,
                         get,
                         deadline,
-                        |mut client, request| async move { client.get(request).await },
+                        |mut client: CountersClient<Channel>, request| async move {
+                            client.get(request).await
+                        },
                     )
                     .await;
                 if let Forwarded::Answered(result, owner) = sent {
@@ -412,7 +418,7 @@ impl Counters for CountersService {
                 gets,
                 |get| get.key.as_ref(),
                 deadline,
-                |mut client, request| async move {
+                |mut client: CountersClient<Channel>, request| async move {
                     let (metadata, extensions, gets) = request.into_parts();
                     let request =
                         Request::from_parts(metadata, extensions, pb::GetBatchRequest { gets });

@@ -1,5 +1,6 @@
-//! Forwarding of `Counters` requests to a key's first live owner (issue 11,
-//! items 3 and 7): the runtime side of [`RouteTable`].
+//! Forwarding of `Counters` and `Likes` requests to a key's first live
+//! owner (issue 11, items 3 and 7; like sets and uniques since protocol
+//! version 9): the runtime side of [`RouteTable`].
 //!
 //! A node that is not a key's first live owner in its region sends the
 //! request on, in one hop, to that owner, and answers with the owner's
@@ -47,6 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tally_proto::v1::counters_client::CountersClient;
+use tally_proto::v1::likes_client::LikesClient;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status};
@@ -69,6 +71,28 @@ pub const OWNER_HEADER: &str = "tally-owner";
 pub const SERVED_BY_HEADER: &str = "tally-served-by";
 /// The longest a forwarded call may take when the caller set no deadline.
 pub const DEFAULT_FORWARD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A client of a peer's public service, that requests are forwarded with.
+pub trait PeerClient {
+    /// The client over `channel`, with the node's message size limits.
+    fn over(channel: Channel) -> Self;
+}
+
+impl PeerClient for CountersClient<Channel> {
+    fn over(channel: Channel) -> Self {
+        CountersClient::new(channel)
+            .max_decoding_message_size(super::serve::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(super::serve::MAX_MESSAGE_BYTES)
+    }
+}
+
+impl PeerClient for LikesClient<Channel> {
+    fn over(channel: Channel) -> Self {
+        LikesClient::new(channel)
+            .max_decoding_message_size(super::serve::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(super::serve::MAX_MESSAGE_BYTES)
+    }
+}
 
 /// What forwarding one request came to.
 pub enum Forwarded<T> {
@@ -138,7 +162,7 @@ impl Forwarder {
 
     /// Sends `message` along `hops` (see the module documentation) with
     /// `call`, within `deadline`.
-    pub async fn forward<M, T, F, Fut>(
+    pub async fn forward<C, M, T, F, Fut>(
         &self,
         method: &'static str,
         hops: &[Hop<'_>],
@@ -147,8 +171,9 @@ impl Forwarder {
         call: F,
     ) -> Forwarded<T>
     where
+        C: PeerClient,
         M: Clone,
-        F: Fn(CountersClient<Channel>, Request<M>) -> Fut,
+        F: Fn(C, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         self.send(method, hops, message, deadline, true, call).await
@@ -158,7 +183,7 @@ impl Forwarder {
     /// sends a call, except that only its opening is bounded (by
     /// [`DEFAULT_FORWARD_TIMEOUT`]): the stream itself lasts as long as
     /// its reader wants it.
-    pub async fn open_stream<M, T, F, Fut>(
+    pub async fn open_stream<C, M, T, F, Fut>(
         &self,
         method: &'static str,
         hops: &[Hop<'_>],
@@ -166,8 +191,9 @@ impl Forwarder {
         call: F,
     ) -> Forwarded<T>
     where
+        C: PeerClient,
         M: Clone,
-        F: Fn(CountersClient<Channel>, Request<M>) -> Fut,
+        F: Fn(C, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         self.send(method, hops, message, None, false, call).await
@@ -175,7 +201,7 @@ impl Forwarder {
 
     /// [`Forwarder::forward`], with the deadline sent to the owner (as
     /// `grpc-timeout`) only when `whole_call`.
-    async fn send<M, T, F, Fut>(
+    async fn send<C, M, T, F, Fut>(
         &self,
         method: &'static str,
         hops: &[Hop<'_>],
@@ -185,8 +211,9 @@ impl Forwarder {
         call: F,
     ) -> Forwarded<T>
     where
+        C: PeerClient,
         M: Clone,
-        F: Fn(CountersClient<Channel>, Request<M>) -> Fut,
+        F: Fn(C, Request<M>) -> Fut,
         Fut: Future<Output = Result<Response<T>, Status>>,
     {
         let deadline = tokio::time::Instant::now() + deadline.unwrap_or(DEFAULT_FORWARD_TIMEOUT);
@@ -206,9 +233,7 @@ impl Forwarder {
             if whole_call {
                 request.set_timeout(remaining);
             }
-            let client = CountersClient::new(channel)
-                .max_decoding_message_size(super::serve::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(super::serve::MAX_MESSAGE_BYTES);
+            let client = C::over(channel);
             let outcome = match tokio::time::timeout(remaining, call(client, request)).await {
                 Err(_) => Err(Status::deadline_exceeded(format!(
                     "forwarded to {} (the key's owner), which did not answer in time; the \
@@ -252,7 +277,7 @@ impl Forwarder {
     /// `here`; the answers come back in the batch's order, each item's
     /// error its own. Returns the answers and the owners that served some.
     #[allow(clippy::too_many_arguments)]
-    pub async fn split_batch<I, R, F, Fut, H, HFut>(
+    pub async fn split_batch<C, I, R, F, Fut, H, HFut>(
         &self,
         method: &'static str,
         routes: &RouteTable,
@@ -264,8 +289,9 @@ impl Forwarder {
         error_item: impl Fn(Status) -> R,
     ) -> (Vec<R>, Vec<String>)
     where
+        C: PeerClient,
         I: Clone,
-        F: Fn(CountersClient<Channel>, Request<Vec<I>>) -> Fut,
+        F: Fn(C, Request<Vec<I>>) -> Fut,
         Fut: Future<Output = Result<Response<Vec<R>>, Status>>,
         H: FnOnce(Vec<I>) -> HFut,
         HFut: Future<Output = Vec<R>>,

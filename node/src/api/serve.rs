@@ -53,6 +53,7 @@ pub async fn spawn_grpc(
     info: NodeInfo,
     partitioning: Arc<crate::gossip::lifecycle::Partitioning>,
     counters: Arc<CountersService>,
+    likes: Arc<LikesService>,
     gossip_interval: std::time::Duration,
     security: &Security,
     listener: TcpListener,
@@ -62,7 +63,7 @@ pub async fn spawn_grpc(
     let counters = CountersServer::from_arc(counters)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let likes = LikesServer::new(LikesService::new(engine.clone()))
+    let likes = LikesServer::from_arc(likes)
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
     let replication = ReplicationServer::new(

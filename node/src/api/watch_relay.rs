@@ -30,8 +30,10 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use prost::bytes::Bytes;
 use tally_proto::v1 as pb;
+use tally_proto::v1::counters_client::CountersClient;
 use tokio::sync::watch;
 use tonic::metadata::MetadataMap;
+use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 
 use super::convert::status_of;
@@ -108,9 +110,14 @@ async fn open(
         if let Route::Forward(hops) = routes.route(key) {
             let request = pb::WatchRequest { key: key.clone() };
             let opened = forwarder
-                .open_stream("watch", &hops, request, |mut client, request| async move {
-                    client.watch(request).await
-                })
+                .open_stream(
+                    "watch",
+                    &hops,
+                    request,
+                    |mut client: CountersClient<Channel>, request| async move {
+                        client.watch(request).await
+                    },
+                )
                 .await;
             match opened {
                 Forwarded::Answered(Ok(response), name) => {

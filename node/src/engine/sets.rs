@@ -3,6 +3,10 @@
 //! recount. The gRPC `Likes` service and any other front end (HTTP) call
 //! these; they hold no wire types.
 //!
+//! A like set or uniques key belongs to its key's partition: a node that
+//! does not serve it refuses every request of it (`NotServed`, which the
+//! gRPC service turns into a forward to an owner).
+//!
 //! Invariants kept here: writes (like, unlike, observe) wait for cluster
 //! version 3 (an older member could not replicate them, and a rollback would
 //! not read them), and are answered, in `sync` durability, only once every
@@ -15,7 +19,7 @@ use crate::crdt::causal_length::is_liked;
 use crate::crdt::{check_member, stable_hash, MemberError};
 use crate::replica::version::SETS;
 use crate::replica::{
-    check_key, LikeRefused, ObserveAccepted, MAX_KEYS_PER_CALL, MAX_MEMBERS_PER_CALL,
+    check_key, AddRefused, LikeRefused, ObserveAccepted, MAX_KEYS_PER_CALL, MAX_MEMBERS_PER_CALL,
 };
 use crate::store::sets::{load_like_count, scan_members};
 
@@ -102,6 +106,26 @@ fn check_members<'a>(members: &[&'a [u8]]) -> Result<Vec<&'a str>, EngineError> 
         .collect()
 }
 
+/// Checks the keys of a `Distinct` call: 1 to [`MAX_KEYS_PER_CALL`] valid
+/// keys.
+pub fn check_distinct_keys<'a>(keys: &[&'a [u8]]) -> Result<Vec<&'a str>, EngineError> {
+    if keys.is_empty() {
+        return Err(SetError::NoKeys.into());
+    }
+    if keys.len() > MAX_KEYS_PER_CALL {
+        return Err(SetError::TooMany {
+            what: "keys",
+            given: keys.len(),
+            limit: MAX_KEYS_PER_CALL,
+        }
+        .into());
+    }
+    Ok(keys
+        .iter()
+        .map(|key| check_key(key))
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
 /// A page token: a version byte, the key's hash, the last member listed.
 fn page_token(key: &str, last: &str) -> Vec<u8> {
     let mut token = vec![1];
@@ -146,16 +170,18 @@ impl Engine {
         let key = check_key(key)?;
         let members = check_members(members)?;
         self.check_serving()?;
-        Ok(self
-            .core()
-            .handle_liked(now_ms(), &*self.store, key, &members)?)
+        let mut core = self.core();
+        core.check_served(key).map_err(EngineError::Add)?;
+        Ok(core.handle_liked(now_ms(), &*self.store, key, &members)?)
     }
 
     /// A like set's count of liked members.
     pub fn like_count(&self, key: &[u8]) -> Result<u64, EngineError> {
         let key = check_key(key)?;
         self.check_serving()?;
-        Ok(self.core().handle_like_count(now_ms(), &*self.store, key)?)
+        let mut core = self.core();
+        core.check_served(key).map_err(EngineError::Add)?;
+        Ok(core.handle_like_count(now_ms(), &*self.store, key)?)
     }
 
     /// A page of liked members after `token` (empty: from the start), of
@@ -169,6 +195,7 @@ impl Engine {
         let key = check_key(key)?;
         let after = resume_after(key, token)?;
         self.check_serving()?;
+        self.core().check_served(key).map_err(EngineError::Add)?;
         let limit = if limit == 0 {
             MAX_PAGE
         } else {
@@ -200,6 +227,7 @@ impl Engine {
     pub fn verify_likes(&self, key: &[u8]) -> Result<Recount, EngineError> {
         let key = check_key(key)?;
         self.check_serving()?;
+        self.core().check_served(key).map_err(EngineError::Add)?;
         for _ in 0..5 {
             let (stored, seq_before) = load_like_count(&*self.store, key)?;
             let (mut recounted, mut scanned, mut after) = (0u64, 0u64, None::<String>);
@@ -251,6 +279,7 @@ impl Engine {
         let members = check_members(members)?;
         let (accepted, estimate) = {
             let mut core = self.core();
+            core.check_served(key).map_err(EngineError::Add)?;
             let accepted = core.handle_observe(now_ms(), &*self.store, key, &members)?;
             let estimate = core.handle_uniques(now_ms(), &*self.store, key)?.estimate();
             (accepted, estimate)
@@ -264,23 +293,13 @@ impl Engine {
     /// The union of the registers of `keys`: its estimate is their
     /// distinct members, its digest tells whether two nodes agree.
     pub fn distinct(&self, keys: &[&[u8]]) -> Result<crate::crdt::HyperLogLog, EngineError> {
-        if keys.is_empty() {
-            return Err(SetError::NoKeys.into());
-        }
-        if keys.len() > MAX_KEYS_PER_CALL {
-            return Err(SetError::TooMany {
-                what: "keys",
-                given: keys.len(),
-                limit: MAX_KEYS_PER_CALL,
-            }
-            .into());
-        }
-        let keys = keys
-            .iter()
-            .map(|key| check_key(key))
-            .collect::<Result<Vec<_>, _>>()?;
+        let keys = check_distinct_keys(keys)?;
         self.check_serving()?;
-        Ok(self.core().handle_distinct(now_ms(), &*self.store, &keys)?)
+        let mut core = self.core();
+        for key in &keys {
+            core.check_served(key).map_err(EngineError::Add)?;
+        }
+        Ok(core.handle_distinct(now_ms(), &*self.store, &keys)?)
     }
 }
 
@@ -311,8 +330,11 @@ pub fn spawn_recount(
                 let Some(key) = keys.into_iter().next() else {
                     return Ok::<_, EngineError>(None);
                 };
-                engine.verify_likes(key.as_bytes())?;
-                Ok(Some(key))
+                match engine.verify_likes(key.as_bytes()) {
+                    // A set of a partition handed away is its owners' to check.
+                    Ok(_) | Err(EngineError::Add(AddRefused::NotServed { .. })) => Ok(Some(key)),
+                    Err(error) => Err(error),
+                }
             })
             .await;
             match next {
@@ -407,6 +429,45 @@ mod tests {
         let too_many: Vec<&[u8]> = vec![b"m"; MAX_MEMBERS_PER_CALL + 1];
         assert!(engine.liked(b"fresh", &too_many).is_err());
         assert!(engine.like(b"fresh", b"", true, None).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn every_request_of_a_set_of_a_partition_not_served_is_refused() {
+        use crate::partition::{PartitionCount, PartitionSet};
+        let engine = engine_with_a_wrong_count();
+        let count = PartitionCount::new(16).unwrap();
+        engine.core().peers_mut().set_own_partitions(16);
+        let key = "post";
+        let other = (0..)
+            .map(|i| format!("other-{i}"))
+            .find(|other| count.of_key(other.as_bytes()) != count.of_key(key.as_bytes()))
+            .unwrap();
+        let mut serving = PartitionSet::empty(count);
+        serving.extend([count.of_key(key.as_bytes())]);
+        engine.core().set_serving(Some(serving));
+        let not_served = |error: EngineError| {
+            let refused = match &error {
+                EngineError::Add(refused) => refused,
+                EngineError::Set(SetError::Like(LikeRefused::Add(refused))) => refused,
+                _ => panic!("{error}"),
+            };
+            assert!(matches!(refused, AddRefused::NotServed { .. }), "{error}");
+            // Refused UNAVAILABLE, as an add of it is.
+            let status = crate::api::convert::status_of(&error);
+            assert_eq!(status.code(), tonic::Code::Unavailable, "{error}");
+        };
+        let other = other.as_bytes();
+        not_served(engine.like(other, b"sam", true, None).await.unwrap_err());
+        not_served(engine.liked(other, &[b"sam"]).unwrap_err());
+        not_served(engine.like_count(other).unwrap_err());
+        not_served(engine.list_likes(other, b"", 0).unwrap_err());
+        not_served(engine.verify_likes(other).unwrap_err());
+        not_served(engine.observe(other, &[b"sam"]).await.unwrap_err());
+        not_served(engine.distinct(&[key.as_bytes(), other]).unwrap_err());
+        assert_eq!(engine.core().dirty_sets(), 0, "nothing changed");
+        // The served key answers.
+        assert_eq!(engine.like_count(key.as_bytes()).unwrap(), 5);
+        engine.observe(key.as_bytes(), &[b"sam"]).await.unwrap();
     }
 
     #[test]

@@ -242,9 +242,10 @@ impl Partitioning {
 
     /// What to pull from the node named `peer` now: the partitions it
     /// serves that this node keeps; for a node of this region that serves
-    /// none, an empty scope (like sets and uniques are not partitioned, any
-    /// node takes them, and every node of a region pulls them from every
-    /// other); `None` for a node of another region that serves none.
+    /// none and runs a build before protocol version 9, an empty scope (such
+    /// a build takes set writes of any key, and sends every set delta, of
+    /// which this node keeps those of its partitions); `None` for any other
+    /// node that serves none.
     pub fn pull_scope(&self, peer: &str) -> Option<PullScope> {
         let inner = self.lock();
         inner
@@ -256,7 +257,7 @@ impl Partitioning {
     fn sets_only_scope(&self, inner: &Inner, peer: &str) -> Option<PullScope> {
         let representatives = inner.lifecycle.representatives();
         let member = representatives.get(peer)?;
-        if member.region != self.region {
+        if member.region != self.region || member.sets_by_partition {
             return None;
         }
         let none = PartitionSet::empty(self.settings.partitions);
@@ -270,8 +271,8 @@ impl Partitioning {
     }
 
     /// The names of the nodes worth pulling from now: those that serve a
-    /// partition this node keeps, and every node of this region (see
-    /// [`Self::pull_scope`]).
+    /// partition this node keeps, and every node of this region before
+    /// protocol version 9 (see [`Self::pull_scope`]).
     pub fn pull_sources(&self) -> BTreeSet<String> {
         let inner = self.lock();
         inner
@@ -279,7 +280,8 @@ impl Partitioning {
             .representatives()
             .into_iter()
             .filter(|(name, member)| {
-                member.region == self.region || inner.holdings.poll_pull_scope(name).is_some()
+                (member.region == self.region && !member.sets_by_partition)
+                    || inner.holdings.poll_pull_scope(name).is_some()
             })
             .map(|(name, _)| name.to_string())
             .collect()

@@ -1,6 +1,7 @@
 //! Like sets and uniques over JSON (issue 14's types, issue 16's API): a
-//! thin shell over the engine's functions in `engine/sets.rs`, as the gRPC
-//! `Likes` service is, with the same validation, messages and idempotency.
+//! thin shell over the gRPC `Likes` service, called in-process, so the same
+//! validation, messages, idempotency and routing (a key this node does not
+//! own is forwarded to its owner) apply.
 //!
 //! - `PUT /v1/likes/{key}/members/{member}` likes, `DELETE` unlikes (a
 //!   double tap changes nothing; `Idempotency-Key` as for adds);
@@ -12,7 +13,11 @@
 
 use axum::extract::State;
 use axum::Json;
+use prost::bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use tally_proto::v1 as pb;
+use tally_proto::v1::likes_server::Likes;
+use tonic::Request;
 use utoipa::ToSchema;
 
 use super::extract::{CounterKey, IdempotencyKey, JsonBody, Member, QueryParams};
@@ -144,16 +149,19 @@ async fn like_or_unlike(
     like: bool,
     idempotency: &IdempotencyKey,
 ) -> Result<Json<LikeResult>, Problem> {
-    let accepted = state
-        .engine
-        .like(
-            key.as_bytes(),
-            member.as_bytes(),
-            like,
-            idempotency.as_deref(),
-        )
-        .await
-        .map_err(|e| Problem::of_engine(&e))?;
+    let request = Request::new(pb::LikeRequest {
+        key: Bytes::from(key.to_string()),
+        member: Bytes::from(member.to_string()),
+        idempotency_key: idempotency.as_deref().unwrap_or_default().to_string(),
+    });
+    let answer = if like {
+        state.likes.like(request).await
+    } else {
+        state.likes.unlike(request).await
+    };
+    let accepted = answer
+        .map_err(|status| Problem::of_status(&status))?
+        .into_inner();
     Ok(Json(LikeResult {
         changed: accepted.changed,
         liked: accepted.liked,
@@ -236,10 +244,17 @@ pub async fn liked(
     CounterKey(key): CounterKey,
     Member(member): Member,
 ) -> Result<Json<LikedResult>, Problem> {
+    let request = Request::new(pb::LikedRequest {
+        key: Bytes::from(key.clone()),
+        members: vec![Bytes::from(member.clone())],
+    });
     let liked = state
-        .engine
-        .liked(key.as_bytes(), &[member.as_bytes()])
-        .map_err(|e| Problem::of_engine(&e))?;
+        .likes
+        .liked(request)
+        .await
+        .map_err(|status| Problem::of_status(&status))?
+        .into_inner()
+        .liked;
     if !liked.first().copied().unwrap_or(false) {
         // As a starred-repository API answers: the membership is the resource.
         return Err(Problem::new(
@@ -269,10 +284,16 @@ pub async fn count(
     State(state): State<HttpState>,
     CounterKey(key): CounterKey,
 ) -> Result<Json<LikeCount>, Problem> {
+    let request = Request::new(pb::LikeCountRequest {
+        key: Bytes::from(key.clone()),
+    });
     let count = state
-        .engine
-        .like_count(key.as_bytes())
-        .map_err(|e| Problem::of_engine(&e))?;
+        .likes
+        .like_count(request)
+        .await
+        .map_err(|status| Problem::of_status(&status))?
+        .into_inner()
+        .count;
     Ok(Json(LikeCount { key, count }))
 }
 
@@ -318,13 +339,20 @@ pub async fn members(
             )
         })?,
     };
+    let request = Request::new(pb::ListLikesRequest {
+        key: Bytes::from(key),
+        limit: query.limit,
+        page_token: Bytes::from(token),
+    });
     let page = state
-        .engine
-        .list_likes(key.as_bytes(), &token, query.limit as usize)
-        .map_err(|e| Problem::of_engine(&e))?;
+        .likes
+        .list_likes(request)
+        .await
+        .map_err(|status| Problem::of_status(&status))?
+        .into_inner();
     Ok(Json(LikesPage {
         members: page.members,
-        next_token: page.next_token.map(|token| to_hex(&token)),
+        next_token: (!page.next_token.is_empty()).then(|| to_hex(&page.next_token)),
     }))
 }
 
@@ -349,26 +377,39 @@ pub async fn observe(
     JsonBody(body): JsonBody<ObserveBody>,
 ) -> Result<Json<ObserveResult>, Problem> {
     super::counters::charge_items(charge, body.members.len());
-    let members: Vec<&[u8]> = body.members.iter().map(|m| m.as_bytes()).collect();
-    let (accepted, estimate) = state
-        .engine
-        .observe(key.as_bytes(), &members)
+    let request = Request::new(pb::ObserveRequest {
+        key: Bytes::from(key),
+        members: body.members.into_iter().map(Bytes::from).collect(),
+    });
+    let observed = state
+        .likes
+        .observe(request)
         .await
-        .map_err(|e| Problem::of_engine(&e))?;
+        .map_err(|status| Problem::of_status(&status))?
+        .into_inner();
     Ok(Json(ObserveResult {
-        registers_raised: accepted.raised as u64,
-        estimate: estimate.round() as u64,
+        registers_raised: u64::from(observed.registers_raised),
+        estimate: observed.estimate,
     }))
 }
 
-fn distinct_of(state: &HttpState, keys: &[&[u8]]) -> Result<Json<DistinctResult>, Problem> {
+async fn distinct_of(
+    state: &HttpState,
+    keys: Vec<String>,
+) -> Result<Json<DistinctResult>, Problem> {
+    let request = Request::new(pb::DistinctRequest {
+        keys: keys.into_iter().map(Bytes::from).collect(),
+        with_registers: false,
+    });
     let union = state
-        .engine
-        .distinct(keys)
-        .map_err(|e| Problem::of_engine(&e))?;
+        .likes
+        .distinct(request)
+        .await
+        .map_err(|status| Problem::of_status(&status))?
+        .into_inner();
     Ok(Json(DistinctResult {
-        estimate: union.estimate().round() as u64,
-        registers_digest: format!("{:016x}", union.digest()),
+        estimate: union.estimate,
+        registers_digest: format!("{:016x}", union.registers_digest),
     }))
 }
 
@@ -388,7 +429,7 @@ pub async fn estimate(
     State(state): State<HttpState>,
     CounterKey(key): CounterKey,
 ) -> Result<Json<DistinctResult>, Problem> {
-    distinct_of(&state, &[key.as_bytes()])
+    distinct_of(&state, vec![key]).await
 }
 
 /// The distinct members of several uniques keys together.
@@ -407,8 +448,7 @@ pub async fn distinct(
     State(state): State<HttpState>,
     JsonBody(body): JsonBody<DistinctBody>,
 ) -> Result<Json<DistinctResult>, Problem> {
-    let keys: Vec<&[u8]> = body.keys.iter().map(|k| k.as_bytes()).collect();
-    distinct_of(&state, &keys)
+    distinct_of(&state, body.keys).await
 }
 
 #[cfg(test)]

@@ -82,6 +82,9 @@ pub struct HttpState {
     /// The gRPC `Counters` service, called in-process by the counter
     /// endpoints: they route and forward a key to its owner as gRPC does.
     pub counters: Arc<crate::api::CountersService>,
+    /// The gRPC likes service, called in-process: like sets and uniques
+    /// route and forward as over gRPC.
+    pub likes: Arc<crate::api::LikesService>,
 }
 
 /// The router: the probes, the status page, and the JSON API.

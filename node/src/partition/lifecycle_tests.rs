@@ -34,6 +34,7 @@ fn facts(n: u64, region: &str, state: NodeState) -> MemberFacts {
         drain_requests: BTreeSet::new(),
         holding: None,
         releasing: None,
+        sets_by_partition: true,
     }
 }
 

@@ -268,12 +268,13 @@ fn a_copy_refuses_what_is_not_a_push_of_its_region() {
         refused(&mut b, &twice),
         CopyRefused::DuplicateKey(_)
     ));
-    let old = CopyPush {
-        protocol: ProtocolWindow::at(9, 9),
+    let unknown = super::super::version::NEWEST + 1;
+    let newer = CopyPush {
+        protocol: ProtocolWindow::at(unknown, unknown),
         ..push.clone()
     };
     assert!(matches!(
-        refused(&mut b, &old),
+        refused(&mut b, &newer),
         CopyRefused::IncompatibleProtocol { .. }
     ));
     // Nothing of a refused push was merged.

@@ -275,7 +275,7 @@ fn add_to(node: &mut Node, counter: &str, idempotency_key: &str) {
 }
 
 #[test]
-fn a_keyed_add_s_record_keeps_its_counter_s_partition() {
+fn a_keyed_add_s_or_like_s_record_keeps_its_key_s_partition() {
     let count = PartitionCount::new(16).unwrap();
     let mut a = Node::new(1, "eu");
     add_to(&mut a, "c-0", "req-0");
@@ -299,8 +299,12 @@ fn a_keyed_add_s_record_keeps_its_counter_s_partition() {
         .collect();
     assert_eq!(
         kept,
-        [None, Some(count.of_key(b"c-1")), None],
-        "unknown without a partition count; a like set's record has none (sets are not partitioned)"
+        [
+            None,
+            Some(count.of_key(b"c-1")),
+            Some(count.of_key(b"post"))
+        ],
+        "unknown without a partition count; a like's record has its like set's partition"
     );
 }
 

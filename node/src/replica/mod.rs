@@ -173,9 +173,9 @@ pub enum AddRefused {
         /// How long the hold lasts at most.
         remaining_ms: u64,
     },
-    /// The key's partition is not served here (being copied in, or handed
-    /// away): see `scope.rs`.
-    #[error("this node does not serve partition {partition} of counter {key:?} (it is being copied in, or it is held by other nodes of the region); send the request to a node that holds it (tally status lists what each node holds), or to any node over gRPC, which forwards it")]
+    /// The key's partition (of a counter, a like set or a uniques key) is
+    /// not served here (being copied in, or handed away): see `scope.rs`.
+    #[error("this node does not serve partition {partition} of key {key:?} (it is being copied in, or it is held by other nodes of the region); send the request to a node that holds it (tally status lists what each node holds), or to any node over gRPC, which forwards it")]
     NotServed {
         /// The counter.
         key: String,
@@ -570,7 +570,8 @@ impl Replica {
     }
 
     /// Remembers an applied keyed request (made durable by commit `seq`) to
-    /// a key of `partition` (`None`: not partitioned, as like sets are).
+    /// a key of `partition` (`None`: unknown, on a node without a
+    /// partition count).
     fn remember_idempotent(
         &mut self,
         now_ms: u64,

@@ -55,10 +55,10 @@ pub struct PullRequest {
     /// (`idempotency_sync.rs`); `None` from a caller of another region or
     /// a build without it. Served to callers of this node's region only.
     pub records_from: Option<RecordsCursor>,
-    /// Serve only counters of these partitions (`scope.rs`; set deltas are
-    /// served whole, like sets and uniques being held by every node);
-    /// `None`: of every partition (a caller that keeps them all, or a
-    /// build before partition-scoped storage).
+    /// Serve only counters and set deltas of these partitions (`scope.rs`;
+    /// set deltas of every partition to a caller before protocol version 9,
+    /// which keeps every set); `None`: of every partition (a caller that
+    /// keeps them all, or a build before partition-scoped storage).
     pub scope: Option<PartitionSet>,
 }
 
@@ -311,10 +311,13 @@ impl Replica {
                 .saturating_sub(bytes)
                 .max(request.max_bytes / 4)
                 .max(1);
-            let deltas = self.handle_pull_deltas(store, after, budget)?;
-            // Like sets and uniques are not partitioned yet: every node
-            // takes likes and observes of any key, so every puller gets
-            // every delta, whatever its scope.
+            // Like sets and uniques follow their key's partition for a
+            // caller that speaks it; an older caller, which keeps every
+            // set, gets every record.
+            let sets_in_scope = |key: &str| {
+                request.protocol.newest < super::version::SETS_BY_PARTITION || in_scope(key)
+            };
+            let deltas = self.handle_pull_deltas(store, after, budget, &sets_in_scope)?;
             chunk.deltas = deltas.deltas;
             chunk.deltas_next = Some(deltas.next);
             chunk.deltas_complete = deltas.complete;

@@ -94,6 +94,13 @@ pub enum SetDelta {
 }
 
 impl SetDelta {
+    /// The like set's or uniques key's name.
+    pub fn key(&self) -> &str {
+        match self {
+            SetDelta::Likes { key, .. } | SetDelta::Uniques { key, .. } => key,
+        }
+    }
+
     /// Members or registers carried.
     pub fn len(&self) -> usize {
         match self {
@@ -576,6 +583,7 @@ impl Replica {
             }
             Keyed::Fresh(keyed) => keyed,
         };
+        self.check_served(request.key)?;
         let entry = self.sets.like_entry(store, request.key, now_ms)?;
         let old = entry.length(store, request.key, request.member)?;
         let new = if request.like {
@@ -592,8 +600,8 @@ impl Replica {
         if keyed.is_some() {
             // The record itself is written by the next commit.
             durable_at_seq = self.last_seq + 1;
-            // Like sets are not partitioned: the record goes to every node.
-            self.remember_idempotent(now_ms, keyed, count as i64, durable_at_seq, None);
+            let partition = self.partition_of(request.key);
+            self.remember_idempotent(now_ms, keyed, count as i64, durable_at_seq, partition);
         }
         Ok(LikeAccepted {
             changed,

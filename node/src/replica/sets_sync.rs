@@ -10,6 +10,13 @@
 //! never whole sets: a hot post's round costs the members that changed in
 //! it. A merge that changes something is stamped with a local commit like a
 //! local like, so changes travel on through this replica too.
+//!
+//! Like sets and uniques belong to their key's partition, as counters do
+//! (protocol version 9): a scoped pull from a caller that speaks it gets only
+//! the records of the partitions served in the chunk (`protocol.rs`), and a
+//! chunk's records of partitions this replica does not keep are skipped
+//! unmerged (a build before version 9 sends every record), so a node stores
+//! the sets of its partitions only.
 
 use crate::crdt::ReplicaId;
 
@@ -19,6 +26,10 @@ use super::Replica;
 
 /// The most members and registers one chunk may carry.
 pub const MAX_CHUNK_ELEMENTS: usize = 65_536;
+/// The most delta-log records one chunk reads, sent or skipped: a scoped
+/// pull past a long stretch of other partitions' records ends its chunk
+/// there and goes on in the next one.
+const MAX_CHUNK_SCANNED_RECORDS: usize = 16_384;
 
 /// A position in the delta log: every record up to and including this one
 /// is covered. The bytes are the record's (seq BE u64, kind, key); empty
@@ -56,12 +67,14 @@ pub struct DeltaChunk {
 
 impl Replica {
     /// Serves delta-log records after `after`, of durable commits only, up
-    /// to about `max_bytes`.
+    /// to about `max_bytes`, and only those of keys `in_scope` (the others
+    /// are passed over: the cursor moves past them).
     pub fn handle_pull_deltas(
         &self,
         store: &(impl DurableState + ?Sized),
         after: &DeltaCursor,
         max_bytes: usize,
+        in_scope: &dyn Fn(&str) -> bool,
     ) -> Result<DeltaChunk, StorageError> {
         let durable = self.durable_seq;
         let done = DeltaCursor::after_seq(durable);
@@ -69,7 +82,7 @@ impl Replica {
             next: after.clone(),
             ..Default::default()
         };
-        let (mut bytes, mut elements) = (0usize, 0usize);
+        let (mut bytes, mut elements, mut scanned) = (0usize, 0usize, 0usize);
         loop {
             if chunk.next >= done {
                 chunk.complete = true;
@@ -88,6 +101,14 @@ impl Replica {
                     chunk.next = done;
                     return Ok(chunk);
                 }
+                if scanned == MAX_CHUNK_SCANNED_RECORDS {
+                    return Ok(chunk);
+                }
+                scanned += 1;
+                if !in_scope(delta.key()) {
+                    chunk.next = cursor;
+                    continue;
+                }
                 if elements + delta.len() > MAX_CHUNK_ELEMENTS && !chunk.deltas.is_empty() {
                     return Ok(chunk);
                 }
@@ -105,6 +126,9 @@ impl Replica {
     /// Merges pulled delta-log records from `peer` and moves its delta
     /// watermark to `next`. Returns the members and registers that changed.
     /// The records were checked at the edge (keys, members, registers).
+    /// Records of partitions this replica does not keep are skipped: a
+    /// sender before protocol version 9 sends every record, and a pull in
+    /// flight when a partition was deleted here must not store it again.
     pub fn handle_pull_deltas_chunk(
         &mut self,
         now_ms: u64,
@@ -119,6 +143,9 @@ impl Replica {
         let last_writer_wins = false;
         let mut changed = 0;
         for delta in deltas {
+            if !self.keeps(delta.key()) {
+                continue;
+            }
             changed += self
                 .sets
                 .merge_delta(store, delta, now_ms, last_writer_wins)?;

@@ -645,3 +645,6 @@ fn the_directory_is_sent_only_until_the_caller_holds_it_as_it_is() {
 
 #[path = "sets_tests.rs"]
 mod sets_tests;
+
+#[path = "sets_scope_tests.rs"]
+mod sets_scope_tests;

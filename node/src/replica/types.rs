@@ -139,10 +139,10 @@ pub struct IdempotencyRecord {
     pub expires_at_ms: u64,
     /// The partition of the counter the add went to, so that a pull scoped
     /// to some partitions carries only their records
-    /// (`idempotency_sync.rs`). `None` when unknown: records of older
-    /// formats and builds, a node without a partition count, and adds to
-    /// like sets and uniques (not partitioned; every node of the region
-    /// takes them, so their records go to every node).
+    /// (`idempotency_sync.rs`); for a like or an unlike, its like set's.
+    /// `None` when unknown: records of older formats and builds (and likes
+    /// of builds before protocol version 9, which held every set), and a
+    /// node without a partition count.
     pub partition: Option<Partition>,
 }
 

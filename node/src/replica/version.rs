@@ -19,8 +19,13 @@
 //!   segments in format 3, with each record's partition, so that a pull
 //!   scoped to some partitions carries only their records
 //!   (`idempotency_sync.rs`; on the wire the partition is an added field,
-//!   which needs no version). A node that announces nothing (a build before
-//!   versions) counts as `1..=1`.
+//!   which needs no version); version 9 keeps like sets and uniques with
+//!   their key's partition, as counters are kept: such a node takes and
+//!   answers them only for partitions it serves (others are forwarded to
+//!   an owner), and answers a caller that announces 9 with only the set
+//!   deltas of the pull's scope (it writes no new format, so it needs no
+//!   finalize). A node that announces nothing (a build before versions)
+//!   counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
 //!   directory before anything of it is written, and only rises: to the
@@ -47,10 +52,15 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 8;
+pub const NEWEST: u32 = 9;
 /// The version from which idempotency segments keep each record's
 /// partition (segment format 3).
 pub const RECORD_PARTITIONS: u32 = 8;
+/// The version from which like sets and uniques follow their key's
+/// partition: a pull from a caller that announces it carries only the set
+/// deltas of its scope, and a peer that announces it takes no set writes
+/// for partitions it does not serve.
+pub const SETS_BY_PARTITION: u32 = 9;
 /// The version that brought like sets and uniques (their records and the
 /// delta log): writes of them wait for this cluster version, and only a peer
 /// that speaks it is asked for its delta log.

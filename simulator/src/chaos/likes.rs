@@ -281,6 +281,32 @@ pub struct HeldLikes {
     pub lengths: Vec<u64>,
 }
 
+/// Reads what the nodes `readers` hold, in that order. With `settle`, reads
+/// them again until they all hold the same (or that long passed): in
+/// partitioned regions the like set's owners are read after the counters
+/// settled, and its last deltas may still be on their way.
+pub async fn read_settled(
+    nodes: &[super::node::NodeProc],
+    readers: &[usize],
+    cluster: &str,
+    settle: Option<Duration>,
+) -> anyhow::Result<Vec<HeldLikes>> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut held = Vec::new();
+        for i in readers {
+            held.push(read_likes(&nodes[*i].endpoint, cluster).await?);
+        }
+        let agree = held.windows(2).all(|pair| pair[0] == pair[1]);
+        match settle {
+            Some(timeout) if !agree && started.elapsed() < timeout => {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            _ => return Ok(held),
+        }
+    }
+}
+
 /// Reads what the node at `endpoint` (of `cluster`) holds.
 pub async fn read_likes(endpoint: &str, cluster: &str) -> anyhow::Result<HeldLikes> {
     let mut likes = LikesClient::connect(endpoint.to_string()).await?;
@@ -307,6 +333,7 @@ pub async fn read_likes(endpoint: &str, cluster: &str) -> anyhow::Result<HeldLik
     let distinct = likes
         .distinct(DistinctRequest {
             keys: vec![UNIQUES_KEY.as_bytes().to_vec().into()],
+            with_registers: false,
         })
         .await?
         .into_inner();

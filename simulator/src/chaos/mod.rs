@@ -537,12 +537,32 @@ async fn drive(
         }
     };
     if args.likes {
-        let mut held = Vec::new();
-        // Every node that runs (a spare that never joined holds nothing).
-        let running = nodes.iter().zip(&membership.running);
-        for (node, _) in running.filter(|(_, running)| **running) {
-            held.push(likes::read_likes(&node.endpoint, &cluster).await?);
-        }
+        let running = &membership.running;
+        // Every node that runs (a spare that never joined holds nothing);
+        // in partitioned regions, the like set's owners, once they agree
+        // (its reads are forwarded to an owner, but each node's delta log
+        // is its own).
+        let readers: Vec<usize> = match membership.key_partitions {
+            Some(partitions) => {
+                placement::set_owners(nodes, running, partitions, likes::LIKE_KEY).await
+            }
+            None => (0..nodes.len()).filter(|i| running[*i]).collect(),
+        };
+        let held = likes::read_settled(
+            nodes,
+            &readers,
+            &cluster,
+            membership.key_partitions.map(|_| converge_timeout),
+        )
+        .await?;
+        println!(
+            "likes read from {}",
+            readers
+                .iter()
+                .map(|i| format!("n{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         let book = like_shared.book.lock().expect("like book");
         // A wipe may lose an acknowledged like with its disk (sync mode):
         // then only agreement, counts and registers are exact.

@@ -15,8 +15,8 @@
 //! - a node that does not own a key stores at most its own slot of it, and
 //!   that slot equals the owners' (DESIGN.md invariant 8: what a node handed
 //!   away is held by the owners; and no stray copy is kept);
-//! - like sets and uniques, which are not partitioned, are the same on
-//!   every node (equal sets digests), so `--likes` checks every node.
+//! - like sets and uniques belong to their key's partition too: `--likes`
+//!   waits for and checks their owners (`likes.rs`, [`set_owners`]).
 //!
 //! A run that does not settle within the timeout fails with what was still
 //! unsettled at the last look.
@@ -76,6 +76,31 @@ impl KeyPlacement {
     }
 }
 
+/// The running nodes (by index) that own `key`'s partition in their
+/// region, as each node's own map says (a node that does not answer owns
+/// nothing here).
+pub async fn set_owners(
+    nodes: &[NodeProc],
+    running: &[bool],
+    partitions: tally_proto::partition::PartitionCount,
+    key: &str,
+) -> Vec<usize> {
+    let names: Vec<String> = nodes.iter().map(|node| node.name.clone()).collect();
+    let placement = KeyPlacement::new(partitions, &[key.to_string()], names);
+    let mut owners = Vec::new();
+    for (i, node) in nodes.iter().enumerate().filter(|(i, _)| running[*i]) {
+        let Ok(client) = Client::connect(node.endpoint.clone()).await else {
+            continue;
+        };
+        if let Ok(map) = client.partition_map(None).await {
+            if placement.owned_by(&map, i)[0] {
+                owners.push(i);
+            }
+        }
+    }
+    owners
+}
+
 /// What one look at the running nodes found.
 struct Look {
     /// The final state per key (from the key's first holder), if settled.
@@ -130,7 +155,6 @@ async fn look(
     let mut unsettled = Vec::new();
     let mut maps: BTreeMap<String, Vec<(usize, PartitionMap)>> = BTreeMap::new();
     let mut states: BTreeMap<usize, Vec<PnCounter>> = BTreeMap::new();
-    let mut sets_digests = BTreeMap::new();
     for (i, node) in nodes.iter().enumerate().filter(|(i, _)| running[*i]) {
         let (map, status) = match Client::connect(node.endpoint.clone()).await {
             Ok(client) => (
@@ -144,20 +168,11 @@ async fn look(
             status,
             read_state(&node.endpoint, cluster, names).await,
         ) {
-            (Some(map), Some(status), Ok(state)) => {
+            (Some(map), Some(_status), Ok(state)) => {
                 maps.entry(node.region.clone()).or_default().push((i, map));
                 states.insert(i, state);
-                sets_digests.insert(i, status.node.sets_digest);
             }
             _ => unsettled.push(format!("n{i} does not answer")),
-        }
-    }
-    let first_sets = sets_digests.values().next().copied();
-    for (node, digest) in &sets_digests {
-        if Some(*digest) != first_sets {
-            unsettled.push(format!(
-                "n{node}'s like sets and uniques differ (sets digests)"
-            ));
         }
     }
     // Per key, its owners in every region (node indexes), by each region's
