@@ -192,8 +192,9 @@ fn replicated_durability_needs_enough_nodes_per_region() {
 /// Partitioned regions (issue 11): two regions of three nodes and a spare
 /// each, RF 2; spares join, nodes are drained, removed, killed and cut off
 /// from their clients under load. The run passes only when the placement settles (every
-/// key held whole by exactly its owners in every region, nothing stray, like
-/// sets equal everywhere) and the exact per-slot and like checks hold.
+/// key held whole by exactly its owners in every region, nothing stray), the
+/// like set's owners in both regions hold the same, and the exact per-slot
+/// and like checks hold.
 #[test]
 fn joins_drains_and_removals_of_a_partitioned_region_under_faults_pass() {
     // Seed 37's schedule: n7 joins us-east at 1.7 s, n5 is removed at
