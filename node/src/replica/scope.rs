@@ -7,13 +7,14 @@
 //! - **Serving.** [`Replica::set_serving`] names the partitions this replica
 //!   takes adds for and answers pulls of (`None`, the default: every one, as
 //!   a node that stores every counter does). An add of a key in another
-//!   partition is refused with [`AddRefused::NotServed`], and changes
-//!   nothing: a partition being copied in, or already handed away, never
-//!   takes a write that its handoff would not account for.
+//!   partition (a counter, a like set or a uniques key) is refused with
+//!   [`AddRefused::NotServed`], and changes nothing: a partition being
+//!   copied in, or already handed away, never takes a write that its
+//!   handoff would not account for.
 //! - **Scoped pulls.** A [`PullRequest`](super::PullRequest) with a `scope`
-//!   gets only the counters of the scope's partitions that this replica
-//!   serves (set deltas come whole: like sets and uniques are not
-//!   partitioned yet, every node takes them for any key and holds them all), and the chunk says which those are
+//!   gets only the counters (and, for a caller of protocol version 9, the
+//!   set deltas) of the scope's partitions that this replica serves, and
+//!   the chunk says which those are
 //!   ([`PullChunk::served`](super::PullChunk::served)): a puller counts a
 //!   partition as copied from this replica only if it was served in every
 //!   chunk of the pull (a partition still being copied in here is never
