@@ -214,13 +214,13 @@ impl Client {
     }
 
     /// The client of `key`'s first owner, when it is not the endpoint's.
-    fn routed(&self, key: &str) -> Option<Client> {
+    pub(crate) fn routed(&self, key: &str) -> Option<Client> {
         self.router.as_ref()?.client_for(key.as_bytes())
     }
 
     /// Whether a call to a node failed without an answer worth keeping:
     /// it is sent again through the endpoint (which forwards or fails over).
-    fn node_did_not_answer(&self, error: &Error) -> bool {
+    pub(crate) fn node_did_not_answer(&self, error: &Error) -> bool {
         let unanswered = matches!(error, Error::Unavailable { .. } | Error::Connect { .. });
         if unanswered {
             if let Some(router) = &self.router {

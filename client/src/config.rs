@@ -30,7 +30,9 @@ pub const MAX_BATCH_SIZE: usize = 10_000;
 pub enum Routing {
     /// The default: fetch the region's partition map on connect (and every
     /// 10 s, and at once when a node answers that it forwarded a call), and
-    /// send each key's adds and reads straight to its first live owner,
+    /// send each key's adds and reads (and each like set's or uniques key's
+    /// calls; `distinct` of several keys goes to the endpoint, which asks
+    /// their owners) straight to its first live owner,
     /// over a connection per node; batches, coalesced ones included, are
     /// split by owner. It takes effect only when the map shows more than
     /// one node in the region: with one node (or a node that serves no map,

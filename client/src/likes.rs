@@ -108,8 +108,36 @@ fn members_bytes<M: AsRef<str>>(members: &[M]) -> Result<Vec<prost::bytes::Bytes
 }
 
 impl Client {
-    /// One call of the `Likes` service, retried as every call is.
+    /// One call of the `Likes` service about the like set or uniques key
+    /// `key` (`None`: of several keys), retried as every call is. With
+    /// routing ([`crate::Routing::Direct`]) it goes to the key's owner, as
+    /// an add does, and through the endpoint when the owner does not answer.
     async fn likes_call<Req, Resp, F, Fut>(
+        &self,
+        operation: &'static str,
+        key: Option<&str>,
+        request: Req,
+        call: F,
+    ) -> Result<Resp, Error>
+    where
+        Req: Clone,
+        F: Fn(LikesClient<Transport>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<Response<Resp>, tonic::Status>>,
+    {
+        if let Some(owner) = key.and_then(|key| self.routed(key)) {
+            match owner
+                .likes_call_here(operation, request.clone(), &call)
+                .await
+            {
+                Err(error) if self.node_did_not_answer(&error) => {}
+                answered => return answered,
+            }
+        }
+        self.likes_call_here(operation, request, call).await
+    }
+
+    /// [`Self::likes_call`] to this client's endpoint.
+    async fn likes_call_here<Req, Resp, F, Fut>(
         &self,
         operation: &'static str,
         request: Req,
@@ -181,37 +209,59 @@ impl Client {
             .run(async {
                 validate_key(key)?;
                 validate_member(member)?;
-                if let Some(coalescer) = self.like_coalescer() {
-                    let body = encode_like(
-                        key.as_bytes(),
-                        member.as_bytes(),
-                        idempotency_key.as_str().as_bytes(),
-                        !like,
-                    );
-                    return coalescer.submit(body).await;
-                }
-                let request = LikeRequest {
-                    key: key_bytes(key),
-                    member: key_bytes(member),
-                    idempotency_key: idempotency_key.as_str().to_owned(),
-                };
-                let response = self
-                    .likes_call(operation, request, |mut likes, request| async move {
-                        match like {
-                            true => likes.like(request).await,
-                            false => likes.unlike(request).await,
-                        }
-                    })
-                    .await?;
-                Ok(LikeOutcome {
-                    changed: response.changed,
-                    liked: response.liked,
-                    count: response.count,
-                    duplicate: response.duplicate,
-                    length: response.length,
-                })
+                self.send_like(key, member, like, idempotency_key.as_str())
+                    .await
             })
             .await
+    }
+
+    /// Sends a validated like or unlike: to the set's owner with routing
+    /// (through the endpoint, with the same idempotency key, when the owner
+    /// does not answer), coalesced when coalescing is on.
+    async fn send_like(
+        &self,
+        key: &str,
+        member: &str,
+        like: bool,
+        idempotency_key: &str,
+    ) -> Result<LikeOutcome, Error> {
+        if let Some(owner) = self.routed(key) {
+            match Box::pin(owner.send_like(key, member, like, idempotency_key)).await {
+                Err(error) if self.node_did_not_answer(&error) => {}
+                answered => return answered,
+            }
+        }
+        let operation = if like { "like" } else { "unlike" };
+        if let Some(coalescer) = self.like_coalescer() {
+            let body = encode_like(
+                key.as_bytes(),
+                member.as_bytes(),
+                idempotency_key.as_bytes(),
+                !like,
+            );
+            return coalescer.submit(body).await;
+        }
+        let request = LikeRequest {
+            key: key_bytes(key),
+            member: key_bytes(member),
+            idempotency_key: idempotency_key.to_owned(),
+        };
+        // Routed above: sent to this client's endpoint.
+        let response = self
+            .likes_call_here(operation, request, |mut likes, request| async move {
+                match like {
+                    true => likes.like(request).await,
+                    false => likes.unlike(request).await,
+                }
+            })
+            .await?;
+        Ok(LikeOutcome {
+            changed: response.changed,
+            liked: response.liked,
+            count: response.count,
+            duplicate: response.duplicate,
+            length: response.length,
+        })
     }
 
     /// Whether each of `members` (up to 10,000) is liked, in order.
@@ -226,9 +276,12 @@ impl Client {
                     members: members_bytes(members)?,
                 };
                 let response = self
-                    .likes_call("liked", request, |mut likes, request| async move {
-                        likes.liked(request).await
-                    })
+                    .likes_call(
+                        "liked",
+                        Some(key),
+                        request,
+                        |mut likes, request| async move { likes.liked(request).await },
+                    )
                     .await?;
                 Ok(response.liked)
             })
@@ -253,9 +306,12 @@ impl Client {
                     key: key_bytes(key),
                 };
                 let response = self
-                    .likes_call("like_count", request, |mut likes, request| async move {
-                        likes.like_count(request).await
-                    })
+                    .likes_call(
+                        "like_count",
+                        Some(key),
+                        request,
+                        |mut likes, request| async move { likes.like_count(request).await },
+                    )
                     .await?;
                 Ok(response.count)
             })
@@ -298,9 +354,12 @@ impl Client {
                     page_token: token.unwrap_or_default().to_vec().into(),
                 };
                 let response = self
-                    .likes_call("list_likes", request, |mut likes, request| async move {
-                        likes.list_likes(request).await
-                    })
+                    .likes_call(
+                        "list_likes",
+                        Some(key),
+                        request,
+                        |mut likes, request| async move { likes.list_likes(request).await },
+                    )
                     .await?;
                 Ok(LikesPage {
                     members: response.members,
@@ -323,9 +382,12 @@ impl Client {
                     key: key_bytes(key),
                 };
                 let response = self
-                    .likes_call("verify_likes", request, |mut likes, request| async move {
-                        likes.verify_likes(request).await
-                    })
+                    .likes_call(
+                        "verify_likes",
+                        Some(key),
+                        request,
+                        |mut likes, request| async move { likes.verify_likes(request).await },
+                    )
                     .await?;
                 Ok(LikesRecount {
                     stored: response.stored_count,
@@ -360,9 +422,12 @@ impl Client {
                     members: members_bytes(members)?,
                 };
                 let response = self
-                    .likes_call("observe", request, |mut likes, request| async move {
-                        likes.observe(request).await
-                    })
+                    .likes_call(
+                        "observe",
+                        Some(key),
+                        request,
+                        |mut likes, request| async move { likes.observe(request).await },
+                    )
                     .await?;
                 Ok(response.estimate)
             })
@@ -395,14 +460,23 @@ impl Client {
                     validate_key(key.as_ref())?;
                     wire.push(key_bytes(key.as_ref()));
                 }
+                // One key goes to its owner; the union of several to the
+                // endpoint, which asks each key's owner for its registers.
+                let single = match keys {
+                    [key] => Some(key.as_ref()),
+                    _ => None,
+                };
                 let request = DistinctRequest {
                     keys: wire,
                     with_registers: false,
                 };
                 let response = self
-                    .likes_call("distinct", request, |mut likes, request| async move {
-                        likes.distinct(request).await
-                    })
+                    .likes_call(
+                        "distinct",
+                        single,
+                        request,
+                        |mut likes, request| async move { likes.distinct(request).await },
+                    )
                     .await?;
                 Ok((response.estimate, response.registers_digest))
             })

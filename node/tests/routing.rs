@@ -310,8 +310,8 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
     .await;
 
     // 5. The routing client (the default) sends each key straight to its
-    // first owner, single adds (coalesced), batches and reads alike: no
-    // node forwards anything.
+    // first owner, single adds (coalesced), batches, reads, likes and
+    // observes alike: no node forwards anything.
     let forwarded_before: Vec<u64> = eu
         .iter()
         .map(|node| forwarded_count(node, "answered"))
@@ -338,6 +338,34 @@ async fn any_node_serves_any_key_through_its_first_live_owner() {
         "{values:?}"
     );
     assert_eq!(client.get(&key(0)).await.unwrap(), 6);
+    // Like sets and uniques too (protocol version 9): likes (coalesced),
+    // reads and observes of one key go to its owner. A new cluster takes
+    // likes once its version rose, by itself, in its first rounds.
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while client.like("warm-up", "x").await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "likes never taken");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let keys: Vec<String> = (0..KEYS).map(key).collect();
+    let likes = keys.iter().map(|key| client.like(key, "routed"));
+    for (i, outcome) in futures::future::join_all(likes)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let outcome = outcome.unwrap();
+        assert!(
+            outcome.changed && outcome.count == 1,
+            "{}: {outcome:?}",
+            key(i)
+        );
+    }
+    for i in 0..KEYS {
+        assert_eq!(client.like_count(&key(i)).await.unwrap(), 1);
+        assert_eq!(client.liked(&key(i), &["routed"]).await.unwrap(), [true]);
+        assert_eq!(client.observe(&key(i), &["ann", "bob"]).await.unwrap(), 2);
+        assert_eq!(client.distinct(&[key(i)]).await.unwrap(), 2);
+    }
     let forwarded_after: Vec<u64> = eu
         .iter()
         .map(|node| forwarded_count(node, "answered"))
