@@ -188,6 +188,9 @@ pub struct Metrics {
     /// Stored counters of partitions no longer kept that the purge deleted
     /// or cut down to this node's own slot.
     pub purged_counters: Counter,
+    /// Deletions of like sets and uniques of partitions no longer kept (a
+    /// bounded part of a large like set each).
+    pub purged_sets: Counter,
     /// Nodes of the cluster as this node sees them, by region and lifecycle state.
     pub nodes: Family<NodeStateLabels, Gauge>,
     /// Partitions per region held up to date by fewer live owners than the
@@ -253,6 +256,7 @@ impl Metrics {
             partitions_owned: Gauge::default(),
             partitions_held: Family::default(),
             purged_counters: Counter::default(),
+            purged_sets: Counter::default(),
             nodes: Family::default(),
             partitions_under_replicated: Family::default(),
             forwarded_requests: Family::default(),
@@ -500,6 +504,11 @@ impl Metrics {
             "purged_counters",
             "Stored counters of partitions handed off (no longer kept here) deleted, or cut down to this node's own slot, by the purge",
             metrics.purged_counters.clone(),
+        );
+        registry.register(
+            "purged_sets",
+            "Like sets and uniques of partitions handed off (no longer kept here) deleted by the purge, counted per deletion (a large like set takes several)",
+            metrics.purged_sets.clone(),
         );
         registry.register(
             "partitions_under_replicated",

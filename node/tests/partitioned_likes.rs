@@ -13,7 +13,8 @@
 //!   last joiner's delta log holds exactly the sets it owns;
 //! - a `LikeBatch` over keys of every owner answers each item;
 //! - eu-1 drains: its sets reach eu-2 and eu-3, which own everything then
-//!   and each answer every key exactly from their own state, and eu-1,
+//!   and each answer every key exactly from their own state; eu-1 deletes
+//!   every set it held (its sets digest goes to that of nothing) and,
 //!   gone from the map, still answers through forwarding.
 
 mod common;
@@ -403,6 +404,36 @@ async fn like_sets_and_uniques_live_with_their_partitions_and_move_with_them() {
     for node in &nodes[1..] {
         wait_for_own_sets(&node.endpoint(), |_| true).await;
     }
+    // eu-1 keeps nothing now: the purge deleted every set it held (its
+    // sets digest, of what it stores, is that of nothing).
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let status = Client::connect(nodes[0].endpoint())
+            .await
+            .unwrap()
+            .status()
+            .await
+            .unwrap();
+        if status.node.sets_digest == Some(0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "eu-1 still stores sets: digest {:?}",
+            status.node.sets_digest
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, metrics) = common::http_get(nodes[0].spec.http, "/metrics").unwrap();
+    let purged: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("tally_purged_sets_total "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no set purge metric:\n{metrics}"));
+    assert!(
+        purged >= (SETS + UNIQUES) as u64,
+        "eu-1 purged {purged} sets"
+    );
     for endpoint in endpoints(&nodes) {
         check_through(&endpoint, union.digest()).await;
     }

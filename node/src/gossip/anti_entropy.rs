@@ -418,6 +418,7 @@ fn chunk_refusal_reason(refused: &crate::replica::ChunkRefused) -> &'static str 
         UnknownReplica { .. } => "unknown_replica",
         RegionConflict { .. } => "region_conflict",
         DuplicateKey(_) => "malformed",
+        SetBeingDeleted(_) => "set_being_deleted",
         Storage(_) => "storage",
         Fold { .. } => "fold_epoch",
     }

@@ -11,7 +11,8 @@
 //!   deletes what every owner confirmed. An owner that cannot answer (down,
 //!   a build without the call) confirms nothing: the partition stays, served.
 //! - [`spawn_purger`]: while a purge pass runs, a bounded step every tick
-//!   ([`Partitioning::purge_step`]), then a commit.
+//!   ([`Partitioning::purge_step`]: counters, then like sets and uniques),
+//!   then a commit.
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
@@ -134,7 +135,7 @@ pub fn spawn_purger(engine: Arc<Engine>, partitioning: Arc<Partitioning>) -> Joi
     tokio::spawn(async move {
         let mut ticker = tokio::time::interval(PURGE_TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut deleted, mut trimmed) = (0usize, 0usize);
+        let (mut deleted, mut trimmed, mut sets) = (0usize, 0usize, 0usize);
         loop {
             ticker.tick().await;
             let step = match partitioning.purge_step(&engine, PURGE_PER_STEP) {
@@ -147,14 +148,19 @@ pub fn spawn_purger(engine: Arc<Engine>, partitioning: Arc<Partitioning>) -> Joi
             };
             deleted += step.deleted;
             trimmed += step.trimmed;
+            sets += step.sets_deleted;
             engine
                 .metrics()
                 .purged_counters
                 .inc_by((step.deleted + step.trimmed) as u64);
+            engine
+                .metrics()
+                .purged_sets
+                .inc_by(step.sets_deleted as u64);
             engine.wake_committer();
             if step.done {
-                tracing::info!(deleted, trimmed, "purge of partitions no longer kept done: counters deleted, and counters cut down to this node's own slot");
-                (deleted, trimmed) = (0, 0);
+                tracing::info!(deleted, trimmed, set_deletions = sets, "purge of partitions no longer kept done: counters deleted, counters cut down to this node's own slot, and like sets and uniques deleted");
+                (deleted, trimmed, sets) = (0, 0, 0);
             }
         }
     })

@@ -22,6 +22,7 @@ mod identity;
 mod lru;
 mod protocol;
 mod purge;
+mod purge_sets;
 mod record_sources;
 mod retire;
 mod scope;
@@ -49,6 +50,7 @@ pub use protocol::{
     ChunkRefused, MergeReport, PullChunk, PullRefused, PullRequest, SyncMessage, MAX_CHUNK_COUNTERS,
 };
 pub use purge::PurgeStep;
+pub use purge_sets::{SetDeletion, MEMBERS_PER_DELETION};
 pub use sets::{
     LikeAccepted, LikeRefused, LikeRequest, LikeWrite, ObserveAccepted, SetDelta, SetKind,
     UniqueWrite, MAX_KEYS_PER_CALL, MAX_MEMBERS_PER_CALL,
@@ -308,6 +310,7 @@ pub struct Replica {
     record_sources: record_sources::RecordSources,
     /// Counters of partitions no longer kept, being dropped (`purge.rs`).
     purge: purge::Purge,
+    set_purge: purge_sets::SetPurge,
 }
 
 /// The most expired idempotency records one tick forgets (bounded work under the lock).
@@ -383,6 +386,7 @@ impl Replica {
             scope: scope::Scope::default(),
             record_sources: record_sources::RecordSources::default(),
             purge: purge::Purge::default(),
+            set_purge: purge_sets::SetPurge::default(),
             config,
         }
     }
@@ -674,6 +678,7 @@ impl Replica {
             || self.directory.has_pending()
             || !self.pruned_pending.is_empty()
             || self.purge.has_pending()
+            || self.set_purge.has_pending()
             || watermarks_dirty;
         let housekeeping =
             !self.idempotency_delete.is_empty() || !self.superseded_pending.is_empty();
@@ -711,6 +716,7 @@ impl Replica {
         let (deleted, ended) = self.commit_purge(&mut digest, &mut writer_digests);
         let mut superseded = std::mem::take(&mut self.superseded_pending);
         superseded.extend(ended);
+        let set_deletions = self.commit_set_purge();
         let (likes, uniques, sets_digest) = self.sets.take_writes();
         for key in likes
             .iter()
@@ -722,6 +728,7 @@ impl Replica {
         let batch = CommitBatch {
             likes,
             uniques,
+            set_deletions,
             delta_watermarks,
             seq,
             counters,
@@ -777,6 +784,7 @@ impl Replica {
         }
         self.sets.commit_done(&batch.likes, &batch.uniques);
         self.purge.commit_done();
+        self.set_purge.commit_done();
         self.durable_seq = seq;
         self.digest = batch.digest;
         self.sets_digest = batch.sets_digest;
@@ -796,6 +804,7 @@ impl Replica {
         self.idempotency.unassign_segment(seq);
         self.note_commit_failed_for_copies(seq);
         self.purge.commit_failed();
+        self.set_purge.commit_failed();
         let batch = Arc::try_unwrap(batch).unwrap_or_else(|shared| (*shared).clone());
         if !batch.idempotency_put.is_empty() {
             self.idempotency_delete.push(seq);

@@ -202,6 +202,11 @@ pub enum ChunkRefused {
     /// The chunk names the same counter twice.
     #[error("counter {0:?} appears twice in one chunk")]
     DuplicateKey(String),
+    /// The chunk has a delta of a set this node is deleting (it held it
+    /// for a partition it no longer kept) and keeps again: pulled again
+    /// once the deletion is durable (`purge_sets.rs`).
+    #[error("like set or uniques key {0:?} is being deleted here; the chunk is pulled again once that is done")]
+    SetBeingDeleted(String),
     /// A counter could not be loaded to merge into.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -451,6 +456,7 @@ impl Replica {
         if chunk.records.len() > MAX_CHUNK_RECORDS {
             return Err(ChunkRefused::OversizedRecords(chunk.records.len()));
         }
+        self.check_sets_not_deleted(&chunk.deltas)?;
         let book = self.folds.shared_book();
         let mut learned: Vec<(ReplicaId, String)> = Vec::new();
         for (replica, region) in &chunk.replicas {

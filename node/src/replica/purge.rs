@@ -74,6 +74,9 @@ pub struct PurgeStep {
     pub deleted: usize,
     /// Counters rewritten to this replica's own slot.
     pub trimmed: usize,
+    /// Deletions of like sets and uniques (a part of a large like set
+    /// each) queued for the next commit.
+    pub sets_deleted: usize,
     /// No pass runs any more.
     pub done: bool,
 }
@@ -98,10 +101,11 @@ impl Purge {
 }
 
 impl Replica {
-    /// Starts a purge pass over every stored counter (or queues one after
-    /// the pass that runs).
+    /// Starts a purge pass over every stored counter, like set and uniques
+    /// key (or queues one after the pass that runs).
     pub fn start_purge(&mut self) {
         self.start_purge_after(Cursor::default());
+        self.set_purge.start();
     }
 
     /// Starts a pass over the change log after `after` (or queues a pass
@@ -126,10 +130,10 @@ impl Replica {
         });
     }
 
-    /// Whether a purge pass runs, or one waits for a commit of copies of
-    /// partitions not kept.
+    /// Whether a purge pass runs, one waits for a commit of copies of
+    /// partitions not kept, or deletions of sets wait for their commit.
     pub fn purging(&self) -> bool {
-        self.purge.running.is_some() || self.purge.strays.is_some()
+        self.purge.running.is_some() || self.purge.strays.is_some() || self.set_purge.busy()
     }
 
     /// One bounded step of the purge: looks at up to `limit` stored
@@ -159,7 +163,11 @@ impl Replica {
             }
         }
         let Some(pass) = &self.purge.running else {
-            step.done = true;
+            // The counters first, then the sets (`purge_sets.rs`).
+            let (visited, deleted, done) = self.poll_set_purge(store, limit, &keeps)?;
+            step.visited += visited;
+            step.sets_deleted += deleted;
+            step.done = done && !self.set_purge.busy();
             return Ok(step);
         };
         let stop_seq = pass.stop_seq;
@@ -193,7 +201,7 @@ impl Replica {
                 self.start_purge();
             }
         }
-        step.done = self.purge.running.is_none();
+        step.done = self.purge.running.is_none() && !self.set_purge.busy();
         Ok(step)
     }
 

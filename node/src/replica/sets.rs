@@ -94,6 +94,14 @@ pub enum SetDelta {
 }
 
 impl SetDelta {
+    /// A like set's or a uniques key's.
+    pub fn kind(&self) -> SetKind {
+        match self {
+            SetDelta::Likes { .. } => SetKind::Likes,
+            SetDelta::Uniques { .. } => SetKind::Uniques,
+        }
+    }
+
     /// The like set's or uniques key's name.
     pub fn key(&self) -> &str {
         match self {
@@ -391,6 +399,43 @@ impl Sets {
 
     pub(super) fn has_dirty(&self) -> bool {
         !self.dirty.is_empty()
+    }
+
+    /// Whether the set is held in memory.
+    pub(super) fn cached(&self, kind: SetKind, key: &str) -> bool {
+        match kind {
+            SetKind::Likes => self.likes.contains_key(key),
+            SetKind::Uniques => self.uniques.contains_key(key),
+        }
+    }
+
+    /// Drops the set from memory unless a change of it waits for a commit
+    /// or is being committed; false when it stays (for the set purge).
+    pub(super) fn forget_clean(&mut self, kind: SetKind, key: &str) -> bool {
+        match kind {
+            SetKind::Likes => match self.likes.get(key) {
+                Some(entry) if !entry.is_clean() || entry.queued => false,
+                _ => {
+                    self.likes.remove(key);
+                    true
+                }
+            },
+            SetKind::Uniques => match self.uniques.get(key) {
+                Some(entry) if !entry.changed.is_empty() || entry.committing || entry.queued => {
+                    false
+                }
+                _ => {
+                    self.uniques.remove(key);
+                    true
+                }
+            },
+        }
+    }
+
+    /// Moves the digest of the state the next commit makes durable (a set
+    /// purge's deletions).
+    pub(super) fn apply_digest(&mut self, change: u64) {
+        self.digest.apply(change);
     }
 
     /// Whether a set of a key that `matches` waits for a commit.

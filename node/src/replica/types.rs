@@ -12,7 +12,8 @@ use crate::crdt::{
 use crate::partition::Partition;
 
 use super::folds::RetireReason;
-use super::sets::{LikeWrite, SetDelta, UniqueWrite};
+use super::purge_sets::SetDeletion;
+use super::sets::{LikeWrite, SetDelta, SetKind, UniqueWrite};
 use super::sets_sync::DeltaCursor;
 
 /// The longest counter key, in bytes.
@@ -188,6 +189,9 @@ pub struct CommitBatch {
     pub likes: Vec<LikeWrite>,
     /// Uniques to write: registers and a delta-log record each.
     pub uniques: Vec<UniqueWrite>,
+    /// Like sets and uniques of partitions no longer kept, deleted (a
+    /// bounded part of a large like set each; `purge_sets.rs`).
+    pub set_deletions: Vec<SetDeletion>,
     /// Delta-log pull watermarks per peer replica, all of them (when one moved).
     pub delta_watermarks: Vec<(ReplicaId, DeltaCursor)>,
     /// Folded writers whose directory entry and pull watermarks this batch
@@ -209,6 +213,7 @@ impl CommitBatch {
             && self.retired.is_empty()
             && self.fold_records.is_empty()
             && self.likes.is_empty()
+            && self.set_deletions.is_empty()
             && self.uniques.is_empty()
     }
 }
@@ -296,6 +301,26 @@ pub trait DurableState {
     /// The stored registers of a uniques key.
     fn load_uniques(&self, key: &str) -> Result<Option<HyperLogLog>, StorageError> {
         crate::store::sets::load_uniques(self, key)
+    }
+    /// The stored like sets (or uniques keys) strictly after `after`, in
+    /// key order, at most `limit`.
+    fn set_keys_after(
+        &self,
+        kind: SetKind,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<String>, StorageError> {
+        crate::store::sets::set_keys_after(self, kind, after, limit)
+    }
+    /// A like set's stored members strictly after `after` (all when
+    /// `None`), in member order, with their lengths; at most `limit`.
+    fn like_members_after(
+        &self,
+        key: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, u64)>, StorageError> {
+        crate::store::sets::scan_members(self, key, after, limit)
     }
     /// Idempotency segments written by commits after `after`, in order, at
     /// most `limit`, each with its records.

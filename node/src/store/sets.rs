@@ -164,18 +164,33 @@ pub fn like_keys_after(
     after: Option<&str>,
     limit: usize,
 ) -> Result<Vec<String>, StorageError> {
-    let mut from = vec![LIKE_COUNT];
+    set_keys_after(store, SetKind::Likes, after, limit)
+}
+
+/// The like sets with a stored count, or the uniques keys with stored
+/// registers, strictly after `after`, in key order, at most `limit`.
+pub fn set_keys_after(
+    store: &(impl DurableState + ?Sized),
+    kind: SetKind,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<String>, StorageError> {
+    let prefix = match kind {
+        SetKind::Likes => LIKE_COUNT,
+        SetKind::Uniques => UNIQUES,
+    };
+    let mut from = vec![prefix];
     if let Some(after) = after {
         from.extend_from_slice(after.as_bytes());
         from.push(0);
     }
     store
-        .scan_records(&from, &[LIKE_COUNT + 1], limit)?
+        .scan_records(&from, &[prefix + 1], limit)?
         .into_iter()
         .map(|(record, _)| {
             std::str::from_utf8(&record[1..])
                 .map(str::to_string)
-                .map_err(|_| corrupt("like count key", "not UTF-8"))
+                .map_err(|_| corrupt("like count or uniques key", "not UTF-8"))
         })
         .collect()
 }
@@ -272,7 +287,7 @@ pub fn deltas_after(
 
 /// The puts that write the batch's like sets, uniques and delta
 /// watermarks: each set's changed members (or registers), its count, and
-/// one delta-log record.
+/// one delta-log record; and the deletes of the sets the batch purges.
 pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
     for write in &batch.likes {
         for (member, length) in &write.members {
@@ -298,6 +313,25 @@ pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
             delta_key(batch.seq, SetKind::Uniques, &write.key),
             encode_uniques_delta(&write.registers),
         ));
+    }
+    // Sets of partitions no longer kept (`replica/purge_sets.rs`): their
+    // records go, with no delta-log record (peers keep what they have).
+    for deletion in &batch.set_deletions {
+        match deletion.kind {
+            SetKind::Likes => {
+                for member in &deletion.members {
+                    ops.push(Op::Delete(member_key(&deletion.key, member)));
+                }
+                let count = keyed(LIKE_COUNT, &deletion.key);
+                match deletion.count_after {
+                    Some(count_after) => {
+                        ops.push(Op::Put(count, versioned_varints(&[count_after, batch.seq])))
+                    }
+                    None => ops.push(Op::Delete(count)),
+                }
+            }
+            SetKind::Uniques => ops.push(Op::Delete(keyed(UNIQUES, &deletion.key))),
+        }
     }
     let mut digest = versioned_varints(&[batch.seq]);
     digest.extend_from_slice(&batch.sets_digest.0.to_le_bytes());
