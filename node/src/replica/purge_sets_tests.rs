@@ -5,34 +5,17 @@
 //! of it waits or is in flight.
 
 use crate::crdt::ReplicaId;
-use crate::partition::{Partition, PartitionCount, PartitionSet};
+use crate::partition::PartitionSet;
 use crate::replica::sets::{LikeRequest, SetDelta};
-use crate::replica::tests::Node;
+use crate::replica::tests::{key_in, partitions_of, sixteen, Node};
 use crate::replica::{ChunkRefused, DeltaCursor, DurableState, PullChunk};
 use crate::store::Store;
 
 use super::MEMBERS_PER_DELETION;
 
-fn count() -> PartitionCount {
-    PartitionCount::new(16).unwrap()
-}
-
-fn key_of(prefix: &str, partition: u32) -> String {
-    (0..)
-        .map(|i| format!("{prefix}-{i}"))
-        .find(|key| count().of_key(key.as_bytes()) == Partition(partition))
-        .unwrap()
-}
-
-fn set(partitions: &[u32]) -> PartitionSet {
-    let mut set = PartitionSet::empty(count());
-    set.extend(partitions.iter().map(|p| Partition(*p)));
-    set
-}
-
 fn node() -> Node {
     let mut node = Node::new(1, "eu");
-    node.replica.peers_mut().set_own_partitions(count().get());
+    node.replica.peers_mut().set_own_partitions(sixteen().get());
     node
 }
 
@@ -53,7 +36,7 @@ fn purge(node: &mut Node, kept: &PartitionSet) -> usize {
         let step = node
             .replica
             .poll_purge(1, &node.store, 64, |key| {
-                kept.contains(count().of_key(key.as_bytes()))
+                kept.contains(sixteen().of_key(key.as_bytes()))
             })
             .unwrap();
         deletions += step.sets_deleted;
@@ -72,7 +55,7 @@ fn step_to_a_deletion(node: &mut Node, kept: &PartitionSet) {
         let step = node
             .replica
             .poll_purge(1, &node.store, 64, |key| {
-                kept.contains(count().of_key(key.as_bytes()))
+                kept.contains(sixteen().of_key(key.as_bytes()))
             })
             .unwrap();
         if step.sets_deleted > 0 {
@@ -89,7 +72,10 @@ fn stored(node: &Node, key: &str) -> (u64, u64, usize) {
         .store
         .like_members_after(key, None, usize::MAX)
         .unwrap();
-    let liked = members.iter().filter(|(_, length)| length % 2 == 1).count() as u64;
+    let liked = members
+        .iter()
+        .filter(|(_, length)| length % 2 == 1)
+        .count() as u64;
     (
         node.store.load_like_count(key).unwrap(),
         liked,
@@ -100,8 +86,8 @@ fn stored(node: &Node, key: &str) -> (u64, u64, usize) {
 #[test]
 fn the_sets_of_partitions_not_kept_go_and_the_digest_follows_the_store() {
     let mut a = node();
-    let (kept_set, gone_set) = (key_of("post", 1), key_of("post", 2));
-    let gone_seen = key_of("seen", 3);
+    let (kept_set, gone_set) = (key_in("post", 1), key_in("post", 2));
+    let gone_seen = key_in("seen", 3);
     for member in ["ann", "bob", "cid"] {
         like(&mut a, &kept_set, member, true);
         like(&mut a, &gone_set, member, true);
@@ -111,7 +97,7 @@ fn the_sets_of_partitions_not_kept_go_and_the_digest_follows_the_store() {
         .handle_observe(1, &a.store, &gone_seen, &["ann", "bob"])
         .unwrap();
     a.commit();
-    let kept = set(&[1]);
+    let kept = partitions_of(&[1]);
     a.replica.set_kept(Some(kept.clone()));
     a.replica.start_purge();
     assert_eq!(purge(&mut a, &kept), 2);
@@ -138,7 +124,7 @@ fn the_sets_of_partitions_not_kept_go_and_the_digest_follows_the_store() {
 #[test]
 fn a_large_like_set_goes_in_parts_each_leaving_it_consistent() {
     let mut a = node();
-    let big = key_of("post", 2);
+    let big = key_in("post", 2);
     let members = MEMBERS_PER_DELETION + 10;
     for i in 0..members {
         like(&mut a, &big, &format!("m{i:05}"), true);
@@ -147,7 +133,7 @@ fn a_large_like_set_goes_in_parts_each_leaving_it_consistent() {
         like(&mut a, &big, &format!("m{i:05}"), false);
     }
     a.commit();
-    let kept = set(&[1]);
+    let kept = partitions_of(&[1]);
     a.replica.set_kept(Some(kept.clone()));
     a.replica.start_purge();
     // One deletion takes the first part; its commit leaves a smaller set
@@ -184,11 +170,11 @@ fn chunk(key: &str, member: &str, length: u64) -> PullChunk {
 #[test]
 fn a_set_kept_again_is_not_deleted_and_takes_no_merge_while_deleting() {
     let mut a = node();
-    let key = key_of("post", 2);
+    let key = key_in("post", 2);
     like(&mut a, &key, "ann", true);
     like(&mut a, &key, "bob", true);
     a.commit();
-    let kept = set(&[1]);
+    let kept = partitions_of(&[1]);
     a.replica.set_kept(Some(kept.clone()));
     a.replica.start_purge();
     step_to_a_deletion(&mut a, &kept);

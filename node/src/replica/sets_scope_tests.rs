@@ -8,31 +8,13 @@
 
 use super::super::sets::{LikeRequest, SetDelta};
 use super::super::*;
-use super::{Node, CLUSTER};
-use crate::partition::{Partition, PartitionCount, PartitionSet};
+use super::{key_in, partitions_of, sixteen, Node, CLUSTER};
+use crate::partition::PartitionSet;
 use crate::replica::version::{ProtocolWindow, SETS_BY_PARTITION};
-
-fn count() -> PartitionCount {
-    PartitionCount::new(16).unwrap()
-}
-
-/// The first key `{prefix}-0`, `{prefix}-1` ... of `partition`.
-fn key_of(prefix: &str, partition: u32) -> String {
-    (0..)
-        .map(|i| format!("{prefix}-{i}"))
-        .find(|key| count().of_key(key.as_bytes()) == Partition(partition))
-        .unwrap()
-}
-
-fn set(partitions: &[u32]) -> PartitionSet {
-    let mut set = PartitionSet::empty(count());
-    set.extend(partitions.iter().map(|p| Partition(*p)));
-    set
-}
 
 fn node(id: u64) -> Node {
     let mut node = Node::new(id, "eu");
-    node.replica.peers_mut().set_own_partitions(count().get());
+    node.replica.peers_mut().set_own_partitions(sixteen().get());
     node
 }
 
@@ -71,8 +53,8 @@ fn pulled_set_keys(source: &Node, scope: PartitionSet, newest: u32) -> Vec<Strin
 #[test]
 fn a_scoped_pull_carries_the_set_deltas_of_its_partitions_to_a_caller_that_keeps_them_so() {
     let mut a = node(1);
-    let (likes_1, likes_2) = (key_of("post", 1), key_of("post", 2));
-    let seen_3 = key_of("seen", 3);
+    let (likes_1, likes_2) = (key_in("post", 1), key_in("post", 2));
+    let seen_3 = key_in("seen", 3);
     like(&mut a, &likes_1, None).unwrap();
     like(&mut a, &likes_2, None).unwrap();
     a.replica
@@ -82,33 +64,33 @@ fn a_scoped_pull_carries_the_set_deltas_of_its_partitions_to_a_caller_that_keeps
     let mut in_scope = vec![likes_1.clone(), seen_3.clone()];
     in_scope.sort();
     assert_eq!(
-        pulled_set_keys(&a, set(&[1, 3]), SETS_BY_PARTITION),
+        pulled_set_keys(&a, partitions_of(&[1, 3]), SETS_BY_PARTITION),
         in_scope
     );
     // An older caller keeps every set: it gets every delta.
     let mut every = vec![likes_1, likes_2, seen_3];
     every.sort();
     assert_eq!(
-        pulled_set_keys(&a, set(&[1, 3]), SETS_BY_PARTITION - 1),
+        pulled_set_keys(&a, partitions_of(&[1, 3]), SETS_BY_PARTITION - 1),
         every
     );
     // A partition this node does not serve is not sent, sets included.
-    a.replica.set_serving(Some(set(&[3])));
+    a.replica.set_serving(Some(partitions_of(&[3])));
     assert_eq!(
-        pulled_set_keys(&a, set(&[1, 3]), SETS_BY_PARTITION),
-        vec![key_of("seen", 3)]
+        pulled_set_keys(&a, partitions_of(&[1, 3]), SETS_BY_PARTITION),
+        vec![key_in("seen", 3)]
     );
 }
 
 #[test]
 fn a_pulled_delta_of_a_partition_not_kept_here_is_skipped() {
     let mut a = node(1);
-    let (kept, other) = (key_of("post", 1), key_of("post", 2));
+    let (kept, other) = (key_in("post", 1), key_in("post", 2));
     like(&mut a, &kept, None).unwrap();
     like(&mut a, &other, None).unwrap();
     a.commit();
     let mut b = node(2);
-    b.replica.set_kept(Some(set(&[1])));
+    b.replica.set_kept(Some(partitions_of(&[1])));
     // An older source sends every delta; what b does not keep stays out.
     let chunk = PullChunk {
         source: ReplicaId(1),
@@ -150,10 +132,10 @@ fn a_pulled_delta_of_a_partition_not_kept_here_is_skipped() {
 #[test]
 fn a_like_of_a_partition_not_served_is_refused_and_changes_nothing() {
     let mut a = node(1);
-    let (served, other) = (key_of("post", 1), key_of("post", 2));
+    let (served, other) = (key_in("post", 1), key_in("post", 2));
     assert_eq!(like(&mut a, &other, Some("tap-1")), Ok(1));
     a.commit();
-    a.replica.set_serving(Some(set(&[1])));
+    a.replica.set_serving(Some(partitions_of(&[1])));
     let refused = like(&mut a, &other, Some("tap-2")).unwrap_err();
     assert_eq!(
         refused,

@@ -13,6 +13,26 @@ pub(super) struct Node {
 
 pub(super) const CLUSTER: &str = "test";
 
+/// The partition count of the tests of partitioned sets (16).
+pub(super) fn sixteen() -> crate::partition::PartitionCount {
+    crate::partition::PartitionCount::new(16).unwrap()
+}
+
+/// The first key `{prefix}-0`, `{prefix}-1` ... of `partition` (of 16).
+pub(super) fn key_in(prefix: &str, partition: u32) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|key| sixteen().of_key(key.as_bytes()) == crate::partition::Partition(partition))
+        .unwrap()
+}
+
+/// The set of `partitions` (of 16).
+pub(super) fn partitions_of(partitions: &[u32]) -> crate::partition::PartitionSet {
+    let mut set = crate::partition::PartitionSet::empty(sixteen());
+    set.extend(partitions.iter().map(|p| crate::partition::Partition(*p)));
+    set
+}
+
 fn config() -> ReplicaConfig {
     ReplicaConfig {
         cluster_id: CLUSTER.into(),
