@@ -72,10 +72,7 @@ fn stored(node: &Node, key: &str) -> (u64, u64, usize) {
         .store
         .like_members_after(key, None, usize::MAX)
         .unwrap();
-    let liked = members
-        .iter()
-        .filter(|(_, length)| length % 2 == 1)
-        .count() as u64;
+    let liked = members.iter().filter(|(_, length)| length % 2 == 1).count() as u64;
     (
         node.store.load_like_count(key).unwrap(),
         liked,

@@ -307,6 +307,33 @@ pub async fn read_settled(
     }
 }
 
+/// Waits until each of the nodes `strays` stores no like set and no uniques
+/// key (its sets digest, of what it stores, is 0), at most `timeout`;
+/// returns those that still store some, with their digests.
+pub async fn wait_for_no_sets(
+    nodes: &[super::node::NodeProc],
+    strays: &[usize],
+    timeout: Duration,
+) -> Vec<(usize, Option<u64>)> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut left = Vec::new();
+        for i in strays {
+            let digest = match tally_client::Client::connect(nodes[*i].endpoint.clone()).await {
+                Ok(client) => client.status().await.ok().and_then(|s| s.node.sets_digest),
+                Err(_) => None,
+            };
+            if digest != Some(0) {
+                left.push((*i, digest));
+            }
+        }
+        if left.is_empty() || started.elapsed() >= timeout {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 /// Reads what the node at `endpoint` (of `cluster`) holds.
 pub async fn read_likes(endpoint: &str, cluster: &str) -> anyhow::Result<HeldLikes> {
     let mut likes = LikesClient::connect(endpoint.to_string()).await?;

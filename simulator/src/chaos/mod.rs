@@ -555,6 +555,29 @@ async fn drive(
             membership.key_partitions.map(|_| converge_timeout),
         )
         .await?;
+        if let Some(partitions) = membership.key_partitions {
+            // A node that owns neither set stores none of them once its
+            // purge is done (it may have held them before a move).
+            let seen_owners =
+                placement::set_owners(nodes, running, partitions, likes::UNIQUES_KEY).await;
+            let strays: Vec<usize> = (0..nodes.len())
+                .filter(|i| running[*i] && !readers.contains(i) && !seen_owners.contains(i))
+                .collect();
+            let names: Vec<String> = strays.iter().map(|i| format!("n{i}")).collect();
+            if !names.is_empty() {
+                println!(
+                    "nodes that own neither set store none: {}",
+                    names.join(", ")
+                );
+            }
+            for (node, digest) in likes::wait_for_no_sets(nodes, &strays, converge_timeout).await {
+                checker.violate(
+                    0,
+                    "sets not purged",
+                    format!("n{node} owns neither set but its sets digest is {digest:?}"),
+                );
+            }
+        }
         println!(
             "likes read from {}",
             readers
