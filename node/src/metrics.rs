@@ -522,7 +522,7 @@ impl Metrics {
         );
         registry.register(
             "forwarded_requests",
-            "Counters requests (a batch: each owner's share) forwarded to the key's first live owner in the region, by method and outcome",
+            "Counters and Likes requests (a batch: each owner's share) forwarded to the key's first live owner in the region, by method and outcome",
             metrics.forwarded_requests.clone(),
         );
         Metrics {
