@@ -41,42 +41,6 @@ async fn map_of(endpoint: &str) -> Option<PartitionMap> {
     client.partition_map(Some("eu")).await.ok()
 }
 
-/// Waits until every node answers the same map, with `nodes` nodes all
-/// active and each holding exactly the partitions it owns (nothing is
-/// received or released any more).
-async fn settled_map(endpoints: &[String], nodes: usize) -> PartitionMap {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    loop {
-        let mut maps = Vec::new();
-        for endpoint in endpoints {
-            if let Some(map) = map_of(endpoint).await {
-                maps.push(map);
-            }
-        }
-        let settled = maps.len() == endpoints.len()
-            && maps.iter().all(|map| {
-                map.owners == maps[0].owners
-                    && map.nodes.len() == nodes
-                    && map.nodes.iter().all(|node| {
-                        node.state == "active"
-                            && node.alive
-                            && node.partitions_held == node.partitions_owned
-                            && node.partitions_releasing == 0
-                    })
-            });
-        if settled {
-            // Routes follow the map in the same keeper round; one more round.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            return maps.swap_remove(0);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no settled map: {maps:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// The node's replica id, and each counter it stores (a pull of everything,
 /// no scope, from the start) as its slots: writer to (p, n).
 async fn stored_slots(endpoint: &str) -> (u64, BTreeMap<String, BTreeMap<u64, (u64, u64)>>) {
@@ -149,7 +113,7 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
         }
         nodes.push(node);
     }
-    let map = settled_map(&endpoints(&nodes), 3).await;
+    let map = common::settled_region_map(&endpoints(&nodes), 3).await;
     for endpoint in endpoints(&nodes) {
         check_values(&endpoint, &expected).await;
     }
@@ -265,7 +229,7 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
     .await
     .map(|node| nodes.insert(1, node))
     .unwrap();
-    settled_map(&endpoints(&nodes), 3).await;
+    common::settled_region_map(&endpoints(&nodes), 3).await;
     let (_, metrics) = common::http_get(nodes[1].spec.http, "/metrics").unwrap();
     assert!(
         metrics.contains("tally_partitions_held{state=\"receiving\"} 0"),

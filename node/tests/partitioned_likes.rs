@@ -23,7 +23,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::{NodeProcess, NodeSpec};
-use tally_client::{Client, PartitionMap};
+use tally_client::Client;
 use tally_node::crdt::{Crdt, HyperLogLog};
 use tally_proto::partition::PartitionCount;
 use tally_proto::v1::likes_client::LikesClient;
@@ -67,46 +67,6 @@ fn observed_of(i: usize) -> Vec<String> {
         .map(|m| format!("own-{i}-{m}"))
         .chain((0..50).map(|m| format!("shared-{m}")))
         .collect()
-}
-
-/// Waits until every node answers the same map, with `nodes` nodes all
-/// active and each holding exactly the partitions it owns.
-async fn settled_map(endpoints: &[String], nodes: usize) -> PartitionMap {
-    let deadline = tokio::time::Instant::now() + LIMIT;
-    loop {
-        let mut maps = Vec::new();
-        for endpoint in endpoints {
-            if let Ok(client) = Client::connect(endpoint.clone()).await {
-                if let Ok(map) = client.partition_map(Some("eu")).await {
-                    maps.push(map);
-                }
-            }
-        }
-        let settled = maps.len() == endpoints.len()
-            && maps.iter().all(|map| {
-                map.owners == maps[0].owners
-                    && map
-                        .nodes
-                        .iter()
-                        .filter(|node| node.state == "active")
-                        .count()
-                        == nodes
-                    && map.nodes.iter().all(|node| {
-                        node.partitions_held == node.partitions_owned
-                            && node.partitions_releasing == 0
-                    })
-            });
-        if settled {
-            // Routes follow the map in the same keeper round; one more round.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            return maps.swap_remove(0);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no settled map: {maps:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A request the node answers from its own state: marked as forwarded
@@ -306,7 +266,7 @@ async fn like_sets_and_uniques_live_with_their_partitions_and_move_with_them() {
         let outcome = eu_3.like(&set_key(i), &last).await.unwrap();
         assert!(outcome.changed, "{}", set_key(i));
     }
-    let map = settled_map(&endpoints(&nodes), 3).await;
+    let map = common::settled_region_map(&endpoints(&nodes), 3).await;
     for endpoint in endpoints(&nodes) {
         check_through(&endpoint, union.digest()).await;
     }

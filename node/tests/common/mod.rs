@@ -729,3 +729,47 @@ pub async fn stored_counters_of(endpoint: &str) -> (u64, Vec<tally_proto::v1::Co
     }
     (source, counters)
 }
+
+/// The map of region `eu` as the node at `endpoint` computes it.
+async fn region_map_of(endpoint: &str) -> Option<tally_client::PartitionMap> {
+    let client = tally_client::Client::connect(endpoint.to_string())
+        .await
+        .ok()?;
+    client.partition_map(Some("eu")).await.ok()
+}
+
+/// Waits until every node answers the same map, with `nodes` nodes all
+/// active and each holding exactly the partitions it owns (nothing is
+/// received or released any more).
+pub async fn settled_region_map(endpoints: &[String], nodes: usize) -> tally_client::PartitionMap {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut maps = Vec::new();
+        for endpoint in endpoints {
+            if let Some(map) = region_map_of(endpoint).await {
+                maps.push(map);
+            }
+        }
+        let settled = maps.len() == endpoints.len()
+            && maps.iter().all(|map| {
+                map.owners == maps[0].owners
+                    && map.nodes.len() == nodes
+                    && map.nodes.iter().all(|node| {
+                        node.state == "active"
+                            && node.alive
+                            && node.partitions_held == node.partitions_owned
+                            && node.partitions_releasing == 0
+                    })
+            });
+        if settled {
+            // Routes follow the map in the same keeper round; one more round.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            return maps.swap_remove(0);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no settled map: {maps:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
