@@ -300,31 +300,23 @@ impl Forwarder {
         let mut results: Vec<Option<R>> = (0..count).map(|_| None).collect();
         // Each item's hops; local items are served here, the rest go to
         // their first live owner.
-        let mut local: Vec<usize> = Vec::new();
-        let mut by_owner: BTreeMap<&str, (Vec<Hop<'_>>, Vec<usize>)> = BTreeMap::new();
-        for (index, item) in items.iter().enumerate() {
-            match routes.route(key_of(item)) {
-                Route::Local => local.push(index),
-                Route::Forward(hops) => {
-                    let Some(Hop::Node(owner)) = hops.first().copied() else {
-                        local.push(index);
-                        continue;
-                    };
-                    by_owner
-                        .entry(owner.name.as_str())
-                        .or_insert_with(|| (hops, Vec::new()))
-                        .1
-                        .push(index);
-                }
-            }
-        }
+        let (local, by_owner) =
+            group_by_first_owner(routes, items.iter().enumerate(), |(_, item)| key_of(item));
+        let index_of = |group: Vec<(usize, &I)>| -> Vec<usize> {
+            group.into_iter().map(|(index, _)| index).collect()
+        };
+        let mut local = index_of(local);
+        let by_owner: Vec<(Vec<Hop<'_>>, Vec<usize>)> = by_owner
+            .into_iter()
+            .map(|(hops, group)| (hops, index_of(group)))
+            .collect();
         let send = &send;
         let items_ref = &items;
         // Items of one first owner share its whole route only when their
         // partitions do; grouping by first owner keeps one call per owner,
         // and the failover follows the first item's route (any owner of
         // the key serves it correctly: slots merge).
-        let calls = by_owner.into_values().map(|(hops, indexes)| async move {
+        let calls = by_owner.into_iter().map(|(hops, indexes)| async move {
             let batch: Vec<I> = indexes.iter().map(|i| items_ref[*i].clone()).collect();
             let forwarded = self.forward(method, &hops, batch, deadline, send).await;
             (indexes, forwarded)
@@ -374,6 +366,36 @@ impl Forwarder {
             .collect();
         (results, owners)
     }
+}
+
+/// One first owner's items, with the hops to send them along.
+pub type OwnerGroup<'r, T> = (Vec<Hop<'r>>, Vec<T>);
+
+/// Splits `items` by their key's route: those served here (this node is
+/// the first live owner, or no owner is known), and per first live owner
+/// its items with the first one's hops (any owner of a key serves it
+/// correctly, so one call per owner follows one route).
+pub fn group_by_first_owner<'r, T>(
+    routes: &'r RouteTable,
+    items: impl IntoIterator<Item = T>,
+    key_of: impl Fn(&T) -> &[u8],
+) -> (Vec<T>, Vec<OwnerGroup<'r, T>>) {
+    let mut local = Vec::new();
+    let mut by_owner: BTreeMap<&'r str, (Vec<Hop<'r>>, Vec<T>)> = BTreeMap::new();
+    for item in items {
+        match routes.route(key_of(&item)) {
+            Route::Forward(hops) => match hops.first().copied() {
+                Some(Hop::Node(owner)) => by_owner
+                    .entry(owner.name.as_str())
+                    .or_insert_with(|| (hops, Vec::new()))
+                    .1
+                    .push(item),
+                _ => local.push(item),
+            },
+            Route::Local => local.push(item),
+        }
+    }
+    (local, by_owner.into_values().collect())
 }
 
 /// Whether a forwarded call failed without the owner answering: no

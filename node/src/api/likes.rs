@@ -14,7 +14,6 @@
 //! region nothing is forwarded. The HTTP API's like and uniques endpoints
 //! call this service in-process, so they route alike.
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -27,10 +26,10 @@ use tonic::{Request, Response, Status};
 use super::convert::{item_error, status_of};
 use super::copies::deadline_of;
 use super::counters::{charge_items, check_batch_size, wire_error};
-use super::forward::{hint_owners, is_forwarded, Forwarded, Forwarder};
+use super::forward::{group_by_first_owner, hint_owners, is_forwarded, Forwarded, Forwarder};
 use crate::crdt::{Crdt, HyperLogLog};
 use crate::engine::{Engine, LikeItem};
-use crate::partition::{Hop, Route};
+use crate::partition::Route;
 use crate::replica::LikeAccepted;
 
 /// See the module documentation.
@@ -152,23 +151,9 @@ impl LikesService {
         // Checked here first, so that a bad call is refused whole, as on a
         // node that holds every key.
         crate::engine::sets::check_distinct_keys(&keys).map_err(|e| status_of(&e))?;
-        let mut local: Vec<&[u8]> = Vec::new();
-        let mut by_owner: BTreeMap<&str, (Vec<Hop<'_>>, Vec<&[u8]>)> = BTreeMap::new();
-        for key in &keys {
-            match routes.route(key) {
-                Route::Forward(hops) => match hops.first().copied() {
-                    Some(Hop::Node(owner)) => by_owner
-                        .entry(owner.name.as_str())
-                        .or_insert_with(|| (hops, Vec::new()))
-                        .1
-                        .push(key),
-                    _ => local.push(key),
-                },
-                Route::Local => local.push(key),
-            }
-        }
+        let (mut local, by_owner) = group_by_first_owner(&routes, keys.iter().copied(), |key| key);
         let deadline = deadline_of(request.metadata());
-        let calls = by_owner.into_values().map(|(hops, keys)| async move {
+        let calls = by_owner.into_iter().map(|(hops, keys)| async move {
             let message = pb::DistinctRequest {
                 keys: keys.iter().map(|key| key.to_vec().into()).collect(),
                 with_registers: true,
