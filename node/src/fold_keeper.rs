@@ -67,6 +67,9 @@ pub fn spawn_fold_keeper(
                     .iter()
                     .any(|m| m.alive && m.replica != own && m.report.is_some());
                 let mut round_ran = !folding;
+                core.set_folds_by_partition(
+                    store.format() >= crate::replica::version::FOLDS_BY_PARTITION,
+                );
                 if folding {
                     let retire_after = config.retire_after.as_millis() as u64;
                     let now = now_ms();
@@ -101,7 +104,7 @@ pub fn spawn_fold_keeper(
                 }
                 let folds = core.folds();
                 let metrics = engine.metrics();
-                metrics.folds_done.set(folds.applied() as i64);
+                metrics.folds_done.set(folds.applied_where_kept() as i64);
                 metrics.folds_waiting.set(folds.waits().len() as i64);
                 metrics.retired_writers.set(folds.retired().len() as i64);
                 (folds.report(), core.is_fenced())

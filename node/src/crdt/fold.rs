@@ -69,6 +69,13 @@ impl WriterDigest {
             self.hash = self.hash.wrapping_add(writer_slot_hash(key, new));
         }
     }
+
+    /// Adds the digest of slots in other counters (digests of disjoint sets
+    /// of counters add up: a writer's digest is the sum of its partitions').
+    pub fn add(&mut self, other: WriterDigest) {
+        self.counters = self.counters.wrapping_add(other.counters);
+        self.hash = self.hash.wrapping_add(other.hash);
+    }
 }
 
 impl std::fmt::Display for WriterDigest {
@@ -85,6 +92,10 @@ pub fn writer_slot_hash(key: &str, slot: Slot) -> u64 {
     )
 }
 
+/// A writer's digests per partition, sorted by partition; a partition left
+/// out holds no slot of the writer.
+pub type PartitionDigests = Vec<(u32, WriterDigest)>;
+
 /// One fold: the writers folded at `epoch`, each with the digest of the final
 /// state of its slots that every member reported. Kept forever.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -93,6 +104,13 @@ pub struct FoldRecord {
     pub epoch: u64,
     /// The writers folded, sorted by id, with their final-state digests.
     pub writers: Vec<(ReplicaId, WriterDigest)>,
+    /// From cluster version 10 (`replica/version.rs::FOLDS_BY_PARTITION`):
+    /// each writer's final-state digest per partition, in `writers`' order,
+    /// the sums of which are `writers`' digests. A node applies such a
+    /// record partition by partition, to the partitions it keeps and whose
+    /// digests equal the record's; a record without them (`None`, older
+    /// clusters) is applied whole or not at all.
+    pub by_partition: Option<Vec<(ReplicaId, PartitionDigests)>>,
 }
 
 impl FoldRecord {
@@ -101,7 +119,59 @@ impl FoldRecord {
         let mut writers: Vec<_> = writers.into_iter().collect();
         writers.sort_unstable_by_key(|(writer, _)| *writer);
         writers.dedup_by_key(|(writer, _)| *writer);
-        FoldRecord { epoch, writers }
+        FoldRecord {
+            epoch,
+            writers,
+            by_partition: None,
+        }
+    }
+
+    /// A record of `writers` (any order) at `epoch` with their digests per
+    /// partition (empty digests are left out); each writer's whole digest is
+    /// the sum of its partitions'.
+    pub fn by_partition(
+        epoch: u64,
+        writers: impl IntoIterator<Item = (ReplicaId, PartitionDigests)>,
+    ) -> Self {
+        let mut parts: Vec<(ReplicaId, PartitionDigests)> = writers
+            .into_iter()
+            .map(|(writer, mut digests)| {
+                digests.retain(|(_, digest)| *digest != WriterDigest::default());
+                digests.sort_unstable_by_key(|(partition, _)| *partition);
+                digests.dedup_by_key(|(partition, _)| *partition);
+                (writer, digests)
+            })
+            .collect();
+        parts.sort_unstable_by_key(|(writer, _)| *writer);
+        parts.dedup_by_key(|(writer, _)| *writer);
+        let writers = parts
+            .iter()
+            .map(|(writer, digests)| {
+                let mut total = WriterDigest::default();
+                for (_, digest) in digests {
+                    total.add(*digest);
+                }
+                (*writer, total)
+            })
+            .collect();
+        FoldRecord {
+            epoch,
+            writers,
+            by_partition: Some(parts),
+        }
+    }
+
+    /// The record's digest of `writer`'s slots in `partition`: `None` for a
+    /// record without digests per partition or a writer it does not fold.
+    pub fn partition_digest(&self, writer: ReplicaId, partition: u32) -> Option<WriterDigest> {
+        let parts = self.by_partition.as_ref()?;
+        let (_, digests) = parts.iter().find(|(w, _)| *w == writer)?;
+        Some(
+            digests
+                .binary_search_by_key(&partition, |(p, _)| *p)
+                .map(|index| digests[index].1)
+                .unwrap_or_default(),
+        )
     }
 
     /// The record's own digest, for members to compare records cheaply.
@@ -117,7 +187,22 @@ impl FoldRecord {
         let epoch = self.epoch.to_le_bytes();
         let mut slices: Vec<&[u8]> = vec![&epoch];
         slices.extend(parts.iter().map(|part| &part[..]));
-        stable_hash(10, &slices)
+        let Some(by_partition) = &self.by_partition else {
+            return stable_hash(10, &slices);
+        };
+        let mut partitions: Vec<[u8; 28]> = Vec::new();
+        for (writer, digests) in by_partition {
+            for (partition, digest) in digests {
+                let mut bytes = [0u8; 28];
+                bytes[..8].copy_from_slice(&writer.0.to_le_bytes());
+                bytes[8..12].copy_from_slice(&partition.to_le_bytes());
+                bytes[12..20].copy_from_slice(&digest.counters.to_le_bytes());
+                bytes[20..].copy_from_slice(&digest.hash.to_le_bytes());
+                partitions.push(bytes);
+            }
+        }
+        slices.extend(partitions.iter().map(|part| &part[..]));
+        stable_hash(11, &slices)
     }
 }
 

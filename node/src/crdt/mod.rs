@@ -17,7 +17,9 @@ pub use causal_length::{check_member, CausalLengthSet, LengthOverflow, MemberErr
 pub use digest::{
     counter_digest, member_digest, register_digest, stable_hash, SetsDigest, StateDigest,
 };
-pub use fold::{writer_slot_hash, FoldBook, FoldError, FoldRecord, FoldedBase, WriterDigest};
+pub use fold::{
+    writer_slot_hash, FoldBook, FoldError, FoldRecord, FoldedBase, PartitionDigests, WriterDigest,
+};
 pub use hll::HyperLogLog;
 pub use pn_counter::{AddError, PnCounter, ReplicaId, Slot, ValueOutOfRange};
 

@@ -7,8 +7,18 @@
 //! `1|retired|digests|records|candidate`, where `retired` is hex ids joined
 //! by `,`; `digests` is `id:counters:hash` joined by `,`; a record is
 //! `epoch/id:counters:hash+id:counters:hash`, and `records` joins them by `;`.
+//!
+//! A report by partition (cluster version 10, `replica/fold_partitions.rs`)
+//! is `2|retired|digests|records|candidate|kept|by_partition`: `kept` is
+//! `*` (every partition) or `count:hex` ([`PartitionSet::to_hex`]);
+//! `by_partition` is `id=` then `partition.counters.hash` entries joined by
+//! `_`, writers joined by `+`; and a record with digests per partition
+//! appends `@` and its own `by_partition`. Version 1 is written whenever
+//! there is nothing by partition, so older builds read it.
 
-use crate::crdt::{FoldRecord, ReplicaId, WriterDigest};
+use crate::crdt::{FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
+use crate::partition::{PartitionCount, PartitionSet};
+use crate::replica::fold_partitions::PartitionReport;
 use crate::replica::folds::FoldReport;
 
 /// The chitchat key of the report.
@@ -24,7 +34,63 @@ fn record_text(record: &FoldRecord) -> String {
         .iter()
         .map(|(writer, digest)| digest_text(*writer, *digest))
         .collect();
-    format!("{}/{}", record.epoch, writers.join("+"))
+    match &record.by_partition {
+        None => format!("{}/{}", record.epoch, writers.join("+")),
+        Some(parts) => format!(
+            "{}/{}@{}",
+            record.epoch,
+            writers.join("+"),
+            by_partition_text(parts)
+        ),
+    }
+}
+
+fn by_partition_text(parts: &[(ReplicaId, PartitionDigests)]) -> String {
+    let writers: Vec<String> = parts
+        .iter()
+        .map(|(writer, digests)| {
+            let entries: Vec<String> = digests
+                .iter()
+                .map(|(partition, d)| format!("{partition}.{}.{:x}", d.counters, d.hash))
+                .collect();
+            format!("{:x}={}", writer.0, entries.join("_"))
+        })
+        .collect();
+    writers.join("+")
+}
+
+fn parse_by_partition(text: &str) -> Option<Vec<(ReplicaId, PartitionDigests)>> {
+    list(text, '+', |part| {
+        let (writer, entries) = part.split_once('=')?;
+        let writer = ReplicaId(u64::from_str_radix(writer, 16).ok()?);
+        let digests = list(entries, '_', |entry| {
+            let mut fields = entry.split('.');
+            let partition = fields.next()?.parse().ok()?;
+            let counters = fields.next()?.parse().ok()?;
+            let hash = u64::from_str_radix(fields.next()?, 16).ok()?;
+            fields
+                .next()
+                .is_none()
+                .then_some((partition, WriterDigest { counters, hash }))
+        })?;
+        Some((writer, digests))
+    })
+}
+
+fn kept_text(kept: Option<&PartitionSet>) -> String {
+    match kept {
+        None => "*".to_string(),
+        Some(set) => format!("{}:{}", set.count().get(), set.to_hex()),
+    }
+}
+
+fn parse_kept(text: &str) -> Option<Option<PartitionSet>> {
+    if text == "*" {
+        return Some(None);
+    }
+    let (count, hex) = text.split_once(':')?;
+    let count = PartitionCount::new(count.parse().ok()?).ok()?;
+    Some(Some(PartitionSet::from_hex(count, hex).ok()?))
 }
 
 /// The report as text.
@@ -45,13 +111,33 @@ pub fn encode(report: &FoldReport) -> String {
         .as_ref()
         .map(record_text)
         .unwrap_or_default();
-    format!(
-        "1|{}|{}|{}|{}",
-        retired.join(","),
-        digests.join(","),
-        records.join(";"),
-        candidate
-    )
+    let by_partition = report
+        .records
+        .iter()
+        .chain(&report.candidate)
+        .any(|record| record.by_partition.is_some());
+    match &report.partitions {
+        None if !by_partition => format!(
+            "1|{}|{}|{}|{}",
+            retired.join(","),
+            digests.join(","),
+            records.join(";"),
+            candidate
+        ),
+        partitions => format!(
+            "2|{}|{}|{}|{}|{}|{}",
+            retired.join(","),
+            digests.join(","),
+            records.join(";"),
+            candidate,
+            partitions
+                .as_ref()
+                .map_or("-".to_string(), |p| kept_text(p.kept.as_ref())),
+            partitions
+                .as_ref()
+                .map_or(String::new(), |p| by_partition_text(&p.digests)),
+        ),
+    }
 }
 
 fn parse_digest(text: &str) -> Option<(ReplicaId, WriterDigest)> {
@@ -66,9 +152,23 @@ fn parse_digest(text: &str) -> Option<(ReplicaId, WriterDigest)> {
 }
 
 fn parse_record(text: &str) -> Option<FoldRecord> {
-    let (epoch, writers) = text.split_once('/')?;
-    let writers: Option<Vec<_>> = writers.split('+').map(parse_digest).collect();
-    Some(FoldRecord::new(epoch.parse().ok()?, writers?))
+    let (epoch, rest) = text.split_once('/')?;
+    let epoch = epoch.parse().ok()?;
+    let (writers, by_partition) = match rest.split_once('@') {
+        Some((writers, parts)) => (writers, Some(parse_by_partition(parts)?)),
+        None => (rest, None),
+    };
+    let writers: Vec<_> = writers
+        .split('+')
+        .map(parse_digest)
+        .collect::<Option<_>>()?;
+    let Some(parts) = by_partition else {
+        return Some(FoldRecord::new(epoch, writers));
+    };
+    // The whole digests are the sums of the partitions': a record whose
+    // text says otherwise is not one this build wrote.
+    let record = FoldRecord::by_partition(epoch, parts);
+    (record.writers == FoldRecord::new(epoch, writers).writers).then_some(record)
 }
 
 fn list<T>(text: &str, sep: char, parse: impl Fn(&str) -> Option<T>) -> Option<Vec<T>> {
@@ -81,7 +181,8 @@ fn list<T>(text: &str, sep: char, parse: impl Fn(&str) -> Option<T>) -> Option<V
 /// A report from its text; `None` when it does not parse.
 pub fn decode(text: &str) -> Option<FoldReport> {
     let mut parts = text.split('|');
-    if parts.next()? != "1" {
+    let version = parts.next()?;
+    if version != "1" && version != "2" {
         return None;
     }
     let retired = list(parts.next()?, ',', |id| {
@@ -93,11 +194,25 @@ pub fn decode(text: &str) -> Option<FoldReport> {
         "" => None,
         text => Some(parse_record(text)?),
     };
+    let partitions = match version {
+        "1" => None,
+        _ => match parts.next()? {
+            "-" => {
+                parts.next()?;
+                None
+            }
+            kept => Some(PartitionReport {
+                kept: parse_kept(kept)?,
+                digests: parse_by_partition(parts.next()?)?,
+            }),
+        },
+    };
     parts.next().is_none().then_some(FoldReport {
         retired,
         digests,
         records,
         candidate,
+        partitions,
     })
 }
 
@@ -117,6 +232,7 @@ mod tests {
             digests: vec![(ReplicaId(u64::MAX), digest)],
             records: vec![FoldRecord::new(1, [(ReplicaId(7), digest)]), record.clone()],
             candidate: Some(FoldRecord::new(3, [(ReplicaId(u64::MAX), digest)])),
+            partitions: None,
         };
         assert_eq!(decode(&encode(&report)), Some(report));
         let empty = FoldReport::default();
@@ -129,6 +245,61 @@ mod tests {
             "1|||x/1:2:3|",
             "1|||||",
         ] {
+            assert_eq!(decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_report_by_partition_round_trips_and_a_record_whose_sums_differ_is_no_report() {
+        let digest = |counters, hash| WriterDigest { counters, hash };
+        let count = PartitionCount::new(16).unwrap();
+        let mut kept = PartitionSet::empty(count);
+        kept.insert(crate::partition::Partition(3));
+        kept.insert(crate::partition::Partition(15));
+        let record = FoldRecord::by_partition(
+            1,
+            [
+                (
+                    ReplicaId(9),
+                    vec![(3, digest(2, 7)), (15, digest(1, u64::MAX))],
+                ),
+                (ReplicaId(4), vec![]),
+            ],
+        );
+        let report = FoldReport {
+            retired: vec![ReplicaId(4), ReplicaId(9), ReplicaId(11)],
+            digests: vec![(ReplicaId(11), digest(3, 5))],
+            records: vec![record.clone()],
+            candidate: Some(FoldRecord::by_partition(
+                2,
+                [(ReplicaId(11), vec![(0, digest(3, 5))])],
+            )),
+            partitions: Some(PartitionReport {
+                kept: Some(kept),
+                digests: vec![(ReplicaId(11), vec![(3, digest(3, 5))])],
+            }),
+        };
+        let text = encode(&report);
+        assert!(text.starts_with("2|"), "{text}");
+        assert_eq!(decode(&text), Some(report.clone()));
+        let every = FoldReport {
+            partitions: Some(PartitionReport {
+                kept: None,
+                digests: vec![],
+            }),
+            ..report.clone()
+        };
+        assert_eq!(decode(&encode(&every)), Some(every));
+        // Records by partition alone still need version 2.
+        let records_only = FoldReport {
+            partitions: None,
+            ..report
+        };
+        assert_eq!(decode(&encode(&records_only)), Some(records_only));
+        // A record whose whole digest is not the sum of its partitions'.
+        let forged = "2||||1/9:4:8@9=3.2.7_15.1.1|*|";
+        assert_eq!(decode(forged), None);
+        for bad in ["2|||||*", "2||||||", "2|||||7:zz|", "2|||||*|9=x"] {
             assert_eq!(decode(bad), None, "{bad:?}");
         }
     }

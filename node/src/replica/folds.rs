@@ -41,7 +41,13 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::crdt::{FoldBook, FoldError, FoldRecord, ReplicaId, Slot, WriterDigest};
+use crate::crdt::{
+    FoldBook, FoldError, FoldRecord, PartitionDigests, ReplicaId, Slot, WriterDigest,
+};
+use crate::partition::{PartitionCount, PartitionSet};
+
+use super::fold_partitions::{ByPartition, PartitionReport, PartitionWait};
+pub use super::fold_waits::FoldWait;
 
 /// Why a writer was retired.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -81,100 +87,9 @@ pub struct FoldReport {
     pub records: Vec<FoldRecord>,
     /// Its candidate for the next epoch.
     pub candidate: Option<FoldRecord>,
-}
-
-/// Why a retired writer is not folded yet.
-#[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
-pub enum FoldWait {
-    /// A counted member has not reported its state of the writer.
-    #[error("member {member} has not reported its state of writer {writer} (down or cut off?)")]
-    NotReported {
-        /// The member.
-        member: ReplicaId,
-        /// The writer.
-        writer: ReplicaId,
-    },
-    /// A member holds another state of the writer than this node.
-    #[error("member {member} holds another state of writer {writer} ({theirs}; here {ours}); waiting for anti-entropy")]
-    Differs {
-        /// The member.
-        member: ReplicaId,
-        /// The writer.
-        writer: ReplicaId,
-        /// Our digest.
-        ours: WriterDigest,
-        /// Theirs.
-        theirs: WriterDigest,
-    },
-    /// The retired writer itself is up (gossip shows it alive) and its own
-    /// report does not show it fenced: a node restarted on its old data
-    /// directory takes adds until it hears of its retirement, so nobody else
-    /// holds its final state yet.
-    #[error("writer {writer} is up and has not fenced itself yet (restarted on its old data directory?); its fold waits for its own report of its final state")]
-    WriterUp {
-        /// The writer.
-        writer: ReplicaId,
-    },
-    /// This node has not learned of the writer by state yet (a node that
-    /// just started on an empty disk): it cannot tell who holds its slots.
-    #[error("this node has no state of writer {writer} yet (it joined after it); it waits for anti-entropy")]
-    NotLearned {
-        /// The writer.
-        writer: ReplicaId,
-    },
-    /// A member has not committed the candidate for the epoch yet.
-    #[error("member {member} has not agreed to fold epoch {epoch} yet")]
-    NotAgreed {
-        /// The member.
-        member: ReplicaId,
-        /// The epoch of the candidate.
-        epoch: u64,
-    },
-    /// The record is committed, but this node's state of a writer differs
-    /// from the record's, so its counters take the fold by merges only.
-    #[error("fold epoch {epoch} is committed but this node's state of writer {writer} ({ours}) is not the record's ({record}); its counters take the fold from peers")]
-    NotApplicable {
-        /// The epoch.
-        epoch: u64,
-        /// The writer.
-        writer: ReplicaId,
-        /// Our digest.
-        ours: WriterDigest,
-        /// The record's.
-        record: WriterDigest,
-    },
-}
-
-impl FoldWait {
-    /// The wait as `tally status` shows it, on a node that keeps `held` of
-    /// the region's partitions (`None`: every one). A node that keeps only
-    /// some of them (a partitioned region whose replication factor is below
-    /// its node count) holds a writer's slots in those partitions only, so
-    /// its state differs from a member that keeps others however long
-    /// anti-entropy runs: folds need every member to hold every counter of
-    /// the writer, which such a region never has. The status says so
-    /// instead of promising that anti-entropy will settle it.
-    pub fn explain(&self, held: Option<(usize, u32)>) -> String {
-        let Some((kept, count)) = held.filter(|(kept, count)| (*kept as u64) < u64::from(*count))
-        else {
-            return self.to_string();
-        };
-        let lasting = format!(
-            "this node keeps {kept} of the region's {count} partitions and other members keep others, so their states of a writer differ for good: folds in a partitioned region whose replication factor is below its node count are not built yet, and the writer's slots stay (counted once, as live slots)"
-        );
-        match self {
-            FoldWait::Differs {
-                member,
-                writer,
-                ours,
-                theirs,
-            } => format!(
-                "member {member} holds another state of writer {writer} ({theirs}; here {ours}): {lasting}"
-            ),
-            FoldWait::NotApplicable { .. } => format!("{self}: {lasting}"),
-            _ => self.to_string(),
-        }
-    }
+    /// Its state by partition (from cluster version 10; see
+    /// `fold_partitions.rs`).
+    pub partitions: Option<PartitionReport>,
 }
 
 /// Why `tally admin retire` was refused. Nothing changed.
@@ -221,6 +136,30 @@ pub struct Folds {
     dead_since_ms: HashMap<ReplicaId, u64>,
     /// The node name of every member seen since start (in memory only).
     node_names: HashMap<ReplicaId, String>,
+    /// Digests and applied epochs by partition, once the node's partition
+    /// count is known ([`Self::track_partitions`]).
+    by_partition: Option<ByPartition>,
+    /// Applied epochs by partition recovered from disk, until then.
+    recovered_parts: Vec<(u32, u64)>,
+}
+
+/// A retired writer's final state as a fold record names it.
+#[derive(Clone, PartialEq, Eq, Debug)]
+enum Final {
+    /// Its digest over every counter (clusters before version 10).
+    Whole(WriterDigest),
+    /// Its digest per partition (cluster version 10 on).
+    ByPartition(PartitionDigests),
+}
+
+/// The writer digests a commit changes, whole and per partition, each
+/// starting from the node's durable digest.
+#[derive(Debug, Default)]
+pub struct DigestChanges {
+    /// Per writer.
+    pub whole: BTreeMap<ReplicaId, WriterDigest>,
+    /// Per writer and partition (when the node tracks partitions).
+    pub by_partition: BTreeMap<(ReplicaId, u32), WriterDigest>,
 }
 
 impl Folds {
@@ -248,8 +187,142 @@ impl Folds {
             applied,
             ..Folds::default()
         };
-        folds.applied = folds.applicable_upto();
+        folds.advance_applied();
         folds
+    }
+
+    /// The applied epochs by partition that differ from the recovered
+    /// floor (persisted by a node that tracked partitions), used once
+    /// [`Self::track_partitions`] is called.
+    pub fn set_recovered_partitions(&mut self, parts: Vec<(u32, u64)>) {
+        self.recovered_parts = parts;
+    }
+
+    /// Starts tracking digests and applied epochs by partition, for a node
+    /// of `count` partitions whose stored counters give `digests` (per
+    /// writer and partition).
+    pub fn track_partitions(
+        &mut self,
+        count: PartitionCount,
+        digests: HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>,
+    ) {
+        let parts = std::mem::take(&mut self.recovered_parts);
+        self.by_partition = Some(ByPartition::new(count, digests, self.applied, &parts));
+        self.advance_applied();
+    }
+
+    /// The partition count, once tracked.
+    pub fn partition_count(&self) -> Option<PartitionCount> {
+        self.by_partition.as_ref().map(ByPartition::count)
+    }
+
+    /// Whether folds agree and are recorded partition by partition (cluster
+    /// version 10, on a node that tracks partitions).
+    pub fn agrees_by_partition(&self) -> bool {
+        self.by_partition.as_ref().is_some_and(|bp| bp.agree)
+    }
+
+    /// Folds agree partition by partition from now on (the cluster version
+    /// reached 10). A candidate of the other kind gives way.
+    pub fn set_agree_by_partition(&mut self, agree: bool) {
+        let Some(bp) = self.by_partition.as_mut() else {
+            return;
+        };
+        bp.agree = agree;
+        if self
+            .candidate
+            .as_ref()
+            .is_some_and(|candidate| candidate.by_partition.is_some() != agree)
+        {
+            self.candidate = None;
+        }
+    }
+
+    /// The partitions this node keeps from now on (`None`: every one).
+    pub fn set_kept(&mut self, kept: Option<PartitionSet>) {
+        if let Some(bp) = self.by_partition.as_mut() {
+            bp.set_kept(kept);
+        }
+    }
+
+    /// Fold epochs up to this one are applied to the counters of every
+    /// partition this node keeps (all of them when none are tracked).
+    pub fn applied_where_kept(&self) -> u64 {
+        match &self.by_partition {
+            Some(bp) => bp.applied_where_kept(),
+            None => self.applied,
+        }
+    }
+
+    /// Fold epochs up to this one are applied to the counter `key`.
+    pub fn applied_for(&self, key: &str) -> u64 {
+        match &self.by_partition {
+            Some(bp) => bp.applied(bp.of_key(key)),
+            None => self.applied,
+        }
+    }
+
+    /// A number that changes whenever an applied epoch does (the fold
+    /// sweep's target): the applied epoch, or the sum over partitions.
+    pub fn applied_mark(&self) -> u64 {
+        match &self.by_partition {
+            Some(bp) => bp.applied_sum(),
+            None => self.applied,
+        }
+    }
+
+    /// Applied epochs by partition for the next commit, if they changed.
+    pub fn take_applied_partitions(&mut self) -> Option<Vec<(u32, u64)>> {
+        self.by_partition.as_mut()?.take_applied()
+    }
+
+    /// A commit that carried [`Self::take_applied_partitions`] failed.
+    pub fn restore_applied_partitions(&mut self) {
+        if let Some(bp) = self.by_partition.as_mut() {
+            bp.restore_applied();
+        }
+    }
+
+    /// This node's digest of `writer`'s slots in `partition` (empty when
+    /// partitions are not tracked).
+    pub fn partition_digest_of(&self, writer: ReplicaId, partition: u32) -> WriterDigest {
+        self.by_partition
+            .as_ref()
+            .map(|bp| bp.digest(writer, partition))
+            .unwrap_or_default()
+    }
+
+    /// Adds a slot change of a commit to `changes` (see [`DigestChanges`]).
+    pub fn note_change(
+        &self,
+        changes: &mut DigestChanges,
+        key: &str,
+        writer: ReplicaId,
+        old: Slot,
+        new: Slot,
+    ) {
+        changes
+            .whole
+            .entry(writer)
+            .or_insert_with(|| self.digest_of(writer))
+            .replace(key, old, new);
+        if let Some(bp) = &self.by_partition {
+            let partition = bp.of_key(key);
+            changes
+                .by_partition
+                .entry((writer, partition))
+                .or_insert_with(|| bp.digest(writer, partition))
+                .replace(key, old, new);
+        }
+    }
+
+    /// Sets writers' digests by partition to what a durable commit made them.
+    pub fn set_partition_digests(&mut self, digests: &[(ReplicaId, u32, WriterDigest)]) {
+        if let Some(bp) = self.by_partition.as_mut() {
+            for (writer, partition, digest) in digests {
+                bp.set_digest(*writer, *partition, *digest);
+            }
+        }
     }
 
     /// The committed fold records.
@@ -273,7 +346,8 @@ impl Folds {
         }
     }
 
-    /// Epochs up to this one are applied to this node's counters.
+    /// Epochs up to this one are applied to every partition's counters
+    /// (the lowest partition's, when partitions are tracked).
     pub fn applied(&self) -> u64 {
         self.applied
     }
@@ -308,6 +382,12 @@ impl Folds {
     pub fn note_slot(&mut self, key: &str, writer: ReplicaId, old: Slot, new: Slot) {
         if old == new {
             return;
+        }
+        if let Some(bp) = self.by_partition.as_mut() {
+            let partition = bp.of_key(key);
+            let mut digest = bp.digest(writer, partition);
+            digest.replace(key, old, new);
+            bp.set_digest(writer, partition, digest);
         }
         let digest = self.digests.entry(writer).or_default();
         digest.replace(key, old, new);
@@ -422,6 +502,11 @@ impl Folds {
                 .collect(),
             records: self.book.records().to_vec(),
             candidate: self.candidate.clone(),
+            partitions: self
+                .by_partition
+                .as_ref()
+                .filter(|bp| bp.agree)
+                .map(|bp| bp.report(self.unfolded_retired())),
         }
     }
 
@@ -455,7 +540,7 @@ impl Folds {
         learned: &dyn Fn(ReplicaId) -> bool,
     ) -> Result<Vec<FoldRecord>, FoldError> {
         let committed = self.round(counted, members, learned);
-        self.applied = self.applicable_upto();
+        self.advance_applied();
         committed
     }
 
@@ -493,7 +578,8 @@ impl Folds {
             .collect();
         let next = self.book.epoch() + 1;
         // Propose, or grow our candidate with what others propose and we agree on.
-        let ready: Vec<(ReplicaId, WriterDigest)> = self
+        let by_partition = self.agrees_by_partition();
+        let ready: Vec<(ReplicaId, Final)> = self
             .unfolded_retired()
             .collect::<Vec<_>>()
             .into_iter()
@@ -501,13 +587,14 @@ impl Folds {
                 let agreement = match learned(writer) {
                     true => self
                         .agreement(writer, &counted, &reports)
-                        .and_then(|digest| {
-                            settled(writer, digest, members, &reports).map(|()| digest)
+                        .and_then(|final_state| {
+                            self.settled(writer, &final_state, members, &reports)
+                                .map(|()| final_state)
                         }),
                     false => Err(FoldWait::NotLearned { writer }),
                 };
                 match agreement {
-                    Ok(digest) => Some((writer, digest)),
+                    Ok(final_state) => Some((writer, final_state)),
                     Err(wait) => {
                         self.waits.insert(writer, wait);
                         None
@@ -515,31 +602,53 @@ impl Folds {
                 }
             })
             .collect();
-        let mut writers: BTreeMap<ReplicaId, WriterDigest> = self
-            .candidate
-            .iter()
-            .flat_map(|candidate| candidate.writers.iter().copied())
-            .collect();
+        let mut writers: BTreeMap<ReplicaId, Final> =
+            self.candidate.iter().flat_map(finals).collect();
         writers.extend(ready);
         for report in reports.values() {
-            let Some(theirs) = report.candidate.as_ref().filter(|c| c.epoch == next) else {
+            let Some(theirs) = report
+                .candidate
+                .as_ref()
+                .filter(|c| c.epoch == next && c.by_partition.is_some() == by_partition)
+            else {
                 continue;
             };
-            for (writer, digest) in &theirs.writers {
-                let agrees = self.is_retired(*writer)
-                    && self.book.folded_at(*writer).is_none()
-                    && learned(*writer)
-                    && self.digest_of(*writer) == *digest
-                    && settled(*writer, *digest, members, &reports).is_ok();
+            for (writer, final_state) in finals(theirs) {
+                let agrees = self.is_retired(writer)
+                    && self.book.folded_at(writer).is_none()
+                    && learned(writer)
+                    && self.holds(writer, &final_state)
+                    && self
+                        .settled(writer, &final_state, members, &reports)
+                        .is_ok();
                 if agrees {
-                    writers.entry(*writer).or_insert(*digest);
+                    writers.entry(writer).or_insert(final_state);
                 }
             }
         }
         if writers.is_empty() {
             return Ok(committed);
         }
-        let candidate = FoldRecord::new(next, writers);
+        let candidate = match by_partition {
+            true => FoldRecord::by_partition(
+                next,
+                writers
+                    .into_iter()
+                    .map(|(writer, final_state)| match final_state {
+                        Final::ByPartition(digests) => (writer, digests),
+                        Final::Whole(_) => unreachable!("one kind of candidate per mode"),
+                    }),
+            ),
+            false => FoldRecord::new(
+                next,
+                writers
+                    .into_iter()
+                    .map(|(writer, final_state)| match final_state {
+                        Final::Whole(digest) => (writer, digest),
+                        Final::ByPartition(_) => unreachable!("one kind of candidate per mode"),
+                    }),
+            ),
+        };
         self.candidate = Some(candidate.clone());
         for member in &counted {
             let agreed = reports.get(member).is_some_and(|report| {
@@ -563,13 +672,53 @@ impl Folds {
         Ok(committed)
     }
 
-    /// The agreement rule for one writer: every counted member reports our digest.
+    /// Whether this node's own state of `writer` is `final_state` (by
+    /// partition: in every partition it keeps).
+    fn holds(&self, writer: ReplicaId, final_state: &Final) -> bool {
+        match (final_state, &self.by_partition) {
+            (Final::Whole(digest), _) => self.digest_of(writer) == *digest,
+            (Final::ByPartition(digests), Some(bp)) => bp.own_matches(writer, digests),
+            (Final::ByPartition(_), None) => false,
+        }
+    }
+
+    /// The agreement rule for one writer: every counted member reports our
+    /// digest; by partition, every member keeping a partition reports the
+    /// same digest of it (`fold_partitions.rs`).
     fn agreement(
         &self,
         writer: ReplicaId,
         counted: &[ReplicaId],
         reports: &HashMap<ReplicaId, &FoldReport>,
-    ) -> Result<WriterDigest, FoldWait> {
+    ) -> Result<Final, FoldWait> {
+        if let Some(bp) = self.by_partition.as_ref().filter(|bp| bp.agree) {
+            return bp
+                .agreement(writer, counted, |member| {
+                    reports.get(&member)?.partitions.as_ref()
+                })
+                .map(Final::ByPartition)
+                .map_err(|wait| match wait {
+                    PartitionWait::NotReported(member) if !reports.contains_key(&member) => {
+                        FoldWait::NotReported { member, writer }
+                    }
+                    PartitionWait::NotReported(member) => {
+                        FoldWait::NotReportedByPartition { member, writer }
+                    }
+                    PartitionWait::Differs {
+                        member,
+                        partition,
+                        ours,
+                        theirs,
+                    } => FoldWait::DiffersIn {
+                        member,
+                        writer,
+                        partition,
+                        ours,
+                        theirs,
+                    },
+                    PartitionWait::Unkept(partition) => FoldWait::Unkept { writer, partition },
+                });
+        }
         let ours = self.digest_of(writer);
         for member in counted {
             let theirs = reports
@@ -589,7 +738,59 @@ impl Folds {
                 });
             }
         }
-        Ok(ours)
+        Ok(Final::Whole(ours))
+    }
+
+    /// The rule for a retired writer that gossip shows up: its slots may
+    /// still grow (a node restarted on its old data directory takes adds
+    /// until it hears of its retirement), so the others' agreeing digests
+    /// are not its final state. It is ready only once its own report lists
+    /// it retired (it has fenced itself and takes no more adds) with the
+    /// same state (by partition: in every partition it keeps). A writer
+    /// that is down, or that this node does not see, adds nothing to the
+    /// rule.
+    fn settled(
+        &self,
+        writer: ReplicaId,
+        final_state: &Final,
+        members: &[FoldMember],
+        reports: &HashMap<ReplicaId, &FoldReport>,
+    ) -> Result<(), FoldWait> {
+        if !members.iter().any(|m| m.replica == writer && m.alive) {
+            return Ok(());
+        }
+        let Some(own) = reports
+            .get(&writer)
+            .filter(|report| report.retired.contains(&writer))
+        else {
+            return Err(FoldWait::WriterUp { writer });
+        };
+        match final_state {
+            Final::Whole(digest) => match own.digests.iter().find(|(w, _)| *w == writer) {
+                None => Err(FoldWait::WriterUp { writer }),
+                Some((_, theirs)) if theirs != digest => Err(FoldWait::Differs {
+                    member: writer,
+                    writer,
+                    ours: *digest,
+                    theirs: *theirs,
+                }),
+                Some(_) => Ok(()),
+            },
+            Final::ByPartition(digests) => {
+                let (Some(report), Some(count)) = (&own.partitions, self.partition_count()) else {
+                    return Err(FoldWait::WriterUp { writer });
+                };
+                ByPartition::report_matches(report, writer, digests, count).map_err(
+                    |(partition, ours, theirs)| FoldWait::DiffersIn {
+                        member: writer,
+                        writer,
+                        partition,
+                        ours,
+                        theirs,
+                    },
+                )
+            }
+        }
     }
 
     fn commit(&mut self, record: FoldRecord) -> Result<(), FoldError> {
@@ -602,13 +803,50 @@ impl Folds {
             self.candidate = None;
         }
         self.pending_records.push(record);
-        self.applied = self.applicable_upto();
+        self.advance_applied();
         Ok(())
     }
 
-    /// The newest epoch this node may apply to its own counters: every
-    /// epoch up to it names, for each writer, the digest this node holds
-    /// (or the node already applied it).
+    /// Raises the applied epochs as far as this node may: every epoch up to
+    /// one names, for each writer, the digest this node holds (by
+    /// partition: of that partition, which it keeps), or the node already
+    /// applied it.
+    fn advance_applied(&mut self) {
+        let Some(bp) = self.by_partition.as_mut() else {
+            self.applied = self.applicable_upto();
+            return;
+        };
+        let digests = &self.digests;
+        let refusals = bp.advance(&self.book, |record| {
+            record.writers.iter().find_map(|(writer, digest)| {
+                let ours = digests.get(writer).copied().unwrap_or_default();
+                (ours != *digest).then_some((*writer, ours, *digest))
+            })
+        });
+        self.applied = bp.applied_floor();
+        for refusal in refusals {
+            let wait = match refusal.partition {
+                Some(partition) => FoldWait::NotApplicableIn {
+                    epoch: refusal.epoch,
+                    writer: refusal.writer,
+                    partition,
+                    ours: refusal.ours,
+                    record: refusal.theirs,
+                },
+                None => FoldWait::NotApplicable {
+                    epoch: refusal.epoch,
+                    writer: refusal.writer,
+                    ours: refusal.ours,
+                    record: refusal.theirs,
+                },
+            };
+            self.waits.insert(refusal.writer, wait);
+        }
+    }
+
+    /// The newest epoch this node may apply to its own counters, whole:
+    /// every epoch up to it names, for each writer, the digest this node
+    /// holds (or the node already applied it).
     fn applicable_upto(&mut self) -> u64 {
         let mut upto = self.applied;
         while let Some(record) = self.book.record(upto + 1) {
@@ -657,35 +895,18 @@ impl Folds {
     }
 }
 
-/// The rule for a retired writer that gossip shows up: its slots may still
-/// grow (a node restarted on its old data directory takes adds until it
-/// hears of its retirement), so the others' agreeing digests are not its
-/// final state. It is ready only once its own report lists it retired (it
-/// has fenced itself and takes no more adds) with a digest equal to
-/// `digest`. A writer that is down, or that this node does not see, adds
-/// nothing to the rule.
-fn settled(
-    writer: ReplicaId,
-    digest: WriterDigest,
-    members: &[FoldMember],
-    reports: &HashMap<ReplicaId, &FoldReport>,
-) -> Result<(), FoldWait> {
-    if !members.iter().any(|m| m.replica == writer && m.alive) {
-        return Ok(());
-    }
-    let own = reports
-        .get(&writer)
-        .filter(|report| report.retired.contains(&writer))
-        .and_then(|report| report.digests.iter().find(|(w, _)| *w == writer));
-    match own {
-        None => Err(FoldWait::WriterUp { writer }),
-        Some((_, theirs)) if *theirs != digest => Err(FoldWait::Differs {
-            member: writer,
-            writer,
-            ours: digest,
-            theirs: *theirs,
-        }),
-        Some(_) => Ok(()),
+/// A record's writers with their final states.
+fn finals(record: &FoldRecord) -> Vec<(ReplicaId, Final)> {
+    match &record.by_partition {
+        Some(parts) => parts
+            .iter()
+            .map(|(writer, digests)| (*writer, Final::ByPartition(digests.clone())))
+            .collect(),
+        None => record
+            .writers
+            .iter()
+            .map(|(writer, digest)| (*writer, Final::Whole(*digest)))
+            .collect(),
     }
 }
 

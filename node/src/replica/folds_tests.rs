@@ -427,7 +427,7 @@ fn a_differing_state_on_a_node_that_keeps_some_partitions_is_explained_as_lastin
     assert!(
         partial.contains("keeps 11 of the region's 16 partitions")
             && partial.contains("differ for good")
-            && partial.contains("not built yet"),
+            && partial.contains("partition by partition"),
         "{partial}"
     );
     assert!(!partial.contains("anti-entropy"), "{partial}");

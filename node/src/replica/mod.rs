@@ -15,6 +15,8 @@
 
 mod copies;
 mod directory;
+pub mod fold_partitions;
+mod fold_waits;
 pub mod folds;
 mod idempotency;
 mod idempotency_sync;
@@ -35,9 +37,7 @@ pub mod version;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::crdt::{
-    AddError, FoldedBase, PnCounter, ReplicaId, SetsDigest, StateDigest, WriterDigest,
-};
+use crate::crdt::{AddError, FoldedBase, PnCounter, ReplicaId, SetsDigest, StateDigest};
 use crate::partition::Partition;
 use directory::Directory;
 use folds::Folds;
@@ -352,6 +352,13 @@ impl Replica {
             recovered.idempotency,
             now_ms,
         );
+        let mut folds = Folds::recovered(
+            recovered.retired,
+            recovered.fold_records,
+            recovered.writer_digests,
+            recovered.fold_applied,
+        );
+        folds.set_recovered_partitions(recovered.fold_applied_partitions);
         Replica {
             identity,
             counters: HashMap::new(),
@@ -370,12 +377,7 @@ impl Replica {
             idempotency_delete: recovered.expired_segments,
             id_keys_put: Vec::new(),
             housekeeping_due: false,
-            folds: Folds::recovered(
-                recovered.retired,
-                recovered.fold_records,
-                recovered.writer_digests,
-                recovered.fold_applied,
-            ),
+            folds,
             fold_sweep: retire::FoldSweep::recovered(recovered.fold_swept),
             restart_hold_until_ms: None,
             pruned_pending: Vec::new(),
@@ -472,7 +474,7 @@ impl Replica {
         let written = !entry.live.is_empty();
         if entry
             .live
-            .apply_folds(self.folds.book(), self.folds.applied())
+            .apply_folds(self.folds.book(), self.folds.applied_for(key))
             && written
         {
             self.mark_dirty(key);
@@ -695,7 +697,7 @@ impl Replica {
         let (retired, fold_records) = self.folds.take_pending();
         let mut digest = self.digest;
         let mut counters = Vec::with_capacity(self.dirty.len());
-        let mut writer_digests: BTreeMap<ReplicaId, WriterDigest> = BTreeMap::new();
+        let mut writer_digests = folds::DigestChanges::default();
         for key in self.dirty.drain(..) {
             let entry = self
                 .counters
@@ -705,10 +707,8 @@ impl Replica {
             entry.committing = true;
             digest.replace(&key, entry.durable.as_ref(), &entry.live);
             for (writer, old, new) in retire::changed_slots(entry.durable.as_ref(), &entry.live) {
-                writer_digests
-                    .entry(writer)
-                    .or_insert_with(|| self.folds.digest_of(writer))
-                    .replace(&key, old, new);
+                self.folds
+                    .note_change(&mut writer_digests, &key, writer, old, new);
             }
             self.scope.note_change(&key, seq);
             counters.push((key, entry.live.clone()));
@@ -742,10 +742,16 @@ impl Replica {
             watermarks,
             digest,
             sets_digest,
-            writer_digests: writer_digests.into_iter().collect(),
+            writer_digests: writer_digests.whole.into_iter().collect(),
+            partition_digests: writer_digests
+                .by_partition
+                .into_iter()
+                .map(|((writer, partition), digest)| (writer, partition, digest))
+                .collect(),
             retired,
             fold_records,
             fold_applied: self.folds.applied(),
+            fold_applied_partitions: self.folds.take_applied_partitions(),
             fold_swept: self.fold_sweep.swept(),
         };
         self.idempotency
@@ -789,6 +795,7 @@ impl Replica {
         self.digest = batch.digest;
         self.sets_digest = batch.sets_digest;
         self.folds.set_digests(&batch.writer_digests);
+        self.folds.set_partition_digests(&batch.partition_digests);
         self.note_committed_for_copies(seq, &keys, batch.idempotency_put);
     }
 
@@ -832,6 +839,9 @@ impl Replica {
         self.pruned_pending.extend(batch.pruned);
         self.folds
             .restore_pending(batch.retired, batch.fold_records);
+        if batch.fold_applied_partitions.is_some() {
+            self.folds.restore_applied_partitions();
+        }
         self.peers.mark_watermarks_dirty();
         self.sets.commit_failed(batch.likes, batch.uniques);
     }

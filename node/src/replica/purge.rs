@@ -32,9 +32,7 @@
 //!   digests they change ([`CommitBatch::deleted`](super::CommitBatch)), and
 //!   a failed commit puts them back. Rewrites are ordinary changes.
 
-use std::collections::BTreeMap;
-
-use crate::crdt::{PnCounter, ReplicaId, StateDigest, WriterDigest};
+use crate::crdt::{PnCounter, StateDigest};
 
 use super::retire::changed_slots;
 use super::types::{Change, Cursor, DurableState, Key, StorageError, StoredCounter};
@@ -255,7 +253,7 @@ impl Replica {
     pub(super) fn commit_purge(
         &mut self,
         digest: &mut StateDigest,
-        writer_digests: &mut BTreeMap<ReplicaId, WriterDigest>,
+        writer_digests: &mut super::folds::DigestChanges,
     ) -> (Vec<Key>, Vec<Change>) {
         let mut keys = Vec::new();
         let mut ends = Vec::new();
@@ -268,10 +266,8 @@ impl Replica {
             let empty = PnCounter::new();
             digest.replace(&key, Some(&stored.state), &empty);
             for (writer, old, new) in changed_slots(Some(&stored.state), &empty) {
-                writer_digests
-                    .entry(writer)
-                    .or_insert_with(|| self.folds.digest_of(writer))
-                    .replace(&key, old, new);
+                self.folds
+                    .note_change(writer_digests, &key, writer, old, new);
             }
             keys.push(key.clone());
             ends.push(Change {

@@ -109,6 +109,32 @@ impl Replica {
             .collect()
     }
 
+    /// Sets this node's partition count (the data directory's) and starts
+    /// keeping fold state by partition: each writer's digest per partition,
+    /// computed here by reading every stored counter once
+    /// (`fold_partitions.rs`), and maintained by every commit after.
+    pub fn set_partition_count(
+        &mut self,
+        count: crate::partition::PartitionCount,
+        store: &(impl DurableState + ?Sized),
+    ) -> Result<(), StorageError> {
+        self.peers.set_own_partitions(count.get());
+        if self.folds.partition_count() == Some(count) {
+            return Ok(());
+        }
+        let digests = crate::store::compute_partition_digests(store, count)?;
+        self.folds.track_partitions(count, digests);
+        self.folds.set_kept(self.kept().cloned());
+        Ok(())
+    }
+
+    /// Folds agree partition by partition from now on, once the cluster
+    /// version reached `version::FOLDS_BY_PARTITION` (see
+    /// `fold_partitions.rs`).
+    pub fn set_folds_by_partition(&mut self, on: bool) {
+        self.folds.set_agree_by_partition(on);
+    }
+
     /// True when this replica's own id was retired: it must not serve.
     pub fn is_fenced(&self) -> bool {
         self.folds.is_retired(self.identity.replica)
@@ -273,20 +299,21 @@ impl Replica {
         pruned
     }
 
-    /// Folds every cached counter up to the applied epoch.
+    /// Folds every cached counter up to the epoch applied to its partition.
     fn fold_cached(&mut self) {
-        let applied = self.folds.applied();
+        let mark = self.folds.applied_mark();
         // Each fold round (every gossip interval) walked the whole cache
         // under the core's lock, fold or no fold: 3.5% of the machine's
         // samples in a join's profile with no writer retired.
-        if applied == self.fold_sweep.cached {
+        if mark == self.fold_sweep.cached {
             return;
         }
-        self.fold_sweep.cached = applied;
+        self.fold_sweep.cached = mark;
         let mut changed = Vec::new();
         for (key, entry) in self.counters.iter_mut() {
             // A counter nobody wrote only takes the epoch (see `entry`).
             let written = !entry.live.is_empty();
+            let applied = self.folds.applied_for(key);
             if entry.live.apply_folds(self.folds.book(), applied) && written {
                 changed.push(key.clone());
             }
@@ -306,13 +333,16 @@ impl Replica {
         store: &(impl DurableState + ?Sized),
         limit: usize,
     ) -> Result<usize, StorageError> {
-        let applied = self.folds.applied();
-        if self.fold_sweep.swept >= applied {
+        // The mark moves whenever an applied epoch does (whole: the epoch;
+        // by partition: their sum, which a pass is needed for whether it
+        // rose or fell back).
+        let mark = self.folds.applied_mark();
+        if self.fold_sweep.swept == mark && self.fold_sweep.running.is_none() {
             return Ok(0);
         }
         let durable_seq = self.durable_seq;
         let pass = self.fold_sweep.running.get_or_insert_with(|| Pass {
-            target: applied,
+            target: mark,
             after: Cursor::default(),
             // Counters written after this were folded as they were written.
             stop_seq: durable_seq,

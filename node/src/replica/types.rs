@@ -177,12 +177,20 @@ pub struct CommitBatch {
     /// Per-writer digests that this batch changes, with their new value
     /// (an empty digest: the writer has no slot left; delete it).
     pub writer_digests: Vec<(ReplicaId, WriterDigest)>,
+    /// Per-writer digests by partition that this batch changes (kept in
+    /// memory only: a node computes them from its counters when it starts,
+    /// `fold_partitions.rs`).
+    pub partition_digests: Vec<(ReplicaId, u32, WriterDigest)>,
     /// Writers retired since the last commit (kept forever).
     pub retired: Vec<(ReplicaId, RetireReason)>,
     /// Fold records committed since the last commit (kept forever).
     pub fold_records: Vec<FoldRecord>,
-    /// Fold epochs up to this one are applied to this node's counters.
+    /// Fold epochs up to this one are applied to this node's counters
+    /// (the lowest of the partitions', when they are tracked).
     pub fold_applied: u64,
+    /// When they changed: the partitions whose applied epoch is above
+    /// `fold_applied`, with theirs (a partition left out is at it).
+    pub fold_applied_partitions: Option<Vec<(u32, u64)>>,
     /// Every stored counter is folded up to this epoch (the sweep's progress).
     pub fold_swept: u64,
     /// Like sets to write: changed members, count, a delta-log record each.
@@ -233,6 +241,8 @@ pub struct Recovered {
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters.
     pub fold_applied: u64,
+    /// Partitions applied above `fold_applied`, with their epochs.
+    pub fold_applied_partitions: Vec<(u32, u64)>,
     /// Every stored counter is folded up to this epoch.
     pub fold_swept: u64,
     /// The last durable commit.

@@ -24,7 +24,10 @@
 //!   answers them only for partitions it serves (others are forwarded to
 //!   an owner), and answers a caller that announces 9 with only the set
 //!   deltas of the pull's scope (it writes no new format, so it needs no
-//!   finalize). A node that announces nothing (a build before versions)
+//!   finalize); version 10 folds retired writers partition by partition
+//!   (`fold_partitions.rs`): fold records carry each writer's digest per
+//!   partition, in the store and in gossip reports, so a partitioned region
+//!   whose nodes keep only some partitions can fold. A node that announces nothing (a build before versions)
 //!   counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
@@ -52,7 +55,11 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 9;
+pub const NEWEST: u32 = 10;
+/// The cluster version from which folds agree and are recorded partition
+/// by partition (`replica/fold_partitions.rs`; fold records in a format
+/// older builds refuse).
+pub const FOLDS_BY_PARTITION: u32 = 10;
 /// The version from which idempotency segments keep each record's
 /// partition (segment format 3).
 pub const RECORD_PARTITIONS: u32 = 8;

@@ -633,6 +633,10 @@ impl<'a> Reader<'a> {
         self.bytes
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
     pub(super) fn finish(self) -> Result<(), StorageError> {
         if self.bytes.is_empty() {
             Ok(())

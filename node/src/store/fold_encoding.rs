@@ -17,6 +17,9 @@ pub const RETIRED: u8 = b'x';
 pub const WRITER_DIGEST: u8 = b'g';
 /// Fold epochs up to this one are applied to this node's counters.
 pub const META_FOLD_APPLIED: &[u8] = b"mfoldapplied";
+/// The partitions whose applied fold epoch is above [`META_FOLD_APPLIED`],
+/// with theirs (`replica/fold_partitions.rs`).
+pub const META_FOLD_APPLIED_PARTITIONS: &[u8] = b"mfoldappliedparts";
 /// Every stored counter is folded up to this epoch.
 pub const META_FOLD_SWEPT: &[u8] = b"mfoldswept";
 /// The durable sequence the writer digests are current at (a build that
@@ -28,7 +31,11 @@ pub fn fold_key(epoch: u64) -> Vec<u8> {
     prefixed(FOLD, &epoch.to_be_bytes())
 }
 
-/// Encodes a fold record (its epoch is in the key).
+/// Encodes a fold record (its epoch is in the key). A record with digests
+/// per partition (cluster version 10) appends, per writer in the same
+/// order, the count of its partitions and each partition's number and
+/// digest; a build before it refuses such a record as corrupt, and only a
+/// cluster whose every member reads it writes one.
 pub fn encode_fold_record(record: &FoldRecord) -> Vec<u8> {
     let mut out = vec![VERSION];
     put_varint(&mut out, record.writers.len() as u64);
@@ -37,7 +44,45 @@ pub fn encode_fold_record(record: &FoldRecord) -> Vec<u8> {
         put_varint(&mut out, digest.counters);
         out.extend_from_slice(&digest.hash.to_le_bytes());
     }
+    for (_, digests) in record.by_partition.iter().flatten() {
+        put_varint(&mut out, digests.len() as u64);
+        for (partition, digest) in digests {
+            put_varint(&mut out, u64::from(*partition));
+            put_varint(&mut out, digest.counters);
+            out.extend_from_slice(&digest.hash.to_le_bytes());
+        }
+    }
     out
+}
+
+/// Encodes the applied epochs of partitions (see
+/// [`META_FOLD_APPLIED_PARTITIONS`]).
+pub fn encode_applied_partitions(parts: &[(u32, u64)]) -> Vec<u8> {
+    let mut out = vec![VERSION];
+    put_varint(&mut out, parts.len() as u64);
+    for (partition, epoch) in parts {
+        put_varint(&mut out, u64::from(*partition));
+        put_varint(&mut out, *epoch);
+    }
+    out
+}
+
+/// Decodes [`encode_applied_partitions`].
+pub fn decode_applied_partitions(value: &[u8]) -> Result<Vec<(u32, u64)>, StorageError> {
+    const WHAT: &str = "applied fold epochs by partition";
+    let mut reader = Reader::versioned(value, WHAT)?;
+    let count = reader.varint()?;
+    if count > value.len() as u64 {
+        return Err(corrupt(WHAT, "count larger than the value"));
+    }
+    let mut parts = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let partition =
+            u32::try_from(reader.varint()?).map_err(|_| corrupt(WHAT, "partition out of range"))?;
+        parts.push((partition, reader.varint()?));
+    }
+    reader.finish()?;
+    Ok(parts)
 }
 
 /// Decodes a fold record from its key and value.
@@ -59,8 +104,35 @@ pub fn decode_fold_record(key: &[u8], value: &[u8]) -> Result<FoldRecord, Storag
         let hash = reader.u64()?;
         writers.push((writer, WriterDigest { counters, hash }));
     }
+    let epoch = u64::from_be_bytes(epoch);
+    if reader.is_empty() {
+        return Ok(FoldRecord::new(epoch, writers));
+    }
+    let mut parts = Vec::with_capacity(writers.len());
+    for (writer, _) in &writers {
+        let len = reader.varint()?;
+        if len > value.len() as u64 {
+            return Err(corrupt(WHAT, "partition count larger than the record"));
+        }
+        let mut digests = Vec::with_capacity(len as usize);
+        for _ in 0..len {
+            let partition = u32::try_from(reader.varint()?)
+                .map_err(|_| corrupt(WHAT, "partition out of range"))?;
+            let counters = reader.varint()?;
+            let hash = reader.u64()?;
+            digests.push((partition, WriterDigest { counters, hash }));
+        }
+        parts.push((*writer, digests));
+    }
     reader.finish()?;
-    Ok(FoldRecord::new(u64::from_be_bytes(epoch), writers))
+    let record = FoldRecord::by_partition(epoch, parts);
+    if record.writers != writers {
+        return Err(corrupt(
+            WHAT,
+            "whole digests are not the sums of the partitions'",
+        ));
+    }
+    Ok(record)
 }
 
 /// Encodes why a writer was retired.

@@ -41,8 +41,17 @@ fn fold_batch() -> CommitBatch {
         fold_records: vec![
             FoldRecord::new(1, [(ReplicaId(9), digest(3))]),
             FoldRecord::new(2, [(ReplicaId(8), digest(2))]),
+            // Cluster version 10: a record with digests per partition.
+            FoldRecord::by_partition(
+                3,
+                [
+                    (ReplicaId(7), vec![(0, digest(1)), (900, digest(2))]),
+                    (ReplicaId(6), vec![]),
+                ],
+            ),
         ],
         fold_applied: 2,
+        fold_applied_partitions: Some(vec![(4, 3), (1023, 3)]),
         fold_swept: 1,
         ..Default::default()
     }
@@ -58,6 +67,7 @@ fn check_fold_records(store: &impl Store) {
     assert_eq!(recovered.retired, fold_batch().retired);
     assert_eq!(recovered.fold_records, fold_batch().fold_records);
     assert_eq!((recovered.fold_applied, recovered.fold_swept), (2, 1));
+    assert_eq!(recovered.fold_applied_partitions, vec![(4, 3), (1023, 3)]);
 }
 
 fn identity() -> Identity {
@@ -128,6 +138,17 @@ fn a_damaged_fold_value_is_corrupt_never_zero() {
     assert!(encoding::decode_retired(&[1, 7, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     let key = encoding::fold_key(1);
     assert!(encoding::decode_fold_record(&key, &[1, 5]).is_err());
+    // A record by partition cut short, or whose whole digest is not the
+    // sum of its partitions'.
+    let by_partition = FoldRecord::by_partition(1, [(ReplicaId(7), vec![(3, digest(2))])]);
+    let mut value = encoding::encode_fold_record(&by_partition);
+    assert_eq!(encoding::decode_fold_record(&key, &value), Ok(by_partition));
+    value.pop();
+    assert!(encoding::decode_fold_record(&key, &value).is_err());
+    let mut forged = FoldRecord::new(1, [(ReplicaId(7), digest(5))]);
+    forged.by_partition = Some(vec![(ReplicaId(7), vec![(3, digest(2))])]);
+    assert!(encoding::decode_fold_record(&key, &encoding::encode_fold_record(&forged)).is_err());
+    assert!(encoding::decode_applied_partitions(&[1, 2, 0]).is_err());
     let mut record = encoding::encode_counter(3, &folded_counter(), |_| 0);
     record.pop();
     assert!(encoding::decode_counter(&record, |_| Some(ReplicaId(1))).is_err());

@@ -188,6 +188,12 @@ pub fn batch_ops(
     for record in &batch.fold_records {
         ops.push(Op::Put(fold_key(record.epoch), encode_fold_record(record)));
     }
+    if let Some(parts) = &batch.fold_applied_partitions {
+        ops.push(Op::Put(
+            META_FOLD_APPLIED_PARTITIONS.to_vec(),
+            encode_applied_partitions(parts),
+        ));
+    }
     if batch.fold_applied > 0 || batch.fold_swept > 0 {
         ops.push(Op::Put(
             META_FOLD_APPLIED.to_vec(),
@@ -246,6 +252,9 @@ where
     };
     recovered.fold_applied = meta_u64(META_FOLD_APPLIED, "applied fold epoch")?.unwrap_or(0);
     recovered.fold_swept = meta_u64(META_FOLD_SWEPT, "swept fold epoch")?.unwrap_or(0);
+    if let Some(value) = meta(META_FOLD_APPLIED_PARTITIONS).map_err(scan_error)? {
+        recovered.fold_applied_partitions = decode_applied_partitions(&value)?;
+    }
     recovered.writer_digests_current =
         meta_u64(META_WRITER_DIGESTS_AT, "writer digests' sequence")? == durable_seq
             || durable_seq.is_none();
@@ -341,6 +350,53 @@ pub fn compute_writer_digests(
 ) -> Result<Vec<(ReplicaId, crate::crdt::WriterDigest)>, StorageError> {
     let mut digests: std::collections::BTreeMap<ReplicaId, crate::crdt::WriterDigest> =
         Default::default();
+    for_each_counter(store, |key, counter| {
+        for (writer, slot) in counter.slots() {
+            digests
+                .entry(*writer)
+                .or_default()
+                .replace(key, crate::crdt::Slot::default(), *slot);
+        }
+    })?;
+    Ok(digests.into_iter().collect())
+}
+
+/// Every writer's digest per partition over the counters `store` holds, for
+/// a node of `count` partitions (`replica/fold_partitions.rs`), computed by
+/// reading every counter once.
+pub fn compute_partition_digests(
+    store: &(impl DurableState + ?Sized),
+    count: crate::partition::PartitionCount,
+) -> Result<
+    std::collections::HashMap<
+        ReplicaId,
+        std::collections::BTreeMap<u32, crate::crdt::WriterDigest>,
+    >,
+    StorageError,
+> {
+    let mut digests: std::collections::HashMap<
+        ReplicaId,
+        std::collections::BTreeMap<u32, crate::crdt::WriterDigest>,
+    > = Default::default();
+    for_each_counter(store, |key, counter| {
+        let partition = count.of_key(key.as_bytes()).0;
+        for (writer, slot) in counter.slots() {
+            digests
+                .entry(*writer)
+                .or_default()
+                .entry(partition)
+                .or_default()
+                .replace(key, crate::crdt::Slot::default(), *slot);
+        }
+    })?;
+    Ok(digests)
+}
+
+/// Calls `visit` with every stored counter once, in change order.
+fn for_each_counter(
+    store: &(impl DurableState + ?Sized),
+    mut visit: impl FnMut(&str, &crate::crdt::PnCounter),
+) -> Result<(), StorageError> {
     let mut after = crate::replica::Cursor::default();
     loop {
         let changes = store.changes_after(&after, 4096)?;
@@ -356,16 +412,10 @@ pub fn compute_writer_digests(
             if stored.seq != change.seq {
                 continue; // a superseded entry: the newer one counts it
             }
-            for (writer, slot) in stored.state.slots() {
-                digests.entry(*writer).or_default().replace(
-                    &change.key,
-                    crate::crdt::Slot::default(),
-                    *slot,
-                );
-            }
+            visit(&change.key, &stored.state);
         }
     }
-    Ok(digests.into_iter().collect())
+    Ok(())
 }
 
 /// A failed read of a store scan, as the core sees it.

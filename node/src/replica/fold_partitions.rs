@@ -1,0 +1,399 @@
+//! Folds in partitioned regions (issue 13, cluster version 10,
+//! `version::FOLDS_BY_PARTITION`): each writer's digest per partition, what
+//! a member reports of them, the agreement rule partition by partition, and
+//! the fold epoch applied to each partition's counters. Pure; `folds.rs`
+//! drives it.
+//!
+//! In a region whose nodes keep only some of the partitions, two members'
+//! digests of a writer cover different counters and never agree. Partition
+//! by partition they do: once anti-entropy has run, every member that keeps
+//! partition `p` holds the same final state of a retired writer's slots in
+//! `p` (a writer writes only partitions it serves, and a partition is
+//! deleted from a holder only after its new owners caught up with it).
+//!
+//! - **Agreement**: a writer's final state is agreed when, for every
+//!   partition, every counted member that keeps it reports the same digest
+//!   and at least one member keeps it. The record carries every partition's
+//!   agreed digest ([`FoldRecord::by_partition`]).
+//! - **Application** (invariant 9): a node raises partition `p`'s counters
+//!   to an epoch only while it keeps `p` and its own digest of each of the
+//!   record's writers in `p` is the record's: it then holds every counter of
+//!   `p` with a slot of the writer, at its final state, so a counter of `p`
+//!   it does not hold has no slot of the writer and may enter at that epoch.
+//!   Any other partition's counters take the fold through merges. A
+//!   partition that stops being kept (its purge may delete some of its
+//!   counters) drops back to epoch 0: lowering what is applied is always
+//!   safe (a counter keeps its own epoch; one below a fold keeps the
+//!   writer's slot, which merges then drop against a folded copy).
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::crdt::{FoldBook, FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
+use crate::partition::{Partition, PartitionCount, PartitionSet};
+
+/// What a member reports by partition (cluster version 10 on).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct PartitionReport {
+    /// The partitions it keeps (`None`: every one).
+    pub kept: Option<PartitionSet>,
+    /// Its digests per partition of each retired, unfolded writer it lists
+    /// in [`super::folds::FoldReport::digests`].
+    pub digests: Vec<(ReplicaId, PartitionDigests)>,
+}
+
+impl PartitionReport {
+    fn keeps(&self, partition: u32) -> bool {
+        keeps(self.kept.as_ref(), partition)
+    }
+
+    fn digests_of(&self, writer: ReplicaId) -> Option<&PartitionDigests> {
+        self.digests
+            .iter()
+            .find(|(w, _)| *w == writer)
+            .map(|(_, digests)| digests)
+    }
+}
+
+fn keeps(kept: Option<&PartitionSet>, partition: u32) -> bool {
+    kept.is_none_or(|kept| kept.contains(Partition(partition)))
+}
+
+/// The digest of `partition` in a sorted list (empty when left out).
+pub fn digest_in(digests: &[(u32, WriterDigest)], partition: u32) -> WriterDigest {
+    digests
+        .binary_search_by_key(&partition, |(p, _)| *p)
+        .map(|index| digests[index].1)
+        .unwrap_or_default()
+}
+
+/// Why a writer's state by partition is not agreed.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub enum PartitionWait {
+    /// A counted member reports no state by partition (its report predates
+    /// it, or lists no digest of the writer).
+    NotReported(ReplicaId),
+    /// Two members that keep `partition` hold different states of it.
+    Differs {
+        /// The member whose digest differs from the first one seen.
+        member: ReplicaId,
+        /// The partition.
+        partition: u32,
+        /// The first digest seen (this node's, if it keeps the partition).
+        ours: WriterDigest,
+        /// The member's.
+        theirs: WriterDigest,
+    },
+    /// No member reports keeping `partition`.
+    Unkept(u32),
+}
+
+/// Why a committed record is not applied to a partition's counters here.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Refusal {
+    /// The writer whose digest differs.
+    pub writer: ReplicaId,
+    /// The partition (`None`: a record without digests per partition).
+    pub partition: Option<u32>,
+    /// The record's epoch.
+    pub epoch: u64,
+    /// This node's digest.
+    pub ours: WriterDigest,
+    /// The record's.
+    pub theirs: WriterDigest,
+}
+
+/// The fold state this node keeps by partition (see the module documentation).
+#[derive(Debug)]
+pub struct ByPartition {
+    count: PartitionCount,
+    /// Each writer's digest per partition over the counters held.
+    digests: HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>,
+    /// The partitions kept (`None`: every one).
+    kept: Option<PartitionSet>,
+    /// Per partition, fold epochs up to this one are applied to its counters.
+    applied: Vec<u64>,
+    /// The applied epochs changed since they were last handed to a commit.
+    applied_dirty: bool,
+    /// Folds agree and are recorded by partition (cluster version 10).
+    pub(super) agree: bool,
+}
+
+impl ByPartition {
+    /// The state of a node of `count` partitions holding `digests`, each
+    /// partition applied up to `applied` except where `overrides` says.
+    pub fn new(
+        count: PartitionCount,
+        digests: HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>,
+        applied: u64,
+        overrides: &[(u32, u64)],
+    ) -> Self {
+        let mut epochs = vec![applied; count.get() as usize];
+        for (partition, epoch) in overrides {
+            if let Some(slot) = epochs.get_mut(*partition as usize) {
+                *slot = *epoch;
+            }
+        }
+        ByPartition {
+            count,
+            digests,
+            kept: None,
+            applied: epochs,
+            applied_dirty: false,
+            agree: false,
+        }
+    }
+
+    /// The partition count.
+    pub fn count(&self) -> PartitionCount {
+        self.count
+    }
+
+    /// The partition of `key`.
+    pub fn of_key(&self, key: &str) -> u32 {
+        self.count.of_key(key.as_bytes()).0
+    }
+
+    /// `writer`'s digest in `partition`.
+    pub fn digest(&self, writer: ReplicaId, partition: u32) -> WriterDigest {
+        self.digests
+            .get(&writer)
+            .and_then(|parts| parts.get(&partition))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// `writer`'s digests per partition, empty ones left out.
+    pub fn digests_of(&self, writer: ReplicaId) -> PartitionDigests {
+        self.digests
+            .get(&writer)
+            .map(|parts| parts.iter().map(|(p, d)| (*p, *d)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Sets `writer`'s digest in `partition` (an empty one is dropped).
+    pub fn set_digest(&mut self, writer: ReplicaId, partition: u32, digest: WriterDigest) {
+        if digest == WriterDigest::default() {
+            if let Some(parts) = self.digests.get_mut(&writer) {
+                parts.remove(&partition);
+                if parts.is_empty() {
+                    self.digests.remove(&writer);
+                }
+            }
+        } else {
+            self.digests
+                .entry(writer)
+                .or_default()
+                .insert(partition, digest);
+        }
+    }
+
+    /// Whether `partition` is kept here.
+    pub fn keeps(&self, partition: u32) -> bool {
+        keeps(self.kept.as_ref(), partition)
+    }
+
+    /// The partitions kept from now on. A partition no longer kept drops
+    /// back to epoch 0 (see the module documentation).
+    pub fn set_kept(&mut self, kept: Option<PartitionSet>) {
+        self.kept = kept;
+        for partition in 0..self.count.get() {
+            if !self.keeps(partition) && self.applied[partition as usize] != 0 {
+                self.applied[partition as usize] = 0;
+                self.applied_dirty = true;
+            }
+        }
+    }
+
+    /// Epochs up to this one are applied to `partition`'s counters.
+    pub fn applied(&self, partition: u32) -> u64 {
+        self.applied.get(partition as usize).copied().unwrap_or(0)
+    }
+
+    /// The lowest epoch applied to a partition this node keeps (what
+    /// `tally status` shows: a partition not kept takes folds by merges).
+    pub fn applied_where_kept(&self) -> u64 {
+        (0..self.count.get())
+            .filter(|partition| self.keeps(*partition))
+            .map(|partition| self.applied[partition as usize])
+            .min()
+            .unwrap_or_else(|| self.applied_floor())
+    }
+
+    /// The lowest epoch applied to any partition.
+    pub fn applied_floor(&self) -> u64 {
+        self.applied.iter().copied().min().unwrap_or(0)
+    }
+
+    /// The sum of every partition's applied epoch: it changes whenever one
+    /// does (the fold sweep runs a pass when it moves).
+    pub fn applied_sum(&self) -> u64 {
+        self.applied.iter().sum()
+    }
+
+    /// Raises each partition's applied epoch as far as `applicable` allows,
+    /// one record after the other; returns the first refusal met per
+    /// writer, for `tally status`.
+    /// `whole_differs` checks a record without digests per partition (an
+    /// older cluster's) against this node's whole digests.
+    pub fn advance(
+        &mut self,
+        book: &FoldBook,
+        whole_differs: impl Fn(&FoldRecord) -> Option<(ReplicaId, WriterDigest, WriterDigest)>,
+    ) -> Vec<Refusal> {
+        let mut refusals: BTreeMap<ReplicaId, Refusal> = BTreeMap::new();
+        for partition in 0..self.count.get() {
+            let mut upto = self.applied[partition as usize];
+            while let Some(record) = book.record(upto + 1) {
+                let differs = match &record.by_partition {
+                    None => whole_differs(record),
+                    Some(_) if !self.keeps(partition) => break,
+                    Some(_) => record.writers.iter().find_map(|(writer, _)| {
+                        let theirs = record
+                            .partition_digest(*writer, partition)
+                            .unwrap_or_default();
+                        let ours = self.digest(*writer, partition);
+                        (ours != theirs).then_some((*writer, ours, theirs))
+                    }),
+                };
+                if let Some((writer, ours, theirs)) = differs {
+                    refusals.entry(writer).or_insert(Refusal {
+                        writer,
+                        partition: record.by_partition.is_some().then_some(partition),
+                        epoch: record.epoch,
+                        ours,
+                        theirs,
+                    });
+                    break;
+                }
+                upto += 1;
+            }
+            if upto != self.applied[partition as usize] {
+                self.applied[partition as usize] = upto;
+                self.applied_dirty = true;
+            }
+        }
+        refusals.into_values().collect()
+    }
+
+    /// The applied epochs that differ from the floor, for the next commit,
+    /// if they changed since the last one.
+    pub fn take_applied(&mut self) -> Option<Vec<(u32, u64)>> {
+        if !std::mem::take(&mut self.applied_dirty) {
+            return None;
+        }
+        let floor = self.applied_floor();
+        Some(
+            self.applied
+                .iter()
+                .enumerate()
+                .filter(|(_, epoch)| **epoch != floor)
+                .map(|(partition, epoch)| (partition as u32, *epoch))
+                .collect(),
+        )
+    }
+
+    /// A commit that carried [`Self::take_applied`] failed: the next one
+    /// carries the epochs again.
+    pub fn restore_applied(&mut self) {
+        self.applied_dirty = true;
+    }
+
+    /// What this node reports by partition of `writers`.
+    pub fn report(&self, writers: impl Iterator<Item = ReplicaId>) -> PartitionReport {
+        PartitionReport {
+            kept: self.kept.clone(),
+            digests: writers
+                .map(|writer| (writer, self.digests_of(writer)))
+                .collect(),
+        }
+    }
+
+    /// The agreement rule by partition for `writer` over the `counted`
+    /// members' reports: each partition's agreed digest (empty ones left
+    /// out), or why there is none.
+    pub fn agreement<'r>(
+        &self,
+        writer: ReplicaId,
+        counted: &[ReplicaId],
+        report_of: impl Fn(ReplicaId) -> Option<&'r PartitionReport>,
+    ) -> Result<PartitionDigests, PartitionWait> {
+        let mut agreed: Vec<Option<WriterDigest>> = vec![None; self.count.get() as usize];
+        for partition in 0..self.count.get() {
+            if self.keeps(partition) {
+                agreed[partition as usize] = Some(self.digest(writer, partition));
+            }
+        }
+        for member in counted {
+            let report = report_of(*member).ok_or(PartitionWait::NotReported(*member))?;
+            let digests = report
+                .digests_of(writer)
+                .ok_or(PartitionWait::NotReported(*member))?;
+            if report
+                .kept
+                .as_ref()
+                .is_some_and(|kept| kept.count() != self.count)
+            {
+                return Err(PartitionWait::NotReported(*member));
+            }
+            for partition in 0..self.count.get() {
+                if !report.keeps(partition) {
+                    continue;
+                }
+                let theirs = digest_in(digests, partition);
+                match agreed[partition as usize] {
+                    None => agreed[partition as usize] = Some(theirs),
+                    Some(ours) if ours != theirs => {
+                        return Err(PartitionWait::Differs {
+                            member: *member,
+                            partition,
+                            ours,
+                            theirs,
+                        })
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        let mut digests = Vec::new();
+        for (partition, digest) in agreed.into_iter().enumerate() {
+            let digest = digest.ok_or(PartitionWait::Unkept(partition as u32))?;
+            if digest != WriterDigest::default() {
+                digests.push((partition as u32, digest));
+            }
+        }
+        Ok(digests)
+    }
+
+    /// Whether a member's `report` agrees with `digests` (the final state
+    /// of `writer`) in every partition it keeps; the first that does not.
+    pub fn report_matches(
+        report: &PartitionReport,
+        writer: ReplicaId,
+        digests: &[(u32, WriterDigest)],
+        count: PartitionCount,
+    ) -> Result<(), (u32, WriterDigest, WriterDigest)> {
+        let theirs = report.digests_of(writer).map(Vec::as_slice).unwrap_or(&[]);
+        for partition in 0..count.get() {
+            if !report.keeps(partition) {
+                continue;
+            }
+            let (ours, theirs) = (digest_in(digests, partition), digest_in(theirs, partition));
+            if ours != theirs {
+                return Err((partition, ours, theirs));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this node's own digests agree with `digests` in every
+    /// partition it keeps.
+    pub fn own_matches(&self, writer: ReplicaId, digests: &[(u32, WriterDigest)]) -> bool {
+        (0..self.count.get())
+            .filter(|partition| self.keeps(*partition))
+            .all(|partition| self.digest(writer, partition) == digest_in(digests, partition))
+    }
+}
+
+#[cfg(test)]
+#[path = "fold_partitions_tests.rs"]
+mod tests;
