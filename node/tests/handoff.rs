@@ -83,11 +83,7 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
     let root = tempfile::tempdir().unwrap();
     let first = spec(root.path(), "eu-1");
     let seed = first.gossip;
-    let mut nodes = vec![
-        tokio::task::spawn_blocking(move || NodeProcess::start(first))
-            .await
-            .unwrap(),
-    ];
+    let mut nodes = vec![NodeProcess::start_async(first).await];
     let endpoints = |nodes: &[NodeProcess]| -> Vec<String> {
         nodes.iter().map(NodeProcess::endpoint).collect()
     };
@@ -101,9 +97,7 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
     for name in ["eu-2", "eu-3"] {
         let mut joiner = spec(root.path(), name);
         joiner.seeds = vec![seed];
-        let node = tokio::task::spawn_blocking(move || NodeProcess::start(joiner))
-            .await
-            .unwrap();
+        let node = NodeProcess::start_async(joiner).await;
         // While it copies, an add through it lands on a node that holds
         // the key's partition; none is lost or counted twice.
         let through_joiner = common::load::quick_client(&node.endpoint()).await;

@@ -99,19 +99,11 @@ async fn a_wiped_node_of_a_partitioned_region_is_folded_partition_by_partition()
     let root = tempfile::tempdir().unwrap();
     let first = spec(root.path(), "eu-1");
     let seed = first.gossip;
-    let mut nodes = vec![
-        tokio::task::spawn_blocking(move || NodeProcess::start(first))
-            .await
-            .unwrap(),
-    ];
+    let mut nodes = vec![NodeProcess::start_async(first).await];
     for name in ["eu-2", "eu-3"] {
         let mut joiner = spec(root.path(), name);
         joiner.seeds = vec![seed];
-        nodes.push(
-            tokio::task::spawn_blocking(move || NodeProcess::start(joiner))
-                .await
-                .unwrap(),
-        );
+        nodes.push(NodeProcess::start_async(joiner).await);
     }
     let map = common::settled_region_map(&endpoints(&nodes), 3).await;
     // Folds by partition need cluster version 10; a new cluster is there.

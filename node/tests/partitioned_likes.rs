@@ -215,11 +215,7 @@ async fn like_sets_and_uniques_live_with_their_partitions_and_move_with_them() {
     let root = tempfile::tempdir().unwrap();
     let first = spec(root.path(), "eu-1");
     let seed = first.gossip;
-    let mut nodes = vec![
-        tokio::task::spawn_blocking(move || NodeProcess::start(first))
-            .await
-            .unwrap(),
-    ];
+    let mut nodes = vec![NodeProcess::start_async(first).await];
     let endpoints = |nodes: &[NodeProcess]| -> Vec<String> {
         nodes.iter().map(NodeProcess::endpoint).collect()
     };
@@ -253,9 +249,7 @@ async fn like_sets_and_uniques_live_with_their_partitions_and_move_with_them() {
     for name in ["eu-2", "eu-3"] {
         let mut joiner = spec(root.path(), name);
         joiner.seeds = vec![seed];
-        let node = tokio::task::spawn_blocking(move || NodeProcess::start(joiner))
-            .await
-            .unwrap();
+        let node = NodeProcess::start_async(joiner).await;
         nodes.push(node);
     }
     // The last member of each set, through the last joiner, maybe while it

@@ -145,9 +145,7 @@ async fn a_second_node_with_an_existing_name_never_cuts_the_first_out() {
     // A twin that saw nobody at start (no seeds), then is bridged to the
     // cluster by a node that seeds from both sides.
     twin.seeds = Vec::new();
-    let twin = tokio::task::spawn_blocking(move || NodeProcess::start(twin))
-        .await
-        .unwrap();
+    let twin = NodeProcess::start_async(twin).await;
     let twin_client = tally_client::Client::connect(&twin.endpoint())
         .await
         .unwrap();
@@ -156,9 +154,7 @@ async fn a_second_node_with_an_existing_name_never_cuts_the_first_out() {
     eu_client.add("dup:name", 1).await.unwrap();
     let mut bridge = NodeSpec::new(&root, "sa-east", "sa-east-1");
     bridge.seeds = vec![twin.spec.gossip, us.spec.gossip];
-    let bridge = tokio::task::spawn_blocking(move || NodeProcess::start(bridge))
-        .await
-        .unwrap();
+    let bridge = NodeProcess::start_async(bridge).await;
 
     let everyone = [eu, us, ap, &twin, &bridge];
     wait_all_read(
@@ -235,9 +231,7 @@ async fn gossip_from_strangers_is_warned_about_once() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().unwrap();
     let spec = NodeSpec::new(root.path(), "eu", "eu-1");
-    let node = tokio::task::spawn_blocking(move || NodeProcess::start(spec))
-        .await
-        .unwrap();
+    let node = NodeProcess::start_async(spec).await;
     let garbage = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     for i in 0..300u32 {
         garbage
@@ -247,9 +241,7 @@ async fn gossip_from_strangers_is_warned_about_once() {
     let mut foreign = NodeSpec::new(root.path(), "us", "us-1");
     foreign.cluster_id = "another-cluster".into();
     foreign.seeds = vec![node.spec.gossip];
-    let foreign = tokio::task::spawn_blocking(move || NodeProcess::start(foreign))
-        .await
-        .unwrap();
+    let foreign = NodeProcess::start_async(foreign).await;
     let count = |log: &str, text: &str| log.lines().filter(|line| line.contains(text)).count();
     // The foreign node gossips ten times a second: wait for plenty of it.
     wait_until(
@@ -282,9 +274,7 @@ async fn a_scoped_pull_gets_only_its_partitions_and_says_which() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().unwrap();
     let spec = common::partitioned_spec(root.path(), "eu", "eu-1", 16, 1);
-    let node = tokio::task::spawn_blocking(move || NodeProcess::start(spec))
-        .await
-        .unwrap();
+    let node = NodeProcess::start_async(spec).await;
     let count = PartitionCount::new(16).unwrap();
     let client = common::load::quick_client(&node.endpoint()).await;
     let keys: Vec<String> = (0..64).map(|i| format!("k-{i}")).collect();

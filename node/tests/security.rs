@@ -152,9 +152,7 @@ async fn tokens_and_the_rate_limit_guard_the_client_api() {
         &ca,
         &["--rate-limit", "5", "--rate-burst", "5"],
     );
-    let node = tokio::task::spawn_blocking(move || NodeProcess::start(spec))
-        .await
-        .unwrap();
+    let node = NodeProcess::start_async(spec).await;
     let mut client = CountersClient::new(tls_channel(&node, None).await);
 
     let missing = client.add(with_token(add("k", 1), None)).await.unwrap_err();

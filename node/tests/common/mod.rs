@@ -166,6 +166,14 @@ pub struct NodeProcess {
 pub type ReadyProbe = Box<dyn Fn(SocketAddr) -> bool + Send>;
 
 impl NodeProcess {
+    /// [`Self::start`] from async code: on a blocking thread, so the
+    /// test's runtime keeps running while the node starts.
+    pub async fn start_async(spec: NodeSpec) -> Self {
+        tokio::task::spawn_blocking(move || NodeProcess::start(spec))
+            .await
+            .expect("starting the node")
+    }
+
     /// Starts the node and waits until `/readyz` answers (at most 30 s).
     pub fn start(spec: NodeSpec) -> NodeProcess {
         NodeProcess::launched(spec, None)
