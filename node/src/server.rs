@@ -225,23 +225,31 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     );
     engine.core().peers_mut().set_own_protocol(protocol);
     engine.set_write_copies(settings.write_copies);
-    // Reads every stored counter once, for the writers' digests by
-    // partition that folds in a partitioned region compare.
+    // The writers' digests by partition that folds in a partitioned region
+    // compare: as the last clean stop saved them, or from every counter.
     let started = std::time::Instant::now();
     {
+        let saved = crate::store::take_saved_partition_digests(&settings.data_dir);
         let store = Arc::clone(engine.store());
-        engine
+        let used = engine
             .core()
-            .set_partition_count(cluster.partitions, &*store)
+            .set_partition_count(cluster.partitions, &*store, saved.as_deref())
             .map_err(|error| StartError::Recover {
                 dir: settings.data_dir.clone(),
                 error,
             })?;
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match used {
+            true => tracing::debug!(
+                elapsed_ms,
+                "read the writer digests by partition saved at the last stop"
+            ),
+            false => tracing::info!(
+                elapsed_ms,
+                "computed the writer digests by partition from the stored counters"
+            ),
+        }
     }
-    tracing::debug!(
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "writer digests by partition computed"
-    );
     let recovered_seq = engine.core().durable_seq();
     let serving = crate::gossip::lifecycle::recovered_serving(
         lifecycle_record.as_ref(),
@@ -534,6 +542,21 @@ impl NodeHandle {
         self.anti_entropy.shutdown().await;
         self.copier.shutdown().await;
         self.committer.shutdown().await;
+        if !matches!(self.engine.store_health(), StoreHealth::Failed(_)) {
+            // Saved before the store closes: the next start reads them
+            // instead of every counter (only if nothing was committed since).
+            let saved = self.engine.core().saved_partition_digests();
+            if let Some(bytes) = saved {
+                let dir = self.settings.data_dir.clone();
+                let written = tokio::task::spawn_blocking(move || {
+                    crate::store::save_partition_digests(&dir, &bytes)
+                })
+                .await;
+                if !matches!(written, Ok(Ok(()))) {
+                    tracing::warn!("cannot save the writer digests by partition; the next start computes them from the counters");
+                }
+            }
+        }
         if let StoreHealth::Failed(cause) = self.engine.store_health() {
             tracing::warn!(%cause, "not closing the failed store: the next start recovers from what is durable");
         } else {

@@ -31,6 +31,9 @@ use std::collections::{BTreeMap, HashMap};
 use crate::crdt::{FoldBook, FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 
+/// Each writer's digest per partition over the counters a node holds.
+pub type DigestsByPartition = HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>;
+
 /// What a member reports by partition (cluster version 10 on).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct PartitionReport {
@@ -107,7 +110,7 @@ pub struct Refusal {
 pub struct ByPartition {
     count: PartitionCount,
     /// Each writer's digest per partition over the counters held.
-    digests: HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>,
+    digests: DigestsByPartition,
     /// The partitions kept (`None`: every one).
     kept: Option<PartitionSet>,
     /// Per partition, fold epochs up to this one are applied to its counters.
@@ -123,7 +126,7 @@ impl ByPartition {
     /// partition applied up to `applied` except where `overrides` says.
     pub fn new(
         count: PartitionCount,
-        digests: HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>,
+        digests: DigestsByPartition,
         applied: u64,
         overrides: &[(u32, u64)],
     ) -> Self {
@@ -151,6 +154,11 @@ impl ByPartition {
     /// The partition of `key`.
     pub fn of_key(&self, key: &str) -> u32 {
         self.count.of_key(key.as_bytes()).0
+    }
+
+    /// Every writer's digests by partition.
+    pub fn all_digests(&self) -> &DigestsByPartition {
+        &self.digests
     }
 
     /// `writer`'s digest in `partition`.

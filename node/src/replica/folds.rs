@@ -46,7 +46,7 @@ use crate::crdt::{
 };
 use crate::partition::{PartitionCount, PartitionSet};
 
-use super::fold_partitions::{ByPartition, PartitionReport, PartitionWait};
+use super::fold_partitions::{ByPartition, DigestsByPartition, PartitionReport, PartitionWait};
 pub use super::fold_waits::FoldWait;
 
 /// Why a writer was retired.
@@ -201,14 +201,17 @@ impl Folds {
     /// Starts tracking digests and applied epochs by partition, for a node
     /// of `count` partitions whose stored counters give `digests` (per
     /// writer and partition).
-    pub fn track_partitions(
-        &mut self,
-        count: PartitionCount,
-        digests: HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>,
-    ) {
+    pub fn track_partitions(&mut self, count: PartitionCount, digests: DigestsByPartition) {
         let parts = std::mem::take(&mut self.recovered_parts);
         self.by_partition = Some(ByPartition::new(count, digests, self.applied, &parts));
         self.advance_applied();
+    }
+
+    /// The partition count and every writer's digests by partition, once
+    /// tracked.
+    pub fn partition_digests(&self) -> Option<(PartitionCount, &DigestsByPartition)> {
+        let bp = self.by_partition.as_ref()?;
+        Some((bp.count(), bp.all_digests()))
     }
 
     /// The partition count, once tracked.

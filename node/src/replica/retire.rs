@@ -110,22 +110,47 @@ impl Replica {
     }
 
     /// Sets this node's partition count (the data directory's) and starts
-    /// keeping fold state by partition: each writer's digest per partition,
-    /// computed here by reading every stored counter once
-    /// (`fold_partitions.rs`), and maintained by every commit after.
+    /// keeping fold state by partition: each writer's digest per partition
+    /// (`fold_partitions.rs`), maintained by every commit after. They come
+    /// from `saved` (what [`Self::saved_partition_digests`] gave at the last
+    /// clean stop) when it is current, and are otherwise computed here by
+    /// reading every stored counter once. Returns whether `saved` was used.
     pub fn set_partition_count(
         &mut self,
         count: crate::partition::PartitionCount,
         store: &(impl DurableState + ?Sized),
-    ) -> Result<(), StorageError> {
+        saved: Option<&[u8]>,
+    ) -> Result<bool, StorageError> {
         self.peers.set_own_partitions(count.get());
         if self.folds.partition_count() == Some(count) {
-            return Ok(());
+            return Ok(false);
         }
-        let digests = crate::store::compute_partition_digests(store, count)?;
+        let current = saved
+            .and_then(|bytes| crate::store::encoding::decode_partition_digests(bytes).ok())
+            .filter(|(seq, partitions, _)| *seq == self.durable_seq && *partitions == count.get());
+        let used = current.is_some();
+        let digests = match current {
+            Some((_, _, digests)) => digests,
+            None => crate::store::compute_partition_digests(store, count)?,
+        };
         self.folds.track_partitions(count, digests);
         self.folds.set_kept(self.kept().cloned());
-        Ok(())
+        Ok(used)
+    }
+
+    /// The writers' digests by partition of the durable state, encoded for
+    /// the next start (a clean stop saves them once nothing is committing;
+    /// `None` when partitions are not tracked or a commit is in flight).
+    pub fn saved_partition_digests(&self) -> Option<Vec<u8>> {
+        if self.in_flight.is_some() {
+            return None;
+        }
+        let (count, digests) = self.folds.partition_digests()?;
+        Some(crate::store::encoding::encode_partition_digests(
+            self.durable_seq,
+            count.get(),
+            digests,
+        ))
     }
 
     /// Folds agree partition by partition from now on, once the cluster

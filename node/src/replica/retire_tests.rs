@@ -505,3 +505,84 @@ fn a_retired_writer_that_came_back_is_folded_only_at_the_state_it_fenced_itself_
     let record = a.replica.folds().book().record(1).unwrap();
     assert_eq!(record.writers, vec![(W, final_state)]);
 }
+
+/// The writers' digests by partition: computed from the counters when a
+/// node starts tracking them, kept by every commit after (equal to a fresh
+/// computation), saved at a clean stop and read back at the next start only
+/// while nothing was committed since.
+#[test]
+fn digests_by_partition_are_kept_by_commits_and_read_back_only_when_current() {
+    let count = super::super::tests::sixteen();
+    let keys: Vec<String> = (0..4)
+        .map(|partition| super::super::tests::key_in("k", partition))
+        .collect();
+    let mut a = Node::new(1, "eu");
+    a.add(&keys[0], 2);
+    a.commit();
+    assert!(!a
+        .replica
+        .set_partition_count(count, &a.store, None)
+        .unwrap());
+    for (i, key) in keys.iter().enumerate() {
+        a.add(key, i as i64 + 1);
+    }
+    a.commit();
+    let computed = crate::store::compute_partition_digests(&a.store, count).unwrap();
+    let (_, kept) = a.replica.folds().partition_digests().unwrap();
+    assert_eq!(kept, &computed, "commits keep what a computation finds");
+    assert_eq!(
+        kept[&ReplicaId(1)].len(),
+        4,
+        "one digest per partition written: {kept:?}"
+    );
+
+    // Saved at a clean stop, read back at the next start (not recomputed:
+    // a doctored copy with the same sequence is taken as it is).
+    let saved = a.replica.saved_partition_digests().unwrap();
+    let mut doctored = computed.clone();
+    doctored
+        .get_mut(&ReplicaId(1))
+        .unwrap()
+        .remove(&keys_partition(&keys[3], count));
+    let doctored = crate::store::encoding::encode_partition_digests(
+        a.replica.durable_seq(),
+        count.get(),
+        &doctored,
+    );
+    let mut b = a.restart();
+    assert!(b
+        .replica
+        .set_partition_count(count, &b.store, Some(&doctored))
+        .unwrap());
+    assert_eq!(
+        b.replica.folds().partition_digests().unwrap().1[&ReplicaId(1)].len(),
+        3
+    );
+    // The true copy, after a restart: used.
+    let mut c = b.restart();
+    assert!(c
+        .replica
+        .set_partition_count(count, &c.store, Some(&saved))
+        .unwrap());
+    assert_eq!(c.replica.folds().partition_digests().unwrap().1, &computed);
+    // A commit since the save: the copy is stale and is computed instead;
+    // so is a damaged one, or one of another partition count.
+    c.add(&keys[1], 5);
+    c.commit();
+    let now = crate::store::compute_partition_digests(&c.store, count).unwrap();
+    let mut damaged = saved.clone();
+    damaged[3] ^= 1;
+    let other = crate::store::encoding::encode_partition_digests(c.replica.durable_seq(), 8, &now);
+    for stale in [saved, damaged, other] {
+        c = c.restart();
+        assert!(!c
+            .replica
+            .set_partition_count(count, &c.store, Some(&stale))
+            .unwrap());
+        assert_eq!(c.replica.folds().partition_digests().unwrap().1, &now);
+    }
+}
+
+fn keys_partition(key: &str, count: crate::partition::PartitionCount) -> u32 {
+    count.of_key(key.as_bytes()).0
+}

@@ -34,7 +34,10 @@ pub use change_index::ChangeIndex;
 pub use fault::FaultyStore;
 pub use memory::MemoryStore;
 pub use ordinals::Ordinals;
-pub use sled_store::{OnCorrupt, OpenError, SledStore, DEFAULT_CACHE_BYTES};
+pub use sled_store::{
+    save_partition_digests, take_saved_partition_digests, OnCorrupt, OpenError, SledStore,
+    DEFAULT_CACHE_BYTES,
+};
 
 /// Durable storage of one replica.
 pub trait Store: DurableState + Send + Sync + 'static {
@@ -367,17 +370,8 @@ pub fn compute_writer_digests(
 pub fn compute_partition_digests(
     store: &(impl DurableState + ?Sized),
     count: crate::partition::PartitionCount,
-) -> Result<
-    std::collections::HashMap<
-        ReplicaId,
-        std::collections::BTreeMap<u32, crate::crdt::WriterDigest>,
-    >,
-    StorageError,
-> {
-    let mut digests: std::collections::HashMap<
-        ReplicaId,
-        std::collections::BTreeMap<u32, crate::crdt::WriterDigest>,
-    > = Default::default();
+) -> Result<crate::replica::fold_partitions::DigestsByPartition, StorageError> {
+    let mut digests = crate::replica::fold_partitions::DigestsByPartition::default();
     for_each_counter(store, |key, counter| {
         let partition = count.of_key(key.as_bytes()).0;
         for (writer, slot) in counter.slots() {

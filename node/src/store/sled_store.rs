@@ -545,6 +545,34 @@ fn open_changes(dir: &Path, db: &sled::Db) -> Result<ChangeIndex, StorageError> 
     Ok(changes)
 }
 
+/// Saves the writers' digests by partition (`bytes`, from
+/// [`encoding::encode_partition_digests`]) in the data directory `dir` at a
+/// clean stop.
+pub fn save_partition_digests(dir: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_durably(&dir.join(encoding::SAVED_PARTITION_DIGESTS), bytes)
+}
+
+/// The writers' digests by partition saved at the last clean stop, if any;
+/// used once (the file is removed durably, so a power loss cannot bring a
+/// stale copy back; its sequence check would refuse it anyway).
+pub fn take_saved_partition_digests(dir: &Path) -> Option<Vec<u8>> {
+    let path = dir.join(encoding::SAVED_PARTITION_DIGESTS);
+    let bytes = match std::fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the saved digests by partition; computing them from the counters");
+            return None;
+        }
+    };
+    if std::fs::remove_file(&path).is_ok() {
+        if let Err(error) = sync_dir(dir) {
+            tracing::warn!(%error, "cannot sync the data directory after removing the saved digests by partition");
+        }
+    }
+    Some(bytes)
+}
+
 /// Writes `bytes` to `path` durably: a temporary file, synced, renamed over.
 fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let temporary = path.with_extension("tmp");
