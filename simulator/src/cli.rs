@@ -151,6 +151,10 @@ pub struct SimArgs {
     /// The simulated --retire-after, in milliseconds (with --retire).
     #[arg(long, default_value_t = 2_000)]
     retire_after_ms: u64,
+    /// With --retire: folds agree and apply partition by partition over
+    /// this many partitions, as from cluster version 10 (0: whole).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=65_536))]
+    fold_partitions: u32,
 }
 
 impl SimArgs {
@@ -180,6 +184,7 @@ impl SimArgs {
             sets: self.sets,
             retire: self.retire,
             retire_after_ms: self.retire_after_ms,
+            fold_partitions: self.fold_partitions,
         }
     }
 }

@@ -276,6 +276,9 @@ pub struct SimOptions {
     pub retire: bool,
     /// The simulated `--retire-after` (ms).
     pub retire_after_ms: u64,
+    /// With `retire`: folds agree and apply by partition over this many
+    /// partitions (0: whole, as before cluster version 10).
+    pub fold_partitions: u32,
 }
 
 impl Default for SimOptions {
@@ -305,6 +308,7 @@ impl Default for SimOptions {
             sets: false,
             retire: false,
             retire_after_ms: 2_000,
+            fold_partitions: 0,
         }
     }
 }
@@ -315,6 +319,14 @@ const REGION_NAMES: [&str; 8] = [
 ];
 
 impl SimOptions {
+    /// The partition count folds work over (`--fold-partitions`), if any.
+    pub fn fold_partition_count(&self) -> Option<tally_node::partition::PartitionCount> {
+        if self.fold_partitions == 0 {
+            return None;
+        }
+        tally_node::partition::PartitionCount::new(u64::from(self.fold_partitions)).ok()
+    }
+
     /// Every node.
     pub fn node_count(&self) -> usize {
         self.regions * self.nodes_per_region
@@ -432,6 +444,7 @@ impl SimOptions {
             args.push("--retire".to_string());
         }
         flag!(retire_after_ms, "retire-after-ms");
+        flag!(fold_partitions, "fold-partitions");
         args.join(" ")
     }
 }
@@ -489,6 +502,13 @@ impl fmt::Display for SimOptions {
                 "\nretirements: wiped ids retired after {} ms, operator retirements, folds",
                 self.retire_after_ms
             )?;
+            if self.fold_partitions > 0 {
+                write!(
+                    f,
+                    " agreed and applied over {} partitions",
+                    self.fold_partitions
+                )?;
+            }
         }
         if let Some(bug) = self.planted_bug {
             write!(f, "\nplanted bug: {}", bug.flag())?;

@@ -1,6 +1,8 @@
 //! Retirements and folds in the simulator (`--retire`): the real core's fold
 //! protocol passes a sweep with every fault on and folds writers in it, and
-//! each fold bug planted in the core is caught by the checker's accounting.
+//! each fold bug planted in the core is caught by the checker's accounting;
+//! the same with folds agreed and applied partition by partition
+//! (`--fold-partitions`, cluster version 10).
 
 mod common;
 
@@ -37,6 +39,27 @@ fn a_sweep_with_retirements_passes_and_folds() {
         "only {runs_folding} runs folded ({folded} writers)"
     );
     assert!(by_operator > 0, "no operator retirement was accepted");
+}
+
+/// [`retiring`], folding partition by partition over 16 partitions.
+fn retiring_by_partition() -> SimOptions {
+    SimOptions {
+        fold_partitions: 16,
+        ..retiring()
+    }
+}
+
+#[test]
+fn a_sweep_folding_partition_by_partition_passes_and_folds() {
+    let options = retiring_by_partition();
+    let summary = sweep(10_000, 40, common::threads(), &options, None, false);
+    assert_eq!(summary.failed, 0, "{}", summary.render(&options, None));
+    let runs_folding = summary
+        .results
+        .iter()
+        .filter(|r| r.folds.writers_folded > 0)
+        .count();
+    assert!(runs_folding >= 5, "only {runs_folding} runs folded");
 }
 
 #[test]
@@ -86,6 +109,20 @@ fn a_fold_before_every_member_reported_is_caught() {
         BugName::FoldBeforeAgreement,
         &["fold base wrong", "fold lost adds"],
         retiring(),
+    );
+}
+
+#[test]
+fn the_fold_bugs_are_caught_when_folds_go_partition_by_partition() {
+    caught(
+        BugName::MergeKeepsFoldedSlot,
+        &["folded writer counted twice"],
+        retiring_by_partition(),
+    );
+    caught(
+        BugName::FoldBeforeAgreement,
+        &["fold base wrong", "fold lost adds"],
+        retiring_by_partition(),
     );
 }
 

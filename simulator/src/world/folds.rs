@@ -108,6 +108,22 @@ impl World<'_> {
     /// (taking the writers' final slots the first time) or compares it.
     fn fold_recorded(&mut self, node: usize, record: &FoldRecord) {
         let writers: Vec<ReplicaId> = record.writers.iter().map(|(writer, _)| *writer).collect();
+        if (self.options.fold_partitions > 0) != record.by_partition.is_some() {
+            self.checker.violate(
+                self.now,
+                "fold record of the wrong kind",
+                format!(
+                    "n{node} recorded epoch {} {} digests by partition, with --fold-partitions {}",
+                    record.epoch,
+                    if record.by_partition.is_some() {
+                        "with"
+                    } else {
+                        "without"
+                    },
+                    self.options.fold_partitions
+                ),
+            );
+        }
         for writer in &writers {
             if let Some(owner) = self.checker.live_node_of(*writer) {
                 if self.nodes[owner].up {

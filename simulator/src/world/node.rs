@@ -213,6 +213,7 @@ impl SimNode {
                 .expect("the memory store always recovers");
             let identity = self.store.identity().clone();
             self.replica = Replica::open(identity, replica_config(options), recovered, local);
+            fold_by_partition(options, &mut self.replica, &self.store);
         }
         self.up = true;
         self.wipe_on_restart = false;
@@ -229,6 +230,23 @@ fn open_fresh(
     let store = MemoryStore::new(identity.clone());
     // A new store holds its idempotency hash key already.
     let recovered = store.recover(now_ms).expect("a new memory store recovers");
-    let replica = Replica::open(identity, replica_config(options), recovered, now_ms);
+    let mut replica = Replica::open(identity, replica_config(options), recovered, now_ms);
+    fold_by_partition(options, &mut replica, &store);
     (replica, store)
+}
+
+/// With `--fold-partitions P`: the replica tracks writers' digests over `P`
+/// partitions and folds agree and apply partition by partition (cluster
+/// version 10, `tally_node::replica::fold_partitions`), as a node of a
+/// cluster with that partition count does; every simulated node keeps every
+/// partition. The digests are computed from the store, as a node does when
+/// it starts without saved ones.
+fn fold_by_partition(options: &SimOptions, replica: &mut Replica, store: &MemoryStore) {
+    let Some(count) = options.fold_partition_count() else {
+        return;
+    };
+    replica
+        .set_partition_count(count, store, None)
+        .expect("the memory store always reads");
+    replica.set_folds_by_partition(true);
 }
