@@ -7,7 +7,7 @@ use crate::crdt::{counter_digest, ReplicaId, StateDigest};
 use crate::partition::{Partition, PartitionCount};
 use crate::replica::tests::{Node, CLUSTER};
 use crate::replica::{Cursor, DurableState, PullRequest};
-use crate::store::{compute_writer_digests, Store};
+use crate::store::{compute_partition_digests, compute_writer_digests, Store};
 
 fn count() -> PartitionCount {
     PartitionCount::new(16).unwrap()
@@ -70,6 +70,10 @@ fn stored_keys(node: &Node) -> Vec<String> {
             .unwrap_or_default();
         assert_eq!(node.replica.folds.digest_of(writer), stored, "{writer}");
     }
+    if let Some((count, kept)) = node.replica.folds().partition_digests() {
+        let stored = compute_partition_digests(&node.store, count).unwrap();
+        assert_eq!(kept, &stored, "the writers' digests by partition");
+    }
     keys.sort();
     keys
 }
@@ -103,9 +107,18 @@ fn copy_from_scratch(node: &mut Node, source: &Node) {
     }
 }
 
+/// A node that keeps the writers' digests by partition (as a node does).
+fn tracking(id: u64, region: &str) -> Node {
+    let mut node = Node::new(id, region);
+    node.replica
+        .set_partition_count(count(), &node.store, None)
+        .unwrap();
+    node
+}
+
 #[test]
 fn a_purge_deletes_what_is_not_kept_but_this_replica_s_own_slot() {
-    let mut a = Node::new(1, "eu");
+    let mut a = tracking(1, "eu");
     let mut b = Node::new(2, "us");
     let (one, two, three) = (key_of(1), key_of(2), key_of(3));
     a.add(&one, 5);
@@ -131,6 +144,9 @@ fn a_purge_deletes_what_is_not_kept_but_this_replica_s_own_slot() {
     // A second pass finds nothing more to do, and a restart agrees.
     purge(&mut a, kept(&[1]), 1);
     let mut a = a.restart();
+    a.replica
+        .set_partition_count(count(), &a.store, None)
+        .unwrap();
     assert_eq!(stored_keys(&a), expected);
 
     // Taken back: copied again from scratch (as a copy session does), and
@@ -146,7 +162,7 @@ fn a_purge_deletes_what_is_not_kept_but_this_replica_s_own_slot() {
 
 /// Node 1 holding a copy of node 2's counter `two` (partition 2).
 fn holding_a_copy(two: &str) -> (Node, Node) {
-    let mut a = Node::new(1, "eu");
+    let mut a = tracking(1, "eu");
     let mut b = Node::new(2, "us");
     b.add(two, 3);
     b.commit();
