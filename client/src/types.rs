@@ -85,8 +85,14 @@ pub struct ClusterStatus {
     /// Every other member the answering node knows of, alive or not.
     pub members: Vec<Member>,
     /// True when every live member publishes the same digest of its state:
-    /// the cluster has converged.
+    /// the cluster has converged. From cluster version 10: when every two
+    /// live members hold the same state of the partitions both keep.
     pub converged: bool,
+    /// How `converged` was judged when not by whole-node digests (cluster
+    /// version 10: the pairs of live members compared, or why they do not
+    /// agree yet); empty otherwise.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub convergence: String,
     /// The answering node's hottest keys, for adds and for gets, hottest first.
     #[cfg_attr(feature = "serde", serde(default))]
     pub hot_keys: Vec<HotKey>,
@@ -249,6 +255,7 @@ pub(crate) fn status_from_proto(response: proto::StatusResponse) -> Result<Clust
             .map(member_from_proto)
             .collect(),
         converged: response.converged,
+        convergence: response.convergence,
         cluster_version: response.cluster_version,
         partitions: response.partitions,
         hot_keys: response

@@ -107,7 +107,7 @@ pub fn spawn_fold_keeper(
                 metrics.folds_done.set(folds.applied_where_kept() as i64);
                 metrics.folds_waiting.set(folds.waits().len() as i64);
                 metrics.retired_writers.set(folds.retired().len() as i64);
-                (folds.report(), core.is_fenced())
+                (core.fold_report(), core.is_fenced())
             };
             engine.wake_committer();
             membership.publish_folds(&report);

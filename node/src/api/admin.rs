@@ -67,6 +67,54 @@ pub fn same_state(a: &pb::Member, b: &pb::Member) -> bool {
         }
 }
 
+/// Whether the live members converged, and how that was judged (empty:
+/// whole-node digests, as before folds went by partition). Once members
+/// report by partition (cluster version 10) the answer compares, for every
+/// two live members, their digests of the partitions both keep: in a
+/// partitioned region whole-node digests differ by design.
+fn convergence(
+    core: &crate::replica::Replica,
+    own_name: &str,
+    members: &[pb::Member],
+    own: &pb::Member,
+) -> (bool, String) {
+    use crate::replica::convergence::{shared_convergence, SharedView};
+    let report = core.fold_report();
+    let Some(own_parts) = report.partitions.as_ref() else {
+        let converged = members
+            .iter()
+            .filter(|m| m.alive)
+            .all(|m| same_state(m, own));
+        return (converged, String::new());
+    };
+    let mut views = vec![SharedView {
+        replica: core.identity().replica,
+        name: own_name,
+        report: Some(own_parts),
+    }];
+    for peer in core.peers().peers().filter(|peer| peer.member.alive) {
+        views.push(SharedView {
+            replica: peer.member.replica,
+            name: &peer.member.node_name,
+            report: peer
+                .member
+                .folds
+                .as_ref()
+                .and_then(|folds| folds.partitions.as_ref()),
+        });
+    }
+    match shared_convergence(&views) {
+        Ok(pairs) => (
+            true,
+            format!(
+                "every two of the {} live members hold the same state of the partitions both keep ({pairs} pairs)",
+                views.len()
+            ),
+        ),
+        Err(why) => (false, why),
+    }
+}
+
 /// The status as this node sees it.
 pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
     let now = now_ms();
@@ -118,10 +166,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
             }
         })
         .collect();
-    let converged = members
-        .iter()
-        .filter(|m| m.alive)
-        .all(|m| same_state(m, &own));
+    let (converged, convergence) = convergence(&core, &info.node_name, &members, &own);
     let folds = core.folds();
     let held = core.kept().map(|kept| (kept.len(), kept.count().get()));
     let retired: Vec<pb::RetiredWriter> = folds
@@ -145,6 +190,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         self_: Some(own),
         members,
         converged,
+        convergence,
         cluster_id: info.cluster_id.clone(),
         cluster_version: engine.store().format(),
         retired,

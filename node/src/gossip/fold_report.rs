@@ -9,11 +9,12 @@
 //! `epoch/id:counters:hash+id:counters:hash`, and `records` joins them by `;`.
 //!
 //! A report by partition (cluster version 10, `replica/fold_partitions.rs`)
-//! is `2|retired|digests|records|candidate|kept|by_partition`: `kept` is
-//! `*` (every partition) or `count:hex` ([`PartitionSet::to_hex`]);
-//! `by_partition` is `id=` then `partition.counters.hash` entries joined by
-//! `_`, writers joined by `+`; and a record with digests per partition
-//! appends `@` and its own `by_partition`. Version 1 is written whenever
+//! is `2|retired|digests|records|candidate|kept|by_partition|shared`:
+//! `kept` is `*` (every partition) or `count:hex`
+//! ([`PartitionSet::to_hex`]); `by_partition` is `id=` then
+//! `partition.counters.hash` entries joined by `_`, writers joined by `+`;
+//! `shared` is `id:hash` joined by `,`; and a record with digests per
+//! partition appends `@` and its own `by_partition`. Version 1 is written whenever
 //! there is nothing by partition, so older builds read it.
 
 use crate::crdt::{FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
@@ -77,6 +78,14 @@ fn parse_by_partition(text: &str) -> Option<Vec<(ReplicaId, PartitionDigests)>> 
     })
 }
 
+fn shared_text(shared: &[(ReplicaId, u64)]) -> String {
+    let entries: Vec<String> = shared
+        .iter()
+        .map(|(peer, digest)| format!("{:x}:{digest:x}", peer.0))
+        .collect();
+    entries.join(",")
+}
+
 fn kept_text(kept: Option<&PartitionSet>) -> String {
     match kept {
         None => "*".to_string(),
@@ -125,7 +134,7 @@ pub fn encode(report: &FoldReport) -> String {
             candidate
         ),
         partitions => format!(
-            "2|{}|{}|{}|{}|{}|{}",
+            "2|{}|{}|{}|{}|{}|{}|{}",
             retired.join(","),
             digests.join(","),
             records.join(";"),
@@ -136,6 +145,9 @@ pub fn encode(report: &FoldReport) -> String {
             partitions
                 .as_ref()
                 .map_or(String::new(), |p| by_partition_text(&p.digests)),
+            partitions
+                .as_ref()
+                .map_or(String::new(), |p| shared_text(&p.shared)),
         ),
     }
 }
@@ -199,11 +211,19 @@ pub fn decode(text: &str) -> Option<FoldReport> {
         _ => match parts.next()? {
             "-" => {
                 parts.next()?;
+                parts.next()?;
                 None
             }
             kept => Some(PartitionReport {
                 kept: parse_kept(kept)?,
                 digests: parse_by_partition(parts.next()?)?,
+                shared: list(parts.next()?, ',', |entry| {
+                    let (peer, digest) = entry.split_once(':')?;
+                    Some((
+                        ReplicaId(u64::from_str_radix(peer, 16).ok()?),
+                        u64::from_str_radix(digest, 16).ok()?,
+                    ))
+                })?,
             }),
         },
     };
@@ -277,15 +297,17 @@ mod tests {
             partitions: Some(PartitionReport {
                 kept: Some(kept),
                 digests: vec![(ReplicaId(11), vec![(3, digest(3, 5))])],
+                shared: vec![(ReplicaId(2), u64::MAX), (ReplicaId(3), 0)],
             }),
         };
         let text = encode(&report);
         assert!(text.starts_with("2|"), "{text}");
-        assert_eq!(decode(&text), Some(report.clone()));
+        assert_eq!(decode(&text), Some(report.clone()), "{text}");
         let every = FoldReport {
             partitions: Some(PartitionReport {
                 kept: None,
                 digests: vec![],
+                shared: vec![],
             }),
             ..report.clone()
         };
@@ -297,9 +319,17 @@ mod tests {
         };
         assert_eq!(decode(&encode(&records_only)), Some(records_only));
         // A record whose whole digest is not the sum of its partitions'.
-        let forged = "2||||1/9:4:8@9=3.2.7_15.1.1|*|";
+        let forged = "2||||1/9:4:8@9=3.2.7_15.1.1|*||";
         assert_eq!(decode(forged), None);
-        for bad in ["2|||||*", "2||||||", "2|||||7:zz|", "2|||||*|9=x"] {
+        assert!(decode("2|||||*||").is_some(), "every field empty but kept");
+        for bad in [
+            "2|||||*|",
+            "2|||||||",
+            "2|||||7:zz||",
+            "2|||||*|9=x|",
+            "2|||||*||2:zz",
+            "2|||||*|||",
+        ] {
             assert_eq!(decode(bad), None, "{bad:?}");
         }
     }

@@ -97,10 +97,11 @@ pub fn render(status: &pb::StatusResponse, map: Option<&pb::PartitionMapResponse
     let _ = write!(
         html,
         "<p>{}</p>",
-        if status.converged {
-            format!("<span class=\"badge ok\">converged</span> all {live} live members hold the same digest")
-        } else {
-            format!("<span class=\"badge bad\">not converged</span> the {live} live members hold different digests (normal while adds are flowing)")
+        match (status.converged, status.convergence.is_empty()) {
+            (true, true) => format!("<span class=\"badge ok\">converged</span> all {live} live members hold the same digest"),
+            (false, true) => format!("<span class=\"badge bad\">not converged</span> the {live} live members hold different digests (normal while adds are flowing)"),
+            (true, false) => format!("<span class=\"badge ok\">converged</span> {}", escape(&status.convergence)),
+            (false, false) => format!("<span class=\"badge bad\">not converged</span> {} (normal while adds are flowing)", escape(&status.convergence)),
         }
     );
     for problem in problems(status) {
@@ -253,6 +254,7 @@ pub fn to_json(
         "node": status.self_.as_ref().map(member),
         "members": status.members.iter().map(member).collect::<Vec<_>>(),
         "converged": status.converged,
+        "convergence": status.convergence,
         "cluster_version": status.cluster_version,
         "partitions": status.partitions,
         "partition_map": map.map(partition_json),
@@ -291,6 +293,7 @@ mod tests {
             cluster_id: "c".into(),
             retired: Vec::new(),
             folds_applied: 0,
+            convergence: String::new(),
             hot_keys: vec![pb::HotKey {
                 key: b"<script>x</script>".to_vec().into(),
                 op: "add".into(),

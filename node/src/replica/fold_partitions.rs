@@ -42,6 +42,12 @@ pub struct PartitionReport {
     /// Its digests per partition of each retired, unfolded writer it lists
     /// in [`super::folds::FoldReport::digests`].
     pub digests: Vec<(ReplicaId, PartitionDigests)>,
+    /// Per other member whose kept partitions it knows: the digest of its
+    /// state in the partitions both keep
+    /// ([`shared_digest`](super::convergence::shared_digest)). Two members
+    /// whose digests of each other agree hold the same state there: what
+    /// `tally status` calls converged in a partitioned region.
+    pub shared: Vec<(ReplicaId, u64)>,
 }
 
 impl PartitionReport {
@@ -57,7 +63,7 @@ impl PartitionReport {
     }
 }
 
-fn keeps(kept: Option<&PartitionSet>, partition: u32) -> bool {
+pub(super) fn keeps(kept: Option<&PartitionSet>, partition: u32) -> bool {
     kept.is_none_or(|kept| kept.contains(Partition(partition)))
 }
 
@@ -306,14 +312,29 @@ impl ByPartition {
         self.applied_dirty = true;
     }
 
-    /// What this node reports by partition of `writers`.
+    /// What this node reports by partition of `writers` (its digests of
+    /// each other member's shared partitions are added by the replica).
     pub fn report(&self, writers: impl Iterator<Item = ReplicaId>) -> PartitionReport {
         PartitionReport {
             kept: self.kept.clone(),
             digests: writers
                 .map(|writer| (writer, self.digests_of(writer)))
                 .collect(),
+            shared: Vec::new(),
         }
+    }
+
+    /// The digest of each partition's counter slots: the sum over writers
+    /// of their digests there.
+    pub fn counter_digests(&self) -> Vec<u64> {
+        let mut sums = vec![0u64; self.count.get() as usize];
+        for parts in self.digests.values() {
+            for (partition, digest) in parts {
+                let slot = &mut sums[*partition as usize];
+                *slot = slot.wrapping_add(digest.hash);
+            }
+        }
+        sums
     }
 
     /// The agreement rule by partition for `writer` over the `counted`

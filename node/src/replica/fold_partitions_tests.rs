@@ -260,3 +260,67 @@ fn a_partition_no_longer_kept_drops_back_and_applied_epochs_survive_a_restart() 
         );
     }
 }
+
+#[test]
+fn members_converge_when_every_two_agree_on_the_partitions_both_keep() {
+    use crate::replica::convergence::{
+        kept_by_both, shared_convergence, shared_digest, SharedView,
+    };
+    use crate::replica::fold_partitions::PartitionReport;
+    // Three members keeping {0,1,2}, {1,2,3}, {0,3}, holding the same state
+    // of every partition (counters c, sets s), except where noted.
+    let counters = [11u64, 12, 13, 14];
+    let sets = [21u64, 22, 23, 24];
+    let kept = [set_of(&[0, 1, 2]), set_of(&[1, 2, 3]), set_of(&[0, 3])];
+    let report = |me: usize, counters: &[u64]| PartitionReport {
+        kept: Some(kept[me].clone()),
+        digests: Vec::new(),
+        shared: (0..3)
+            .filter(|other| *other != me)
+            .map(|other| {
+                let both = kept_by_both(count(), Some(&kept[me]), Some(&kept[other]));
+                (
+                    ReplicaId(other as u64),
+                    shared_digest(both, counters, &sets),
+                )
+            })
+            .collect(),
+    };
+    let reports: Vec<PartitionReport> = (0..3).map(|me| report(me, &counters)).collect();
+    fn views(reports: &[PartitionReport]) -> Vec<SharedView<'_>> {
+        ["a", "b", "c"]
+            .iter()
+            .enumerate()
+            .map(|(i, name)| SharedView {
+                replica: ReplicaId(i as u64),
+                name,
+                report: reports.get(i),
+            })
+            .collect()
+    }
+    assert_eq!(shared_convergence(&views(&reports)), Ok(3));
+    // b sees another state of partition 3: b and c differ (they share 3),
+    // a and b still agree (they share 1 and 2 only).
+    let mut diverged = reports.clone();
+    diverged[1] = report(1, &[11, 12, 13, 99]);
+    let why = shared_convergence(&views(&diverged)).unwrap_err();
+    assert_eq!(
+        why,
+        "b and c hold different states of the partitions both keep"
+    );
+    // A member without a report yet.
+    let why = shared_convergence(&views(&reports[..2])).unwrap_err();
+    assert_eq!(why, "c has not reported the digests of its partitions yet");
+    // A member that has not learned of another yet.
+    let mut unaware = reports.clone();
+    unaware[0].shared.retain(|(peer, _)| *peer != ReplicaId(2));
+    let why = shared_convergence(&views(&unaware)).unwrap_err();
+    assert_eq!(
+        why,
+        "a has no digest of the partitions it shares with c yet"
+    );
+    // The digest covers exactly the partitions both keep.
+    let ab: Vec<u32> = kept_by_both(count(), Some(&kept[0]), Some(&kept[1])).collect();
+    assert_eq!(ab, vec![1, 2]);
+    assert_eq!(kept_by_both(count(), None, None).count(), COUNT as usize);
+}

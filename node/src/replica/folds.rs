@@ -214,6 +214,11 @@ impl Folds {
         Some((bp.count(), bp.all_digests()))
     }
 
+    /// The digest of each partition's counter slots, once tracked.
+    pub fn counter_digests(&self) -> Option<Vec<u64>> {
+        self.by_partition.as_ref().map(ByPartition::counter_digests)
+    }
+
     /// The partition count, once tracked.
     pub fn partition_count(&self) -> Option<PartitionCount> {
         self.by_partition.as_ref().map(ByPartition::count)

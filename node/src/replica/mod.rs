@@ -13,6 +13,7 @@
 //! commit makes it durable, so the runtime acknowledges it only then (4);
 //! keyed retries apply once (5); no arithmetic wraps (6).
 
+pub mod convergence;
 mod copies;
 mod directory;
 pub mod fold_partitions;

@@ -186,7 +186,7 @@ impl Replica {
                 self.set_purge.again = true;
                 continue;
             }
-            self.sets.apply_digest(digest_change);
+            self.sets.apply_digest(&deletion.key, digest_change);
             taken.push(deletion);
         }
         self.set_purge.in_flight = taken.clone();

@@ -15,8 +15,26 @@ use super::MEMBERS_PER_DELETION;
 
 fn node() -> Node {
     let mut node = Node::new(1, "eu");
-    node.replica.peers_mut().set_own_partitions(sixteen().get());
+    node.replica
+        .set_partition_count(sixteen(), &node.store, None)
+        .unwrap();
     node
+}
+
+/// The sets digest the commits wrote, whole and per partition, is the
+/// store's.
+#[track_caller]
+fn check_digests(node: &Node) {
+    assert_eq!(
+        node.replica.sets_digest(),
+        crate::store::sets::compute_digest(&node.store).unwrap(),
+        "the digest the commits wrote is the store's"
+    );
+    assert_eq!(
+        node.replica.sets.partition_digests().unwrap(),
+        &crate::store::sets::compute_digests_by_partition(&node.store, sixteen()).unwrap()[..],
+        "per partition too"
+    );
 }
 
 fn like(node: &mut Node, key: &str, member: &str, like: bool) {
@@ -101,11 +119,7 @@ fn the_sets_of_partitions_not_kept_go_and_the_digest_follows_the_store() {
     assert_eq!(stored(&a, &kept_set), (3, 3, 3));
     assert_eq!(stored(&a, &gone_set), (0, 0, 0));
     assert_eq!(a.store.load_uniques(&gone_seen).unwrap(), None);
-    assert_eq!(
-        a.replica.sets_digest(),
-        crate::store::sets::compute_digest(&a.store).unwrap(),
-        "the digest the commits wrote is the store's"
-    );
+    check_digests(&a);
     // A restart reads the same.
     let mut a = a.restart();
     assert_eq!(
@@ -142,10 +156,7 @@ fn a_large_like_set_goes_in_parts_each_leaving_it_consistent() {
     assert_eq!(count_left, liked_left);
     assert_eq!(purge(&mut a, &kept), 1, "the rest in one more part");
     assert_eq!(stored(&a, &big), (0, 0, 0));
-    assert_eq!(
-        a.replica.sets_digest(),
-        crate::store::sets::compute_digest(&a.store).unwrap()
-    );
+    check_digests(&a);
 }
 
 /// A chunk from replica 2 with one delta: `member` of `key` at `length`.

@@ -127,14 +127,20 @@ impl Replica {
         }
         let current = saved
             .and_then(|bytes| crate::store::encoding::decode_partition_digests(bytes).ok())
-            .filter(|(seq, partitions, _)| *seq == self.durable_seq && *partitions == count.get());
+            .filter(|saved| {
+                saved.durable_seq == self.durable_seq && saved.partitions == count.get()
+            });
         let used = current.is_some();
-        let digests = match current {
-            Some((_, _, digests)) => digests,
-            None => crate::store::compute_partition_digests(store, count)?,
+        let (writers, sets) = match current {
+            Some(saved) => (saved.writers, saved.sets),
+            None => (
+                crate::store::compute_partition_digests(store, count)?,
+                crate::store::sets::compute_digests_by_partition(store, count)?,
+            ),
         };
-        self.folds.track_partitions(count, digests);
+        self.folds.track_partitions(count, writers);
         self.folds.set_kept(self.kept().cloned());
+        self.sets.track_partitions(count, sets);
         Ok(used)
     }
 
@@ -147,9 +153,12 @@ impl Replica {
         }
         let (count, digests) = self.folds.partition_digests()?;
         Some(crate::store::encoding::encode_partition_digests(
-            self.durable_seq,
-            count.get(),
-            digests,
+            &crate::store::encoding::SavedDigests {
+                durable_seq: self.durable_seq,
+                partitions: count.get(),
+                writers: digests.clone(),
+                sets: self.sets.partition_digests()?.to_vec(),
+            },
         ))
     }
 
@@ -158,6 +167,44 @@ impl Replica {
     /// `fold_partitions.rs`).
     pub fn set_folds_by_partition(&mut self, on: bool) {
         self.folds.set_agree_by_partition(on);
+    }
+
+    /// What this node publishes of retirements and folds: its fold report,
+    /// with (once folds go by partition) its digest of the partitions it
+    /// shares with each other member whose kept partitions it knows.
+    pub fn fold_report(&self) -> super::folds::FoldReport {
+        let mut report = self.folds.report();
+        let (Some(own), Some(count), Some(sets)) = (
+            report.partitions.as_mut(),
+            self.folds.partition_count(),
+            self.sets.partition_digests(),
+        ) else {
+            return report;
+        };
+        let counters = self.folds.counter_digests().unwrap_or_default();
+        for peer in self.peers.peers() {
+            let Some(theirs) = peer
+                .member
+                .folds
+                .as_ref()
+                .and_then(|folds| folds.partitions.as_ref())
+                .filter(|theirs| {
+                    theirs
+                        .kept
+                        .as_ref()
+                        .is_none_or(|kept| kept.count() == count)
+                })
+            else {
+                continue;
+            };
+            let both =
+                super::convergence::kept_by_both(count, own.kept.as_ref(), theirs.kept.as_ref());
+            own.shared.push((
+                peer.member.replica,
+                super::convergence::shared_digest(both, &counters, sets),
+            ));
+        }
+        report
     }
 
     /// True when this replica's own id was retired: it must not serve.

@@ -544,11 +544,13 @@ fn digests_by_partition_are_kept_by_commits_and_read_back_only_when_current() {
         .get_mut(&ReplicaId(1))
         .unwrap()
         .remove(&keys_partition(&keys[3], count));
-    let doctored = crate::store::encoding::encode_partition_digests(
-        a.replica.durable_seq(),
-        count.get(),
-        &doctored,
-    );
+    let doctored =
+        crate::store::encoding::encode_partition_digests(&crate::store::encoding::SavedDigests {
+            durable_seq: a.replica.durable_seq(),
+            partitions: count.get(),
+            writers: doctored,
+            sets: vec![0; 16],
+        });
     let mut b = a.restart();
     assert!(b
         .replica
@@ -572,7 +574,13 @@ fn digests_by_partition_are_kept_by_commits_and_read_back_only_when_current() {
     let now = crate::store::compute_partition_digests(&c.store, count).unwrap();
     let mut damaged = saved.clone();
     damaged[3] ^= 1;
-    let other = crate::store::encoding::encode_partition_digests(c.replica.durable_seq(), 8, &now);
+    let other =
+        crate::store::encoding::encode_partition_digests(&crate::store::encoding::SavedDigests {
+            durable_seq: c.replica.durable_seq(),
+            partitions: 8,
+            writers: now.clone(),
+            sets: vec![0; 8],
+        });
     for stale in [saved, damaged, other] {
         c = c.restart();
         assert!(!c

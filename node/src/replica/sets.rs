@@ -34,6 +34,7 @@ use crate::crdt::causal_length::{
 };
 use crate::crdt::hll::{hash_member, position};
 use crate::crdt::{Crdt, HyperLogLog, SetsDigest};
+use crate::partition::PartitionCount;
 
 use super::types::{DurableState, Key, StorageError};
 use super::{request_fingerprint, AddRefused, Keyed, Replica};
@@ -305,9 +306,31 @@ pub(super) struct Sets {
     dirty: Vec<(SetKind, Key)>,
     /// The digest of the state the last commit handed out makes durable.
     digest: SetsDigest,
+    /// The same, per partition, once tracked ([`Sets::track_partitions`]).
+    by_partition: Option<(PartitionCount, Vec<u64>)>,
 }
 
 impl Sets {
+    /// Starts keeping the digest per partition of `count`, from `digests`
+    /// (the durable state's, one per partition).
+    pub(super) fn track_partitions(&mut self, count: PartitionCount, digests: Vec<u64>) {
+        self.by_partition = Some((count, digests));
+    }
+
+    /// The digest of each partition's sets, once tracked.
+    pub(super) fn partition_digests(&self) -> Option<&[u64]> {
+        self.by_partition.as_ref().map(|(_, digests)| &digests[..])
+    }
+
+    /// Moves the running digest, and `key`'s partition's, by `change`.
+    fn move_digest(&mut self, key: &str, change: u64) {
+        self.digest.apply(change);
+        if let Some((count, digests)) = &mut self.by_partition {
+            let slot = &mut digests[count.of_key(key.as_bytes()).0 as usize];
+            *slot = slot.wrapping_add(change);
+        }
+    }
+
     /// The core's sets, starting from the digest of the durable state.
     pub(super) fn recovered(digest: SetsDigest) -> Self {
         Sets {
@@ -433,9 +456,9 @@ impl Sets {
     }
 
     /// Moves the digest of the state the next commit makes durable (a set
-    /// purge's deletions).
-    pub(super) fn apply_digest(&mut self, change: u64) {
-        self.digest.apply(change);
+    /// purge's deletion of `key`'s records).
+    pub(super) fn apply_digest(&mut self, key: &str, change: u64) {
+        self.move_digest(key, change);
     }
 
     /// Whether a set of a key that `matches` waits for a commit.
@@ -447,48 +470,50 @@ impl Sets {
     /// state it makes durable.
     pub(super) fn take_writes(&mut self) -> (Vec<LikeWrite>, Vec<UniqueWrite>, SetsDigest) {
         let (mut likes, mut uniques) = (Vec::new(), Vec::new());
-        for (kind, key) in self.dirty.drain(..) {
+        for (kind, key) in std::mem::take(&mut self.dirty) {
             match kind {
                 SetKind::Likes => {
                     let Some(entry) = self.likes.get_mut(&key) else {
                         continue;
                     };
                     entry.queued = false;
-                    self.digest.apply(std::mem::take(&mut entry.digest_change));
+                    let change = std::mem::take(&mut entry.digest_change);
                     let changed = std::mem::take(&mut entry.changed);
-                    if changed.is_empty() {
-                        continue;
-                    }
-                    let members = changed
-                        .iter()
-                        .map(|member| (member.clone(), entry.lengths[member]))
-                        .collect();
-                    entry.in_flight.extend(changed);
-                    likes.push(LikeWrite {
-                        key,
-                        count: entry.count,
-                        members,
+                    let write = (!changed.is_empty()).then(|| {
+                        let members = changed
+                            .iter()
+                            .map(|member| (member.clone(), entry.lengths[member]))
+                            .collect();
+                        entry.in_flight.extend(changed);
+                        LikeWrite {
+                            key: key.clone(),
+                            count: entry.count,
+                            members,
+                        }
                     });
+                    self.move_digest(&key, change);
+                    likes.extend(write);
                 }
                 SetKind::Uniques => {
                     let Some(entry) = self.uniques.get_mut(&key) else {
                         continue;
                     };
                     entry.queued = false;
-                    self.digest.apply(std::mem::take(&mut entry.digest_change));
+                    let change = std::mem::take(&mut entry.digest_change);
                     let changed = std::mem::take(&mut entry.changed);
-                    if changed.is_empty() {
-                        continue;
-                    }
-                    entry.committing = true;
-                    uniques.push(UniqueWrite {
-                        key,
-                        state: entry.state.clone(),
-                        registers: changed
-                            .into_iter()
-                            .map(|index| (index, entry.state.register(index)))
-                            .collect(),
+                    let write = (!changed.is_empty()).then(|| {
+                        entry.committing = true;
+                        UniqueWrite {
+                            key: key.clone(),
+                            state: entry.state.clone(),
+                            registers: changed
+                                .into_iter()
+                                .map(|index| (index, entry.state.register(index)))
+                                .collect(),
+                        }
                     });
+                    self.move_digest(&key, change);
+                    uniques.extend(write);
                 }
             }
         }

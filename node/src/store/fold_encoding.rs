@@ -143,14 +143,25 @@ pub const SAVED_PARTITION_DIGESTS: &str = "partition-digests.saved";
 
 const SAVED_DIGESTS_SEED: u64 = 0x7061_7274_6467_7374;
 
-/// Encodes the writers' digests by partition of a node of `partitions`
-/// partitions, current at `durable_seq`, with a checksum: a torn, stale or
-/// foreign file is detected and ignored.
-pub fn encode_partition_digests(
-    durable_seq: u64,
-    partitions: u32,
-    digests: &DigestsByPartition,
-) -> Vec<u8> {
+/// What a clean stop saves of the digests by partition: the writers'
+/// ([`DigestsByPartition`]) and the like sets and uniques' (one per
+/// partition).
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct SavedDigests {
+    /// The durable sequence they are current at.
+    pub durable_seq: u64,
+    /// The partition count they are drawn over.
+    pub partitions: u32,
+    /// Each writer's digest per partition.
+    pub writers: DigestsByPartition,
+    /// Each partition's sets digest.
+    pub sets: Vec<u64>,
+}
+
+/// Encodes [`SavedDigests`], with a checksum: a torn, stale or foreign file
+/// is detected and ignored.
+pub fn encode_partition_digests(saved: &SavedDigests) -> Vec<u8> {
+    let (durable_seq, partitions, digests) = (saved.durable_seq, saved.partitions, &saved.writers);
     let mut out = vec![VERSION];
     out.extend_from_slice(&durable_seq.to_le_bytes());
     put_varint(&mut out, u64::from(partitions));
@@ -166,16 +177,25 @@ pub fn encode_partition_digests(
             out.extend_from_slice(&digest.hash.to_le_bytes());
         }
     }
+    let sets: Vec<(usize, u64)> = saved
+        .sets
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, digest)| *digest != 0)
+        .collect();
+    put_varint(&mut out, sets.len() as u64);
+    for (partition, digest) in sets {
+        put_varint(&mut out, partition as u64);
+        out.extend_from_slice(&digest.to_le_bytes());
+    }
     let checksum = crate::crdt::stable_hash(SAVED_DIGESTS_SEED, &[&out]);
     out.extend_from_slice(&checksum.to_le_bytes());
     out
 }
 
-/// Decodes [`encode_partition_digests`]: (durable sequence, partition
-/// count, digests).
-pub fn decode_partition_digests(
-    bytes: &[u8],
-) -> Result<(u64, u32, DigestsByPartition), StorageError> {
+/// Decodes [`encode_partition_digests`].
+pub fn decode_partition_digests(bytes: &[u8]) -> Result<SavedDigests, StorageError> {
     const WHAT: &str = "saved digests by partition";
     let (body, checksum) = bytes
         .split_last_chunk::<8>()
@@ -201,8 +221,21 @@ pub fn decode_partition_digests(
             parts.insert(partition, WriterDigest { counters, hash });
         }
     }
+    let mut sets = vec![0u64; partitions as usize];
+    for _ in 0..reader.varint()? {
+        let slot = usize::try_from(reader.varint()?)
+            .ok()
+            .and_then(|partition| sets.get_mut(partition))
+            .ok_or_else(|| corrupt(WHAT, "partition out of range"))?;
+        *slot = reader.u64()?;
+    }
     reader.finish()?;
-    Ok((durable_seq, partitions, digests))
+    Ok(SavedDigests {
+        durable_seq,
+        partitions,
+        writers: digests,
+        sets,
+    })
 }
 
 /// Encodes why a writer was retired.

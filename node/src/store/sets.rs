@@ -370,6 +370,30 @@ pub fn recover_digest(
 /// The sets digest computed from every stored member and register.
 pub fn compute_digest(store: &(impl DurableState + ?Sized)) -> Result<SetsDigest, StorageError> {
     let mut digest = SetsDigest::default();
+    for_each_digest_part(store, |_, part| digest.apply(part))?;
+    Ok(digest)
+}
+
+/// The sets digest of each partition of `count` (the like sets and uniques
+/// keys of that partition), computed from every stored member and register.
+pub fn compute_digests_by_partition(
+    store: &(impl DurableState + ?Sized),
+    count: crate::partition::PartitionCount,
+) -> Result<Vec<u64>, StorageError> {
+    let mut digests = vec![0u64; count.get() as usize];
+    for_each_digest_part(store, |key, part| {
+        let slot = &mut digests[count.of_key(key.as_bytes()).0 as usize];
+        *slot = slot.wrapping_add(part);
+    })?;
+    Ok(digests)
+}
+
+/// Calls `visit(key, part)` with the digest part of every stored member
+/// and register.
+fn for_each_digest_part(
+    store: &(impl DurableState + ?Sized),
+    mut visit: impl FnMut(&str, u64),
+) -> Result<(), StorageError> {
     let mut from = vec![MEMBER];
     loop {
         let records = store.scan_records(&from, &[MEMBER + 1], DIGEST_SCAN)?;
@@ -386,11 +410,11 @@ pub fn compute_digest(store: &(impl DurableState + ?Sized)) -> Result<SetsDigest
             let text = |bytes| {
                 std::str::from_utf8(bytes).map_err(|_| corrupt("like-set member", "not UTF-8"))
             };
-            digest.apply(member_digest(
-                text(key)?,
-                text(member)?,
-                decode_length(value)?,
-            ));
+            let key = text(key)?;
+            visit(
+                key,
+                member_digest(key, text(member)?, decode_length(value)?),
+            );
         }
         match records.last() {
             Some((last, _)) if records.len() == DIGEST_SCAN => {
@@ -410,7 +434,7 @@ pub fn compute_digest(store: &(impl DurableState + ?Sized)) -> Result<SetsDigest
             let state = HyperLogLog::from_bytes(reader.rest())
                 .map_err(|error| corrupt("uniques", &error.to_string()))?;
             for index in 0..REGISTERS as u16 {
-                digest.apply(register_digest(key, index, state.register(index)));
+                visit(key, register_digest(key, index, state.register(index)));
             }
         }
         match records.last() {
@@ -421,7 +445,7 @@ pub fn compute_digest(store: &(impl DurableState + ?Sized)) -> Result<SetsDigest
             _ => break,
         }
     }
-    Ok(digest)
+    Ok(())
 }
 
 /// Reads a delta watermark's value back.

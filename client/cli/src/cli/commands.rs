@@ -414,13 +414,17 @@ fn version_problems(status: &ClusterStatus) -> Vec<String> {
 /// `converged: yes|no (...)`: the server's verdict, and the digests behind
 /// it (the sets digests of the members that publish one).
 fn convergence_line(status: &ClusterStatus) -> String {
+    let verdict = if status.converged { "yes" } else { "no" };
+    if !status.convergence.is_empty() {
+        // Judged partition by partition (cluster version 10).
+        return format!("converged: {verdict} ({})", status.convergence);
+    }
     let live: Vec<_> = status.all_members().filter(|member| member.alive).collect();
     let digests: BTreeSet<String> = live.iter().map(|member| member.digest_hex()).collect();
     let sets: BTreeSet<String> = live
         .iter()
         .filter_map(|member| member.sets_digest.map(|sets| format!("{sets:016x}")))
         .collect();
-    let verdict = if status.converged { "yes" } else { "no" };
     let first = |set: &BTreeSet<String>| set.first().cloned().unwrap_or_default();
     match (digests.len(), sets.len()) {
         (0, _) => format!("converged: {verdict} (no live members)"),
@@ -479,6 +483,7 @@ mod tests {
             node: member("n1", true, 7),
             members,
             converged,
+            convergence: String::new(),
             hot_keys: Vec::new(),
             cluster_version: 1,
             retired: Vec::new(),
