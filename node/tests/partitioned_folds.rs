@@ -7,8 +7,10 @@
 //! old replica id is retired after `--retire-after` and must be folded at
 //! every node, partition by partition. Then every node that keeps a
 //! counter's partition holds it, from its own state, with no slot of the
-//! folded writer, a folded base, and the exact total; and the total is
-//! exact through every node.
+//! folded writer, a folded base, and the exact total; the total is exact
+//! through every node; a node that joins after the fold holds the counters
+//! it owns folded and exact; and `tally status` says converged, every two
+//! members compared on the partitions both keep.
 
 mod common;
 
@@ -130,6 +132,12 @@ async fn wipe_and_fold(regions: &[&str]) {
     for region in nodes.chunks(3) {
         maps.push(common::settled_region_map(&endpoints(region), 3).await);
     }
+    let region_of = |node: &NodeProcess| {
+        regions
+            .iter()
+            .position(|region| *region == node.spec.region)
+            .unwrap()
+    };
     // Folds by partition need cluster version 10; a new cluster is there.
     let waited = endpoints(&nodes);
     tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 10, LIMIT))
@@ -155,11 +163,20 @@ async fn wipe_and_fold(regions: &[&str]) {
         .node
         .replica;
     // Every owner holds every add before the last node's disk goes.
-    let owns = |node: usize, key: &str| {
-        maps[node / 3]
+    let owns_in = |maps: &[tally_client::PartitionMap], node: &NodeProcess, key: &str| {
+        maps[region_of(node)]
             .owners_of(partition_of(key))
-            .contains(&names[node].as_str())
+            .contains(&node.spec.node_name.as_str())
     };
+    let owns = |node: &NodeProcess, key: &str| owns_in(&maps, node, key);
+    for node in &nodes {
+        let owned = (0..KEYS).filter(|i| owns(node, &key(*i))).count();
+        assert!(
+            owned > 0 && owned < KEYS,
+            "{} owns {owned} counters",
+            node.spec.node_name
+        );
+    }
     wait_for_owners(&nodes, &owns, total, |_, _| true).await;
     let mut wrote = 0;
     for i in 0..KEYS {
@@ -201,6 +218,24 @@ async fn wipe_and_fold(regions: &[&str]) {
             );
         }
     }
+    // A node joining the last region after the fold copies its partitions
+    // already folded: it holds every counter it owns exact, with the base.
+    let region = regions[regions.len() - 1];
+    let mut joiner = spec(root.path(), region, &format!("{region}-4"));
+    joiner.seeds = vec![nodes[0].spec.gossip];
+    nodes.push(NodeProcess::start_async(joiner).await);
+    let in_region: Vec<String> = nodes
+        .iter()
+        .filter(|node| node.spec.region == region)
+        .map(NodeProcess::endpoint)
+        .collect();
+    maps[regions.len() - 1] = common::settled_region_map(&in_region, 4).await;
+    let owns = |node: &NodeProcess, key: &str| owns_in(&maps, node, key);
+    wait_for_owners(&nodes, &owns, total, |slots, epoch| {
+        !slots.contains(&old) && epoch >= 1
+    })
+    .await;
+
     // Whole-node digests differ by design here; `tally status` compares
     // every two members on the partitions both keep, and says converged.
     let pairs = nodes.len() * (nodes.len() - 1) / 2;
@@ -226,7 +261,7 @@ async fn wipe_and_fold(regions: &[&str]) {
 /// holds.
 async fn wait_for_owners(
     nodes: &[NodeProcess],
-    owns: &impl Fn(usize, &str) -> bool,
+    owns: &impl Fn(&NodeProcess, &str) -> bool,
     total: i64,
     also: impl Fn(&[u64], u64) -> bool,
 ) {
@@ -235,8 +270,8 @@ async fn wait_for_owners(
         let mut wrong = Vec::new();
         for i in 0..KEYS {
             let key = key(i);
-            for (index, node) in nodes.iter().enumerate() {
-                if !owns(index, &key) {
+            for node in nodes {
+                if !owns(node, &key) {
                     continue;
                 }
                 match own_slots(&node.endpoint(), &key).await {

@@ -738,17 +738,17 @@ pub async fn stored_counters_of(endpoint: &str) -> (u64, Vec<tally_proto::v1::Co
     (source, counters)
 }
 
-/// The map of region `eu` as the node at `endpoint` computes it.
+/// The map of its own region as the node at `endpoint` computes it.
 async fn region_map_of(endpoint: &str) -> Option<tally_client::PartitionMap> {
     let client = tally_client::Client::connect(endpoint.to_string())
         .await
         .ok()?;
-    client.partition_map(Some("eu")).await.ok()
+    client.partition_map(None).await.ok()
 }
 
-/// Waits until every node answers the same map, with `nodes` nodes all
-/// active and each holding exactly the partitions it owns (nothing is
-/// received or released any more).
+/// Waits until every node (all of one region) answers the same map of
+/// its region, with `nodes` nodes all active and each holding exactly the
+/// partitions it owns (nothing is received or released any more).
 pub async fn settled_region_map(endpoints: &[String], nodes: usize) -> tally_client::PartitionMap {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
