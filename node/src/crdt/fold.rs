@@ -96,6 +96,15 @@ pub fn writer_slot_hash(key: &str, slot: Slot) -> u64 {
 /// out holds no slot of the writer.
 pub type PartitionDigests = Vec<(u32, WriterDigest)>;
 
+/// The digest of `partition` in a sorted list of digests per partition
+/// (empty when left out).
+pub fn digest_in(digests: &[(u32, WriterDigest)], partition: u32) -> WriterDigest {
+    digests
+        .binary_search_by_key(&partition, |(p, _)| *p)
+        .map(|index| digests[index].1)
+        .unwrap_or_default()
+}
+
 /// One fold: the writers folded at `epoch`, each with the digest of the final
 /// state of its slots that every member reported. Kept forever.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -166,12 +175,7 @@ impl FoldRecord {
     pub fn partition_digest(&self, writer: ReplicaId, partition: u32) -> Option<WriterDigest> {
         let parts = self.by_partition.as_ref()?;
         let (_, digests) = parts.iter().find(|(w, _)| *w == writer)?;
-        Some(
-            digests
-                .binary_search_by_key(&partition, |(p, _)| *p)
-                .map(|index| digests[index].1)
-                .unwrap_or_default(),
-        )
+        Some(digest_in(digests, partition))
     }
 
     /// The record's own digest, for members to compare records cheaply.

@@ -18,7 +18,8 @@ pub use digest::{
     counter_digest, member_digest, register_digest, stable_hash, SetsDigest, StateDigest,
 };
 pub use fold::{
-    writer_slot_hash, FoldBook, FoldError, FoldRecord, FoldedBase, PartitionDigests, WriterDigest,
+    digest_in, writer_slot_hash, FoldBook, FoldError, FoldRecord, FoldedBase, PartitionDigests,
+    WriterDigest,
 };
 pub use hll::HyperLogLog;
 pub use pn_counter::{AddError, PnCounter, ReplicaId, Slot, ValueOutOfRange};

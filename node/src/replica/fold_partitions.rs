@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::crdt::{FoldBook, FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
+use crate::crdt::{digest_in, FoldBook, FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 
 /// Each writer's digest per partition over the counters a node holds.
@@ -65,14 +65,6 @@ impl PartitionReport {
 
 pub(super) fn keeps(kept: Option<&PartitionSet>, partition: u32) -> bool {
     kept.is_none_or(|kept| kept.contains(Partition(partition)))
-}
-
-/// The digest of `partition` in a sorted list (empty when left out).
-pub fn digest_in(digests: &[(u32, WriterDigest)], partition: u32) -> WriterDigest {
-    digests
-        .binary_search_by_key(&partition, |(p, _)| *p)
-        .map(|index| digests[index].1)
-        .unwrap_or_default()
 }
 
 /// Why a writer's state by partition is not agreed.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use crate::crdt::{ReplicaId, Slot, WriterDigest};
 use crate::partition::{Partition, PartitionCount, PartitionSet};
-use crate::replica::folds::{FoldMember, FoldWait, Folds};
+use crate::replica::folds::{FoldMember, FoldReport, FoldWait, Folds};
 
 const W: ReplicaId = ReplicaId(90);
 const COUNT: u64 = 4;
@@ -55,6 +55,16 @@ fn node(kept: &[u32]) -> Folds {
     folds
 }
 
+/// A live member with its report.
+fn member(replica: ReplicaId, report: FoldReport) -> FoldMember {
+    FoldMember {
+        replica,
+        alive: true,
+        node_name: format!("n{}", replica.0),
+        report: Some(report),
+    }
+}
+
 /// One synchronous round: every node reads every other's report.
 fn round(nodes: &mut [(ReplicaId, Folds)]) {
     let reports: Vec<_> = nodes.iter().map(|(id, f)| (*id, f.report())).collect();
@@ -62,12 +72,7 @@ fn round(nodes: &mut [(ReplicaId, Folds)]) {
         let others: Vec<FoldMember> = reports
             .iter()
             .filter(|(other, _)| other != id)
-            .map(|(other, report)| FoldMember {
-                replica: *other,
-                alive: true,
-                node_name: format!("n{}", other.0),
-                report: Some(report.clone()),
-            })
+            .map(|(other, report)| member(*other, report.clone()))
             .collect();
         let counted: Vec<ReplicaId> = others.iter().map(|m| m.replica).collect();
         folds.handle_reports(&counted, &others).unwrap();
@@ -202,12 +207,7 @@ fn a_node_applies_a_record_only_where_it_keeps_and_holds_the_final_state() {
     late.note_slot(&keys()[0], W, Slot::default(), Slot { p: 10, n: 0 });
     let members: Vec<FoldMember> = nodes
         .iter()
-        .map(|(id, folds)| FoldMember {
-            replica: *id,
-            alive: true,
-            node_name: format!("n{}", id.0),
-            report: Some(folds.report()),
-        })
+        .map(|(id, folds)| member(*id, folds.report()))
         .collect();
     late.handle_reports(&[], &members).unwrap();
     assert_eq!(late.book().epoch(), 1);
