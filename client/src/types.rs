@@ -103,7 +103,8 @@ pub struct ClusterStatus {
     /// Retired writers as the answering node knows them, folded or pending.
     #[cfg_attr(feature = "serde", serde(default))]
     pub retired: Vec<RetiredWriter>,
-    /// Fold epochs the answering node applied to its counters.
+    /// The fold epoch the answering node is done with (every fold up to it
+    /// applied to its counters, or nothing of its writers held here).
     #[cfg_attr(feature = "serde", serde(default))]
     pub folds_applied: u64,
     /// The cluster's partition count P as the answering node's data

@@ -169,7 +169,7 @@ pub struct Metrics {
     pub like_count_mismatches: Counter,
     /// Slots (live writers) per counter, observed for every counter committed.
     pub slots_per_key: Histogram,
-    /// Fold epochs this node applied to its counters.
+    /// The fold epoch this node is done with (`Replica::folds_done`).
     pub folds_done: Gauge,
     /// Retired writers whose fold waits (for a member's report or agreement).
     pub folds_waiting: Gauge,
@@ -477,7 +477,7 @@ impl Metrics {
         );
         registry.register(
             "folds_done",
-            "Fold epochs this node applied to its counters (retired writers folded into bases)",
+            "The fold epoch this node is done with: every fold up to it applied to its counters, or no slot of its writers held here",
             metrics.folds_done.clone(),
         );
         registry.register(

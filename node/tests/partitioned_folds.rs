@@ -236,6 +236,26 @@ async fn wipe_and_fold(regions: &[&str]) {
     })
     .await;
 
+    // Every node says it is done with the fold, the joiner too (it applied
+    // nothing itself: it holds no slot of the old incarnation to fold).
+    for endpoint in endpoints(&nodes) {
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        loop {
+            let status = common::load::quick_client(&endpoint).await.status().await;
+            let status = status.unwrap();
+            let epoch = status.retired.iter().map(|r| r.folded_epoch).max();
+            if epoch.is_some_and(|epoch| epoch >= 1 && status.folds_applied == epoch) {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{endpoint} never done with the fold: folds_applied {} of {epoch:?}",
+                status.folds_applied
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     // Whole-node digests differ by design here; `tally status` compares
     // every two members on the partitions both keep, and says converged.
     let pairs = nodes.len() * (nodes.len() - 1) / 2;

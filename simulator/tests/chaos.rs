@@ -77,6 +77,25 @@ fn kills_stops_cuts_and_wipes_pass() {
     assert!(stdout.contains("schedule ("), "{stdout}");
 }
 
+/// The same run with retirements: every wiped incarnation (n1 at 3.5 s,
+/// and n2 at 9.1 s unless a slow restart pushed that wipe past the end) is
+/// retired and folded at every node, and its adds are checked through the
+/// counters' folded bases.
+#[test]
+fn wiped_replicas_are_retired_and_folded_exactly_under_faults() {
+    let stdout = chaos(&["--seed", "2", "--faults", "kill,stop,cut,wipe", "--retire"]);
+    let wipes = stdout.matches(" is now replica ").count();
+    assert!(wipes >= 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!("folds: {wipes} replicas folded")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(" of folded ones") && !stdout.contains("(0 of folded ones"),
+        "{stdout}"
+    );
+}
+
 /// Likes, unlikes and observes under kills, stops, partitions and clients
 /// cut off mid-operation (`--likes`): every region holds the same members
 /// and registers, the count is the members liked, and each member that got
@@ -194,7 +213,8 @@ fn replicated_durability_needs_enough_nodes_per_region() {
 /// from their clients under load. The run passes only when the placement settles (every
 /// key held whole by exactly its owners in every region, nothing stray), the
 /// like set's owners in both regions hold the same, and the exact per-slot
-/// and like checks hold.
+/// and like checks hold; with `--retire` the removed node is retired and
+/// folded, and its adds checked through the folded bases.
 #[test]
 fn joins_drains_and_removals_of_a_partitioned_region_under_faults_pass() {
     // Seed 37's schedule: n7 joins us-east at 1.7 s, n5 is removed at
@@ -212,11 +232,16 @@ fn joins_drains_and_removals_of_a_partitioned_region_under_faults_pass() {
         "--faults",
         "join,drain,remove,kill,client",
         "--likes",
+        "--retire",
         "--duration-s",
         "20",
     ]);
     assert!(stdout.contains("n7 joins us-east"), "{stdout}");
     assert!(stdout.contains(" removes n5"), "{stdout}");
+    // The operator retires the removed node, and it is folded partition by
+    // partition at every node, the drained and the joined ones too.
+    assert!(stdout.contains("retires replica"), "{stdout}");
+    assert!(stdout.contains("folds: 1 replicas folded"), "{stdout}");
     assert!(stdout.contains(" drains n4"), "{stdout}");
     assert!(stdout.contains("placement settled"), "{stdout}");
 }

@@ -183,7 +183,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
                 .unwrap_or_default(),
         })
         .collect();
-    let folds_applied = folds.applied_where_kept();
+    let folds_applied = core.folds_done();
     let core_partitions = core.peers().own_partitions();
     drop(core);
     pb::StatusResponse {

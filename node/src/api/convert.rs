@@ -317,7 +317,7 @@ fn folded_to(base: FoldedBase) -> Option<pb::FoldedBase> {
 }
 
 /// A folded base from the wire.
-fn folded_from(base: pb::FoldedBase) -> FoldedBase {
+pub fn folded_from(base: pb::FoldedBase) -> FoldedBase {
     FoldedBase {
         epoch: base.epoch,
         p: u128::from(base.p_high) << 64 | u128::from(base.p_low),

@@ -215,14 +215,43 @@ impl ByPartition {
         self.applied.get(partition as usize).copied().unwrap_or(0)
     }
 
-    /// The lowest epoch applied to a partition this node keeps (what
-    /// `tally status` shows: a partition not kept takes folds by merges).
-    pub fn applied_where_kept(&self) -> u64 {
-        (0..self.count.get())
-            .filter(|partition| self.keeps(*partition))
-            .map(|partition| self.applied[partition as usize])
+    /// The fold epoch this node is done with, what `tally status` shows as
+    /// `folds_applied`: per partition, the epoch applied to it, and in a
+    /// partition it serves (caught up) past that every next record whose
+    /// writers it holds no slot of there: a node that copied a partition
+    /// after its fold holds it folded already, and its own digests never
+    /// equal the record's, so it applies nothing itself and merges bring
+    /// the bases. The lowest over the partitions it keeps (one still being
+    /// copied in or handed away counts at its applied epoch), or over all
+    /// of them when it keeps none (a drained node).
+    pub fn done_where_kept(&self, book: &FoldBook, serving: Option<&PartitionSet>) -> u64 {
+        let done = |partition: u32, past_empty: bool| {
+            let mut upto = self.applied[partition as usize];
+            while let Some(record) = book.record(upto + 1).filter(|_| past_empty) {
+                let holds_some = record
+                    .writers
+                    .iter()
+                    .any(|(writer, _)| self.digest(*writer, partition) != WriterDigest::default());
+                if holds_some {
+                    break;
+                }
+                upto += 1;
+            }
+            upto
+        };
+        let served = |partition: u32| serving.is_none_or(|set| set.contains(Partition(partition)));
+        let partitions = 0..self.count.get();
+        let kept = partitions
+            .clone()
+            .filter(|partition| self.keeps(*partition));
+        kept.map(|partition| done(partition, served(partition)))
             .min()
-            .unwrap_or_else(|| self.applied_floor())
+            .unwrap_or_else(|| {
+                partitions
+                    .map(|partition| done(partition, true))
+                    .min()
+                    .unwrap_or(0)
+            })
     }
 
     /// The lowest epoch applied to any partition.

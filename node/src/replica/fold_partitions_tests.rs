@@ -105,7 +105,7 @@ fn members_keeping_different_partitions_fold_a_writer_partition_by_partition() {
             let kept = folds_keeps(*id, partition);
             assert_eq!(applied, u64::from(kept), "node {id} partition {partition}");
         }
-        assert_eq!(folds.applied_where_kept(), 1);
+        assert_eq!(folds.folds_done(None), 1);
     }
 
     // The same members comparing whole digests never agree.
@@ -226,6 +226,44 @@ fn a_node_applies_a_record_only_where_it_keeps_and_holds_the_final_state() {
     late.note_slot(&keys()[1], W, Slot::default(), Slot { p: 11, n: 0 });
     late.handle_reports(&[], &members).unwrap();
     assert_eq!(late.applied_for(&keys()[1]), 1);
+}
+
+#[test]
+fn a_node_that_copied_its_partitions_already_folded_is_done_with_the_fold() {
+    let mut nodes = three();
+    for _ in 0..4 {
+        round(&mut nodes);
+    }
+    let members: Vec<FoldMember> = nodes
+        .iter()
+        .map(|(id, folds)| member(*id, folds.report()))
+        .collect();
+    // Joined after the fold, keeping partitions 0 and 1, copied folded: it
+    // holds no slot of W, so its digests are not the record's and it
+    // applies nothing, yet nothing is left to fold here.
+    let mut late = Folds::default();
+    late.track_partitions(count(), HashMap::new());
+    late.set_kept(Some(set_of(&[0, 1])));
+    late.set_agree_by_partition(true);
+    late.handle_reports(&[], &members).unwrap();
+    assert_eq!(late.applied_for(&keys()[0]), 0);
+    assert_eq!(late.folds_done(Some(&set_of(&[0, 1]))), 1);
+    assert_eq!(
+        late.folds_done(Some(&set_of(&[0]))),
+        0,
+        "partition 1 is still being copied in"
+    );
+    // A merge brings a state of W that is not the final one: not done.
+    late.note_slot(&keys()[0], W, Slot::default(), Slot { p: 3, n: 0 });
+    late.handle_reports(&[], &members).unwrap();
+    assert_eq!(late.folds_done(Some(&set_of(&[0, 1]))), 0);
+    // A node keeping nothing (drained) and holding no slot of W is done.
+    let mut drained = Folds::default();
+    drained.track_partitions(count(), HashMap::new());
+    drained.set_kept(Some(set_of(&[])));
+    drained.set_agree_by_partition(true);
+    drained.handle_reports(&[], &members).unwrap();
+    assert_eq!(drained.folds_done(Some(&set_of(&[]))), 1);
 }
 
 #[test]

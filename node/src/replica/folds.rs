@@ -253,11 +253,13 @@ impl Folds {
         }
     }
 
-    /// Fold epochs up to this one are applied to the counters of every
-    /// partition this node keeps (all of them when none are tracked).
-    pub fn applied_where_kept(&self) -> u64 {
+    /// The fold epoch this node is done with (`tally status`'s
+    /// `folds_applied`, the metric `tally_folds_done`), given the
+    /// partitions it serves: the epoch applied, or by partition as
+    /// [`ByPartition::done_where_kept`] says.
+    pub fn folds_done(&self, serving: Option<&PartitionSet>) -> u64 {
         match &self.by_partition {
-            Some(bp) => bp.applied_where_kept(),
+            Some(bp) => bp.done_where_kept(&self.book, serving),
             None => self.applied,
         }
     }

@@ -95,6 +95,12 @@ impl Replica {
         &self.folds
     }
 
+    /// The fold epoch this node is done with (`Folds::folds_done`, over
+    /// the partitions it serves).
+    pub fn folds_done(&self) -> u64 {
+        self.folds.folds_done(self.serving())
+    }
+
     /// The members as the fold protocol sees them: the peer book's members
     /// (from gossip) with their last fold reports.
     pub fn fold_members(&self) -> Vec<FoldMember> {

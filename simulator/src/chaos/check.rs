@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tally_client::Client;
+use tally_node::api::convert;
 use tally_node::crdt::{Crdt, PnCounter, ReplicaId, Slot};
 use tally_proto::v1 as proto;
 use tally_proto::v1::replication_client::ReplicationClient;
@@ -60,7 +61,7 @@ pub async fn read_state(
                 let Some(key) = names.iter().position(|name| name.as_bytes() == counter.key) else {
                     continue;
                 };
-                let state = PnCounter::from_slots(counter.slots.iter().map(|slot| {
+                let slots = counter.slots.iter().map(|slot| {
                     (
                         ReplicaId(slot.replica),
                         Slot {
@@ -68,8 +69,9 @@ pub async fn read_state(
                             n: slot.n,
                         },
                     )
-                }));
-                states[key].merge(&state);
+                });
+                let base = counter.folded.map(convert::folded_from).unwrap_or_default();
+                merge_states(&mut states[key], &PnCounter::from_parts(slots, base));
             }
             if chunk.next.is_some() {
                 after = chunk.next;
@@ -81,6 +83,18 @@ pub async fn read_state(
         }
     }
     anyhow::bail!("{endpoint} never finished answering a full pull")
+}
+
+/// Merges `other` into `state`: slot by slot at one fold epoch; across
+/// epochs the state of the higher one is kept as it is (the reader holds no
+/// fold records to drop the folded slots of the lower one with, and a
+/// settled run never mixes epochs).
+pub fn merge_states(state: &mut PnCounter, other: &PnCounter) {
+    if state.folded().epoch == other.folded().epoch {
+        state.merge(other);
+    } else if other.folded().epoch > state.folded().epoch {
+        *state = other.clone();
+    }
 }
 
 /// When each add was issued and answered, on the ledger's logical clock.
@@ -99,15 +113,19 @@ pub struct WipeStats {
     pub slots: u64,
     /// Acknowledged adds of wiped replicas that no peer had pulled.
     pub acked_lost: u64,
+    /// Of `slots`, those of folded replicas, checked through the bases.
+    pub folded: u64,
 }
 
 /// The exact check: live replicas through [`Checker::check_slots`], wiped ones
-/// as the module documentation says.
+/// as the module documentation says, and with `--retire` the folded ones
+/// through the counters' folded bases (`folds.rs`).
 pub fn check_all(
     checker: &mut Checker,
     ledger: &Ledger,
     times: &AddTimes,
     finals: &[PnCounter],
+    folded: &BTreeSet<ReplicaId>,
 ) -> (crate::checker::SlotStats, WipeStats) {
     let dead = checker.dead_ids();
     let mut live = Ledger::new(0, 0);
@@ -133,18 +151,32 @@ pub fn check_all(
         })
         .collect();
     let stats = checker.check_slots(0, &live, &live_finals);
-    let wiped = check_wiped(checker, ledger, times, finals, &dead);
+    for replica in folded.iter().filter(|replica| !dead.contains(replica)) {
+        checker.violate(
+            0,
+            "live replica folded",
+            format!("replica {replica} was folded but the run never wiped or removed it"),
+        );
+    }
+    let groups = dead_writers_adds(ledger, &dead);
+    let (wiped_groups, folded_groups): (Groups, Groups) = groups
+        .into_iter()
+        .partition(|((_, replica), _)| !folded.contains(replica));
+    let unfolded: BTreeSet<ReplicaId> = dead.difference(folded).copied().collect();
+    let mut wiped = check_wiped(checker, &wiped_groups, ledger, times, finals, &unfolded);
+    let in_bases =
+        super::folds::check_bases(checker, &folded_groups, ledger, times, finals, folded);
+    wiped.slots += in_bases.slots;
+    wiped.folded += in_bases.slots;
+    wiped.acked_lost += in_bases.acked_lost;
     (stats, wiped)
 }
 
-fn check_wiped(
-    checker: &mut Checker,
-    ledger: &Ledger,
-    times: &AddTimes,
-    finals: &[PnCounter],
-    dead: &BTreeSet<ReplicaId>,
-) -> WipeStats {
-    let mut groups: BTreeMap<(usize, ReplicaId), Vec<u32>> = BTreeMap::new();
+/// The adds delivered to each (key, dead replica), by add id.
+pub(super) type Groups = BTreeMap<(usize, ReplicaId), Vec<u32>>;
+
+fn dead_writers_adds(ledger: &Ledger, dead: &BTreeSet<ReplicaId>) -> Groups {
+    let mut groups = Groups::new();
     for (id, add) in ledger.adds.iter().enumerate() {
         for replica in add.delivered.iter().filter(|r| dead.contains(r)) {
             groups
@@ -153,6 +185,98 @@ fn check_wiped(
                 .push(id as u32);
         }
     }
+    groups
+}
+
+/// What a dead replica's slot of one key can be if its last state that
+/// peers pulled was its durable state at one instant: the acknowledged adds
+/// answered before it (`p`, `n`), the adds sent before it whose fate was
+/// unknown then (any subset of these magnitudes may be in it), and the
+/// acknowledged adds sent after it, lost with the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct SlotAt {
+    pub p: u64,
+    pub n: u64,
+    pub unknown_p: u64,
+    pub unknown_n: u64,
+    pub lost: u64,
+}
+
+impl SlotAt {
+    /// Whether `slot` is this instant's acknowledged adds plus some of the
+    /// unknown ones (distinct lanes, so the rest decodes bit by bit).
+    fn explains(&self, slot: Slot) -> bool {
+        let (Some(rest_p), Some(rest_n)) = (slot.p.checked_sub(self.p), slot.n.checked_sub(self.n))
+        else {
+            return false;
+        };
+        rest_p & !self.unknown_p == 0 && rest_n & !self.unknown_n == 0
+    }
+}
+
+/// [`SlotAt`] for every instant that matters to `adds` (those delivered to
+/// `replica` for one key): the start, and just after each send and each
+/// answer. Latest first, so the first that explains a slot loses fewest.
+pub(super) fn slot_instants(
+    ledger: &Ledger,
+    times: &AddTimes,
+    adds: &[u32],
+    replica: ReplicaId,
+) -> Vec<SlotAt> {
+    // Candidate instants: just after each event (doubled clock, odd values).
+    let mut instants: Vec<u64> = vec![0];
+    for id in adds {
+        let (sent, answered) = (times.sent[*id as usize], times.answered[*id as usize]);
+        instants.push(sent * 2 + 1);
+        if answered != u64::MAX {
+            instants.push(answered * 2 + 1);
+        }
+    }
+    instants.sort_unstable();
+    instants.dedup();
+    instants
+        .iter()
+        .rev()
+        .map(|t| {
+            let mut at = SlotAt {
+                p: 0,
+                n: 0,
+                unknown_p: 0,
+                unknown_n: 0,
+                lost: 0,
+            };
+            for id in adds {
+                let add = &ledger.adds[*id as usize];
+                let (sent, answered) = (times.sent[*id as usize] * 2, times.answered[*id as usize]);
+                let answered = answered.saturating_mul(2);
+                let acked = add.certain_at(replica).is_some();
+                if sent > *t {
+                    at.lost += u64::from(acked);
+                } else if acked && answered < *t {
+                    if add.negative {
+                        at.n += add.magnitude();
+                    } else {
+                        at.p += add.magnitude();
+                    }
+                } else if add.negative {
+                    at.unknown_n |= add.magnitude();
+                } else {
+                    at.unknown_p |= add.magnitude();
+                }
+            }
+            at
+        })
+        .collect()
+}
+
+fn check_wiped(
+    checker: &mut Checker,
+    groups: &Groups,
+    ledger: &Ledger,
+    times: &AddTimes,
+    finals: &[PnCounter],
+    dead: &BTreeSet<ReplicaId>,
+) -> WipeStats {
     let mut stats = WipeStats::default();
     for (key, state) in finals.iter().enumerate() {
         for (replica, slot) in state.slots() {
@@ -170,46 +294,11 @@ fn check_wiped(
     }
     for ((key, replica), adds) in groups {
         stats.slots += 1;
-        let slot = finals[key].slot(replica);
-        // Candidate instants: just after each event (doubled clock, odd values).
-        let mut instants: Vec<u64> = vec![0];
-        for id in &adds {
-            let (sent, answered) = (times.sent[*id as usize], times.answered[*id as usize]);
-            instants.push(sent * 2 + 1);
-            if answered != u64::MAX {
-                instants.push(answered * 2 + 1);
-            }
-        }
-        instants.sort_unstable();
-        instants.dedup();
-        let fits = |t: u64| -> Option<u64> {
-            let (mut p, mut n, mut unknown_p, mut unknown_n, mut lost) = (0u64, 0u64, 0, 0, 0);
-            for id in &adds {
-                let add = &ledger.adds[*id as usize];
-                let (sent, answered) = (times.sent[*id as usize] * 2, times.answered[*id as usize]);
-                let answered = answered.saturating_mul(2);
-                let acked = add.certain_at(replica).is_some();
-                if sent > t {
-                    lost += u64::from(acked);
-                } else if acked && answered < t {
-                    if add.negative {
-                        n += add.magnitude();
-                    } else {
-                        p += add.magnitude();
-                    }
-                } else if add.negative {
-                    unknown_n |= add.magnitude();
-                } else {
-                    unknown_p |= add.magnitude();
-                }
-            }
-            let rest_p = slot.p.checked_sub(p)?;
-            let rest_n = slot.n.checked_sub(n)?;
-            (rest_p & !unknown_p == 0 && rest_n & !unknown_n == 0).then_some(lost)
-        };
-        // Prefer the latest instant that explains the slot (fewest losses).
-        match instants.iter().rev().find_map(|t| fits(*t)) {
-            Some(lost) => stats.acked_lost += lost,
+        let slot = finals[*key].slot(*replica);
+        let instants = slot_instants(ledger, times, adds, *replica);
+        // The latest instant that explains the slot (fewest losses).
+        match instants.iter().find(|at| at.explains(slot)) {
+            Some(at) => stats.acked_lost += at.lost,
             None => checker.violate(
                 0,
                 "slot does not match the adds",
@@ -319,7 +408,7 @@ mod tests {
         ledger.abandon(ids[3]);
         checker.started_fresh(0, 0, ReplicaId(8));
         let finals = vec![PnCounter::from_slots([(old, Slot { p: slot_p, n: 0 })])];
-        let (_, wiped) = check_all(&mut checker, &ledger, &times, &finals);
+        let (_, wiped) = check_all(&mut checker, &ledger, &times, &finals, &BTreeSet::new());
         assert_eq!(wiped.slots, 1);
         checker.violation_count
     }
@@ -355,7 +444,7 @@ mod tests {
             times.answered = vec![2, 4];
             checker.started_fresh(0, 0, ReplicaId(8));
             let finals = vec![PnCounter::from_slots([(old, slot)])];
-            check_all(&mut checker, &ledger, &times, &finals);
+            check_all(&mut checker, &ledger, &times, &finals, &BTreeSet::new());
             checker.violation_count
         };
         assert_eq!(check(Slot { p: 0, n: 0 }), 0);

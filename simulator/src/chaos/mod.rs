@@ -34,6 +34,7 @@
 //! hold the same state, which the exact per-slot check takes as final.
 
 mod check;
+mod folds;
 mod likes;
 mod links;
 mod node;
@@ -131,6 +132,13 @@ pub struct ChaosArgs {
     /// With --replication-factor: the cluster's partition count P.
     #[arg(long, default_value_t = 16)]
     partitions: u32,
+    /// Retire and fold dead replicas during the run: the nodes run with
+    /// `--retire-after 2s` (a wiped node's old incarnation is retired once
+    /// its new one is up), a removed node is retired by an operator, and
+    /// after the heal every node must have folded them all; the check then
+    /// counts their adds through the counters' folded bases.
+    #[arg(long)]
+    retire: bool,
 }
 
 /// Runs `tally-sim chaos`.
@@ -485,6 +493,9 @@ async fn drive(
                 membership.running[target] = false;
                 checker.removed(target);
                 placement::remove(nodes, &membership.running, target, &mut checker).await;
+                if args.retire {
+                    placement::retire(nodes, &membership.running, target, &mut checker).await;
+                }
                 tokio::time::sleep(hold).await;
             }
         }
@@ -499,6 +510,19 @@ async fn drive(
     // Heal (every fault above is already undone) and wait for convergence.
     links.heal();
     let converge_timeout = Duration::from_secs(args.converge_timeout_s);
+    let folded = if args.retire {
+        let dead = checker.dead_ids();
+        folds::wait_folded(
+            nodes,
+            &membership.running,
+            &dead,
+            converge_timeout,
+            &mut checker,
+        )
+        .await
+    } else {
+        Default::default()
+    };
     let finals = match &shared.placement {
         Some(placement) => {
             let running = &membership.running;
@@ -633,7 +657,8 @@ async fn drive(
             book.ledger.delivered(add, *replica);
         }
     }
-    let (slots, wiped) = check::check_all(&mut checker, &book.ledger, &book.times, &finals);
+    let (slots, wiped) =
+        check::check_all(&mut checker, &book.ledger, &book.times, &finals, &folded);
     let w = &book.ledger.stats;
     println!(
         "workload: {} adds ({} on the hot key), {} acked, {} abandoned; slots checked {}, unacknowledged applied {}, lost {}",
@@ -652,8 +677,8 @@ async fn drive(
     }
     if wiped.slots > 0 {
         println!(
-            "wipes: {} slots of wiped replicas checked, {} acknowledged adds lost with their disk (never pulled), {} answered across a wipe",
-            wiped.slots, wiped.acked_lost, book.across_wipe.len()
+            "wipes: {} slots of wiped replicas checked ({} of folded ones, through the folded bases), {} acknowledged adds lost with their disk (never pulled), {} answered across a wipe",
+            wiped.slots, wiped.folded, wiped.acked_lost, book.across_wipe.len()
         );
     }
     if let Some((confirmed, failed, taken)) = copies {

@@ -218,6 +218,11 @@ pub(super) async fn start_cluster(
                 .into_iter()
                 .filter(|_| args.likes),
         )
+        .chain(
+            [("--retire-after", super::folds::RETIRE_AFTER.to_string())]
+                .into_iter()
+                .filter(|_| args.retire),
+        )
         .flat_map(|(flag, value)| [flag.to_string(), value])
         .collect();
         let mut node = NodeProc {
