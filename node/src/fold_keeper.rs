@@ -67,6 +67,10 @@ pub fn spawn_fold_keeper(
                     .iter()
                     .any(|m| m.alive && m.replica != own && m.report.is_some());
                 let mut round_ran = !folding;
+                // Before the cluster folds too: an incarnation wiped in a new
+                // cluster's first seconds is dropped from the member list
+                // once its successor appears, and would never be retired.
+                core.note_node_names(&members);
                 core.set_folds_by_partition(
                     store.format() >= crate::replica::version::FOLDS_BY_PARTITION,
                 );

@@ -444,6 +444,21 @@ impl Folds {
         true
     }
 
+    /// Remembers each member's node name, so that an incarnation gone from
+    /// the member list (dropped once a newer one of its name appears) is
+    /// still known as its node's when [`Self::retire_replaced`] runs. Called
+    /// every round, folding or not: a node wiped in a new cluster's first
+    /// seconds, before its version allows folds, would otherwise be dropped
+    /// before any round saw it and never retired.
+    pub fn note_node_names(&mut self, members: &[FoldMember]) {
+        for member in members {
+            if !self.retired.contains_key(&member.replica) {
+                self.node_names
+                    .insert(member.replica, member.node_name.clone());
+            }
+        }
+    }
+
     /// Retires old incarnations: a member that is down (or gone from the
     /// member list, which drops an old incarnation once a newer one of its
     /// name appears) while a newer incarnation of its node (same node name,
@@ -456,10 +471,7 @@ impl Folds {
         members: &[FoldMember],
         retire_after_ms: u64,
     ) -> Vec<ReplicaId> {
-        for member in members {
-            self.node_names
-                .insert(member.replica, member.node_name.clone());
-        }
+        self.note_node_names(members);
         let down: Vec<(ReplicaId, String)> = self
             .node_names
             .iter()

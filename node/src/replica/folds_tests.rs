@@ -215,6 +215,32 @@ fn an_old_incarnation_is_retired_after_retire_after_and_not_before() {
 }
 
 #[test]
+fn an_incarnation_seen_only_before_folds_began_is_retired_once_replaced() {
+    // Node b's first incarnation is seen alive while the cluster is too
+    // young to fold; by the first fold round gossip has dropped it (its
+    // successor is up), so only the names noted before know it was b's.
+    let own = ReplicaId(1);
+    let first = FoldMember {
+        node_name: "b".into(),
+        ..member(ReplicaId(5), None)
+    };
+    let second = FoldMember {
+        node_name: "b".into(),
+        ..member(ReplicaId(6), None)
+    };
+    let rounds = |folds: &mut Folds| {
+        let members = std::slice::from_ref(&second);
+        folds.retire_replaced(1_000, own, "a", members, 500);
+        folds.retire_replaced(1_600, own, "a", members, 500)
+    };
+    let mut noted = Folds::default();
+    noted.note_node_names(std::slice::from_ref(&first));
+    assert_eq!(rounds(&mut noted), vec![ReplicaId(5)]);
+    let mut unnoted = Folds::default();
+    assert!(rounds(&mut unnoted).is_empty(), "never seen as b's");
+}
+
+#[test]
 fn a_node_whose_state_differs_from_a_committed_record_does_not_apply_it() {
     let mut folds = Folds::default();
     folds.note_slot("a", W, Slot::default(), slot(4));

@@ -95,6 +95,12 @@ impl Replica {
         &self.folds
     }
 
+    /// Remembers the members' node names (`Folds::note_node_names`); the
+    /// fold keeper calls it every round, before its cluster folds too.
+    pub fn note_node_names(&mut self, members: &[FoldMember]) {
+        self.folds.note_node_names(members);
+    }
+
     /// The fold epoch this node is done with (`Folds::folds_done`, over
     /// the partitions it serves).
     pub fn folds_done(&self) -> u64 {
