@@ -2,14 +2,17 @@
 //! with N counters (default 1,000,000; `TALLY_FOLD_BENCH_COUNTERS`), each
 //! holding a slot of this node and one of a retired writer, is folded by the
 //! core's sweep in group commits, as the node's fold keeper does it. Prints
-//! the time, the rate and the store's size before and after. A measurement,
-//! not a check of speed: run it by hand,
-//! `cargo test --release -p tally-node --test fold_cost -- --ignored --nocapture`.
+//! the time, the rate and the store's size before and after; the second
+//! test folds partition by partition (cluster version 10, P 1024, every
+//! partition kept) and prints the start-up scan of the digests by
+//! partition too. A measurement, not a check of speed: run it by hand,
+//! `cargo test --release -p tally-node --test fold_cost -- --ignored --nocapture --test-threads=1`.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use tally_node::crdt::{PnCounter, ReplicaId, Slot, WriterDigest};
+use tally_node::partition::PartitionCount;
 use tally_node::replica::{CommitBatch, DurableState, Replica, ReplicaConfig};
 use tally_node::store::{OnCorrupt, SledStore, Store};
 
@@ -18,6 +21,16 @@ const RETIRED: ReplicaId = ReplicaId(0xdead);
 #[test]
 #[ignore]
 fn fold_cost_at_a_million_counters() {
+    fold_cost(None);
+}
+
+#[test]
+#[ignore]
+fn fold_cost_by_partition_at_a_million_counters() {
+    fold_cost(Some(PartitionCount::new(1024).unwrap()));
+}
+
+fn fold_cost(partitions: Option<PartitionCount>) {
     let counters: usize = std::env::var("TALLY_FOLD_BENCH_COUNTERS")
         .ok()
         .and_then(|text| text.parse().ok())
@@ -63,10 +76,24 @@ fn fold_cost_at_a_million_counters() {
     };
     let mut core = Replica::open(identity, config, store.recover(0).unwrap(), 0);
     assert_eq!(core.folds().digest_of(RETIRED), digest);
+    if let Some(count) = partitions {
+        // What a start after a crash does (a clean stop saves them).
+        let scan = Instant::now();
+        assert!(
+            !core.set_partition_count(count, &store, None).unwrap(),
+            "computed, not saved"
+        );
+        core.set_folds_by_partition(true);
+        println!(
+            "digests by partition of {counters} counters computed in {:?}",
+            scan.elapsed()
+        );
+    }
     core.handle_retire(RETIRED, &[]).unwrap();
     // No other member: this node alone agrees, and commits the record.
     let committed = core.handle_fold_round(1, "eu-1", &[], None).unwrap();
     assert_eq!(committed.len(), 1);
+    assert_eq!(committed[0].by_partition.is_some(), partitions.is_some());
     assert_eq!(core.folds().applied(), 1);
     let started = Instant::now();
     let mut commits = 0;

@@ -199,7 +199,13 @@ async fn wipe_and_fold(regions: &[&str]) {
     .await
     .map(|wiped| nodes.push(wiped))
     .unwrap();
+    let restarted = std::time::Instant::now();
     wait_folded(&endpoints(&nodes), old).await;
+    // A measurement for the notes (`--nocapture`), not a check of speed.
+    println!(
+        "{regions:?}: the old incarnation folded at every node {:?} after the wiped node restarted",
+        restarted.elapsed()
+    );
 
     // Every keeper of a counter's partition holds it exact, with the old
     // incarnation's slot folded into the base.
