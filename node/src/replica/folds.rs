@@ -37,6 +37,11 @@
 //!   digest of each writer equals the record's (`Folds::applicable_upto`);
 //!   otherwise it says why and its counters reach the fold through merges
 //!   from members that applied it.
+//!
+//! Two more files hold parts of `impl Folds`: `fold_retirements.rs` (how a
+//! writer becomes retired) and `fold_partition_state.rs` (the state kept by
+//! partition from cluster version 10, whose rules are in
+//! `fold_partitions.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -44,9 +49,8 @@ use std::sync::Arc;
 use crate::crdt::{
     FoldBook, FoldError, FoldRecord, PartitionDigests, ReplicaId, Slot, WriterDigest,
 };
-use crate::partition::{PartitionCount, PartitionSet};
 
-use super::fold_partitions::{ByPartition, DigestsByPartition, PartitionReport, PartitionWait};
+use super::fold_partitions::{ByPartition, PartitionReport, PartitionWait};
 pub use super::fold_waits::FoldWait;
 
 /// Why a writer was retired.
@@ -191,150 +195,6 @@ impl Folds {
         folds
     }
 
-    /// The applied epochs by partition that differ from the recovered
-    /// floor (persisted by a node that tracked partitions), used once
-    /// [`Self::track_partitions`] is called.
-    pub fn set_recovered_partitions(&mut self, parts: Vec<(u32, u64)>) {
-        self.recovered_parts = parts;
-    }
-
-    /// Starts tracking digests and applied epochs by partition, for a node
-    /// of `count` partitions whose stored counters give `digests` (per
-    /// writer and partition).
-    pub fn track_partitions(&mut self, count: PartitionCount, digests: DigestsByPartition) {
-        let parts = std::mem::take(&mut self.recovered_parts);
-        self.by_partition = Some(ByPartition::new(count, digests, self.applied, &parts));
-        self.advance_applied();
-    }
-
-    /// The partition count and every writer's digests by partition, once
-    /// tracked.
-    pub fn partition_digests(&self) -> Option<(PartitionCount, &DigestsByPartition)> {
-        let bp = self.by_partition.as_ref()?;
-        Some((bp.count(), bp.all_digests()))
-    }
-
-    /// The digest of each partition's counter slots, once tracked.
-    pub fn counter_digests(&self) -> Option<Vec<u64>> {
-        self.by_partition.as_ref().map(ByPartition::counter_digests)
-    }
-
-    /// The partition count, once tracked.
-    pub fn partition_count(&self) -> Option<PartitionCount> {
-        self.by_partition.as_ref().map(ByPartition::count)
-    }
-
-    /// Whether folds agree and are recorded partition by partition (cluster
-    /// version 10, on a node that tracks partitions).
-    pub fn agrees_by_partition(&self) -> bool {
-        self.by_partition.as_ref().is_some_and(|bp| bp.agree)
-    }
-
-    /// Folds agree partition by partition from now on (the cluster version
-    /// reached 10). A candidate of the other kind gives way.
-    pub fn set_agree_by_partition(&mut self, agree: bool) {
-        let Some(bp) = self.by_partition.as_mut() else {
-            return;
-        };
-        bp.agree = agree;
-        if self
-            .candidate
-            .as_ref()
-            .is_some_and(|candidate| candidate.by_partition.is_some() != agree)
-        {
-            self.candidate = None;
-        }
-    }
-
-    /// The partitions this node keeps from now on (`None`: every one).
-    pub fn set_kept(&mut self, kept: Option<PartitionSet>) {
-        if let Some(bp) = self.by_partition.as_mut() {
-            bp.set_kept(kept);
-        }
-    }
-
-    /// The fold epoch this node is done with (`tally status`'s
-    /// `folds_applied`, the metric `tally_folds_done`), given the
-    /// partitions it serves: the epoch applied, or by partition as
-    /// [`ByPartition::done_where_kept`] says.
-    pub fn folds_done(&self, serving: Option<&PartitionSet>) -> u64 {
-        match &self.by_partition {
-            Some(bp) => bp.done_where_kept(&self.book, serving),
-            None => self.applied,
-        }
-    }
-
-    /// Fold epochs up to this one are applied to the counter `key`.
-    pub fn applied_for(&self, key: &str) -> u64 {
-        match &self.by_partition {
-            Some(bp) => bp.applied(bp.of_key(key)),
-            None => self.applied,
-        }
-    }
-
-    /// A number that changes whenever an applied epoch does (the fold
-    /// sweep's target): the applied epoch, or the sum over partitions.
-    pub fn applied_mark(&self) -> u64 {
-        match &self.by_partition {
-            Some(bp) => bp.applied_sum(),
-            None => self.applied,
-        }
-    }
-
-    /// Applied epochs by partition for the next commit, if they changed.
-    pub fn take_applied_partitions(&mut self) -> Option<Vec<(u32, u64)>> {
-        self.by_partition.as_mut()?.take_applied()
-    }
-
-    /// A commit that carried [`Self::take_applied_partitions`] failed.
-    pub fn restore_applied_partitions(&mut self) {
-        if let Some(bp) = self.by_partition.as_mut() {
-            bp.restore_applied();
-        }
-    }
-
-    /// This node's digest of `writer`'s slots in `partition` (empty when
-    /// partitions are not tracked).
-    pub fn partition_digest_of(&self, writer: ReplicaId, partition: u32) -> WriterDigest {
-        self.by_partition
-            .as_ref()
-            .map(|bp| bp.digest(writer, partition))
-            .unwrap_or_default()
-    }
-
-    /// Adds a slot change of a commit to `changes` (see [`DigestChanges`]).
-    pub fn note_change(
-        &self,
-        changes: &mut DigestChanges,
-        key: &str,
-        writer: ReplicaId,
-        old: Slot,
-        new: Slot,
-    ) {
-        changes
-            .whole
-            .entry(writer)
-            .or_insert_with(|| self.digest_of(writer))
-            .replace(key, old, new);
-        if let Some(bp) = &self.by_partition {
-            let partition = bp.of_key(key);
-            changes
-                .by_partition
-                .entry((writer, partition))
-                .or_insert_with(|| bp.digest(writer, partition))
-                .replace(key, old, new);
-        }
-    }
-
-    /// Sets writers' digests by partition to what a durable commit made them.
-    pub fn set_partition_digests(&mut self, digests: &[(ReplicaId, u32, WriterDigest)]) {
-        if let Some(bp) = self.by_partition.as_mut() {
-            for (writer, partition, digest) in digests {
-                bp.set_digest(*writer, *partition, *digest);
-            }
-        }
-    }
-
     /// The committed fold records.
     pub fn book(&self) -> &FoldBook {
         &self.book
@@ -411,107 +271,6 @@ impl Folds {
         self.digests
             .iter()
             .map(|(writer, digest)| (*writer, *digest))
-    }
-
-    /// Retires `writer` on an operator's word. Refused for this node's own
-    /// id, an id this node never heard of, and a live member.
-    pub fn retire(
-        &mut self,
-        writer: ReplicaId,
-        own: ReplicaId,
-        known: bool,
-        members: &[FoldMember],
-    ) -> Result<bool, RetireRefused> {
-        if writer == own {
-            return Err(RetireRefused::Own(writer));
-        }
-        let member = members.iter().find(|member| member.replica == writer);
-        if member.is_some_and(|member| member.alive) {
-            return Err(RetireRefused::Alive(writer));
-        }
-        if !known && member.is_none() {
-            return Err(RetireRefused::Unknown(writer));
-        }
-        Ok(self.learn_retired(writer, RetireReason::Operator))
-    }
-
-    fn learn_retired(&mut self, writer: ReplicaId, reason: RetireReason) -> bool {
-        if self.retired.contains_key(&writer) {
-            return false;
-        }
-        self.retired.insert(writer, reason.clone());
-        self.pending_retired.push((writer, reason));
-        true
-    }
-
-    /// Remembers each member's node name, so that an incarnation gone from
-    /// the member list (dropped once a newer one of its name appears) is
-    /// still known as its node's when [`Self::retire_replaced`] runs. Called
-    /// every round, folding or not: a node wiped in a new cluster's first
-    /// seconds, before its version allows folds, would otherwise be dropped
-    /// before any round saw it and never retired.
-    pub fn note_node_names(&mut self, members: &[FoldMember]) {
-        for member in members {
-            if !self.retired.contains_key(&member.replica) {
-                self.node_names
-                    .insert(member.replica, member.node_name.clone());
-            }
-        }
-    }
-
-    /// Retires old incarnations: a member that is down (or gone from the
-    /// member list, which drops an old incarnation once a newer one of its
-    /// name appears) while a newer incarnation of its node (same node name,
-    /// another id) is alive, once it has been seen so for `retire_after_ms`.
-    pub fn retire_replaced(
-        &mut self,
-        now_ms: u64,
-        own: ReplicaId,
-        own_node_name: &str,
-        members: &[FoldMember],
-        retire_after_ms: u64,
-    ) -> Vec<ReplicaId> {
-        self.note_node_names(members);
-        let down: Vec<(ReplicaId, String)> = self
-            .node_names
-            .iter()
-            .filter(|(replica, _)| {
-                !members
-                    .iter()
-                    .any(|member| member.replica == **replica && member.alive)
-            })
-            .map(|(replica, name)| (*replica, name.clone()))
-            .collect();
-        self.dead_since_ms
-            .retain(|replica, _| down.iter().any(|(id, _)| id == replica));
-        let mut retired = Vec::new();
-        for (replica, name) in down {
-            let since = *self.dead_since_ms.entry(replica).or_insert(now_ms);
-            if replica == own
-                || self.is_retired(replica)
-                || now_ms.saturating_sub(since) < retire_after_ms
-            {
-                continue;
-            }
-            let newer = if name == own_node_name {
-                Some(own)
-            } else {
-                members
-                    .iter()
-                    .find(|other| {
-                        other.alive && other.node_name == name && other.replica != replica
-                    })
-                    .map(|other| other.replica)
-            };
-            if let Some(by) = newer {
-                if self.learn_retired(replica, RetireReason::Replaced { by }) {
-                    retired.push(replica);
-                }
-            }
-        }
-        self.node_names
-            .retain(|replica, _| !self.retired.contains_key(replica));
-        retired
     }
 
     /// What this node publishes.
@@ -932,6 +691,10 @@ fn finals(record: &FoldRecord) -> Vec<(ReplicaId, Final)> {
     }
 }
 
+#[path = "fold_partition_state.rs"]
+mod partition_state;
+#[path = "fold_retirements.rs"]
+mod retirements;
 #[cfg(test)]
 #[path = "folds_tests.rs"]
 mod tests;

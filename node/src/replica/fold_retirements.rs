@@ -1,0 +1,113 @@
+//! How writers become retired, as [`Folds`] learns it: on an operator's
+//! word, or as an old incarnation of a node whose newer incarnation is up
+//! once it has been down for `--retire-after` (the node names seen in
+//! gossip tell incarnations of one node apart). Retirements only grow; a
+//! retired writer never writes again (fenced), which is what lets its
+//! final state be agreed and folded exactly (DESIGN.md, invariant 9).
+
+use crate::crdt::ReplicaId;
+
+use super::{FoldMember, Folds, RetireReason, RetireRefused};
+
+impl Folds {
+    /// Retires `writer` on an operator's word. Refused for this node's own
+    /// id, an id this node never heard of, and a live member.
+    pub fn retire(
+        &mut self,
+        writer: ReplicaId,
+        own: ReplicaId,
+        known: bool,
+        members: &[FoldMember],
+    ) -> Result<bool, RetireRefused> {
+        if writer == own {
+            return Err(RetireRefused::Own(writer));
+        }
+        let member = members.iter().find(|member| member.replica == writer);
+        if member.is_some_and(|member| member.alive) {
+            return Err(RetireRefused::Alive(writer));
+        }
+        if !known && member.is_none() {
+            return Err(RetireRefused::Unknown(writer));
+        }
+        Ok(self.learn_retired(writer, RetireReason::Operator))
+    }
+
+    pub(super) fn learn_retired(&mut self, writer: ReplicaId, reason: RetireReason) -> bool {
+        if self.retired.contains_key(&writer) {
+            return false;
+        }
+        self.retired.insert(writer, reason.clone());
+        self.pending_retired.push((writer, reason));
+        true
+    }
+
+    /// Remembers each member's node name, so that an incarnation gone from
+    /// the member list (dropped once a newer one of its name appears) is
+    /// still known as its node's when [`Self::retire_replaced`] runs. Called
+    /// every round, folding or not: a node wiped in a new cluster's first
+    /// seconds, before its version allows folds, would otherwise be dropped
+    /// before any round saw it and never retired.
+    pub fn note_node_names(&mut self, members: &[FoldMember]) {
+        for member in members {
+            if !self.retired.contains_key(&member.replica) {
+                self.node_names
+                    .insert(member.replica, member.node_name.clone());
+            }
+        }
+    }
+
+    /// Retires old incarnations: a member that is down (or gone from the
+    /// member list, which drops an old incarnation once a newer one of its
+    /// name appears) while a newer incarnation of its node (same node name,
+    /// another id) is alive, once it has been seen so for `retire_after_ms`.
+    pub fn retire_replaced(
+        &mut self,
+        now_ms: u64,
+        own: ReplicaId,
+        own_node_name: &str,
+        members: &[FoldMember],
+        retire_after_ms: u64,
+    ) -> Vec<ReplicaId> {
+        self.note_node_names(members);
+        let down: Vec<(ReplicaId, String)> = self
+            .node_names
+            .iter()
+            .filter(|(replica, _)| {
+                !members
+                    .iter()
+                    .any(|member| member.replica == **replica && member.alive)
+            })
+            .map(|(replica, name)| (*replica, name.clone()))
+            .collect();
+        self.dead_since_ms
+            .retain(|replica, _| down.iter().any(|(id, _)| id == replica));
+        let mut retired = Vec::new();
+        for (replica, name) in down {
+            let since = *self.dead_since_ms.entry(replica).or_insert(now_ms);
+            if replica == own
+                || self.is_retired(replica)
+                || now_ms.saturating_sub(since) < retire_after_ms
+            {
+                continue;
+            }
+            let newer = if name == own_node_name {
+                Some(own)
+            } else {
+                members
+                    .iter()
+                    .find(|other| {
+                        other.alive && other.node_name == name && other.replica != replica
+                    })
+                    .map(|other| other.replica)
+            };
+            if let Some(by) = newer {
+                if self.learn_retired(replica, RetireReason::Replaced { by }) {
+                    retired.push(replica);
+                }
+            }
+        }
+        self.node_names
+            .retain(|replica, _| !self.retired.contains_key(replica));
+        retired
+    }
+}
