@@ -25,8 +25,12 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use crate::crdt::ReplicaId;
 use crate::engine::{now_ms, Engine};
+use crate::gossip::lifecycle::Partitioning;
 use crate::gossip::membership::MembershipHandle;
+use crate::replica::folds::FoldMember;
+use crate::replica::Replica;
 
 /// The cluster version from which writers are folded.
 pub const FOLD_VERSION: u32 = 4;
@@ -48,6 +52,7 @@ pub struct FoldKeeperConfig {
 pub fn spawn_fold_keeper(
     engine: Arc<Engine>,
     membership: Arc<MembershipHandle>,
+    partitioning: Arc<Partitioning>,
     config: FoldKeeperConfig,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -58,6 +63,9 @@ pub fn spawn_fold_keeper(
             ticker.tick().await;
             let folding = engine.store().format() >= FOLD_VERSION;
             let store = Arc::clone(engine.store());
+            // Read before the core lock: the partitioning takes its own lock
+            // and then the core's (the other order deadlocks).
+            let removed = partitioning.removed();
             let (report, fenced) = {
                 let mut core = engine.core();
                 let members = core.fold_members();
@@ -75,6 +83,7 @@ pub fn spawn_fold_keeper(
                     store.format() >= crate::replica::version::FOLDS_BY_PARTITION,
                 );
                 if folding {
+                    retire_removed(&mut core, &removed, &members);
                     let retire_after = config.retire_after.as_millis() as u64;
                     let now = now_ms();
                     match core.handle_fold_round(
@@ -121,4 +130,21 @@ pub fn spawn_fold_keeper(
             }
         }
     })
+}
+
+/// Retires every removed replica not retired yet (issue 13's "a partition
+/// it wrote moved away from it for good": an operator's `tally admin
+/// remove` says the node is down for good, and its partitions went to the
+/// others), as an operator's retirement would. A removed node seen alive
+/// (it came back) is refused until it is down again, and one nobody ever
+/// heard of has nothing to fold.
+fn retire_removed(core: &mut Replica, removed: &[ReplicaId], members: &[FoldMember]) {
+    for &replica in removed {
+        if core.folds().is_retired(replica) {
+            continue;
+        }
+        if let Ok(true) = core.handle_retire(replica, members) {
+            tracing::info!(%replica, "a removed replica is retired: every partition it wrote moved away for good, and its slots will be folded");
+        }
+    }
 }

@@ -356,6 +356,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     let fold_task = crate::fold_keeper::spawn_fold_keeper(
         engine.clone(),
         membership.clone(),
+        partitioning.clone(),
         crate::fold_keeper::FoldKeeperConfig {
             node_name: settings.node_name.clone(),
             retire_after: settings.retire_after,

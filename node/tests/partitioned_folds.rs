@@ -10,7 +10,9 @@
 //! folded writer, a folded base, and the exact total; the total is exact
 //! through every node; a node that joins after the fold holds the counters
 //! it owns folded and exact; and `tally status` says converged, every two
-//! members compared on the partitions both keep.
+//! members compared on the partitions both keep. A node removed for good
+//! (`tally admin remove`) is retired without `tally admin retire` and folded
+//! the same way.
 
 mod common;
 
@@ -111,6 +113,54 @@ async fn a_wiped_node_of_one_of_two_partitioned_regions_is_folded_everywhere() {
     wipe_and_fold(&["eu", "us"]).await;
 }
 
+/// A node removed for good (`tally admin remove`) had every partition it
+/// wrote move away for good: its replica is retired without an operator's
+/// `tally admin retire` and folded at the nodes left, which then hold
+/// every counter exact with no slot of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_node_of_a_partitioned_region_is_retired_and_folded() {
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    let mut seed = None;
+    for i in 1..=3 {
+        let mut spec = spec(root.path(), "eu", &format!("eu-{i}"));
+        spec.seeds = seed.into_iter().collect();
+        seed.get_or_insert(spec.gossip);
+        nodes.push(NodeProcess::start_async(spec).await);
+    }
+    let map = common::settled_region_map(&endpoints(&nodes), 3).await;
+    let total = at_version_10_add_through_each(&nodes).await;
+    let client = common::load::quick_client(&nodes[2].endpoint()).await;
+    let gone = client.status().await.unwrap().node.replica;
+    let owns = |node: &NodeProcess, key: &str| {
+        map.owners_of(partition_of(key))
+            .contains(&node.spec.node_name.as_str())
+    };
+    wait_for_owners(&nodes, &owns, total, |_, _| true).await;
+
+    // The last node is lost for good; the first is asked to remove it
+    // (refused while it still looks alive there).
+    let mut lost = nodes.pop().unwrap();
+    tokio::task::spawn_blocking(move || lost.stop())
+        .await
+        .unwrap();
+    let first = common::load::quick_client(&nodes[0].endpoint()).await;
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while let Err(error) = first.remove("eu-3").await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "eu-3 never removed: {error}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    wait_folded(&endpoints(&nodes), gone).await;
+    // Two nodes and RF 2: each keeps every partition now.
+    wait_for_owners(&nodes, &|_, _| true, total, |slots, epoch| {
+        !slots.contains(&gone) && epoch >= 1
+    })
+    .await;
+}
+
 /// Three nodes in each of `regions`, one add of every counter through each
 /// node, then the last node wiped: its old incarnation is folded everywhere.
 async fn wipe_and_fold(regions: &[&str]) {
@@ -138,22 +188,7 @@ async fn wipe_and_fold(regions: &[&str]) {
             .position(|region| *region == node.spec.region)
             .unwrap()
     };
-    // Folds by partition need cluster version 10; a new cluster is there.
-    let waited = endpoints(&nodes);
-    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 10, LIMIT))
-        .await
-        .unwrap();
-
-    // One add of each counter through each node: each lands on its first
-    // live owner in the node's region, so the last node writes the counters
-    // of the partitions it leads.
-    for endpoint in endpoints(&nodes) {
-        let client = common::load::quick_client(&endpoint).await;
-        for i in 0..KEYS {
-            client.add(&key(i), 1).await.unwrap();
-        }
-    }
-    let total = nodes.len() as i64;
+    let total = at_version_10_add_through_each(&nodes).await;
     let last = nodes.len() - 1;
     let old = common::load::quick_client(&nodes[last].endpoint())
         .await
@@ -280,6 +315,25 @@ async fn wipe_and_fold(regions: &[&str]) {
         .await
         .unwrap();
     }
+}
+
+/// Waits until the cluster is at version 10 (folds by partition; a new
+/// cluster gets there by itself), then adds 1 to each counter through each
+/// node: each add lands on its first live owner in the node's region, so
+/// every node writes the counters of the partitions it leads. Returns each
+/// counter's total.
+async fn at_version_10_add_through_each(nodes: &[NodeProcess]) -> i64 {
+    let waited = endpoints(nodes);
+    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 10, LIMIT))
+        .await
+        .unwrap();
+    for endpoint in endpoints(nodes) {
+        let client = common::load::quick_client(&endpoint).await;
+        for i in 0..KEYS {
+            client.add(&key(i), 1).await.unwrap();
+        }
+    }
+    nodes.len() as i64
 }
 
 /// Waits until, for every counter, every node that owns it (`owns(node,

@@ -226,6 +226,14 @@ impl Partitioning {
         self.lock().has_view
     }
 
+    /// The replicas removed from the cluster (`tally admin remove`, here
+    /// or learned through gossip): every partition they wrote moved away
+    /// for good, so the fold keeper retires them. Takes this module's lock,
+    /// which is taken before the core's: never call it holding the core.
+    pub fn removed(&self) -> Vec<ReplicaId> {
+        self.lock().lifecycle.removed().iter().copied().collect()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
