@@ -238,9 +238,9 @@ fn joins_drains_and_removals_of_a_partitioned_region_under_faults_pass() {
     ]);
     assert!(stdout.contains("n7 joins us-east"), "{stdout}");
     assert!(stdout.contains(" removes n5"), "{stdout}");
-    // The operator retires the removed node, and it is folded partition by
-    // partition at every node, the drained and the joined ones too.
-    assert!(stdout.contains("retires replica"), "{stdout}");
+    // The removal retires the removed node (no `tally admin retire`), and
+    // it is folded partition by partition at every node, the drained and
+    // the joined ones too.
     assert!(stdout.contains("folds: 1 replicas folded"), "{stdout}");
     assert!(stdout.contains(" drains n4"), "{stdout}");
     assert!(stdout.contains("placement settled"), "{stdout}");

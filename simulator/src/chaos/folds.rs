@@ -3,8 +3,8 @@
 //!
 //! The nodes run with a short `--retire-after`, so a wiped node's old
 //! incarnation is retired and folded while the run goes on; a node the run
-//! removes is retired by an operator (`Admin.Retire` asked of another node
-//! of its region, `placement::retire`). After the heal the run waits until every running node has
+//! removes (`tally admin remove`) is retired by the nodes themselves, with
+//! no `tally admin retire`. After the heal the run waits until every running node has
 //! folded every dead replica and applied every fold ([`wait_folded`]); then
 //! no final state may hold a slot of a folded replica, and its adds are in
 //! the counters' folded bases.

@@ -134,7 +134,8 @@ pub struct ChaosArgs {
     partitions: u32,
     /// Retire and fold dead replicas during the run: the nodes run with
     /// `--retire-after 2s` (a wiped node's old incarnation is retired once
-    /// its new one is up), a removed node is retired by an operator, and
+    /// its new one is up), a removed node is retired by the nodes (a
+    /// removal retires, with no `tally admin retire`), and
     /// after the heal every node must have folded them all; the check then
     /// counts their adds through the counters' folded bases.
     #[arg(long)]
@@ -493,9 +494,6 @@ async fn drive(
                 membership.running[target] = false;
                 checker.removed(target);
                 placement::remove(nodes, &membership.running, target, &mut checker).await;
-                if args.retire {
-                    placement::retire(nodes, &membership.running, target, &mut checker).await;
-                }
                 tokio::time::sleep(hold).await;
             }
         }

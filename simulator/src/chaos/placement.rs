@@ -315,20 +315,11 @@ pub async fn remove(nodes: &[NodeProc], running: &[bool], target: usize, checker
     ask_of_region(nodes, running, target, Ask::Remove, checker).await;
 }
 
-/// With `--retire`: has the replica of `target` (removed just before)
-/// retired by an operator on another running node of its region, retried
-/// while it still looks alive there (30 s at most).
-pub async fn retire(nodes: &[NodeProc], running: &[bool], target: usize, checker: &mut Checker) {
-    let replica = nodes[target].replica;
-    ask_of_region(nodes, running, target, Ask::Retire(replica), checker).await;
-}
-
 /// What is asked of a region about one of its nodes.
 #[derive(Clone, Copy)]
 enum Ask {
     Drain,
     Remove,
-    Retire(tally_node::crdt::ReplicaId),
 }
 
 /// Asks `ask` about `target` of another running node of its region,
@@ -348,7 +339,6 @@ async fn ask_of_region(
     let (verb, patience) = match ask {
         Ask::Drain => ("drains", 15),
         Ask::Remove => ("removes", 30),
-        Ask::Retire(_) => ("retires", 30),
     };
     let deadline = Instant::now() + Duration::from_secs(patience);
     loop {
@@ -356,19 +346,13 @@ async fn ask_of_region(
             Ok(client) => match ask {
                 Ask::Drain => client.drain(name).await.map(|_| ()),
                 Ask::Remove => client.remove(name).await.map(|_| ()),
-                Ask::Retire(replica) => client.retire(replica.0).await.map(|_| ()),
             }
             .map_err(|e| e.to_string()),
             Err(error) => Err(error.to_string()),
         };
         match answer {
             Ok(()) => {
-                match ask {
-                    Ask::Retire(replica) => {
-                        println!("           n{asked} {verb} replica {replica} ({name})")
-                    }
-                    _ => println!("           n{asked} {verb} {name}"),
-                }
+                println!("           n{asked} {verb} {name}");
                 return;
             }
             Err(error) if Instant::now() >= deadline => {
