@@ -225,19 +225,35 @@ impl ByPartition {
     /// copied in or handed away counts at its applied epoch), or over all
     /// of them when it keeps none (a drained node).
     pub fn done_where_kept(&self, book: &FoldBook, serving: Option<&PartitionSet>) -> u64 {
-        let done = |partition: u32, past_empty: bool| {
-            let mut upto = self.applied[partition as usize];
-            while let Some(record) = book.record(upto + 1).filter(|_| past_empty) {
-                let holds_some = record
-                    .writers
-                    .iter()
-                    .any(|(writer, _)| self.digest(*writer, partition) != WriterDigest::default());
-                if holds_some {
-                    break;
+        // Per partition, the first record above its applied epoch whose
+        // writers hold a slot in it here: one pass over the records above
+        // the floor and their writers' digests, not one per partition (a
+        // node that applies nothing itself would walk every record kept
+        // since, for each of P partitions, at every status and metric tick).
+        let mut blocked: Vec<Option<u64>> = vec![None; self.applied.len()];
+        for epoch in self.applied_floor() + 1..=book.epoch() {
+            let Some(record) = book.record(epoch) else {
+                break;
+            };
+            for (writer, _) in &record.writers {
+                let held = self.digests.get(writer).into_iter().flatten();
+                for (partition, _) in held.filter(|(_, digest)| **digest != WriterDigest::default())
+                {
+                    let index = *partition as usize;
+                    if blocked[index].is_none() && epoch > self.applied[index] {
+                        blocked[index] = Some(epoch);
+                    }
                 }
-                upto += 1;
             }
-            upto
+        }
+        let done = |partition: u32, past_empty: bool| {
+            let applied = self.applied[partition as usize];
+            if !past_empty {
+                return applied;
+            }
+            blocked[partition as usize]
+                .map_or(book.epoch(), |epoch| epoch - 1)
+                .max(applied)
         };
         let served = |partition: u32| serving.is_none_or(|set| set.contains(Partition(partition)));
         let partitions = 0..self.count.get();

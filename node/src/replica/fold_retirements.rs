@@ -49,9 +49,11 @@ impl Folds {
     /// before any round saw it and never retired.
     pub fn note_node_names(&mut self, members: &[FoldMember]) {
         for member in members {
+            // A replica's node name never changes: no new string per round.
             if !self.retired.contains_key(&member.replica) {
                 self.node_names
-                    .insert(member.replica, member.node_name.clone());
+                    .entry(member.replica)
+                    .or_insert_with(|| member.node_name.clone());
             }
         }
     }
