@@ -1,9 +1,12 @@
 //! How writers become retired, as [`Folds`] learns it: on an operator's
 //! word, or as an old incarnation of a node whose newer incarnation is up
 //! once it has been down for `--retire-after` (the node names seen in
-//! gossip tell incarnations of one node apart). Retirements only grow; a
+//! gossip tell incarnations of one node apart, and are persisted so that a
+//! restart still knows them). Retirements only grow; a
 //! retired writer never writes again (fenced), which is what lets its
 //! final state be agreed and folded exactly (DESIGN.md, invariant 9).
+
+use std::collections::hash_map::Entry;
 
 use crate::crdt::ReplicaId;
 
@@ -46,16 +49,45 @@ impl Folds {
     /// still known as its node's when [`Self::retire_replaced`] runs. Called
     /// every round, folding or not: a node wiped in a new cluster's first
     /// seconds, before its version allows folds, would otherwise be dropped
-    /// before any round saw it and never retired.
+    /// before any round saw it and never retired. A name first seen goes
+    /// to the next commit, so that a node that restarts after gossip dropped
+    /// the old incarnation (every node may restart in a rolling upgrade) still
+    /// retires it.
     pub fn note_node_names(&mut self, members: &[FoldMember]) {
         for member in members {
             // A replica's node name never changes: no new string per round.
-            if !self.retired.contains_key(&member.replica) {
-                self.node_names
-                    .entry(member.replica)
-                    .or_insert_with(|| member.node_name.clone());
+            if self.retired.contains_key(&member.replica) {
+                continue;
+            }
+            if let Entry::Vacant(vacant) = self.node_names.entry(member.replica) {
+                vacant.insert(member.node_name.clone());
+                self.pending_node_names
+                    .push((member.replica, member.node_name.clone()));
             }
         }
+    }
+
+    /// The node names recovered from disk (a retired replica's was deleted
+    /// with its retirement).
+    pub fn recover_node_names(&mut self, names: Vec<(ReplicaId, String)>) {
+        for (replica, name) in names {
+            if !self.retired.contains_key(&replica) {
+                self.node_names.insert(replica, name);
+            }
+        }
+    }
+
+    /// The node names to persist with the next commit (none of a replica
+    /// retired meanwhile: its retirement deletes the name).
+    pub fn take_pending_node_names(&mut self) -> Vec<(ReplicaId, String)> {
+        let mut names = std::mem::take(&mut self.pending_node_names);
+        names.retain(|(replica, _)| !self.retired.contains_key(replica));
+        names
+    }
+
+    /// A failed commit: its node names go into the next one.
+    pub fn restore_pending_node_names(&mut self, names: Vec<(ReplicaId, String)>) {
+        self.pending_node_names.extend(names);
     }
 
     /// Retires old incarnations: a member that is down (or gone from the

@@ -136,9 +136,12 @@ pub struct Folds {
     /// Retirements and records not yet handed to a commit.
     pending_retired: Vec<(ReplicaId, RetireReason)>,
     pending_records: Vec<FoldRecord>,
+    /// Node names first seen since the last commit.
+    pending_node_names: Vec<(ReplicaId, String)>,
     waits: BTreeMap<ReplicaId, FoldWait>,
     dead_since_ms: HashMap<ReplicaId, u64>,
-    /// The node name of every member seen since start (in memory only).
+    /// The node name of every replica seen and not retired (persisted, so a
+    /// restart still knows an old incarnation gossip no longer lists).
     node_names: HashMap<ReplicaId, String>,
     /// Digests and applied epochs by partition, once the node's partition
     /// count is known ([`Self::track_partitions`]).
@@ -662,7 +665,9 @@ impl Folds {
 
     /// Whether retirements or records wait for a commit.
     pub fn has_pending(&self) -> bool {
-        !self.pending_retired.is_empty() || !self.pending_records.is_empty()
+        !self.pending_retired.is_empty()
+            || !self.pending_records.is_empty()
+            || !self.pending_node_names.is_empty()
     }
 
     /// A failed commit: its retirements and records go into the next one.

@@ -360,6 +360,7 @@ impl Replica {
             recovered.fold_applied,
         );
         folds.set_recovered_partitions(recovered.fold_applied_partitions);
+        folds.recover_node_names(recovered.node_names);
         Replica {
             identity,
             counters: HashMap::new(),
@@ -750,6 +751,7 @@ impl Replica {
                 .map(|((writer, partition), digest)| (writer, partition, digest))
                 .collect(),
             retired,
+            node_names: self.folds.take_pending_node_names(),
             fold_records,
             fold_applied: self.folds.applied(),
             fold_applied_partitions: self.folds.take_applied_partitions(),
@@ -840,6 +842,7 @@ impl Replica {
         self.pruned_pending.extend(batch.pruned);
         self.folds
             .restore_pending(batch.retired, batch.fold_records);
+        self.folds.restore_pending_node_names(batch.node_names);
         if batch.fold_applied_partitions.is_some() {
             self.folds.restore_applied_partitions();
         }

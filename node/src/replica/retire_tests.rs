@@ -594,3 +594,31 @@ fn digests_by_partition_are_kept_by_commits_and_read_back_only_when_current() {
 fn keys_partition(key: &str, count: crate::partition::PartitionCount) -> u32 {
     count.of_key(key.as_bytes()).0
 }
+
+#[test]
+fn a_node_restarted_after_gossip_dropped_an_old_incarnation_still_retires_it() {
+    // `a` saw W up, as node-3's incarnation, and committed since.
+    let (mut a, _b, w) = cluster_and_writer();
+    let seen = member(&w, true);
+    a.replica.note_node_names(std::slice::from_ref(&seen));
+    a.commit();
+    // Every node restarts (a rolling upgrade) and gossip now lists only
+    // node-3's new incarnation: what `a` knows of W's node is on its disk.
+    let mut a = a.restart();
+    let successor = FoldMember {
+        replica: ReplicaId(30),
+        report: None,
+        ..seen
+    };
+    for now_ms in [1_000, 1_600] {
+        a.replica
+            .handle_fold_round(now_ms, "x", std::slice::from_ref(&successor), Some(500))
+            .unwrap();
+    }
+    assert!(a.replica.folds().is_retired(W), "W is retired as replaced");
+    // Its retirement deletes its node name from the disk.
+    a.commit();
+    let names = a.store.recover(0).unwrap().node_names;
+    assert!(names.iter().all(|(replica, _)| *replica != W), "{names:?}");
+    assert!(names.iter().any(|(replica, _)| *replica == ReplicaId(30)));
+}

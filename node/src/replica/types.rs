@@ -181,8 +181,13 @@ pub struct CommitBatch {
     /// memory only: a node computes them from its counters when it starts,
     /// `fold_partitions.rs`).
     pub partition_digests: Vec<(ReplicaId, u32, WriterDigest)>,
-    /// Writers retired since the last commit (kept forever).
+    /// Writers retired since the last commit (kept forever; their node
+    /// names are deleted).
     pub retired: Vec<(ReplicaId, RetireReason)>,
+    /// Replicas whose node name was first seen since the last commit (kept
+    /// until the replica is retired: after a restart they still tell an old
+    /// incarnation's node, `Folds::note_node_names`).
+    pub node_names: Vec<(ReplicaId, String)>,
     /// Fold records committed since the last commit (kept forever).
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters
@@ -219,6 +224,7 @@ impl CommitBatch {
             && self.directory_put.is_empty()
             && self.pruned.is_empty()
             && self.retired.is_empty()
+            && self.node_names.is_empty()
             && self.fold_records.is_empty()
             && self.likes.is_empty()
             && self.set_deletions.is_empty()
@@ -237,6 +243,8 @@ pub struct Recovered {
     pub writer_digests_current: bool,
     /// The retired writers, and why.
     pub retired: Vec<(ReplicaId, RetireReason)>,
+    /// The node names of replicas not retired.
+    pub node_names: Vec<(ReplicaId, String)>,
     /// The committed fold records.
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters.

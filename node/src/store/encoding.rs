@@ -23,6 +23,7 @@
 //! | `f`    | fold epoch (BE u64)      | v1, writer count, (writer id, digest counters, digest hash)* |
 //! | `x`    | retired replica (BE u64) | v1, reason tag, by (u64)                |
 //! | `g`    | writer replica (BE u64)  | v1, digest counters, digest hash        |
+//! | `o`    | replica (BE u64)         | v1, its node's name (until it is retired) |
 //!
 //! A counter with a folded base is written as record v3 (v2 plus the base's
 //! epoch, p and n); one without a base is written exactly as before, so the

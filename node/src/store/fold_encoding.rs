@@ -16,6 +16,11 @@ pub const FOLD: u8 = b'f';
 pub const RETIRED: u8 = b'x';
 /// Writer-digest prefix (key: the writer's id, big-endian).
 pub const WRITER_DIGEST: u8 = b'g';
+/// Node-name prefix (key: a replica id, big-endian; value: the name of the
+/// node it was an incarnation of, text): what tells an old incarnation's
+/// node after a restart, once gossip no longer lists it
+/// (`Folds::note_node_names`). Deleted when the replica is retired.
+pub const NODE_NAME: u8 = b'o';
 /// Fold epochs up to this one are applied to this node's counters.
 pub const META_FOLD_APPLIED: &[u8] = b"mfoldapplied";
 /// The partitions whose applied fold epoch is above [`META_FOLD_APPLIED`],

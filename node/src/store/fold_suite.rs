@@ -50,6 +50,8 @@ fn fold_batch() -> CommitBatch {
                 ],
             ),
         ],
+        // Replica 8 is retired in this batch: its name is not kept.
+        node_names: vec![(ReplicaId(8), "eu-3".into()), (ReplicaId(4), "eu-2".into())],
         fold_applied: 2,
         fold_applied_partitions: Some(vec![(4, 3), (1023, 3)]),
         fold_swept: 1,
@@ -68,6 +70,20 @@ fn check_fold_records(store: &impl Store) {
     assert_eq!(recovered.fold_records, fold_batch().fold_records);
     assert_eq!((recovered.fold_applied, recovered.fold_swept), (2, 1));
     assert_eq!(recovered.fold_applied_partitions, vec![(4, 3), (1023, 3)]);
+    assert_eq!(recovered.node_names, vec![(ReplicaId(4), "eu-2".into())]);
+}
+
+/// A later retirement deletes the replica's node name.
+fn retire_named(store: &impl Store) {
+    store
+        .write(&CommitBatch {
+            seq: 2,
+            retired: vec![(ReplicaId(4), RetireReason::Operator)],
+            ..Default::default()
+        })
+        .unwrap();
+    store.flush().unwrap();
+    assert!(store.recover(0).unwrap().node_names.is_empty());
 }
 
 fn identity() -> Identity {
@@ -85,6 +101,7 @@ fn memory_store_keeps_fold_records() {
     check_fold_records(&store);
     store.crash();
     check_fold_records(&store);
+    retire_named(&store);
 }
 
 #[test]
@@ -99,6 +116,7 @@ fn sled_store_keeps_fold_records_across_a_reopen() {
     drop(store);
     let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
     check_fold_records(&store);
+    retire_named(&store);
 }
 
 #[test]

@@ -182,11 +182,16 @@ pub fn batch_ops(
             ops.push(Op::Put(key, encode_writer_digest(digest)));
         }
     }
+    for (replica, name) in &batch.node_names {
+        ops.push(Op::Put(replica_key(NODE_NAME, *replica), encode_text(name)));
+    }
     for (writer, reason) in &batch.retired {
         ops.push(Op::Put(
             replica_key(RETIRED, *writer),
             encode_retired(reason),
         ));
+        // A retired replica's node no longer matters (pruning, issue 13).
+        ops.push(Op::Delete(replica_key(NODE_NAME, *writer)));
     }
     for record in &batch.fold_records {
         ops.push(Op::Put(fold_key(record.epoch), encode_fold_record(record)));
@@ -272,6 +277,12 @@ where
         recovered
             .retired
             .push((decode_replica_key(&key)?, decode_retired(&value)?));
+    }
+    for item in scan(NODE_NAME) {
+        let (key, value) = item.map_err(scan_error)?;
+        recovered
+            .node_names
+            .push((decode_replica_key(&key)?, decode_text(&value, "node name")?));
     }
     for item in scan(FOLD) {
         let (key, value) = item.map_err(scan_error)?;
