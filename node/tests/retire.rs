@@ -243,6 +243,50 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
     );
 }
 
+/// A wipe followed at once by a rolling restart of the other nodes, well
+/// within `--retire-after`: once ap's new incarnation took its name, gossip
+/// no longer lists the old one, so after their restarts eu and us know whose
+/// it was only from the node names they kept on disk. It is still retired as
+/// replaced and folded, and no value changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incarnation_wiped_before_a_rolling_restart_is_still_retired_and_folded() {
+    let root = tempfile::tempdir().unwrap();
+    let nodes = start_cluster(root.path(), "15s");
+    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
+    let waited = endpoints.clone();
+    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
+        .await
+        .unwrap();
+    let mut tally = Tally::default();
+    load(&endpoints, &mut tally).await;
+    wait_exact(&endpoints, &tally.acked).await;
+    let old_ap = quick_client(&endpoints[2]).await.status().await.unwrap();
+    let wiped = Instant::now();
+    let nodes = tokio::task::spawn_blocking(move || {
+        let mut nodes = nodes;
+        nodes[2].stop();
+        nodes[2].wipe();
+        nodes[2].restart();
+        for node in &mut nodes[..2] {
+            node.stop();
+            node.restart();
+        }
+        nodes
+    })
+    .await
+    .unwrap();
+    // Informational: the test checks the names on disk only when the
+    // restarts end before --retire-after (15 s) has passed.
+    println!("eu and us restarted {:?} after ap's wipe", wiped.elapsed());
+    wait_folded(&endpoints, 1).await;
+    for endpoint in &endpoints {
+        assert_eq!(folded_writers(endpoint).await, vec![old_ap.node.replica]);
+    }
+    load(&endpoints, &mut tally).await;
+    wait_exact(&endpoints, &tally.acked).await;
+    drop(nodes);
+}
+
 /// No per-peer metric series of a folded writer is left (pruning). The
 /// prune follows the sweep: wait a little for it.
 async fn check_metrics_pruned(node: &NodeProcess, folded: &[u64]) {
