@@ -6,7 +6,9 @@
 //! removed. Each change must complete under the load (the region's map
 //! settles: every owner holds what it owns, nothing is received or
 //! released). Then, with the load stopped and every add of unknown outcome
-//! retried with its idempotency key through a live node:
+//! retried with its idempotency key through a live node of its own region
+//! (idempotency keys are remembered per region; with replicated durability
+//! the killed owner's copy holds the record of an add it took):
 //! - every node of every region reads the exact acknowledged total of every
 //!   key (invariants 5 and 7: nothing lost, nothing counted twice);
 //! - every partition of every region has RF owners, and every node stores
@@ -182,8 +184,19 @@ impl Churn {
             tally.acked_adds,
             tally.unknown.len()
         );
+        // Retries stay in the add's region, where its idempotency record is.
+        let regions: Vec<Vec<String>> = REGIONS
+            .iter()
+            .map(|region| {
+                LOAD_THROUGH
+                    .iter()
+                    .filter(|name| name.starts_with(&format!("{region}-")))
+                    .map(|name| self.endpoint(name))
+                    .collect()
+            })
+            .collect();
         self.runtime
-            .block_on(common::load::settle_through(&mut tally, &endpoints, LIMIT));
+            .block_on(common::load::settle_in_region(&mut tally, &regions, LIMIT));
         assert!(tally.acked_adds > 0, "{what}: the load made no headway");
         for (key, delta) in tally.acked {
             *self.expected.entry(key).or_default() += delta;

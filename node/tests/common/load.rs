@@ -135,12 +135,25 @@ pub async fn settle(tally: &mut Tally, limit: Duration) {
     settle_with(tally, limit, |unknown, _| unknown.endpoint.clone()).await
 }
 
-/// [`settle`], but each retry goes through `endpoints` in turn: the node an
-/// add was sent to may be gone for good, and a retry through another node
-/// reaches the key's live owner, where the add's record has replicated.
-pub async fn settle_through(tally: &mut Tally, endpoints: &[String], limit: Duration) {
-    settle_with(tally, limit, |_, attempt| {
-        endpoints[attempt % endpoints.len()].clone()
+/// [`settle`] for adds whose first node may be gone for good: each retry
+/// goes through a node of the add's own region (`regions` groups the
+/// endpoints by region; the first try's endpoint must be in one), the first
+/// try's node first, then the others in turn. Each forwards to the key's
+/// live owner there, which knows the add's record if the first owner's
+/// copy or a pull brought it. Never through another region: idempotency
+/// keys are remembered per region (README, "Idempotency keys are remembered
+/// per region"), so a node of another region would apply the add again.
+pub async fn settle_in_region(tally: &mut Tally, regions: &[Vec<String>], limit: Duration) {
+    settle_with(tally, limit, |unknown, attempt| {
+        let region = regions
+            .iter()
+            .find(|region| region.contains(&unknown.endpoint))
+            .expect("the first try's endpoint is in one of the regions");
+        let first = region
+            .iter()
+            .position(|endpoint| *endpoint == unknown.endpoint)
+            .unwrap_or(0);
+        region[(first + attempt) % region.len()].clone()
     })
     .await
 }
