@@ -19,8 +19,8 @@
 //! acknowledged one, fits no choice of instants. The adds in flight of
 //! several replicas may share a magnitude (lanes are per node, and the
 //! incarnations of one node reuse them), so what the acknowledged adds do
-//! not explain is decoded as a sum of one submask per replica, bit by bit
-//! with a carry ([`sum_of_submasks`]).
+//! not explain is a sum of one submask per replica (the search is in
+//! `base_search.rs`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use tally_client::Client;
 use tally_node::crdt::{PnCounter, ReplicaId};
 
+use super::base_search::{explain_base, Undecided, SEARCH_LIMIT};
 use super::check::{slot_instants, AddTimes, Groups, SlotAt, WipeStats};
 use super::node::NodeProc;
 use crate::checker::Checker;
@@ -35,9 +36,6 @@ use crate::ledger::Ledger;
 
 /// The `--retire-after` the nodes of a `--retire` run get.
 pub const RETIRE_AFTER: &str = "2s";
-
-/// Choices of instants one base's check visits at most before it gives up.
-const SEARCH_LIMIT: u64 = 20_000_000;
 
 /// Waits until every running node has retired and folded every replica of
 /// `expected` (the run's dead incarnations) and applied every fold it
@@ -180,117 +178,6 @@ pub fn check_bases(
         }
     }
     stats
-}
-
-/// The search of [`explain_base`] gave up.
-#[derive(Debug, PartialEq, Eq)]
-struct Undecided;
-
-/// The fewest acknowledged adds lost over the choices of one instant per
-/// writer (`writers[i]`: writer i's instants) whose sums, plus a submask of
-/// each chosen instant's unknown adds, make `(base_p, base_n)`; `None` when
-/// no choice does.
-fn explain_base(
-    writers: &[Vec<SlotAt>],
-    base_p: u128,
-    base_n: u128,
-) -> Result<Option<u64>, Undecided> {
-    // The most that writers i.. can still add, to cut hopeless branches.
-    let mut reach = vec![(0u128, 0u128); writers.len() + 1];
-    for (i, instants) in writers.iter().enumerate().rev() {
-        let most = |f: fn(&SlotAt) -> u128| instants.iter().map(f).max().unwrap_or(0);
-        reach[i] = (
-            reach[i + 1].0 + most(|at| u128::from(at.p) + u128::from(at.unknown_p)),
-            reach[i + 1].1 + most(|at| u128::from(at.n) + u128::from(at.unknown_n)),
-        );
-    }
-    let mut search = Search {
-        writers,
-        base: (base_p, base_n),
-        reach,
-        chosen: Vec::with_capacity(writers.len()),
-        visited: 0,
-        best: None,
-    };
-    search.visit(0, 0, 0, 0)?;
-    Ok(search.best)
-}
-
-struct Search<'a> {
-    writers: &'a [Vec<SlotAt>],
-    base: (u128, u128),
-    reach: Vec<(u128, u128)>,
-    chosen: Vec<SlotAt>,
-    visited: u64,
-    best: Option<u64>,
-}
-
-impl Search<'_> {
-    fn visit(&mut self, i: usize, p: u128, n: u128, lost: u64) -> Result<(), Undecided> {
-        self.visited += 1;
-        if self.visited > SEARCH_LIMIT {
-            return Err(Undecided);
-        }
-        let (base_p, base_n) = self.base;
-        if p > base_p || n > base_n || p + self.reach[i].0 < base_p || n + self.reach[i].1 < base_n
-        {
-            return Ok(());
-        }
-        if self.best.is_some_and(|best| lost >= best) {
-            return Ok(());
-        }
-        if i == self.writers.len() {
-            let masks_p: Vec<u64> = self.chosen.iter().map(|at| at.unknown_p).collect();
-            let masks_n: Vec<u64> = self.chosen.iter().map(|at| at.unknown_n).collect();
-            if sum_of_submasks(base_p - p, &masks_p) && sum_of_submasks(base_n - n, &masks_n) {
-                self.best = Some(lost);
-            }
-            return Ok(());
-        }
-        for at in &self.writers[i] {
-            self.chosen.push(*at);
-            let visited = self.visit(
-                i + 1,
-                p + u128::from(at.p),
-                n + u128::from(at.n),
-                lost + at.lost,
-            );
-            self.chosen.pop();
-            visited?;
-        }
-        Ok(())
-    }
-}
-
-/// Whether `target` is a sum of one submask of each of `masks`: bit by bit
-/// from the lowest, tracking which carries are possible (at most one per
-/// mask), so the cost is linear in the bits, not exponential in the masks.
-fn sum_of_submasks(target: u128, masks: &[u64]) -> bool {
-    let k = masks.len();
-    let mut carries = vec![false; k + 1];
-    carries[0] = true;
-    for bit in 0..128 {
-        let available = if bit < 64 {
-            masks.iter().filter(|mask| (*mask >> bit) & 1 == 1).count()
-        } else {
-            0
-        };
-        let want = ((target >> bit) & 1) as usize;
-        let mut next = vec![false; k + 1];
-        for carry in (0..=k).filter(|carry| carries[*carry]) {
-            for taken in 0..=available {
-                let total = carry + taken;
-                if total % 2 == want {
-                    next[total / 2] = true;
-                }
-            }
-        }
-        carries = next;
-        if !carries.contains(&true) {
-            return false;
-        }
-    }
-    carries[0]
 }
 
 #[cfg(test)]

@@ -7,22 +7,6 @@ use tally_node::crdt::{FoldedBase, PnCounter, ReplicaId, Slot};
 use super::*;
 use crate::chaos::check::{check_all, AddTimes};
 
-#[test]
-fn a_target_is_a_sum_of_submasks_when_the_bits_and_carries_allow() {
-    assert!(sum_of_submasks(0, &[]));
-    assert!(!sum_of_submasks(1, &[]));
-    assert!(sum_of_submasks(3, &[1, 2]));
-    assert!(
-        sum_of_submasks(2, &[1, 1]),
-        "two adds of one magnitude carry"
-    );
-    assert!(!sum_of_submasks(4, &[1, 1]));
-    assert!(sum_of_submasks(4, &[3, 1]));
-    assert!(sum_of_submasks(0, &[3, 1]), "nothing applied");
-    assert!(!sum_of_submasks(5, &[4]));
-    assert!(sum_of_submasks(1 << 64, &[1 << 63, 1 << 63]));
-}
-
 /// Node 0 wiped twice: replica 7 took two acknowledged increments (1 and
 /// 2, in flight together) and replica 8 one (1, after those); 9 is live.
 /// Both dead replicas are folded into key 0's base `base_p`; `extra` is a

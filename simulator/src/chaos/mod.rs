@@ -33,6 +33,7 @@
 //! (`placement.rs`) instead of for equal digests: then every key's owners
 //! hold the same state, which the exact per-slot check takes as final.
 
+mod base_search;
 mod check;
 mod folds;
 mod likes;
