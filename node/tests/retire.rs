@@ -30,6 +30,21 @@ fn start_cluster(root: &std::path::Path, retire_after: &str) -> Vec<NodeProcess>
     )
 }
 
+/// The cluster with its endpoints, once it is at cluster version 4, which
+/// folds need (every node speaks it, `auto` moves there).
+async fn start_folding_cluster(
+    root: &std::path::Path,
+    retire_after: &str,
+) -> (Vec<NodeProcess>, Vec<String>) {
+    let nodes = start_cluster(root, retire_after);
+    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
+    let waited = endpoints.clone();
+    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
+        .await
+        .unwrap();
+    (nodes, endpoints)
+}
+
 async fn wait_exact(endpoints: &[String], expected: &BTreeMap<String, i64>) {
     let started = Instant::now();
     loop {
@@ -161,13 +176,7 @@ async fn folds_at(endpoint: &str) -> (usize, usize) {
 async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_total() {
     const CYCLES: usize = 10;
     let root = tempfile::tempdir().unwrap();
-    let nodes = start_cluster(root.path(), "1s");
-    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
-    // Folds need cluster version 4: every node speaks it, `auto` moves there.
-    let waited = endpoints.clone();
-    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
-        .await
-        .unwrap();
+    let (nodes, endpoints) = start_folding_cluster(root.path(), "1s").await;
     let mut tally = Tally::default();
     let nodes = wipe_cycles(nodes, CYCLES, &mut tally).await;
     let took = wait_folded(&endpoints, CYCLES).await;
@@ -251,12 +260,7 @@ async fn wiping_a_node_ten_times_leaves_live_slots_and_a_base_and_the_exact_tota
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_incarnation_wiped_before_a_rolling_restart_is_still_retired_and_folded() {
     let root = tempfile::tempdir().unwrap();
-    let nodes = start_cluster(root.path(), "15s");
-    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
-    let waited = endpoints.clone();
-    tokio::task::spawn_blocking(move || common::wait_cluster_version(&waited, 4, LIMIT))
-        .await
-        .unwrap();
+    let (nodes, endpoints) = start_folding_cluster(root.path(), "15s").await;
     let mut tally = Tally::default();
     load(&endpoints, &mut tally).await;
     wait_exact(&endpoints, &tally.acked).await;
