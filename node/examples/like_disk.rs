@@ -9,35 +9,15 @@
 //! (defaults: 200000 likes, batches of 256, 16-byte members as `tally bench`
 //! sends: 8 random bytes in hex, and a 20-byte post key as the seeds').
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
-use tally_node::engine::{Durability, Engine, LikeItem};
-use tally_node::metrics::Metrics;
-use tally_node::replica::version::NEWEST;
-use tally_node::replica::{DurableState, ReplicaConfig};
-use tally_node::store::{OnCorrupt, SledStore, Store};
+use tally_node::engine::LikeItem;
+use tally_node::store::Store;
 
 mod common;
-use common::dir_bytes;
-
-fn kind(prefix: u8) -> &'static str {
-    match prefix {
-        b's' => "member records",
-        b'e' => "delta log",
-        b'i' => "idempotency records",
-        b'n' => "like counts",
-        b'm' => "meta",
-        _ => "other",
-    }
-}
+use common::{dir_bytes, numeric_args, open_engine, print_entries, records_by_kind};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse().expect("numbers"))
-        .collect();
+    let args = numeric_args();
     let likes = args.first().copied().unwrap_or(200_000) as usize;
     let batch = args.get(1).copied().unwrap_or(256) as usize;
     let member_bytes = args.get(2).copied().unwrap_or(16) as usize;
@@ -45,17 +25,7 @@ async fn main() {
     let post = &post[post.len() - (args.get(3).copied().unwrap_or(20) as usize).min(20)..];
     let root = tempfile::tempdir().unwrap();
     let dir = root.path().join("eu");
-    let store = SledStore::open(&dir, "eu", 1, OnCorrupt::Refuse).unwrap();
-    store.raise_format(NEWEST).unwrap();
-    let store = Arc::new(store);
-    let engine = Engine::open(
-        store.clone(),
-        ReplicaConfig::default(),
-        Durability::Sync,
-        Arc::new(Metrics::new()),
-    )
-    .unwrap();
-    let committer = engine.spawn_committer(|_, _| {});
+    let (store, engine, committer) = open_engine(&dir);
     let before = dir_bytes(&dir);
     let mut next = 0u64;
     let mut sent = 0;
@@ -87,23 +57,7 @@ async fn main() {
     committer.shutdown().await;
     store.flush().unwrap();
     let after = dir_bytes(&dir);
-    let mut by_kind: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    let mut from = vec![0u8];
-    loop {
-        let page = store.scan_records(&from, &[0xff; 8], 10_000).unwrap();
-        for (key, value) in &page {
-            let entry = by_kind.entry(kind(key[0])).or_default();
-            entry.0 += 1;
-            entry.1 += (key.len() + value.len()) as u64;
-        }
-        match page.last() {
-            Some((key, _)) if page.len() == 10_000 => {
-                from = key.clone();
-                from.push(0);
-            }
-            _ => break,
-        }
-    }
+    let by_kind = records_by_kind(&store);
     let likes = likes as f64;
     println!(
         "likes: {likes}, batches of {batch}, members of {member_bytes} bytes, post key {post:?}"
@@ -114,15 +68,7 @@ async fn main() {
         after,
         (after - before) as f64 / likes
     );
-    for entry in std::fs::read_dir(&dir).unwrap().flatten() {
-        let path = entry.path();
-        let size = if path.is_dir() {
-            dir_bytes(&path)
-        } else {
-            entry.metadata().unwrap().len()
-        };
-        println!("  {}: {size} bytes", path.display());
-    }
+    print_entries(&dir);
     let mut logical = 0;
     for (kind, (records, bytes)) in &by_kind {
         logical += bytes;

@@ -23,14 +23,13 @@
 //! feature needs zstd-sys 1.6 while chitchat links zstd-sys 2, and cargo
 //! allows one crate linking `zstd` per build.
 
-use std::path::Path;
 use std::time::Instant;
 
 use tally_node::crdt::{stable_hash, PnCounter, ReplicaId, Slot};
 use tally_node::store::encoding;
 
 mod common;
-use common::dir_bytes;
+use common::{open_sled, sizes_then_delete};
 
 const FLUSH_EVERY: u64 = 25_000;
 const REGIONS: u64 = 3;
@@ -88,21 +87,6 @@ fn encode_bucket(entries: &[(Vec<u8>, Vec<u8>)]) -> Vec<u8> {
     out
 }
 
-fn open(dir: &Path) -> sled::Db {
-    let opened = sled::Config::new()
-        .path(dir)
-        .cache_capacity(128 << 20)
-        .flush_every_ms(None)
-        .open();
-    opened.unwrap_or_else(|error| {
-        eprintln!(
-            "sled_layouts: cannot open sled at {}: {error}",
-            dir.display()
-        );
-        std::process::exit(2);
-    })
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let counters: u64 = args
@@ -112,7 +96,7 @@ fn main() {
     // 0 buckets: one entry per counter.
     let buckets = counters.checked_div(per_bucket).map_or(0, |n| n.max(1));
     let dir = std::env::temp_dir().join(format!("tally-sled-layouts-{}", std::process::id()));
-    let db = open(&dir);
+    let db = open_sled(&dir);
 
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let started = Instant::now();
@@ -151,11 +135,7 @@ fn main() {
     }
     db.flush().unwrap();
     let elapsed = started.elapsed();
-    drop(db);
-    let loaded = dir_bytes(&dir);
-    open(&dir).flush().unwrap();
-    let reopened = dir_bytes(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
+    let (loaded, reopened) = sizes_then_delete(db, &dir);
 
     let layout = if per_bucket == 0 {
         "one entry per counter".to_string()
