@@ -115,6 +115,7 @@ pub fn record_kind(prefix: u8) -> &'static str {
         b's' => "member records",
         b'n' => "like counts",
         b'h' => "uniques registers",
+        b'j' => "uniques register chunks",
         b'e' => "delta log",
         b'i' => "idempotency records",
         b'm' => "meta",

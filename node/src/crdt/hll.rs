@@ -168,6 +168,14 @@ impl HyperLogLog {
         }
     }
 
+    /// How many registers are set (above 0).
+    pub fn set_count(&self) -> usize {
+        match &self.registers {
+            Registers::Sparse(set) => set.len(),
+            Registers::Dense(all) => all.iter().filter(|rank| **rank > 0).count(),
+        }
+    }
+
     /// True in the dense form.
     pub fn is_dense(&self) -> bool {
         matches!(self.registers, Registers::Dense(_))

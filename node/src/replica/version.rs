@@ -27,8 +27,11 @@
 //!   finalize); version 10 folds retired writers partition by partition
 //!   (`fold_partitions.rs`): fold records carry each writer's digest per
 //!   partition, in the store and in gossip reports, so a partitioned region
-//!   whose nodes keep only some partitions can fold. A node that announces nothing (a build before versions)
-//!   counts as `1..=1`.
+//!   whose nodes keep only some partitions can fold; version 11 stores a
+//!   dense uniques key's registers in 64 chunk records and rewrites only the
+//!   chunks a commit changed (`store/sets.rs`; a local format, which older
+//!   builds cannot read). A node that announces nothing (a build before
+//!   versions) counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
 //!   directory before anything of it is written, and only rises: to the
@@ -55,7 +58,11 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 10;
+pub const NEWEST: u32 = 11;
+/// The version from which a dense uniques key's registers are written in
+/// chunk records (`store/sets.rs`), so a commit rewrites 192 bytes per
+/// changed chunk instead of the whole 12 KB.
+pub const CHUNKED_UNIQUES: u32 = 11;
 /// The cluster version from which folds agree and are recorded partition
 /// by partition (`replica/fold_partitions.rs`; fold records in a format
 /// older builds refuse).

@@ -216,7 +216,7 @@ pub fn batch_ops(
         META_WRITER_DIGESTS_AT.to_vec(),
         encode_u64(batch.seq),
     ));
-    sets::set_ops(batch, &mut ops);
+    sets::set_ops(batch, format, &mut ops);
     ops.push(Op::Put(META_DIGEST.to_vec(), encode_u64(batch.digest.0)));
     // Last: a store that writes the operations one by one (sled with its
     // commit log) has written the whole batch once it holds this sequence.

@@ -10,7 +10,21 @@
 //! - count `n` + key → v1, derived count (varint), seq of the commit that
 //!   wrote it (varint): `tally admin verify` compares it with a recount and
 //!   uses the seq to see that no commit landed during the recount.
-//! - uniques `h` + key → v1, registers ([`HyperLogLog::to_bytes`]).
+//! - uniques `h` + key → v1, registers ([`HyperLogLog::to_bytes`]: sparse,
+//!   or whole dense as written before cluster version 11), or v1 + form 2:
+//!   dense, in chunk records (from version 11,
+//!   [`crate::replica::version::CHUNKED_UNIQUES`]).
+//! - uniques chunk `j` + (key length - 1) as a byte + key + chunk (u8, 0 to
+//!   63) → v1, registers `256 * chunk ..` packed as in the dense form (192
+//!   bytes). A commit writes only the chunks holding a register it raised
+//!   (all of them when the key may have turned dense), so a hot key's late
+//!   commits, which raise a register or two, rewrite a few hundred bytes
+//!   instead of 12 KB: sled keeps a rewritten value's old copy until it
+//!   cleans its segment, which made a hot key cost tens of megabytes on disk
+//!   (`deploy/CAPACITY.md`, "Uniques keys on disk", with the chunk size
+//!   measured). Chunk records also override their registers in a whole
+//!   dense `h` record written by an older format, so a directory moves to
+//!   chunks one write at a time.
 //! - delta log `e` + seq (BE u64) + kind + key → v1, then per like set
 //!   (member length, member, length)*, per uniques (index BE u16, rank)*,
 //!   after a varint count. What peers pull.
@@ -25,10 +39,11 @@
 //! panic and never read as zero.
 
 use crate::crdt::hll::check_register;
-use crate::crdt::hll::REGISTERS;
+use crate::crdt::hll::{DENSE_BYTES, REGISTERS, SPARSE_LIMIT};
 use crate::crdt::{member_digest, register_digest, HyperLogLog, SetsDigest};
+use crate::replica::version::CHUNKED_UNIQUES;
 use crate::replica::{
-    CommitBatch, DeltaCursor, DurableState, Key, SetDelta, SetKind, StorageError,
+    CommitBatch, DeltaCursor, DurableState, Key, SetDelta, SetKind, StorageError, UniqueWrite,
 };
 
 use super::encoding::{corrupt, put_varint, Reader, VERSION};
@@ -40,6 +55,19 @@ pub const MEMBER: u8 = b's';
 pub const LIKE_COUNT: u8 = b'n';
 /// Uniques prefix.
 pub const UNIQUES: u8 = b'h';
+/// Uniques chunk prefix (cluster version 11).
+pub const UNIQUES_CHUNK: u8 = b'j';
+/// Registers in one chunk record of a dense uniques key.
+pub const CHUNK_REGISTERS: usize = 256;
+/// Chunk records of a dense uniques key.
+pub const CHUNKS: usize = REGISTERS / CHUNK_REGISTERS;
+/// Bytes of one chunk's packed registers (6 bits each).
+const CHUNK_BYTES: usize = DENSE_BYTES / CHUNKS;
+/// The register form, in an `h` record, of dense registers kept in chunks
+/// (forms 0 and 1 are [`HyperLogLog::to_bytes`]'s sparse and dense).
+const FORM_CHUNKED: u8 = 2;
+/// The form byte of [`HyperLogLog::to_bytes`]'s dense registers.
+const FORM_DENSE: u8 = 1;
 /// Delta-log prefix.
 pub const DELTA: u8 = b'e';
 /// Delta-watermark prefix.
@@ -123,10 +151,101 @@ pub fn load_uniques(
     let Some(bytes) = store.get_record(&keyed(UNIQUES, key))? else {
         return Ok(None);
     };
-    let reader = Reader::versioned(&bytes, "uniques")?;
-    HyperLogLog::from_bytes(reader.rest())
-        .map(Some)
-        .map_err(|error| corrupt("uniques", &error.to_string()))
+    decode_uniques(store, key, &bytes).map(Some)
+}
+
+/// The registers of uniques key `key` whose `h` record is `bytes`: sparse
+/// as stored, or dense from the whole record or zeros (form 2), with every
+/// chunk record of the key over it.
+fn decode_uniques(
+    store: &(impl DurableState + ?Sized),
+    key: &str,
+    bytes: &[u8],
+) -> Result<HyperLogLog, StorageError> {
+    let registers = Reader::versioned(bytes, "uniques")?.rest();
+    let mut dense = match registers {
+        [FORM_CHUNKED] => {
+            let mut zeros = vec![0; 1 + DENSE_BYTES];
+            zeros[0] = FORM_DENSE;
+            zeros
+        }
+        [FORM_DENSE, packed @ ..] if packed.len() == DENSE_BYTES => registers.to_vec(),
+        _ => {
+            return HyperLogLog::from_bytes(registers)
+                .map_err(|error| corrupt("uniques", &error.to_string()))
+        }
+    };
+    let prefix = chunk_prefix(key);
+    let mut end = prefix.clone();
+    end.push(CHUNKS as u8);
+    for (record, value) in store.scan_records(&prefix, &end, CHUNKS)? {
+        let chunk = usize::from(record[prefix.len()..].first().copied().unwrap_or(u8::MAX));
+        let packed = Reader::versioned(&value, "uniques chunk")?.rest();
+        if record.len() != prefix.len() + 1 || chunk >= CHUNKS || packed.len() != CHUNK_BYTES {
+            return Err(corrupt("uniques chunk", "key or length"));
+        }
+        dense[1 + chunk * CHUNK_BYTES..][..CHUNK_BYTES].copy_from_slice(packed);
+    }
+    HyperLogLog::from_bytes(&dense).map_err(|error| corrupt("uniques", &error.to_string()))
+}
+
+/// The store-key prefix of a uniques key's chunk records.
+fn chunk_prefix(key: &str) -> Vec<u8> {
+    debug_assert!(!key.is_empty() && key.len() <= 256);
+    let mut out = Vec::with_capacity(3 + key.len());
+    out.push(UNIQUES_CHUNK);
+    out.push((key.len() - 1) as u8);
+    out.extend_from_slice(key.as_bytes());
+    out
+}
+
+fn chunk_key(key: &str, chunk: usize) -> Vec<u8> {
+    let mut out = chunk_prefix(key);
+    out.push(chunk as u8);
+    out
+}
+
+/// The writes of one uniques key's registers in record format `format`:
+/// the whole registers in the `h` record (sparse, or any key before version
+/// 11), or the chunks holding a raised register. Every chunk, and the `h`
+/// record saying the registers are in chunks, when the key may have been
+/// sparse before this commit (it then had no chunk records): at most
+/// `SPARSE_LIMIT` registers were set before unless more are set now than
+/// this commit raised.
+fn uniques_ops(write: &UniqueWrite, format: u32, ops: &mut Vec<Op>) {
+    let whole = write.state.to_bytes();
+    if format < CHUNKED_UNIQUES || !write.state.is_dense() {
+        let mut value = vec![VERSION];
+        value.extend_from_slice(&whole);
+        ops.push(Op::Put(keyed(UNIQUES, &write.key), value));
+        return;
+    }
+    let was_dense = write
+        .state
+        .set_count()
+        .saturating_sub(write.registers.len())
+        > SPARSE_LIMIT;
+    let mut chunks: Vec<usize> = if was_dense {
+        write
+            .registers
+            .iter()
+            .map(|(index, _)| usize::from(*index) / CHUNK_REGISTERS)
+            .collect()
+    } else {
+        ops.push(Op::Put(
+            keyed(UNIQUES, &write.key),
+            vec![VERSION, FORM_CHUNKED],
+        ));
+        (0..CHUNKS).collect()
+    };
+    chunks.sort_unstable();
+    chunks.dedup();
+    for chunk in chunks {
+        let mut value = Vec::with_capacity(1 + CHUNK_BYTES);
+        value.push(VERSION);
+        value.extend_from_slice(&whole[1 + chunk * CHUNK_BYTES..][..CHUNK_BYTES]);
+        ops.push(Op::Put(chunk_key(&write.key, chunk), value));
+    }
 }
 
 /// Members of a like set strictly after `after` (all when `None`), in
@@ -288,7 +407,8 @@ pub fn deltas_after(
 /// The puts that write the batch's like sets, uniques and delta
 /// watermarks: each set's changed members (or registers), its count, and
 /// one delta-log record; and the deletes of the sets the batch purges.
-pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
+/// Uniques are written in record format `format` (see [`uniques_ops`]).
+pub fn set_ops(batch: &CommitBatch, format: u32, ops: &mut Vec<Op>) {
     for write in &batch.likes {
         for (member, length) in &write.members {
             ops.push(Op::Put(
@@ -306,9 +426,7 @@ pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
         ));
     }
     for write in &batch.uniques {
-        let mut value = vec![VERSION];
-        value.extend_from_slice(&write.state.to_bytes());
-        ops.push(Op::Put(keyed(UNIQUES, &write.key), value));
+        uniques_ops(write, format, ops);
         ops.push(Op::Put(
             delta_key(batch.seq, SetKind::Uniques, &write.key),
             encode_uniques_delta(&write.registers),
@@ -330,7 +448,12 @@ pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
                     None => ops.push(Op::Delete(count)),
                 }
             }
-            SetKind::Uniques => ops.push(Op::Delete(keyed(UNIQUES, &deletion.key))),
+            SetKind::Uniques => {
+                ops.push(Op::Delete(keyed(UNIQUES, &deletion.key)));
+                for chunk in 0..CHUNKS {
+                    ops.push(Op::Delete(chunk_key(&deletion.key, chunk)));
+                }
+            }
         }
     }
     let mut digest = versioned_varints(&[batch.seq]);
@@ -430,9 +553,7 @@ fn for_each_digest_part(
         for (record, value) in &records {
             let key = std::str::from_utf8(&record[1..])
                 .map_err(|_| corrupt("uniques", "key not UTF-8"))?;
-            let reader = Reader::versioned(value, "uniques")?;
-            let state = HyperLogLog::from_bytes(reader.rest())
-                .map_err(|error| corrupt("uniques", &error.to_string()))?;
+            let state = decode_uniques(store, key, value)?;
             for index in 0..REGISTERS as u16 {
                 visit(key, register_digest(key, index, state.register(index)));
             }
@@ -457,3 +578,7 @@ pub fn decode_delta_watermark(bytes: &[u8]) -> Result<DeltaCursor, StorageError>
 #[cfg(test)]
 #[path = "sets_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "uniques_chunks_tests.rs"]
+mod chunk_tests;
