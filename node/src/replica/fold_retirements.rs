@@ -2,7 +2,8 @@
 //! word, or as an old incarnation of a node whose newer incarnation is up
 //! once it has been down for `--retire-after` (the node names seen in
 //! gossip tell incarnations of one node apart, and are persisted so that a
-//! restart still knows them). Retirements only grow; a
+//! restart still knows them, as is when each was first seen down, so that a
+//! restart does not start the wait over). Retirements only grow; a
 //! retired writer never writes again (fenced), which is what lets its
 //! final state be agreed and folded exactly (DESIGN.md, invariant 9).
 
@@ -90,6 +91,29 @@ impl Folds {
         self.pending_node_names.extend(names);
     }
 
+    /// The times replicas were first seen down, recovered from disk: the
+    /// wait of `--retire-after` goes on from them.
+    pub fn recover_dead_since(&mut self, since: Vec<(ReplicaId, u64)>) {
+        for (replica, since_ms) in since {
+            if !self.retired.contains_key(&replica) {
+                self.dead_since_ms.insert(replica, since_ms);
+            }
+        }
+    }
+
+    /// The dead-since times set (`Some`) or cleared (`None`) since the
+    /// last commit, to persist with the next one.
+    pub fn take_pending_dead_since(&mut self) -> Vec<(ReplicaId, Option<u64>)> {
+        std::mem::take(&mut self.pending_dead_since)
+    }
+
+    /// A failed commit: its dead-since changes go into the next one, before
+    /// any made since (which are newer).
+    pub fn restore_pending_dead_since(&mut self, changes: Vec<(ReplicaId, Option<u64>)>) {
+        let newer = std::mem::replace(&mut self.pending_dead_since, changes);
+        self.pending_dead_since.extend(newer);
+    }
+
     /// Retires old incarnations: a member that is down (or gone from the
     /// member list, which drops an old incarnation once a newer one of its
     /// name appears) while a newer incarnation of its node (same node name,
@@ -107,21 +131,28 @@ impl Folds {
             .node_names
             .iter()
             .filter(|(replica, _)| {
-                !members
-                    .iter()
-                    .any(|member| member.replica == **replica && member.alive)
+                **replica != own
+                    && !members
+                        .iter()
+                        .any(|member| member.replica == **replica && member.alive)
             })
             .map(|(replica, name)| (*replica, name.clone()))
             .collect();
-        self.dead_since_ms
-            .retain(|replica, _| down.iter().any(|(id, _)| id == replica));
+        let pending = &mut self.pending_dead_since;
+        self.dead_since_ms.retain(|replica, _| {
+            let still = down.iter().any(|(id, _)| id == replica);
+            if !still {
+                pending.push((*replica, None));
+            }
+            still
+        });
         let mut retired = Vec::new();
         for (replica, name) in down {
-            let since = *self.dead_since_ms.entry(replica).or_insert(now_ms);
-            if replica == own
-                || self.is_retired(replica)
-                || now_ms.saturating_sub(since) < retire_after_ms
-            {
+            let since = *self.dead_since_ms.entry(replica).or_insert_with(|| {
+                self.pending_dead_since.push((replica, Some(now_ms)));
+                now_ms
+            });
+            if self.is_retired(replica) || now_ms.saturating_sub(since) < retire_after_ms {
                 continue;
             }
             let newer = if name == own_node_name {

@@ -139,7 +139,11 @@ pub struct Folds {
     /// Node names first seen since the last commit.
     pending_node_names: Vec<(ReplicaId, String)>,
     waits: BTreeMap<ReplicaId, FoldWait>,
+    /// When each named replica, down now, was first seen down (persisted,
+    /// so a restart does not start `--retire-after` over).
     dead_since_ms: HashMap<ReplicaId, u64>,
+    /// Dead-since times set (`Some`) or cleared since the last commit.
+    pending_dead_since: Vec<(ReplicaId, Option<u64>)>,
     /// The node name of every replica seen and not retired (persisted, so a
     /// restart still knows an old incarnation gossip no longer lists).
     node_names: HashMap<ReplicaId, String>,
@@ -668,6 +672,7 @@ impl Folds {
         !self.pending_retired.is_empty()
             || !self.pending_records.is_empty()
             || !self.pending_node_names.is_empty()
+            || !self.pending_dead_since.is_empty()
     }
 
     /// A failed commit: its retirements and records go into the next one.

@@ -361,6 +361,7 @@ impl Replica {
         );
         folds.set_recovered_partitions(recovered.fold_applied_partitions);
         folds.recover_node_names(recovered.node_names);
+        folds.recover_dead_since(recovered.dead_since);
         Replica {
             identity,
             counters: HashMap::new(),
@@ -752,6 +753,7 @@ impl Replica {
                 .collect(),
             retired,
             node_names: self.folds.take_pending_node_names(),
+            dead_since: self.folds.take_pending_dead_since(),
             fold_records,
             fold_applied: self.folds.applied(),
             fold_applied_partitions: self.folds.take_applied_partitions(),
@@ -843,6 +845,7 @@ impl Replica {
         self.folds
             .restore_pending(batch.retired, batch.fold_records);
         self.folds.restore_pending_node_names(batch.node_names);
+        self.folds.restore_pending_dead_since(batch.dead_since);
         if batch.fold_applied_partitions.is_some() {
             self.folds.restore_applied_partitions();
         }

@@ -622,3 +622,65 @@ fn a_node_restarted_after_gossip_dropped_an_old_incarnation_still_retires_it() {
     assert!(names.iter().all(|(replica, _)| *replica != W), "{names:?}");
     assert!(names.iter().any(|(replica, _)| *replica == ReplicaId(30)));
 }
+
+#[test]
+fn a_restart_does_not_start_the_wait_for_an_old_incarnation_over() {
+    let (mut a, _b, w) = cluster_and_writer();
+    let seen = member(&w, true);
+    let successor = FoldMember {
+        replica: ReplicaId(30),
+        report: None,
+        ..seen.clone()
+    };
+    // `a` sees W go down at 1,000 while its successor is up, and commits.
+    a.replica.note_node_names(std::slice::from_ref(&seen));
+    a.replica
+        .handle_fold_round(1_000, "x", std::slice::from_ref(&successor), Some(500))
+        .unwrap();
+    assert!(!a.replica.folds().is_retired(W));
+    a.commit();
+    assert_eq!(a.store.recover(0).unwrap().dead_since, [(W, 1_000)]);
+    // Restarted before the wait is over, it goes on from 1,000: retired at
+    // 1,600, not at 500 ms after the restart.
+    let mut a = a.restart();
+    a.replica
+        .handle_fold_round(1_600, "x", std::slice::from_ref(&successor), Some(500))
+        .unwrap();
+    assert!(a.replica.folds().is_retired(W), "W is retired as replaced");
+    // The retirement deletes its dead-since time with its name.
+    a.commit();
+    let recovered = a.store.recover(0).unwrap();
+    assert!(
+        recovered.dead_since.is_empty(),
+        "{:?}",
+        recovered.dead_since
+    );
+}
+
+#[test]
+fn a_replica_seen_up_again_loses_its_dead_since_time() {
+    let (mut a, _b, w) = cluster_and_writer();
+    let up = member(&w, true);
+    let down = FoldMember {
+        alive: false,
+        ..up.clone()
+    };
+    a.replica.note_node_names(std::slice::from_ref(&up));
+    a.replica
+        .handle_fold_round(1_000, "x", std::slice::from_ref(&down), Some(500))
+        .unwrap();
+    a.commit();
+    assert_eq!(a.store.recover(0).unwrap().dead_since, [(W, 1_000)]);
+    a.replica
+        .handle_fold_round(1_200, "x", std::slice::from_ref(&up), Some(500))
+        .unwrap();
+    a.commit();
+    assert!(a.store.recover(0).unwrap().dead_since.is_empty());
+    // Down again later: the wait starts at the new time.
+    let mut a = a.restart();
+    a.replica
+        .handle_fold_round(5_000, "x", std::slice::from_ref(&down), Some(500))
+        .unwrap();
+    a.commit();
+    assert_eq!(a.store.recover(0).unwrap().dead_since, [(W, 5_000)]);
+}

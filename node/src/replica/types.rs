@@ -188,6 +188,10 @@ pub struct CommitBatch {
     /// until the replica is retired: after a restart they still tell an old
     /// incarnation's node, `Folds::note_node_names`).
     pub node_names: Vec<(ReplicaId, String)>,
+    /// When replicas were first seen down (`Some`: kept until they are seen
+    /// up again or retired) or that they were seen up (`None`: deleted), so
+    /// a restart does not start `--retire-after` over.
+    pub dead_since: Vec<(ReplicaId, Option<u64>)>,
     /// Fold records committed since the last commit (kept forever).
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters
@@ -225,6 +229,7 @@ impl CommitBatch {
             && self.pruned.is_empty()
             && self.retired.is_empty()
             && self.node_names.is_empty()
+            && self.dead_since.is_empty()
             && self.fold_records.is_empty()
             && self.likes.is_empty()
             && self.set_deletions.is_empty()
@@ -245,6 +250,8 @@ pub struct Recovered {
     pub retired: Vec<(ReplicaId, RetireReason)>,
     /// The node names of replicas not retired.
     pub node_names: Vec<(ReplicaId, String)>,
+    /// When replicas down at the last commit were first seen down.
+    pub dead_since: Vec<(ReplicaId, u64)>,
     /// The committed fold records.
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters.

@@ -21,6 +21,11 @@ pub const WRITER_DIGEST: u8 = b'g';
 /// node after a restart, once gossip no longer lists it
 /// (`Folds::note_node_names`). Deleted when the replica is retired.
 pub const NODE_NAME: u8 = b'o';
+/// Dead-since prefix (key: a replica id, big-endian; value: when this node
+/// first saw it down, ms since the epoch, u64): the start of its wait of
+/// `--retire-after`, kept across restarts. Deleted when the replica is seen
+/// up again or retired.
+pub const DEAD_SINCE: u8 = b'q';
 /// Fold epochs up to this one are applied to this node's counters.
 pub const META_FOLD_APPLIED: &[u8] = b"mfoldapplied";
 /// The partitions whose applied fold epoch is above [`META_FOLD_APPLIED`],

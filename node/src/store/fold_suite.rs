@@ -52,6 +52,14 @@ fn fold_batch() -> CommitBatch {
         ],
         // Replica 8 is retired in this batch: its name is not kept.
         node_names: vec![(ReplicaId(8), "eu-3".into()), (ReplicaId(4), "eu-2".into())],
+        // Replica 8 is retired in this batch: its time is not kept; 3's is
+        // set, then cleared (seen up) in the same batch.
+        dead_since: vec![
+            (ReplicaId(8), Some(70)),
+            (ReplicaId(4), Some(90)),
+            (ReplicaId(3), Some(10)),
+            (ReplicaId(3), None),
+        ],
         fold_applied: 2,
         fold_applied_partitions: Some(vec![(4, 3), (1023, 3)]),
         fold_swept: 1,
@@ -71,9 +79,10 @@ fn check_fold_records(store: &impl Store) {
     assert_eq!((recovered.fold_applied, recovered.fold_swept), (2, 1));
     assert_eq!(recovered.fold_applied_partitions, vec![(4, 3), (1023, 3)]);
     assert_eq!(recovered.node_names, vec![(ReplicaId(4), "eu-2".into())]);
+    assert_eq!(recovered.dead_since, vec![(ReplicaId(4), 90)]);
 }
 
-/// A later retirement deletes the replica's node name.
+/// A later retirement deletes the replica's node name and dead-since time.
 fn retire_named(store: &impl Store) {
     store
         .write(&CommitBatch {
@@ -83,7 +92,9 @@ fn retire_named(store: &impl Store) {
         })
         .unwrap();
     store.flush().unwrap();
-    assert!(store.recover(0).unwrap().node_names.is_empty());
+    let recovered = store.recover(0).unwrap();
+    assert!(recovered.node_names.is_empty());
+    assert!(recovered.dead_since.is_empty());
 }
 
 fn identity() -> Identity {

@@ -185,6 +185,13 @@ pub fn batch_ops(
     for (replica, name) in &batch.node_names {
         ops.push(Op::Put(replica_key(NODE_NAME, *replica), encode_text(name)));
     }
+    for (replica, since) in &batch.dead_since {
+        let key = replica_key(DEAD_SINCE, *replica);
+        ops.push(match since {
+            Some(since_ms) => Op::Put(key, encode_u64(*since_ms)),
+            None => Op::Delete(key),
+        });
+    }
     for (writer, reason) in &batch.retired {
         ops.push(Op::Put(
             replica_key(RETIRED, *writer),
@@ -192,6 +199,7 @@ pub fn batch_ops(
         ));
         // A retired replica's node no longer matters (pruning, issue 13).
         ops.push(Op::Delete(replica_key(NODE_NAME, *writer)));
+        ops.push(Op::Delete(replica_key(DEAD_SINCE, *writer)));
     }
     for record in &batch.fold_records {
         ops.push(Op::Put(fold_key(record.epoch), encode_fold_record(record)));
@@ -283,6 +291,13 @@ where
         recovered
             .node_names
             .push((decode_replica_key(&key)?, decode_text(&value, "node name")?));
+    }
+    for item in scan(DEAD_SINCE) {
+        let (key, value) = item.map_err(scan_error)?;
+        recovered.dead_since.push((
+            decode_replica_key(&key)?,
+            decode_u64(&value, "dead-since time")?,
+        ));
     }
     for item in scan(FOLD) {
         let (key, value) = item.map_err(scan_error)?;
