@@ -334,7 +334,7 @@ mod tests {
         let folds = accounting();
         let old = PnCounter::from_slots([(W, slot(5, 1)), (LIVE, slot(2, 0))]);
         let mut new = old.clone();
-        assert!(new.apply_folds(&book(), 1));
+        assert!(new.apply_folds(&book(), 1, None));
         assert_eq!(folds.check_state(0, &new), None);
         assert!(folds.check_change(0, &old, &new).is_empty());
         // A state that held less of the writer takes the base by a merge.

@@ -9,18 +9,32 @@
 //! folded at an epoch `<= e` and no slot of theirs.
 //!
 //! Invariant 9 (DESIGN.md), kept here: a fold never changes a counter's value.
-//! [`PnCounter::apply_folds`] moves a writer's `p` and `n` into the base as
-//! they are; [`PnCounter::merge_folded`] takes the base of the higher epoch
+//! [`PnCounter::apply_folds`](crate::crdt::PnCounter::apply_folds) moves a writer's `p` and `n` into the base as
+//! they are; [`PnCounter::merge_folded`](crate::crdt::PnCounter::merge_folded) takes the base of the higher epoch
 //! and ignores slots of writers folded at or below it, which is exact because
 //! a folded writer's slot anywhere is at most its final state, and the base
 //! holds exactly that. A state at an epoch this node has no record of is not
 //! merged (it waits for the record): without it the merge cannot tell which
 //! slots the other base already counts.
+//!
+//! A record may also fold a writer that lives on in some partitions only
+//! ([`FoldRecord::scoped`]: its slots of a partition that moved away from it,
+//! issue 13). Such a writer may write the partition again after the fold,
+//! in counters at the fold's epoch or later, from a slot that starts at 0.
+//! The merge rule that keeps this exact: of two states of a counter of
+//! partition `p`, the one at the lower epoch loses the writer's slot when
+//! the writer was folded in `p` at an epoch above it and at most the higher
+//! one (the higher state's base counts that slot, and its own slot of the
+//! writer is what the writer wrote since). For a writer folded whole this
+//! is the rule above: a state at or above its epoch never holds its slot.
+//! Nothing writes scoped records yet (they need the trigger, the agreement
+//! among the partition's keepers, the writer's gate and a cluster version;
+//! see the README's "Retired replicas and folds"), so every book holds none.
 
 use std::collections::HashMap;
 
 use super::digest::stable_hash;
-use super::{PnCounter, ReplicaId, Slot};
+use super::{ReplicaId, Slot};
 
 /// The sums of the writers folded into one counter, and the fold epoch they
 /// are complete up to. 128 bits: the sum of many `u64` sums never wraps.
@@ -120,6 +134,10 @@ pub struct FoldRecord {
     /// digests equal the record's; a record without them (`None`, older
     /// clusters) is applied whole or not at all.
     pub by_partition: Option<Vec<(ReplicaId, PartitionDigests)>>,
+    /// Live writers folded only in some partitions, sorted by id, each with
+    /// its final-state digest per partition folded (sorted, never empty).
+    /// Not in `writers`: a writer is folded whole or scoped by one record.
+    pub scoped: Vec<(ReplicaId, PartitionDigests)>,
 }
 
 impl FoldRecord {
@@ -132,6 +150,7 @@ impl FoldRecord {
             epoch,
             writers,
             by_partition: None,
+            scoped: Vec::new(),
         }
     }
 
@@ -167,7 +186,30 @@ impl FoldRecord {
             epoch,
             writers,
             by_partition: Some(parts),
+            scoped: Vec::new(),
         }
+    }
+
+    /// This record, also folding `writers` (any order) in the partitions
+    /// listed with each (their digests there; the partitions are kept even
+    /// when a digest is empty: the writer's slots there are folded, none or
+    /// not).
+    pub fn with_scoped(
+        mut self,
+        writers: impl IntoIterator<Item = (ReplicaId, PartitionDigests)>,
+    ) -> Self {
+        let mut scoped: Vec<(ReplicaId, PartitionDigests)> = writers
+            .into_iter()
+            .map(|(writer, mut digests)| {
+                digests.sort_unstable_by_key(|(partition, _)| *partition);
+                digests.dedup_by_key(|(partition, _)| *partition);
+                (writer, digests)
+            })
+            .collect();
+        scoped.sort_unstable_by_key(|(writer, _)| *writer);
+        scoped.dedup_by_key(|(writer, _)| *writer);
+        self.scoped = scoped;
+        self
     }
 
     /// The record's digest of `writer`'s slots in `partition`: `None` for a
@@ -191,6 +233,15 @@ impl FoldRecord {
         let epoch = self.epoch.to_le_bytes();
         let mut slices: Vec<&[u8]> = vec![&epoch];
         slices.extend(parts.iter().map(|part| &part[..]));
+        if !self.scoped.is_empty() {
+            // A separate seed: a record without scoped writers keeps the
+            // digest older builds computed.
+            let scoped = scoped_bytes(&self.scoped);
+            let whole = self.by_partition.as_deref().map(partition_bytes);
+            slices.push(&scoped);
+            slices.extend(whole.as_deref());
+            return stable_hash(12, &slices);
+        }
         let Some(by_partition) = &self.by_partition else {
             return stable_hash(10, &slices);
         };
@@ -208,6 +259,31 @@ impl FoldRecord {
         slices.extend(partitions.iter().map(|part| &part[..]));
         stable_hash(11, &slices)
     }
+}
+
+/// Writers' digests per partition, as bytes for a record's digest.
+fn partition_bytes(parts: &[(ReplicaId, PartitionDigests)]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for (writer, digests) in parts {
+        for (partition, digest) in digests {
+            bytes.extend_from_slice(&writer.0.to_le_bytes());
+            bytes.extend_from_slice(&partition.to_le_bytes());
+            bytes.extend_from_slice(&digest.counters.to_le_bytes());
+            bytes.extend_from_slice(&digest.hash.to_le_bytes());
+        }
+    }
+    bytes
+}
+
+/// Scoped writers as bytes for a record's digest (each writer's entry
+/// delimited by its partition count, so an empty digest still counts).
+fn scoped_bytes(scoped: &[(ReplicaId, PartitionDigests)]) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for (writer, digests) in scoped {
+        bytes.extend_from_slice(&(digests.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&partition_bytes(&[(*writer, digests.clone())]));
+    }
+    bytes
 }
 
 /// Why a fold record or a folded state was refused. Nothing changed.
@@ -244,6 +320,15 @@ pub enum FoldError {
         /// The refused record's epoch.
         epoch: u64,
     },
+    /// A record folds a writer whole and in some partitions at once, or
+    /// in no partition at all.
+    #[error("fold record of epoch {epoch} folds writer {writer} in some partitions and names none, or folds it whole too; it is refused")]
+    BadScope {
+        /// The writer.
+        writer: ReplicaId,
+        /// The record's epoch.
+        epoch: u64,
+    },
     /// A state carries a fold epoch this node holds no record of.
     #[error("the state is folded up to epoch {epoch}, but this node holds fold records up to epoch {known} only; it waits for the records")]
     UnknownEpoch {
@@ -273,6 +358,9 @@ pub enum FoldError {
 pub struct FoldBook {
     records: Vec<FoldRecord>,
     folded_at: HashMap<ReplicaId, u64>,
+    /// The epochs, ascending, at which each (writer, partition) was folded
+    /// while the writer lived on ([`FoldRecord::scoped`]).
+    scoped_at: HashMap<(ReplicaId, u32), Vec<u64>>,
 }
 
 impl FoldBook {
@@ -313,6 +401,34 @@ impl FoldBook {
         self.folded_at.get(&writer).copied()
     }
 
+    /// Whether `writer` was folded in `partition` (while living on) at an
+    /// epoch in `after + 1..=upto`: a state at epoch `after` then holds a
+    /// slot of it that a state at `upto` counts in its base. `None`: a
+    /// partition this node cannot name (no partition count yet), where no
+    /// scoped fold applies.
+    pub fn scoped_between(
+        &self,
+        writer: ReplicaId,
+        partition: Option<u32>,
+        after: u64,
+        upto: u64,
+    ) -> bool {
+        let Some(partition) = partition else {
+            return false;
+        };
+        !self.scoped_at.is_empty()
+            && after < upto
+            && self
+                .scoped_at
+                .get(&(writer, partition))
+                .is_some_and(|epochs| epochs.iter().any(|e| *e > after && *e <= upto))
+    }
+
+    /// Whether any record folds a writer in some partitions only.
+    pub fn has_scoped(&self) -> bool {
+        !self.scoped_at.is_empty()
+    }
+
     /// Adds the next record. Returns false when the same record is already
     /// held; refuses a gap, a conflicting record, an empty one, or one that
     /// folds a writer again. Nothing changes on a refusal.
@@ -333,10 +449,16 @@ impl FoldBook {
                 missing: self.epoch() + 1,
             });
         }
-        if record.writers.is_empty() {
+        if record.writers.is_empty() && record.scoped.is_empty() {
             return Err(FoldError::Empty(record.epoch));
         }
-        for (writer, _) in &record.writers {
+        let scoped = record.scoped.iter().map(|(writer, _)| writer);
+        for writer in record
+            .writers
+            .iter()
+            .map(|(writer, _)| writer)
+            .chain(scoped)
+        {
             if let Some(at) = self.folded_at(*writer) {
                 return Err(FoldError::AlreadyFolded {
                     writer: *writer,
@@ -345,123 +467,38 @@ impl FoldBook {
                 });
             }
         }
+        for (writer, digests) in &record.scoped {
+            let whole = record.writers.iter().any(|(w, _)| w == writer);
+            if whole || digests.is_empty() {
+                return Err(FoldError::BadScope {
+                    writer: *writer,
+                    epoch: record.epoch,
+                });
+            }
+        }
         for (writer, _) in &record.writers {
             self.folded_at.insert(*writer, record.epoch);
+        }
+        for (writer, digests) in &record.scoped {
+            for (partition, _) in digests {
+                self.scoped_at
+                    .entry((*writer, *partition))
+                    .or_default()
+                    .push(record.epoch);
+            }
         }
         self.records.push(record);
         Ok(true)
     }
 }
 
-impl PnCounter {
-    /// A counter with `slots` and the folded `base`; slots of writers that
-    /// `book` says are folded at or below the base's epoch are dropped.
-    pub fn with_base(
-        slots: impl IntoIterator<Item = (ReplicaId, Slot)>,
-        base: FoldedBase,
-        book: &FoldBook,
-    ) -> Self {
-        let mut counter = PnCounter::from_slots(slots);
-        counter.folded = base;
-        counter
-            .slots
-            .retain(|(writer, _)| !folded_by(book, *writer, base.epoch));
-        counter
-    }
-
-    /// A counter with `slots` and `base` as given, trusting that no slot
-    /// belongs to a writer folded into the base (a decoded record this node
-    /// wrote itself).
-    pub fn from_parts(
-        slots: impl IntoIterator<Item = (ReplicaId, Slot)>,
-        base: FoldedBase,
-    ) -> Self {
-        let mut counter = PnCounter::from_slots(slots);
-        counter.folded = base;
-        counter
-    }
-
-    /// Folds, up to epoch `upto`, the writers of `book`'s records that this
-    /// counter has not folded yet: their slots move into the base as they
-    /// are. Applying an epoch twice changes nothing (the base records the
-    /// epoch it is complete up to). Returns true when the state changed.
-    /// The caller folds only after checking that its state of each writer is
-    /// the final one the record names (see `replica/folds.rs`).
-    pub fn apply_folds(&mut self, book: &FoldBook, upto: u64) -> bool {
-        let upto = upto.min(book.epoch());
-        if upto <= self.folded.epoch {
-            return false;
-        }
-        let mut base = self.folded;
-        for epoch in self.folded.epoch + 1..=upto {
-            let record = book
-                .record(epoch)
-                .expect("epochs up to book.epoch() are held");
-            for (writer, _) in &record.writers {
-                let slot = self.slot(*writer);
-                base.p += u128::from(slot.p);
-                base.n += u128::from(slot.n);
-            }
-        }
-        base.epoch = upto;
-        self.folded = base;
-        self.slots
-            .retain(|(writer, _)| !folded_by(book, *writer, upto));
-        true
-    }
-
-    /// Merges `other` into `self` across fold epochs: the result takes the
-    /// base of the higher epoch and drops the slots of writers folded at or
-    /// below it, then takes the slot-wise max of the rest. Refused, changing
-    /// nothing, when either state is at an epoch `book` does not hold yet, or
-    /// when two states at one epoch disagree on the base. Returns true when
-    /// `self` changed.
-    pub fn merge_folded(&mut self, other: &PnCounter, book: &FoldBook) -> Result<bool, FoldError> {
-        let epoch = self.folded.epoch.max(other.folded.epoch);
-        if epoch > book.epoch() {
-            return Err(FoldError::UnknownEpoch {
-                epoch,
-                known: book.epoch(),
-            });
-        }
-        let base = match self.folded.epoch.cmp(&other.folded.epoch) {
-            std::cmp::Ordering::Less => other.folded,
-            std::cmp::Ordering::Greater => self.folded,
-            std::cmp::Ordering::Equal if self.folded == other.folded => self.folded,
-            std::cmp::Ordering::Equal => {
-                return Err(FoldError::BaseConflict {
-                    epoch,
-                    ours_p: self.folded.p,
-                    ours_n: self.folded.n,
-                    theirs_p: other.folded.p,
-                    theirs_n: other.folded.n,
-                })
-            }
-        };
-        if book.epoch() == 0 {
-            // The common case: no fold ever, plain slot-wise max.
-            return Ok(super::Crdt::merge(self, other));
-        }
-        let before = self.clone();
-        let theirs = other
-            .slots
-            .iter()
-            .filter(|(writer, _)| !folded_by(book, *writer, epoch));
-        let mine = self
-            .slots
-            .iter()
-            .filter(|(writer, _)| !folded_by(book, *writer, epoch));
-        let mut merged = PnCounter::from_slots(mine.chain(theirs).copied());
-        merged.folded = base;
-        *self = merged;
-        Ok(*self != before)
-    }
-}
-
-fn folded_by(book: &FoldBook, writer: ReplicaId, epoch: u64) -> bool {
-    book.folded_at(writer).is_some_and(|at| at <= epoch)
-}
+#[path = "fold_merge.rs"]
+mod merge;
 
 #[cfg(test)]
 #[path = "fold_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "fold_scoped_tests.rs"]
+mod scoped_tests;

@@ -6,6 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::crdt::Crdt;
+use crate::crdt::PnCounter;
 
 const WRITERS: usize = 6;
 
@@ -120,7 +121,7 @@ fn value_of(slots: &[Slot]) -> i128 {
 #[track_caller]
 fn merged(world: &World, a: &PnCounter, b: &PnCounter) -> PnCounter {
     let mut out = a.clone();
-    out.merge_folded(b, &world.book).unwrap();
+    out.merge_folded(b, &world.book, None).unwrap();
     out
 }
 
@@ -150,7 +151,7 @@ proptest! {
             merged(&world, &a, &merged(&world, &b, &c))
         );
         let mut once = merged(&world, &a, &b);
-        prop_assert!(!once.merge_folded(&b, &world.book).unwrap());
+        prop_assert!(!once.merge_folded(&b, &world.book, None).unwrap());
         prop_assert_eq!(&merged(&world, &a, &a), &a);
     }
 
@@ -169,11 +170,11 @@ proptest! {
         }
         let before = (state.exact_value(), unfolded(&world, &state));
         let mut folded = state.clone();
-        folded.apply_folds(&world.book, upto);
+        folded.apply_folds(&world.book, upto, None);
         prop_assert_eq!((folded.exact_value(), unfolded(&world, &folded)), before);
         prop_assert_eq!(folded.folded().epoch, upto.min(world.book.epoch()).max(state.folded().epoch));
         let mut twice = folded.clone();
-        prop_assert!(!twice.apply_folds(&world.book, upto));
+        prop_assert!(!twice.apply_folds(&world.book, upto, None));
         prop_assert_eq!(&twice, &folded);
         // A folded and an unfolded copy of the same state merge to either.
         prop_assert_eq!(merged(&world, &state, &folded), folded.clone());
@@ -211,7 +212,7 @@ fn a_state_at_an_unknown_epoch_waits_and_changes_nothing() {
     );
     let before = ours.clone();
     assert_eq!(
-        ours.merge_folded(&theirs, &book),
+        ours.merge_folded(&theirs, &book, None),
         Err(FoldError::UnknownEpoch { epoch: 2, known: 1 })
     );
     assert_eq!(ours, before);
@@ -224,7 +225,7 @@ fn two_bases_at_one_epoch_that_differ_are_refused() {
     let mut ours = PnCounter::from_parts([], base(5));
     let theirs = PnCounter::from_parts([], base(6));
     let before = ours.clone();
-    let refused = ours.merge_folded(&theirs, &book).unwrap_err();
+    let refused = ours.merge_folded(&theirs, &book, None).unwrap_err();
     assert!(matches!(refused, FoldError::BaseConflict { epoch: 1, .. }));
     assert!(refused.to_string().contains("different bases"), "{refused}");
     assert_eq!(ours, before);
@@ -234,12 +235,12 @@ fn two_bases_at_one_epoch_that_differ_are_refused() {
 fn a_folded_writers_late_slot_is_ignored() {
     let book = book_folding(&[1]);
     let mut ours = PnCounter::from_slots([(ReplicaId(1), slot(5, 1)), (ReplicaId(2), slot(2, 0))]);
-    assert!(ours.apply_folds(&book, 1));
+    assert!(ours.apply_folds(&book, 1, None));
     assert_eq!(ours.slots(), &[(ReplicaId(2), slot(2, 0))]);
     assert_eq!(ours.exact_value(), 6);
     // A peer that has not folded yet sends the writer's slot again.
     let late = PnCounter::from_slots([(ReplicaId(1), slot(5, 1)), (ReplicaId(2), slot(3, 0))]);
-    assert!(ours.merge_folded(&late, &book).unwrap());
+    assert!(ours.merge_folded(&late, &book, None).unwrap());
     assert_eq!(ours.slots(), &[(ReplicaId(2), slot(3, 0))]);
     assert_eq!(ours.exact_value(), 7);
     assert!(!ours.is_empty());

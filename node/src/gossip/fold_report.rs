@@ -30,6 +30,11 @@ fn digest_text(writer: ReplicaId, digest: WriterDigest) -> String {
 }
 
 fn record_text(record: &FoldRecord) -> String {
+    // As `store::encoding::encode_fold_record`: no scoped writers yet.
+    debug_assert!(
+        record.scoped.is_empty(),
+        "scoped fold records are not encoded yet"
+    );
     let writers: Vec<String> = record
         .writers
         .iter()

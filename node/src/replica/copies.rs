@@ -392,9 +392,14 @@ impl Replica {
         // Merged as a pulled chunk is: a folded writer's slot is dropped.
         let book = self.folds.shared_book();
         for (key, slot) in &push.counters {
+            let partition = self.folds.partition_of(key);
             let entry = self.entry(store, key, now_ms)?;
             let incoming = PnCounter::from_slots([(push.source, *slot)]);
-            if entry.live.merge_folded(&incoming, &book).unwrap_or(false) {
+            if entry
+                .live
+                .merge_folded(&incoming, &book, partition)
+                .unwrap_or(false)
+            {
                 changed.push((key.clone(), entry.live.clone()));
                 self.mark_dirty(key);
             }

@@ -86,6 +86,17 @@ impl Folds {
         }
     }
 
+    /// The partition of `key`, once the node's partition count is known,
+    /// for merges and applications to look scoped folds up by
+    /// (`crdt/fold.rs`); `None` while no record folds a writer in some
+    /// partitions only (none does yet), which spares hashing the key.
+    pub fn partition_of(&self, key: &str) -> Option<u32> {
+        if !self.book.has_scoped() {
+            return None;
+        }
+        self.by_partition.as_ref().map(|bp| bp.of_key(key))
+    }
+
     /// Fold epochs up to this one are applied to the counter `key`.
     pub fn applied_for(&self, key: &str) -> u64 {
         match &self.by_partition {

@@ -475,10 +475,11 @@ impl Replica {
         // it is used (and the fold sweep reaches the rest). A counter nobody
         // wrote only takes the epoch: nothing to write (a read must not).
         let written = !entry.live.is_empty();
-        if entry
-            .live
-            .apply_folds(self.folds.book(), self.folds.applied_for(key))
-            && written
+        if entry.live.apply_folds(
+            self.folds.book(),
+            self.folds.applied_for(key),
+            self.folds.partition_of(key),
+        ) && written
         {
             self.mark_dirty(key);
         }

@@ -522,6 +522,7 @@ impl Replica {
                 report.not_kept += 1;
                 continue;
             }
+            let partition = self.folds.partition_of(&key);
             let entry = self.entry(store, &key, now_ms)?;
             #[cfg(feature = "planted-bugs")]
             let incoming = match by_addition {
@@ -553,7 +554,7 @@ impl Replica {
                     .collect(),
                 false => Vec::new(),
             };
-            let merged = entry.live.merge_folded(&incoming, &book);
+            let merged = entry.live.merge_folded(&incoming, &book, partition);
             #[cfg(feature = "planted-bugs")]
             let merged = merged.map(|changed| {
                 let epoch = entry.live.folded().epoch;

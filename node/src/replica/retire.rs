@@ -398,7 +398,12 @@ impl Replica {
             // A counter nobody wrote only takes the epoch (see `entry`).
             let written = !entry.live.is_empty();
             let applied = self.folds.applied_for(key);
-            if entry.live.apply_folds(self.folds.book(), applied) && written {
+            let partition = self.folds.partition_of(key);
+            if entry
+                .live
+                .apply_folds(self.folds.book(), applied, partition)
+                && written
+            {
                 changed.push(key.clone());
             }
         }
