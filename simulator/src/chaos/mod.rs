@@ -622,7 +622,7 @@ async fn drive(
             .map(|ops| ops.likes_acked + ops.likes_unknown + ops.unlikes)
             .sum();
         println!(
-            "likes: {ops} likes and unlikes ({} answered only after a retry), {liked} of {} members liked, {exact} with an exact expectation, {exact_lengths} with an exact length (every operation answered){}; {} distinct observes acked, estimate {}",
+            "likes: {ops} likes and unlikes ({} answered only after a retry), {liked} of {} members liked, {exact} with an exact expectation, {exact_lengths} with an exact length (every operation answered){}; {} distinct members observed (acked), estimate {}",
             like_shared.retried.load(Ordering::SeqCst),
             likes::MEMBERS,
             if wiped_any { " (not checked: a wipe)" } else { "" },
