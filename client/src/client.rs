@@ -32,6 +32,7 @@ use tonic_health::pb::HealthCheckRequest;
 /// The health-check name of the counters service.
 const COUNTERS_SERVICE: &str = "tally.v1.Counters";
 use crate::coalesce::like_wire::LikeBatch;
+use crate::coalesce::member_calls::{spawn_member_coalescer, MemberCall, MemberCoalescerHandle};
 use crate::coalesce::reads::{spawn_read_coalescer, ReadCoalescerHandle};
 use crate::coalesce::wire::encode_add;
 use crate::coalesce::wire::AddBatch;
@@ -134,6 +135,10 @@ pub struct Client {
     like_coalescer: Option<CoalescerHandle<LikeBatch>>,
     /// `None` when reads are not coalesced (they are when adds are).
     read_coalescer: Option<ReadCoalescerHandle>,
+    /// `None` when `liked` reads are not coalesced (they are when reads are).
+    pub(crate) liked_coalescer: Option<MemberCoalescerHandle>,
+    /// `None` when observes are not coalesced (they are when reads are).
+    pub(crate) observe_coalescer: Option<MemberCoalescerHandle>,
     /// `None` when there is no read cache.
     read_cache: Option<Arc<ReadCache>>,
     /// The `durability` field of every add (0: the node's default).
@@ -184,6 +189,12 @@ impl Client {
         let read_coalescer = config
             .read_settings()
             .map(|settings| spawn_read_coalescer(channel.clone(), settings));
+        let liked_coalescer = config
+            .read_settings()
+            .map(|settings| spawn_member_coalescer(channel.clone(), settings, MemberCall::Liked));
+        let observe_coalescer = config
+            .read_settings()
+            .map(|settings| spawn_member_coalescer(channel.clone(), settings, MemberCall::Observe));
         let read_cache = config
             .read_cache()
             .map(|(capacity, ttl)| Arc::new(ReadCache::new(capacity, ttl)));
@@ -197,6 +208,8 @@ impl Client {
             coalescer,
             like_coalescer,
             read_coalescer,
+            liked_coalescer,
+            observe_coalescer,
             read_cache,
             durability: config.durability().wire(),
             router: None,

@@ -266,6 +266,12 @@ impl Client {
 
     /// Whether each of `members` (up to 10,000) is liked, in order.
     ///
+    /// With coalescing on (the default, [`crate::ClientConfig::with_coalescing`]),
+    /// the question may travel in one `Liked` call with other callers'
+    /// questions about the same like set made on this client at the same
+    /// time (up to 10,000 members a call); its answers, its error and its
+    /// deadline stay its own, and it sees every like answered before it.
+    ///
     /// **Deadline:** as [`Client::like`]. **Cancellation:** a read; dropping changes nothing.
     pub async fn liked<M: AsRef<str>>(&self, key: &str, members: &[M]) -> Result<Vec<bool>, Error> {
         CallTrace::start("liked", Subject::Items(members.len()))
@@ -275,17 +281,33 @@ impl Client {
                     key: key_bytes(key),
                     members: members_bytes(members)?,
                 };
-                let response = self
-                    .likes_call(
-                        "liked",
-                        Some(key),
-                        request,
-                        |mut likes, request| async move { likes.liked(request).await },
-                    )
-                    .await?;
-                Ok(response.liked)
+                if let Some(owner) = self.routed(key) {
+                    match Box::pin(owner.liked_here(request.clone())).await {
+                        Err(error) if self.node_did_not_answer(&error) => {}
+                        answered => return answered,
+                    }
+                }
+                self.liked_here(request).await
             })
             .await
+    }
+
+    /// [`Self::liked`] to this client's endpoint, coalesced when it can be.
+    async fn liked_here(&self, request: LikedRequest) -> Result<Vec<bool>, Error> {
+        if let Some(coalescer) = &self.liked_coalescer {
+            return self
+                .policy()
+                .run("liked", |timeout| {
+                    coalescer.liked(request.key.clone(), request.members.clone(), timeout)
+                })
+                .await;
+        }
+        let response = self
+            .likes_call_here("liked", request, |mut likes, request| async move {
+                likes.liked(request).await
+            })
+            .await?;
+        Ok(response.liked)
     }
 
     /// The number of liked members of `key` (derived from the members).
@@ -412,6 +434,11 @@ impl Client {
     /// # }
     /// ```
     ///
+    /// With coalescing on (the default), the members may travel in one
+    /// `Observe` call with other callers' members of the same key made on
+    /// this client at the same time (up to 10,000 a call); each caller gets
+    /// the estimate after that call, durable as a lone observe's.
+    ///
     /// **Deadline:** as [`Client::like`]. **Cancellation:** a dropped call may still be applied.
     pub async fn observe<M: AsRef<str>>(&self, key: &str, members: &[M]) -> Result<u64, Error> {
         CallTrace::start("observe", Subject::Items(members.len()))
@@ -421,17 +448,33 @@ impl Client {
                     key: key_bytes(key),
                     members: members_bytes(members)?,
                 };
-                let response = self
-                    .likes_call(
-                        "observe",
-                        Some(key),
-                        request,
-                        |mut likes, request| async move { likes.observe(request).await },
-                    )
-                    .await?;
-                Ok(response.estimate)
+                if let Some(owner) = self.routed(key) {
+                    match Box::pin(owner.observe_here(request.clone())).await {
+                        Err(error) if self.node_did_not_answer(&error) => {}
+                        answered => return answered,
+                    }
+                }
+                self.observe_here(request).await
             })
             .await
+    }
+
+    /// [`Self::observe`] to this client's endpoint, coalesced when it can be.
+    async fn observe_here(&self, request: ObserveRequest) -> Result<u64, Error> {
+        if let Some(coalescer) = &self.observe_coalescer {
+            return self
+                .policy()
+                .run("observe", |timeout| {
+                    coalescer.observe(request.key.clone(), request.members.clone(), timeout)
+                })
+                .await;
+        }
+        let response = self
+            .likes_call_here("observe", request, |mut likes, request| async move {
+                likes.observe(request).await
+            })
+            .await?;
+        Ok(response.estimate)
     }
 
     /// The estimated number of distinct members of the union of `keys`

@@ -7,6 +7,8 @@
 //!   count and every member come out exact, the likes went out in batches
 //!   of more than one, and a second kill -9 after the last answer loses
 //!   nothing (an answer comes only after its batch's commit is durable);
+//! - many concurrent `liked` callers of one post get the answers for their
+//!   own members, and concurrent observers of one key share calls;
 //! - a raw batch answers each item in order: a bad item gets its own
 //!   INVALID_ARGUMENT and changes nothing, the rest are applied; a resent
 //!   batch (the same idempotency keys) is all duplicates; an oversized batch
@@ -178,6 +180,85 @@ async fn coalesced_likes_from_many_callers_with_a_kill_9_come_out_exact() {
         .await
         .unwrap();
     check(client).await;
+    node.stop();
+}
+
+/// The `tally_set_ops_total` series of `op`.
+fn set_ops(node: &NodeProcess, op: &str) -> f64 {
+    let (_, text) = http_get(node.spec.http, "/metrics").unwrap();
+    let series = format!("tally_set_ops_total{{op=\"{op}\"}}");
+    text.lines()
+        .find(|line| line.starts_with(&series))
+        .and_then(|line| line.rsplit(' ').next())
+        .map_or(0.0, |v| v.parse().unwrap())
+}
+
+/// Many concurrent `liked` callers of one post on one coalescing client each
+/// get the answers for their own members (in their order), and concurrent
+/// observers of one key share `Observe` calls, each answered with an
+/// estimate, the last one within the sketch's error of every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_liked_and_observe_callers_each_get_their_own_answers() {
+    let root = tempfile::tempdir().unwrap();
+    let mut node = tokio::task::block_in_place(|| {
+        NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"))
+    });
+    tokio::task::block_in_place(|| finalize(&node));
+    let client = ClientConfig::new()
+        .with_deadline(Duration::from_secs(10))
+        .connect(node.endpoint())
+        .await
+        .unwrap();
+    let key = "post:asked";
+    // Every third of 300 members likes the post.
+    let member = |i: usize| format!("user-{i:03}");
+    for i in (0..300).step_by(3) {
+        client.like(key, &member(i)).await.unwrap();
+    }
+    let askers: Vec<_> = (0..64)
+        .map(|caller| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for round in 0..20 {
+                    // Two or three members each, some asked by several callers.
+                    let asked: Vec<usize> = (0..2 + (caller + round) % 2)
+                        .map(|k| (caller * 7 + round * 13 + k * 101) % 300)
+                        .collect();
+                    let names: Vec<String> = asked.iter().map(|i| member(*i)).collect();
+                    let liked = client.liked(key, &names).await.unwrap();
+                    let expected: Vec<bool> = asked.iter().map(|i| i % 3 == 0).collect();
+                    assert_eq!(liked, expected, "caller {caller} asked {names:?}");
+                }
+            })
+        })
+        .collect();
+    for asker in askers {
+        asker.await.unwrap();
+    }
+    let observers: Vec<_> = (0..64)
+        .map(|caller| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                for round in 0..20 {
+                    let viewers = [format!("viewer-{caller}-{round}")];
+                    assert!(client.observe("video:seen", &viewers).await.unwrap() >= 1);
+                }
+            })
+        })
+        .collect();
+    for observer in observers {
+        observer.await.unwrap();
+    }
+    let estimate = client.distinct(&["video:seen"]).await.unwrap() as f64;
+    assert!(
+        (estimate - 1280.0).abs() <= 1280.0 * 0.05,
+        "estimate {estimate} of 1280"
+    );
+    let calls = set_ops(&node, "observe");
+    assert!(
+        calls > 0.0 && calls < 1280.0,
+        "{calls} Observe calls for 1280 observes: none shared a call"
+    );
     node.stop();
 }
 

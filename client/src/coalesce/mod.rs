@@ -3,7 +3,9 @@
 //! keeping its own idempotency key and getting its own answer. Likes and
 //! unlikes are coalesced the same way into `LikeBatch` calls (a second task
 //! of the same code, over [`like_wire::LikeBatch`]); reads into `GetBatch`
-//! calls, in [`reads`].
+//! calls, in [`reads`]; `liked` reads of one like set into one `Liked`
+//! call and observes of one uniques key into one `Observe` call, in
+//! [`member_calls`].
 //!
 //! [`spawn_coalescer`] starts one background task per client and batch
 //! method (shared by its clones). A caller encodes its add, sends it with a oneshot reply channel
@@ -23,7 +25,9 @@
 //! [`Client::add`]: crate::Client::add
 
 mod batcher;
+mod calls;
 pub(crate) mod like_wire;
+pub(crate) mod member_calls;
 pub(crate) mod reads;
 pub(crate) mod wire;
 

@@ -29,14 +29,13 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use futures::stream::FuturesUnordered;
-use futures::StreamExt;
 use prost::bytes::Bytes;
 use tally_proto::v1::counters_client::CountersClient;
 use tally_proto::v1::{get_result, GetBatchRequest, GetRequest, GetResponse, GetResult};
 use tokio::sync::{mpsc, oneshot};
 use tonic::{Code, Status};
 
+use super::calls::{drive, submit_and_wait, CallQueue};
 use crate::transport::Transport;
 
 /// The answer to one read: the node's response for its key, or a status
@@ -72,7 +71,17 @@ pub(crate) fn spawn_read_coalescer(
     settings: ReadSettings,
 ) -> ReadCoalescerHandle {
     let (submit_tx, submit_rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(CountersClient::new(channel), settings, submit_rx));
+    let client = CountersClient::new(channel);
+    let queue = ReadQueue {
+        max_keys: settings.max_batch.max(1),
+        ..ReadQueue::default()
+    };
+    tokio::spawn(drive(
+        queue,
+        settings.max_in_flight,
+        submit_rx,
+        move |batch| send_batch(client.clone(), batch),
+    ));
     ReadCoalescerHandle { submit_tx }
 }
 
@@ -86,16 +95,15 @@ impl ReadCoalescerHandle {
             timeout,
             reply,
         };
-        if self.submit_tx.send(pending).is_err() {
-            return Err(task_stopped());
-        }
-        match tokio::time::timeout(timeout, reply_rx).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(task_stopped()),
-            Err(_elapsed) => Err(Status::deadline_exceeded(
-                "no answer to the read within the deadline",
-            )),
-        }
+        submit_and_wait(
+            &self.submit_tx,
+            pending,
+            reply_rx,
+            timeout,
+            "read",
+            task_stopped,
+        )
+        .await
     }
 }
 
@@ -109,6 +117,8 @@ fn task_stopped() -> Status {
 /// Reads waiting to be sent, grouped by key in the order keys first came.
 #[derive(Default)]
 struct ReadQueue {
+    /// The most distinct keys in one batch the task sends.
+    max_keys: usize,
     keys: Vec<Bytes>,
     waiters: HashMap<Bytes, Vec<oneshot::Sender<ReadAnswer>>>,
     timeouts: HashMap<Bytes, Duration>,
@@ -132,6 +142,7 @@ impl ReadQueue {
         *timeout = (*timeout).max(read.timeout);
     }
 
+    #[cfg(test)]
     fn is_empty(&self) -> bool {
         self.keys.is_empty()
     }
@@ -166,34 +177,16 @@ impl ReadQueue {
     }
 }
 
-/// The task: queues reads, sends batches while slots are free, and answers.
-async fn run(
-    client: CountersClient<Transport>,
-    settings: ReadSettings,
-    mut submit_rx: mpsc::UnboundedReceiver<PendingRead>,
-) {
-    let mut queue = ReadQueue::default();
-    let mut calls = FuturesUnordered::new();
-    loop {
-        while calls.len() < settings.max_in_flight.max(1) && !queue.is_empty() {
-            match queue.take_batch(settings.max_batch.max(1)) {
-                Some(batch) => calls.push(send_batch(client.clone(), batch)),
-                None => break,
-            }
-        }
-        tokio::select! {
-            biased;
-            Some(()) = calls.next(), if !calls.is_empty() => {}
-            received = submit_rx.recv() => {
-                let Some(read) = received else {
-                    return;
-                };
-                queue.push(read);
-                while let Ok(read) = submit_rx.try_recv() {
-                    queue.push(read);
-                }
-            }
-        }
+impl CallQueue for ReadQueue {
+    type Item = PendingRead;
+    type Call = ReadBatch;
+
+    fn push(&mut self, read: PendingRead) {
+        ReadQueue::push(self, read);
+    }
+
+    fn take_call(&mut self) -> Option<ReadBatch> {
+        self.take_batch(self.max_keys)
     }
 }
 
