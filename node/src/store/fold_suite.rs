@@ -125,7 +125,7 @@ fn sled_store_keeps_fold_records_across_a_reopen() {
     check_fold_records(&store);
     store.close().unwrap();
     drop(store);
-    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    let store = crate::store::suite::reopen(&path, 5);
     check_fold_records(&store);
     retire_named(&store);
 }

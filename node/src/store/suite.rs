@@ -134,13 +134,24 @@ fn run_suite(store: &impl Store) {
 /// Opens `path` again once the store dropped just before has let go of its
 /// lock: sled's threads can hold it for a moment after the drop.
 pub(super) fn reopen(path: &Path, fresh_id: u64) -> SledStore {
+    open_unlocked(path, "eu", fresh_id, OnCorrupt::Refuse).unwrap()
+}
+
+/// [`SledStore::open`], waiting (up to 10 s) while the directory is locked
+/// by a store of this process that was just dropped.
+fn open_unlocked(
+    path: &Path,
+    region: &str,
+    fresh_id: u64,
+    on_corrupt: OnCorrupt,
+) -> Result<SledStore, OpenError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match SledStore::open(path, "eu", fresh_id, OnCorrupt::Refuse) {
+        match SledStore::open(path, region, fresh_id, on_corrupt) {
             Err(OpenError::Locked(_)) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20))
             }
-            other => return other.unwrap(),
+            other => return other,
         }
     }
 }
@@ -219,7 +230,7 @@ fn replica_numbers_survive_a_reopen_and_a_crash_forgets_unflushed_ones() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     {
-        let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+        let store = open_unlocked(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
         store.write(&batch(1, &[("a", two(5, 6))])).unwrap();
         store.write(&batch(2, &[("b", two(7, 5))])).unwrap();
         store.flush().unwrap();
@@ -236,7 +247,7 @@ fn sled_keeps_its_identity_and_data_across_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     {
-        let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+        let store = open_unlocked(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
         assert_eq!(store.identity().replica, ReplicaId(42));
         store.write(&batch(1, &[("a", state(42, 3, 0))])).unwrap();
         store.flush().unwrap();
@@ -254,7 +265,7 @@ fn sled_keeps_its_identity_and_data_across_reopen() {
     drop(store);
 
     std::fs::remove_dir_all(&path).unwrap();
-    let wiped = SledStore::open(&path, "eu", 99, OnCorrupt::Refuse).unwrap();
+    let wiped = open_unlocked(&path, "eu", 99, OnCorrupt::Refuse).unwrap();
     assert_eq!(
         wiped.identity().replica,
         ReplicaId(99),
@@ -268,7 +279,7 @@ fn sled_rebuilds_the_change_log_at_open_and_removes_a_retired_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     {
-        let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+        let store = open_unlocked(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
         store
             .write(&batch(1, &[("b", state(42, 1, 0)), ("a", state(42, 1, 0))]))
             .unwrap();
@@ -297,7 +308,7 @@ fn sled_reads_the_change_log_saved_at_a_clean_stop_only_while_it_matches() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     let saved = path.join("changes.snapshot");
-    let store = SledStore::open(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
+    let store = open_unlocked(&path, "eu", 42, OnCorrupt::Refuse).unwrap();
     store.write(&batch(1, &[("a", state(42, 1, 0))])).unwrap();
     store.write(&batch(2, &[("b", state(42, 1, 0))])).unwrap();
     store.close().unwrap();
@@ -350,9 +361,9 @@ fn sled_refuses_foreign_locked_and_other_region_directories() {
     ));
 
     let path = dir.path().join("data");
-    let open = SledStore::open(&path, "eu", 1, OnCorrupt::Refuse).unwrap();
+    let open = open_unlocked(&path, "eu", 1, OnCorrupt::Refuse).unwrap();
     drop(open);
-    let err = SledStore::open(&path, "us", 1, OnCorrupt::Refuse).unwrap_err();
+    let err = open_unlocked(&path, "us", 1, OnCorrupt::Refuse).unwrap_err();
     assert!(err.to_string().contains("--region eu"), "{err}");
 }
 
@@ -360,13 +371,13 @@ fn sled_refuses_foreign_locked_and_other_region_directories() {
 fn damaged_sled_store_is_refused_or_moved_aside_never_a_panic() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    drop(SledStore::open(&path, "eu", 1, OnCorrupt::Refuse).unwrap());
+    drop(open_unlocked(&path, "eu", 1, OnCorrupt::Refuse).unwrap());
     // Overwrite sled's config file with garbage.
     std::fs::write(path.join("db").join("conf"), b"\xff\xfe garbage").unwrap();
-    let err = SledStore::open(&path, "eu", 2, OnCorrupt::Refuse).unwrap_err();
+    let err = open_unlocked(&path, "eu", 2, OnCorrupt::Refuse).unwrap_err();
     assert!(matches!(err, OpenError::Corrupt { .. }), "{err}");
     assert!(err.to_string().contains("--on-corrupt move-aside"), "{err}");
-    let store = SledStore::open(&path, "eu", 2, OnCorrupt::MoveAside).unwrap();
+    let store = open_unlocked(&path, "eu", 2, OnCorrupt::MoveAside).unwrap();
     assert_eq!(
         store.identity().replica,
         ReplicaId(2),
@@ -444,7 +455,7 @@ fn memory_store_keeps_no_orphans_of_a_failed_flush() {
 fn sled_store_keeps_no_orphans_of_a_failed_flush_even_in_the_saved_log() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    let store = open_unlocked(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
     let retried = failed_flush_leaves_no_orphans(&store);
     store.close().unwrap();
     drop(store);
@@ -494,7 +505,7 @@ fn memory_store_loses_expired_idempotency_segments_after_a_restart() {
 fn sled_store_loses_expired_idempotency_segments_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    let store = SledStore::open(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
+    let store = open_unlocked(&path, "eu", 5, OnCorrupt::Refuse).unwrap();
     expired_segment_is_deleted_after_restart(&store);
     drop(store);
     let store = reopen(&path, 5);

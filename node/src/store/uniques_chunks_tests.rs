@@ -195,7 +195,7 @@ fn registers_read_back_exactly_from_chunks_in_sled_and_after_a_reopen() {
         .unwrap();
     store.close().unwrap();
     drop(store);
-    let store = SledStore::open(dir.path(), "eu", 7, crate::store::OnCorrupt::Refuse).unwrap();
+    let store = crate::store::suite::reopen(dir.path(), 7);
     assert_eq!(store.load_uniques("kept").unwrap(), Some(sketch));
 }
 
