@@ -102,6 +102,15 @@ impl MemoryStore {
     pub fn pending_batches(&self) -> usize {
         self.layers().pending.len()
     }
+
+    /// Writes `ops` as they are, durable at once, outside any batch: what a
+    /// test plants as damage.
+    #[cfg(test)]
+    pub(crate) fn plant(&self, ops: &[Op]) {
+        let mut layers = self.layers();
+        apply(&mut layers.visible, ops);
+        apply(&mut layers.durable, ops);
+    }
 }
 
 impl DurableState for MemoryStore {

@@ -3,7 +3,7 @@
 //! a whole dense record of an older format, deletion, and damage.
 
 use super::*;
-use crate::replica::{CommitBatch, DurableState, Identity, SetDeletion, UniqueWrite};
+use crate::replica::{CommitBatch, Identity, SetDeletion, UniqueWrite};
 use crate::store::{MemoryStore, SledStore, Store};
 
 fn identity() -> Identity {
@@ -260,64 +260,24 @@ fn a_whole_dense_record_of_an_older_format_takes_chunk_records_over_it() {
     assert_eq!(store.load_uniques("v").unwrap(), Some(sketch));
 }
 
-/// Records as a store holds them, for planting damage.
-#[derive(Default)]
-struct Records(std::collections::BTreeMap<Vec<u8>, Vec<u8>>);
-
-impl Records {
-    fn apply(&mut self, ops: Vec<Op>) {
-        for op in ops {
-            match op {
-                Op::Put(key, value) => self.0.insert(key, value),
-                Op::Delete(key) => self.0.remove(&key),
-            };
-        }
-    }
-}
-
-impl DurableState for Records {
-    fn load_counter(&self, _: &str) -> Result<Option<crate::replica::StoredCounter>, StorageError> {
-        unreachable!("uniques only")
-    }
-    fn changes_after(
-        &self,
-        _: &crate::replica::Cursor,
-        _: usize,
-    ) -> Result<Vec<crate::replica::Change>, StorageError> {
-        unreachable!("uniques only")
-    }
-    fn get_record(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        Ok(self.0.get(key).cloned())
-    }
-    fn scan_records(
-        &self,
-        from: &[u8],
-        to: &[u8],
-        limit: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
-        Ok(self
-            .0
-            .range(from.to_vec()..to.to_vec())
-            .take(limit)
-            .map(|(key, value)| (key.clone(), value.clone()))
-            .collect())
-    }
-}
-
 #[test]
 fn a_damaged_chunk_is_an_error_never_zero() {
     let sketch = dense(20_000);
-    let mut ops = Vec::new();
-    set_ops(
-        &write_of("v", &sketch, sketch.set_registers()),
-        CHUNKED_UNIQUES,
-        &mut ops,
+    // A store holding the key in chunks, with `planted` written over it.
+    let holding = |planted: Option<(Vec<u8>, Vec<u8>)>| {
+        let store = MemoryStore::new(identity());
+        store
+            .write(&write_of("v", &sketch, sketch.set_registers()))
+            .unwrap();
+        if let Some((key, value)) = planted {
+            store.plant(&[Op::Put(key, value)]);
+        }
+        store
+    };
+    assert_eq!(
+        holding(None).load_uniques("v").unwrap(),
+        Some(sketch.clone())
     );
-    let mut records = Records::default();
-    records.apply(ops);
-    assert_eq!(load_uniques(&records, "v").unwrap(), Some(sketch.clone()));
-    let mut past_the_last = chunk_prefix("v");
-    past_the_last.push(CHUNKS as u8 + 1);
     let damages = [
         (chunk_key("v", 4), vec![VERSION, 1, 2, 3]),
         (chunk_key("v", 4), vec![9; 1 + CHUNK_BYTES]),
@@ -330,16 +290,14 @@ fn a_damaged_chunk_is_an_error_never_zero() {
         (keyed(UNIQUES, "v"), vec![VERSION, FORM_CHUNKED, 0]),
     ];
     for (key, damage) in damages {
-        let mut damaged = Records(records.0.clone());
-        damaged.0.insert(key.clone(), damage);
-        assert!(load_uniques(&damaged, "v").is_err(), "{key:?}");
+        let damaged = holding(Some((key.clone(), damage)));
+        assert!(damaged.load_uniques("v").is_err(), "{key:?}");
         assert!(compute_digest(&damaged).is_err(), "{key:?}");
     }
     // A chunk number past the last, under the key's prefix but past its
     // chunks, is not read as one of them.
-    let mut stray = Records(records.0.clone());
-    stray
-        .0
-        .insert(past_the_last, vec![VERSION; 1 + CHUNK_BYTES]);
-    assert_eq!(load_uniques(&stray, "v").unwrap(), Some(sketch));
+    let mut past_the_last = chunk_prefix("v");
+    past_the_last.push(CHUNKS as u8 + 1);
+    let stray = holding(Some((past_the_last, vec![VERSION; 1 + CHUNK_BYTES])));
+    assert_eq!(stray.load_uniques("v").unwrap(), Some(sketch));
 }
