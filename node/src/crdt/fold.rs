@@ -424,6 +424,35 @@ impl FoldBook {
                 .is_some_and(|epochs| epochs.iter().any(|e| *e > after && *e <= upto))
     }
 
+    /// The phase of `writer`'s slot in a counter of `partition` folded up
+    /// to `epoch`: how many records up to `epoch` folded the writer in that
+    /// partition while it lived on (applying one moves the slot into the
+    /// base, so a counter's slot of the writer was written after the last
+    /// of them). 0 when there is none, or no partition. A record committed
+    /// later has a higher epoch: a slot's phase never changes while its
+    /// counter's epoch stays.
+    pub fn phase(&self, writer: ReplicaId, partition: Option<u32>, epoch: u64) -> u32 {
+        let Some(partition) = partition else {
+            return 0;
+        };
+        if self.scoped_at.is_empty() {
+            return 0;
+        }
+        self.scoped_epochs(writer, partition)
+            .iter()
+            .filter(|e| **e <= epoch)
+            .count() as u32
+    }
+
+    /// The epochs at which `writer` was folded in `partition` while it
+    /// lived on, oldest first: the current phase of its slots there is
+    /// their count.
+    pub fn scoped_epochs(&self, writer: ReplicaId, partition: u32) -> &[u64] {
+        self.scoped_at
+            .get(&(writer, partition))
+            .map_or(&[], Vec::as_slice)
+    }
+
     /// Whether any record folds a writer in some partitions only.
     pub fn has_scoped(&self) -> bool {
         !self.scoped_at.is_empty()

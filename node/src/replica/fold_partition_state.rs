@@ -9,7 +9,7 @@
 use crate::crdt::{ReplicaId, Slot, WriterDigest};
 use crate::partition::{PartitionCount, PartitionSet};
 
-use super::super::fold_partitions::{ByPartition, DigestsByPartition};
+use super::super::fold_partitions::{ByPartition, DigestsByPartition, LaterPhases};
 use super::{DigestChanges, Folds};
 
 impl Folds {
@@ -22,18 +22,28 @@ impl Folds {
 
     /// Starts tracking digests and applied epochs by partition, for a node
     /// of `count` partitions whose stored counters give `digests` (per
-    /// writer and partition).
-    pub fn track_partitions(&mut self, count: PartitionCount, digests: DigestsByPartition) {
+    /// writer and partition, phase 0, and of later phases).
+    pub fn track_partitions(
+        &mut self,
+        count: PartitionCount,
+        digests: (DigestsByPartition, LaterPhases),
+    ) {
         let parts = std::mem::take(&mut self.recovered_parts);
-        self.by_partition = Some(ByPartition::new(count, digests, self.applied, &parts));
+        self.by_partition = Some(ByPartition::new(
+            count,
+            digests,
+            self.applied,
+            &parts,
+            &self.book,
+        ));
         self.advance_applied();
     }
 
-    /// The partition count and every writer's digests by partition, once
-    /// tracked.
-    pub fn partition_digests(&self) -> Option<(PartitionCount, &DigestsByPartition)> {
+    /// The partition count and every writer's digests by partition (phase
+    /// 0; and of later phases), once tracked.
+    pub fn partition_digests(&self) -> Option<(PartitionCount, &DigestsByPartition, &LaterPhases)> {
         let bp = self.by_partition.as_ref()?;
-        Some((bp.count(), bp.all_digests()))
+        Some((bp.count(), bp.all_digests(), bp.later_phases()))
     }
 
     /// The digest of each partition's counter slots, once tracked.
@@ -136,34 +146,51 @@ impl Folds {
     }
 
     /// Adds a slot change of a commit to `changes` (see [`DigestChanges`]).
+    /// Slots come with their phases ([`crate::crdt::FoldBook::phase`]): a
+    /// slot whose phase moved leaves the old phase's digest and enters the
+    /// new one's.
     pub fn note_change(
         &self,
         changes: &mut DigestChanges,
         key: &str,
         writer: ReplicaId,
-        old: Slot,
-        new: Slot,
+        old: (Slot, u32),
+        new: (Slot, u32),
     ) {
+        // Whole digests are compared only by records without digests per
+        // partition (clusters before version 10, which fold no writer in
+        // some partitions only): values alone, as `compute_writer_digests`
+        // computes them.
         changes
             .whole
             .entry(writer)
             .or_insert_with(|| self.digest_of(writer))
-            .replace(key, old, new);
-        if let Some(bp) = &self.by_partition {
-            let partition = bp.of_key(key);
+            .replace(key, old.0, new.0);
+        let Some(bp) = &self.by_partition else {
+            return;
+        };
+        let partition = bp.of_key(key);
+        let mut change = |phase: u32, old: Slot, new: Slot| {
             changes
                 .by_partition
-                .entry((writer, partition))
-                .or_insert_with(|| bp.digest(writer, partition))
+                .entry((writer, partition, phase))
+                .or_insert_with(|| bp.digest_at(writer, partition, phase))
                 .replace(key, old, new);
+        };
+        if old.1 == new.1 {
+            change(old.1, old.0, new.0);
+        } else {
+            change(old.1, old.0, Slot::default());
+            change(new.1, Slot::default(), new.0);
         }
     }
 
     /// Sets writers' digests by partition to what a durable commit made them.
-    pub fn set_partition_digests(&mut self, digests: &[(ReplicaId, u32, WriterDigest)]) {
+    /// Each is (writer, partition, phase, digest).
+    pub fn set_partition_digests(&mut self, digests: &[(ReplicaId, u32, u32, WriterDigest)]) {
         if let Some(bp) = self.by_partition.as_mut() {
-            for (writer, partition, digest) in digests {
-                bp.set_digest(*writer, *partition, *digest);
+            for (writer, partition, phase, digest) in digests {
+                bp.set_digest_at(*writer, *partition, *phase, *digest);
             }
         }
     }

@@ -31,8 +31,19 @@ use std::collections::{BTreeMap, HashMap};
 use crate::crdt::{digest_in, FoldBook, FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 
-/// Each writer's digest per partition over the counters a node holds.
+/// Each writer's digest per partition over the counters a node holds: of
+/// its slots of phase 0 (written before any fold of the writer in that
+/// partition while it lived on; every slot of a writer never so folded).
 pub type DigestsByPartition = HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>;
+
+/// Digests of slots of later phases, by (writer, partition, phase >= 1)
+/// ([`crate::crdt::FoldBook::phase`]). Kept apart from phase 0 because a
+/// live writer's slot values in two phases can be equal (+5 before its fold
+/// in a partition, +5 after): one digest over both could not tell a counter
+/// still holding the old phase from one holding the new, and a fold agreed
+/// on it could count one phase twice and the other never. Agreement and
+/// application compare a writer's *current* phase only.
+pub type LaterPhases = BTreeMap<(ReplicaId, u32, u32), WriterDigest>;
 
 /// What a member reports by partition (cluster version 10 on).
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -107,8 +118,13 @@ pub struct Refusal {
 #[derive(Debug)]
 pub struct ByPartition {
     count: PartitionCount,
-    /// Each writer's digest per partition over the counters held.
+    /// Each writer's digest per partition over the counters held, phase 0.
     digests: DigestsByPartition,
+    /// The same of later phases.
+    later: LaterPhases,
+    /// Each (writer, partition) folded while the writer lived on: its
+    /// current phase (how many such folds the book holds).
+    phases: HashMap<(ReplicaId, u32), u32>,
     /// The partitions kept (`None`: every one).
     kept: Option<PartitionSet>,
     /// Per partition, fold epochs up to this one are applied to its counters.
@@ -120,13 +136,15 @@ pub struct ByPartition {
 }
 
 impl ByPartition {
-    /// The state of a node of `count` partitions holding `digests`, each
-    /// partition applied up to `applied` except where `overrides` says.
+    /// The state of a node of `count` partitions holding `digests` (and
+    /// `later` phases), each partition applied up to `applied` except where
+    /// `overrides` says, with the phases of `book`'s records.
     pub fn new(
         count: PartitionCount,
-        digests: DigestsByPartition,
+        (digests, later): (DigestsByPartition, LaterPhases),
         applied: u64,
         overrides: &[(u32, u64)],
+        book: &FoldBook,
     ) -> Self {
         let mut epochs = vec![applied; count.get() as usize];
         for (partition, epoch) in overrides {
@@ -134,9 +152,15 @@ impl ByPartition {
                 *slot = *epoch;
             }
         }
+        let mut phases = HashMap::new();
+        for record in book.records() {
+            note_phases(&mut phases, record);
+        }
         ByPartition {
             count,
             digests,
+            later,
+            phases,
             kept: None,
             applied: epochs,
             applied_dirty: false,
@@ -154,13 +178,44 @@ impl ByPartition {
         self.count.of_key(key.as_bytes()).0
     }
 
-    /// Every writer's digests by partition.
+    /// Every writer's digests by partition, phase 0.
     pub fn all_digests(&self) -> &DigestsByPartition {
         &self.digests
     }
 
-    /// `writer`'s digest in `partition`.
+    /// Every digest of a later phase.
+    pub fn later_phases(&self) -> &LaterPhases {
+        &self.later
+    }
+
+    /// A record was committed: the phases of the writers it folds in some
+    /// partitions move on (their slots held now are of an earlier phase).
+    pub fn note_record(&mut self, record: &FoldRecord) {
+        note_phases(&mut self.phases, record);
+    }
+
+    /// The current phase of `writer`'s slots in `partition`.
+    pub fn phase(&self, writer: ReplicaId, partition: u32) -> u32 {
+        if self.phases.is_empty() {
+            return 0;
+        }
+        self.phases.get(&(writer, partition)).copied().unwrap_or(0)
+    }
+
+    /// `writer`'s digest in `partition`, of its current phase.
     pub fn digest(&self, writer: ReplicaId, partition: u32) -> WriterDigest {
+        self.digest_at(writer, partition, self.phase(writer, partition))
+    }
+
+    /// `writer`'s digest in `partition` of the slots of `phase`.
+    pub fn digest_at(&self, writer: ReplicaId, partition: u32, phase: u32) -> WriterDigest {
+        if phase > 0 {
+            return self
+                .later
+                .get(&(writer, partition, phase))
+                .copied()
+                .unwrap_or_default();
+        }
         self.digests
             .get(&writer)
             .and_then(|parts| parts.get(&partition))
@@ -168,15 +223,64 @@ impl ByPartition {
             .unwrap_or_default()
     }
 
-    /// `writer`'s digests per partition, empty ones left out.
-    pub fn digests_of(&self, writer: ReplicaId) -> PartitionDigests {
-        self.digests
-            .get(&writer)
-            .map(|parts| parts.iter().map(|(p, d)| (*p, *d)).collect())
-            .unwrap_or_default()
+    /// Whether this node holds a slot of `writer` in `partition` of a
+    /// phase before its current one (a counter not folded up to the
+    /// writer's last fold there).
+    pub fn holds_earlier_phase(&self, writer: ReplicaId, partition: u32) -> bool {
+        let current = self.phase(writer, partition);
+        current > 0
+            && (0..current)
+                .any(|phase| self.digest_at(writer, partition, phase) != WriterDigest::default())
     }
 
-    /// Sets `writer`'s digest in `partition` (an empty one is dropped).
+    /// `writer`'s digests per partition, of each partition's current phase,
+    /// empty ones left out.
+    pub fn digests_of(&self, writer: ReplicaId) -> PartitionDigests {
+        let mut digests: PartitionDigests = self
+            .digests
+            .get(&writer)
+            .map(|parts| {
+                parts
+                    .iter()
+                    .filter(|(p, _)| self.phase(writer, **p) == 0)
+                    .map(|(p, d)| (*p, *d))
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !self.later.is_empty() {
+            let later = self
+                .later
+                .range((writer, 0, 0)..=(writer, u32::MAX, u32::MAX));
+            digests.extend(
+                later
+                    .filter(|((_, p, phase), _)| self.phase(writer, *p) == *phase)
+                    .map(|((_, p, _), d)| (*p, *d)),
+            );
+            digests.sort_unstable_by_key(|(partition, _)| *partition);
+        }
+        digests
+    }
+
+    /// Sets `writer`'s digest of `phase` in `partition` (an empty one is
+    /// dropped).
+    pub fn set_digest_at(
+        &mut self,
+        writer: ReplicaId,
+        partition: u32,
+        phase: u32,
+        digest: WriterDigest,
+    ) {
+        if phase == 0 {
+            self.set_digest(writer, partition, digest);
+        } else if digest == WriterDigest::default() {
+            self.later.remove(&(writer, partition, phase));
+        } else {
+            self.later.insert((writer, partition, phase), digest);
+        }
+    }
+
+    /// Sets `writer`'s digest of phase 0 in `partition` (an empty one is
+    /// dropped).
     pub fn set_digest(&mut self, writer: ReplicaId, partition: u32, digest: WriterDigest) {
         if digest == WriterDigest::default() {
             if let Some(parts) = self.digests.get_mut(&writer) {
@@ -362,14 +466,14 @@ impl ByPartition {
     }
 
     /// The digest of each partition's counter slots: the sum over writers
-    /// of their digests there.
+    /// of their digests there, of every phase.
     pub fn counter_digests(&self) -> Vec<u64> {
         let mut sums = vec![0u64; self.count.get() as usize];
-        for parts in self.digests.values() {
-            for (partition, digest) in parts {
-                let slot = &mut sums[*partition as usize];
-                *slot = slot.wrapping_add(digest.hash);
-            }
+        let phase_0 = self.digests.values().flatten();
+        let later = self.later.iter().map(|((_, p, _), d)| (p, d));
+        for (partition, digest) in phase_0.chain(later) {
+            let slot = &mut sums[*partition as usize];
+            *slot = slot.wrapping_add(digest.hash);
         }
         sums
     }
@@ -457,6 +561,16 @@ impl ByPartition {
         (0..self.count.get())
             .filter(|partition| self.keeps(*partition))
             .all(|partition| self.digest(writer, partition) == digest_in(digests, partition))
+    }
+}
+
+/// Moves on the phase of each (writer, partition) `record` folds while the
+/// writer lives on.
+fn note_phases(phases: &mut HashMap<(ReplicaId, u32), u32>, record: &FoldRecord) {
+    for (writer, digests) in &record.scoped {
+        for (partition, _) in digests {
+            *phases.entry((*writer, *partition)).or_default() += 1;
+        }
     }
 }
 

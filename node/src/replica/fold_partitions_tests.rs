@@ -5,8 +5,6 @@
 //! state; a partition no longer kept drops back; the applied epochs survive
 //! a restart.
 
-use std::collections::HashMap;
-
 use crate::crdt::{ReplicaId, Slot, WriterDigest};
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 use crate::replica::folds::{FoldMember, FoldReport, FoldWait, Folds};
@@ -42,7 +40,7 @@ fn set_of(partitions: &[u32]) -> PartitionSet {
 /// of each partition it keeps, agreeing by partition.
 fn node(kept: &[u32]) -> Folds {
     let mut folds = Folds::default();
-    folds.track_partitions(count(), HashMap::new());
+    folds.track_partitions(count(), Default::default());
     folds.set_kept(Some(set_of(kept)));
     folds.set_agree_by_partition(true);
     for partition in kept {
@@ -201,7 +199,7 @@ fn a_node_applies_a_record_only_where_it_keeps_and_holds_the_final_state() {
     // A node that joined after the fold keeps partitions 0 and 1 and holds
     // W's final slot in partition 0 only (partition 1 not copied yet).
     let mut late = Folds::default();
-    late.track_partitions(count(), HashMap::new());
+    late.track_partitions(count(), Default::default());
     late.set_kept(Some(set_of(&[0, 1])));
     late.set_agree_by_partition(true);
     late.note_slot(&keys()[0], W, Slot::default(), Slot { p: 10, n: 0 });
@@ -242,7 +240,7 @@ fn a_node_that_copied_its_partitions_already_folded_is_done_with_the_fold() {
     // holds no slot of W, so its digests are not the record's and it
     // applies nothing, yet nothing is left to fold here.
     let mut late = Folds::default();
-    late.track_partitions(count(), HashMap::new());
+    late.track_partitions(count(), Default::default());
     late.set_kept(Some(set_of(&[0, 1])));
     late.set_agree_by_partition(true);
     late.handle_reports(&[], &members).unwrap();
@@ -259,7 +257,7 @@ fn a_node_that_copied_its_partitions_already_folded_is_done_with_the_fold() {
     assert_eq!(late.folds_done(Some(&set_of(&[0, 1]))), 0);
     // A node keeping nothing (drained) and holding no slot of W is done.
     let mut drained = Folds::default();
-    drained.track_partitions(count(), HashMap::new());
+    drained.track_partitions(count(), Default::default());
     drained.set_kept(Some(set_of(&[])));
     drained.set_agree_by_partition(true);
     drained.handle_reports(&[], &members).unwrap();
@@ -287,7 +285,7 @@ fn a_partition_no_longer_kept_drops_back_and_applied_epochs_survive_a_restart() 
     let records = folds.book().records().to_vec();
     let mut recovered = Folds::recovered(vec![], records, vec![], folds.applied());
     recovered.set_recovered_partitions(persisted);
-    recovered.track_partitions(count(), HashMap::new());
+    recovered.track_partitions(count(), Default::default());
     recovered.set_kept(Some(set_of(&[0, 2])));
     for partition in 0..COUNT as u32 {
         let key = &keys()[partition as usize];

@@ -169,8 +169,8 @@ enum Final {
 pub struct DigestChanges {
     /// Per writer.
     pub whole: BTreeMap<ReplicaId, WriterDigest>,
-    /// Per writer and partition (when the node tracks partitions).
-    pub by_partition: BTreeMap<(ReplicaId, u32), WriterDigest>,
+    /// Per writer, partition and phase (when the node tracks partitions).
+    pub by_partition: BTreeMap<(ReplicaId, u32, u32), WriterDigest>,
 }
 
 impl Folds {
@@ -583,6 +583,9 @@ impl Folds {
 
     fn commit(&mut self, record: FoldRecord) -> Result<(), FoldError> {
         Arc::make_mut(&mut self.book).accept(record.clone())?;
+        if let Some(bp) = self.by_partition.as_mut() {
+            bp.note_record(&record);
+        }
         if self
             .candidate
             .as_ref()

@@ -710,9 +710,18 @@ impl Replica {
             entry.dirty = false;
             entry.committing = true;
             digest.replace(&key, entry.durable.as_ref(), &entry.live);
-            for (writer, old, new) in retire::changed_slots(entry.durable.as_ref(), &entry.live) {
-                self.folds
-                    .note_change(&mut writer_digests, &key, writer, old, new);
+            let partition = self.folds.partition_of(&key);
+            let book = self.folds.book();
+            for change in
+                retire::changed_slots(entry.durable.as_ref(), &entry.live, book, partition)
+            {
+                self.folds.note_change(
+                    &mut writer_digests,
+                    &key,
+                    change.writer,
+                    change.old,
+                    change.new,
+                );
             }
             self.scope.note_change(&key, seq);
             counters.push((key, entry.live.clone()));
@@ -750,7 +759,7 @@ impl Replica {
             partition_digests: writer_digests
                 .by_partition
                 .into_iter()
-                .map(|((writer, partition), digest)| (writer, partition, digest))
+                .map(|((writer, partition, phase), digest)| (writer, partition, phase, digest))
                 .collect(),
             retired,
             node_names: self.folds.take_pending_node_names(),

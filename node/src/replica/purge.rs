@@ -265,9 +265,11 @@ impl Replica {
             }
             let empty = PnCounter::new();
             digest.replace(&key, Some(&stored.state), &empty);
-            for (writer, old, new) in changed_slots(Some(&stored.state), &empty) {
+            let partition = self.folds.partition_of(&key);
+            let book = self.folds.book();
+            for change in changed_slots(Some(&stored.state), &empty, book, partition) {
                 self.folds
-                    .note_change(writer_digests, &key, writer, old, new);
+                    .note_change(writer_digests, &key, change.writer, change.old, change.new);
             }
             keys.push(key.clone());
             ends.push(Change {

@@ -70,9 +70,14 @@ fn stored_keys(node: &Node) -> Vec<String> {
             .unwrap_or_default();
         assert_eq!(node.replica.folds.digest_of(writer), stored, "{writer}");
     }
-    if let Some((count, kept)) = node.replica.folds().partition_digests() {
-        let stored = compute_partition_digests(&node.store, count).unwrap();
-        assert_eq!(kept, &stored, "the writers' digests by partition");
+    if let Some((count, kept, later)) = node.replica.folds().partition_digests() {
+        let book = node.replica.folds().book();
+        let stored = compute_partition_digests(&node.store, count, book).unwrap();
+        assert_eq!(
+            (kept, later),
+            (&stored.0, &stored.1),
+            "the writers' digests by partition"
+        );
     }
     keys.sort();
     keys

@@ -11,7 +11,7 @@
 //! applied epoch, and after a crash the sweep resumes from what is durable
 //! (folding a counter twice changes nothing).
 
-use crate::crdt::{FoldError, FoldRecord, PnCounter, ReplicaId, Slot, WriterDigest};
+use crate::crdt::{FoldBook, FoldError, FoldRecord, PnCounter, ReplicaId, Slot, WriterDigest};
 
 use super::folds::{FoldMember, Folds, RetireRefused};
 use super::types::{Cursor, DurableState, StorageError};
@@ -51,12 +51,28 @@ impl FoldSweep {
     }
 }
 
-/// The writers whose slot differs between `old` and `new`, with both slots
-/// (an absent slot is empty). One pass over the two sorted lists.
+/// One writer's slot before and after a commit, each with its phase
+/// ([`FoldBook::phase`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct SlotChange {
+    pub writer: ReplicaId,
+    pub old: (Slot, u32),
+    pub new: (Slot, u32),
+}
+
+/// The writers whose slot differs between `old` and `new` (a counter of
+/// `partition`), with both slots (an absent slot is empty) and their
+/// phases: a slot whose value stayed but whose phase moved (a merge took a
+/// newer phase's slot of the same value) changed too. One pass over the
+/// two sorted lists.
 pub(super) fn changed_slots(
     old: Option<&PnCounter>,
     new: &PnCounter,
-) -> Vec<(ReplicaId, Slot, Slot)> {
+    book: &FoldBook,
+    partition: Option<u32>,
+) -> Vec<SlotChange> {
+    let old_epoch = old.map_or(0, |counter| counter.folded().epoch);
+    let new_epoch = new.folded().epoch;
     let old = old.map_or(&[][..], PnCounter::slots);
     let new = new.slots();
     let mut changed = Vec::new();
@@ -82,8 +98,14 @@ pub(super) fn changed_slots(
             }
             (None, None) => break,
         };
-        if before != after {
-            changed.push((writer, before, after));
+        let old_phase = book.phase(writer, partition, old_epoch);
+        let new_phase = book.phase(writer, partition, new_epoch);
+        if before != after || (old_phase != new_phase && before != Slot::default()) {
+            changed.push(SlotChange {
+                writer,
+                old: (before, old_phase),
+                new: (after, new_phase),
+            });
         }
     }
     changed
@@ -144,9 +166,9 @@ impl Replica {
             });
         let used = current.is_some();
         let (writers, sets) = match current {
-            Some(saved) => (saved.writers, saved.sets),
+            Some(saved) => ((saved.writers, Default::default()), saved.sets),
             None => (
-                crate::store::compute_partition_digests(store, count)?,
+                crate::store::compute_partition_digests(store, count, self.folds.book())?,
                 crate::store::sets::compute_digests_by_partition(store, count)?,
             ),
         };
@@ -163,7 +185,11 @@ impl Replica {
         if self.in_flight.is_some() {
             return None;
         }
-        let (count, digests) = self.folds.partition_digests()?;
+        let (count, digests, later) = self.folds.partition_digests()?;
+        if !later.is_empty() {
+            // The saved form has no phases: computed again at the start.
+            return None;
+        }
         Some(crate::store::encoding::encode_partition_digests(
             &crate::store::encoding::SavedDigests {
                 durable_seq: self.durable_seq,

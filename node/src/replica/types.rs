@@ -180,7 +180,7 @@ pub struct CommitBatch {
     /// Per-writer digests by partition that this batch changes (kept in
     /// memory only: a node computes them from its counters when it starts,
     /// `fold_partitions.rs`).
-    pub partition_digests: Vec<(ReplicaId, u32, WriterDigest)>,
+    pub partition_digests: Vec<(ReplicaId, u32, u32, WriterDigest)>,
     /// Writers retired since the last commit (kept forever; their node
     /// names are deleted).
     pub retired: Vec<(ReplicaId, RetireReason)>,

@@ -392,24 +392,37 @@ pub fn compute_writer_digests(
 
 /// Every writer's digest per partition over the counters `store` holds, for
 /// a node of `count` partitions (`replica/fold_partitions.rs`), computed by
-/// reading every counter once.
+/// reading every counter once: of phase 0, and of later phases, each slot's
+/// phase by its counter's epoch in `book` ([`crate::crdt::FoldBook::phase`]).
 pub fn compute_partition_digests(
     store: &(impl DurableState + ?Sized),
     count: crate::partition::PartitionCount,
-) -> Result<crate::replica::fold_partitions::DigestsByPartition, StorageError> {
+    book: &crate::crdt::FoldBook,
+) -> Result<
+    (
+        crate::replica::fold_partitions::DigestsByPartition,
+        crate::replica::fold_partitions::LaterPhases,
+    ),
+    StorageError,
+> {
     let mut digests = crate::replica::fold_partitions::DigestsByPartition::default();
+    let mut later = crate::replica::fold_partitions::LaterPhases::default();
     for_each_counter(store, |key, counter| {
         let partition = count.of_key(key.as_bytes()).0;
+        let epoch = counter.folded().epoch;
         for (writer, slot) in counter.slots() {
-            digests
-                .entry(*writer)
-                .or_default()
-                .entry(partition)
-                .or_default()
-                .replace(key, crate::crdt::Slot::default(), *slot);
+            let digest = match book.phase(*writer, Some(partition), epoch) {
+                0 => digests
+                    .entry(*writer)
+                    .or_default()
+                    .entry(partition)
+                    .or_default(),
+                phase => later.entry((*writer, partition, phase)).or_default(),
+            };
+            digest.replace(key, crate::crdt::Slot::default(), *slot);
         }
     })?;
-    Ok(digests)
+    Ok((digests, later))
 }
 
 /// Calls `visit` with every stored counter once, in change order.
