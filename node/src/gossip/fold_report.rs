@@ -16,11 +16,20 @@
 //! `shared` is `id:hash` joined by `,`; and a record with digests per
 //! partition appends `@` and its own `by_partition`. Version 1 is written whenever
 //! there is nothing by partition, so older builds read it.
+//!
+//! Folds of live writers in some partitions (cluster version 12,
+//! `replica/fold_scoped.rs`) need version 3, written only when a report
+//! holds one: version 2's fields, then `retired_scoped` (`id.partition.phase`
+//! joined by `,`) and `scoped_digests` (`id.partition.phase:counters:hash`
+//! joined by `,`); a record folding writers in some partitions appends `#`
+//! and those writers' digests in the `by_partition` form (a partition folded
+//! with no slot is `partition.0.0`). Older builds read no report from it, so
+//! the cluster version keeps such reports away until every member reads them.
 
 use crate::crdt::{FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
 use crate::partition::{PartitionCount, PartitionSet};
 use crate::replica::fold_partitions::PartitionReport;
-use crate::replica::folds::FoldReport;
+use crate::replica::folds::{FoldReport, ScopedRetirement};
 
 /// The chitchat key of the report.
 pub const KEY_FOLDS: &str = "folds";
@@ -30,17 +39,12 @@ fn digest_text(writer: ReplicaId, digest: WriterDigest) -> String {
 }
 
 fn record_text(record: &FoldRecord) -> String {
-    // As `store::encoding::encode_fold_record`: no scoped writers yet.
-    debug_assert!(
-        record.scoped.is_empty(),
-        "scoped fold records are not encoded yet"
-    );
     let writers: Vec<String> = record
         .writers
         .iter()
         .map(|(writer, digest)| digest_text(*writer, *digest))
         .collect();
-    match &record.by_partition {
+    let text = match &record.by_partition {
         None => format!("{}/{}", record.epoch, writers.join("+")),
         Some(parts) => format!(
             "{}/{}@{}",
@@ -48,7 +52,30 @@ fn record_text(record: &FoldRecord) -> String {
             writers.join("+"),
             by_partition_text(parts)
         ),
+    };
+    match record.scoped.is_empty() {
+        true => text,
+        false => format!("{text}#{}", by_partition_text(&record.scoped)),
     }
+}
+
+fn scoped_text(retirement: &ScopedRetirement) -> String {
+    format!(
+        "{:x}.{}.{}",
+        retirement.writer.0, retirement.partition, retirement.phase
+    )
+}
+
+fn parse_scoped(text: &str) -> Option<ScopedRetirement> {
+    let mut fields = text.split('.');
+    let writer = ReplicaId(u64::from_str_radix(fields.next()?, 16).ok()?);
+    let partition = fields.next()?.parse().ok()?;
+    let phase = fields.next()?.parse().ok()?;
+    fields.next().is_none().then_some(ScopedRetirement {
+        writer,
+        partition,
+        phase,
+    })
 }
 
 fn by_partition_text(parts: &[(ReplicaId, PartitionDigests)]) -> String {
@@ -130,8 +157,18 @@ pub fn encode(report: &FoldReport) -> String {
         .iter()
         .chain(&report.candidate)
         .any(|record| record.by_partition.is_some());
+    let scoped = !report.retired_scoped.is_empty()
+        || report
+            .partitions
+            .as_ref()
+            .is_some_and(|p| !p.scoped.is_empty())
+        || report
+            .records
+            .iter()
+            .chain(&report.candidate)
+            .any(|record| !record.scoped.is_empty());
     match &report.partitions {
-        None if !by_partition => format!(
+        None if !by_partition && !scoped => format!(
             "1|{}|{}|{}|{}",
             retired.join(","),
             digests.join(","),
@@ -139,7 +176,8 @@ pub fn encode(report: &FoldReport) -> String {
             candidate
         ),
         partitions => format!(
-            "2|{}|{}|{}|{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}|{}|{}|{}{}",
+            if scoped { 3 } else { 2 },
             retired.join(","),
             digests.join(","),
             records.join(";"),
@@ -153,8 +191,25 @@ pub fn encode(report: &FoldReport) -> String {
             partitions
                 .as_ref()
                 .map_or(String::new(), |p| shared_text(&p.shared)),
+            match scoped {
+                false => String::new(),
+                true => format!(
+                    "|{}|{}",
+                    join(report.retired_scoped.iter().map(scoped_text), ","),
+                    join(
+                        partitions.iter().flat_map(|p| &p.scoped).map(|(r, d)| {
+                            format!("{}:{}:{:x}", scoped_text(r), d.counters, d.hash)
+                        }),
+                        ","
+                    ),
+                ),
+            },
         ),
     }
+}
+
+fn join(items: impl Iterator<Item = String>, sep: &str) -> String {
+    items.collect::<Vec<_>>().join(sep)
 }
 
 fn parse_digest(text: &str) -> Option<(ReplicaId, WriterDigest)> {
@@ -169,22 +224,35 @@ fn parse_digest(text: &str) -> Option<(ReplicaId, WriterDigest)> {
 }
 
 fn parse_record(text: &str) -> Option<FoldRecord> {
+    let (text, scoped) = match text.split_once('#') {
+        Some((text, scoped)) => (text, Some(parse_by_partition(scoped)?)),
+        None => (text, None),
+    };
     let (epoch, rest) = text.split_once('/')?;
     let epoch = epoch.parse().ok()?;
     let (writers, by_partition) = match rest.split_once('@') {
         Some((writers, parts)) => (writers, Some(parse_by_partition(parts)?)),
         None => (rest, None),
     };
-    let writers: Vec<_> = writers
-        .split('+')
-        .map(parse_digest)
-        .collect::<Option<_>>()?;
+    let writers: Vec<_> = match (writers, &scoped) {
+        // A record of scoped writers alone names no writer whole.
+        ("", Some(_)) => Vec::new(),
+        _ => writers
+            .split('+')
+            .map(parse_digest)
+            .collect::<Option<_>>()?,
+    };
     let Some(parts) = by_partition else {
-        return Some(FoldRecord::new(epoch, writers));
+        return scoped.is_none().then(|| FoldRecord::new(epoch, writers));
     };
     // The whole digests are the sums of the partitions': a record whose
     // text says otherwise is not one this build wrote.
     let record = FoldRecord::by_partition(epoch, parts);
+    let record = match scoped {
+        Some(scoped) if !scoped.is_empty() => record.with_scoped(scoped),
+        Some(_) => return None,
+        None => record,
+    };
     (record.writers == FoldRecord::new(epoch, writers).writers).then_some(record)
 }
 
@@ -199,7 +267,7 @@ fn list<T>(text: &str, sep: char, parse: impl Fn(&str) -> Option<T>) -> Option<V
 pub fn decode(text: &str) -> Option<FoldReport> {
     let mut parts = text.split('|');
     let version = parts.next()?;
-    if version != "1" && version != "2" {
+    if !["1", "2", "3"].contains(&version) {
         return None;
     }
     let retired = list(parts.next()?, ',', |id| {
@@ -229,8 +297,28 @@ pub fn decode(text: &str) -> Option<FoldReport> {
                         u64::from_str_radix(digest, 16).ok()?,
                     ))
                 })?,
+                scoped: Vec::new(),
             }),
         },
+    };
+    let (retired_scoped, scoped_digests) = match version {
+        "3" => (
+            list(parts.next()?, ',', parse_scoped)?,
+            list(parts.next()?, ',', |entry| {
+                let (retirement, digest) = entry.split_once(':')?;
+                let (_, digest) = parse_digest(&format!("0:{digest}"))?;
+                Some((parse_scoped(retirement)?, digest))
+            })?,
+        ),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let partitions = match partitions {
+        Some(report) => Some(PartitionReport {
+            scoped: scoped_digests,
+            ..report
+        }),
+        None if scoped_digests.is_empty() => None,
+        None => return None,
     };
     parts.next().is_none().then_some(FoldReport {
         retired,
@@ -238,6 +326,7 @@ pub fn decode(text: &str) -> Option<FoldReport> {
         records,
         candidate,
         partitions,
+        retired_scoped,
     })
 }
 
@@ -258,6 +347,7 @@ mod tests {
             records: vec![FoldRecord::new(1, [(ReplicaId(7), digest)]), record.clone()],
             candidate: Some(FoldRecord::new(3, [(ReplicaId(u64::MAX), digest)])),
             partitions: None,
+            retired_scoped: vec![],
         };
         assert_eq!(decode(&encode(&report)), Some(report));
         let empty = FoldReport::default();
@@ -303,7 +393,9 @@ mod tests {
                 kept: Some(kept),
                 digests: vec![(ReplicaId(11), vec![(3, digest(3, 5))])],
                 shared: vec![(ReplicaId(2), u64::MAX), (ReplicaId(3), 0)],
+                scoped: vec![],
             }),
+            retired_scoped: vec![],
         };
         let text = encode(&report);
         assert!(text.starts_with("2|"), "{text}");
@@ -313,6 +405,7 @@ mod tests {
                 kept: None,
                 digests: vec![],
                 shared: vec![],
+                scoped: vec![],
             }),
             ..report.clone()
         };

@@ -59,6 +59,9 @@ pub struct PartitionReport {
     /// whose digests of each other agree hold the same state there: what
     /// `tally status` calls converged in a partitioned region.
     pub shared: Vec<(ReplicaId, u64)>,
+    /// Its digest of each unfolded scoped retirement whose partition it
+    /// keeps, in the phase retired (`fold_scoped.rs`).
+    pub scoped: Vec<(super::folds::ScopedRetirement, WriterDigest)>,
 }
 
 impl PartitionReport {
@@ -223,6 +226,20 @@ impl ByPartition {
             .unwrap_or_default()
     }
 
+    /// The (partition, phase) of each non-empty digest of `writer` here.
+    fn held_in(&self, writer: ReplicaId) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let phase_0 = self.digests.get(&writer).into_iter().flatten();
+        let later = self
+            .later
+            .range((writer, 0, 0)..=(writer, u32::MAX, u32::MAX))
+            .map(|((_, partition, phase), digest)| ((*partition, *phase), digest));
+        phase_0
+            .map(|(partition, digest)| ((*partition, 0), digest))
+            .chain(later)
+            .filter(|(_, digest)| **digest != WriterDigest::default())
+            .map(|(held, _)| held)
+    }
+
     /// Whether this node holds a slot of `writer` in `partition` of a
     /// phase before its current one (a counter not folded up to the
     /// writer's last fold there).
@@ -339,14 +356,23 @@ impl ByPartition {
             let Some(record) = book.record(epoch) else {
                 break;
             };
-            for (writer, _) in &record.writers {
-                let held = self.digests.get(writer).into_iter().flatten();
-                for (partition, _) in held.filter(|(_, digest)| **digest != WriterDigest::default())
-                {
-                    let index = *partition as usize;
-                    if blocked[index].is_none() && epoch > self.applied[index] {
-                        blocked[index] = Some(epoch);
-                    }
+            let whole = record.writers.iter().flat_map(|(writer, _)| {
+                self.held_in(*writer)
+                    .map(|(partition, _)| (*writer, partition))
+            });
+            let scoped = record.scoped.iter().flat_map(|(writer, digests)| {
+                digests.iter().map(|(partition, _)| (*writer, *partition))
+            });
+            for (writer, partition) in whole.chain(scoped) {
+                // A slot of a phase up to the one the record folds blocks
+                // it; one written since (a later phase) does not.
+                let folded = book.phase(writer, Some(partition), epoch - 1);
+                let held = (0..=folded).any(|phase| {
+                    self.digest_at(writer, partition, phase) != WriterDigest::default()
+                });
+                let index = partition as usize;
+                if held && blocked[index].is_none() && epoch > self.applied[index] {
+                    blocked[index] = Some(epoch);
                 }
             }
         }
@@ -402,13 +428,7 @@ impl ByPartition {
                 let differs = match &record.by_partition {
                     None => whole_differs(record),
                     Some(_) if !self.keeps(partition) => break,
-                    Some(_) => record.writers.iter().find_map(|(writer, _)| {
-                        let theirs = record
-                            .partition_digest(*writer, partition)
-                            .unwrap_or_default();
-                        let ours = self.digest(*writer, partition);
-                        (ours != theirs).then_some((*writer, ours, theirs))
-                    }),
+                    Some(_) => self.differs_in(book, record, partition),
                 };
                 if let Some((writer, ours, theirs)) = differs {
                     refusals.entry(writer).or_insert(Refusal {
@@ -428,6 +448,37 @@ impl ByPartition {
             }
         }
         refusals.into_values().collect()
+    }
+
+    /// The first writer `record` folds in `partition` whose digest here
+    /// differs from the record's: writers folded whole, then those folded
+    /// in `partition` while living on. Each is compared in the phase the
+    /// record folds (its phase before the record's epoch): slots written
+    /// since, of a later phase, are not the record's.
+    fn differs_in(
+        &self,
+        book: &FoldBook,
+        record: &FoldRecord,
+        partition: u32,
+    ) -> Option<(ReplicaId, WriterDigest, WriterDigest)> {
+        let before = record.epoch - 1;
+        let whole = record.writers.iter().map(|(writer, _)| {
+            let theirs = record
+                .partition_digest(*writer, partition)
+                .unwrap_or_default();
+            (*writer, theirs)
+        });
+        let scoped = record.scoped.iter().filter_map(|(writer, digests)| {
+            digests
+                .binary_search_by_key(&partition, |(p, _)| *p)
+                .ok()
+                .map(|index| (*writer, digests[index].1))
+        });
+        whole.chain(scoped).find_map(|(writer, theirs)| {
+            let phase = book.phase(writer, Some(partition), before);
+            let ours = self.digest_at(writer, partition, phase);
+            (ours != theirs).then_some((writer, ours, theirs))
+        })
     }
 
     /// The applied epochs that differ from the floor, for the next commit,
@@ -462,6 +513,7 @@ impl ByPartition {
                 .map(|writer| (writer, self.digests_of(writer)))
                 .collect(),
             shared: Vec::new(),
+            scoped: Vec::new(),
         }
     }
 

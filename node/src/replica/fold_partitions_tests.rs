@@ -321,6 +321,7 @@ fn members_converge_when_every_two_agree_on_the_partitions_both_keep() {
                 )
             })
             .collect(),
+        scoped: Vec::new(),
     };
     let reports: Vec<PartitionReport> = (0..3).map(|me| report(me, &counters)).collect();
     fn views(reports: &[PartitionReport]) -> Vec<SharedView<'_>> {

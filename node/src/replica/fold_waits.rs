@@ -37,6 +37,16 @@ pub enum FoldWait {
         /// The writer.
         writer: ReplicaId,
     },
+    /// A live writer whose slots in a partition are retired is up and its
+    /// own report does not list the retirement: it may still take adds
+    /// there, so nobody holds its final state of the partition yet.
+    #[error("writer {writer} is up and has not reported its slots in partition {partition} retired; the fold waits for its promise to take no more adds there")]
+    WriterServes {
+        /// The writer.
+        writer: ReplicaId,
+        /// The partition.
+        partition: u32,
+    },
     /// This node has not learned of the writer by state yet (a node that
     /// just started on an empty disk): it cannot tell who holds its slots.
     #[error("this node has no state of writer {writer} yet (it joined after it); it waits for anti-entropy")]

@@ -43,7 +43,7 @@
 //! partition from cluster version 10, whose rules are in
 //! `fold_partitions.rs`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use crate::crdt::{
@@ -52,6 +52,7 @@ use crate::crdt::{
 
 use super::fold_partitions::{ByPartition, PartitionReport, PartitionWait};
 pub use super::fold_waits::FoldWait;
+pub use scoped::{ScopedRetirement, WriteGate};
 
 /// Why a writer was retired.
 #[derive(Clone, PartialEq, Eq, Debug)]
@@ -94,6 +95,9 @@ pub struct FoldReport {
     /// Its state by partition (from cluster version 10; see
     /// `fold_partitions.rs`).
     pub partitions: Option<PartitionReport>,
+    /// The scoped retirements it knows that are not folded yet
+    /// (`fold_scoped.rs`).
+    pub retired_scoped: Vec<ScopedRetirement>,
 }
 
 /// Why `tally admin retire` was refused. Nothing changed.
@@ -139,6 +143,14 @@ pub struct Folds {
     /// Node names first seen since the last commit.
     pending_node_names: Vec<(ReplicaId, String)>,
     waits: BTreeMap<ReplicaId, FoldWait>,
+    /// Live writers' slots retired in some partitions (`fold_scoped.rs`),
+    /// the unfolded ones and those folded since the last commit.
+    retired_scoped: BTreeSet<ScopedRetirement>,
+    /// Scoped retirements learned (`true`) or folded (`false`) and not
+    /// yet handed to a commit.
+    pending_scoped: Vec<(ScopedRetirement, bool)>,
+    /// Why each unfolded scoped retirement waits.
+    scoped_waits: BTreeMap<ScopedRetirement, FoldWait>,
     /// When each named replica, down now, was first seen down (persisted,
     /// so a restart does not start `--retire-after` over).
     dead_since_ms: HashMap<ReplicaId, u64>,
@@ -282,6 +294,7 @@ impl Folds {
 
     /// What this node publishes.
     pub fn report(&self) -> FoldReport {
+        let (retired_scoped, scoped_digests) = self.scoped_report();
         FoldReport {
             retired: self.retired.keys().copied().collect(),
             digests: self
@@ -290,11 +303,13 @@ impl Folds {
                 .collect(),
             records: self.book.records().to_vec(),
             candidate: self.candidate.clone(),
-            partitions: self
-                .by_partition
-                .as_ref()
-                .filter(|bp| bp.agree)
-                .map(|bp| bp.report(self.unfolded_retired())),
+            partitions: self.by_partition.as_ref().filter(|bp| bp.agree).map(|bp| {
+                PartitionReport {
+                    scoped: scoped_digests,
+                    ..bp.report(self.unfolded_retired())
+                }
+            }),
+            retired_scoped,
         }
     }
 
@@ -343,9 +358,13 @@ impl Folds {
             .filter_map(|member| Some((member.replica, member.report.as_ref()?)))
             .collect();
         self.waits.clear();
+        self.scoped_waits.clear();
         for (member, report) in &reports {
             for writer in &report.retired {
                 self.learn_retired(*writer, RetireReason::Reported { by: *member });
+            }
+            for retirement in &report.retired_scoped {
+                self.learn_scoped(*retirement);
             }
         }
         let mut committed = Vec::new();
@@ -414,7 +433,11 @@ impl Folds {
                 }
             }
         }
-        if writers.is_empty() {
+        let scoped = match by_partition {
+            true => self.scoped_candidates(next, &counted, members, &reports, learned),
+            false => BTreeMap::new(),
+        };
+        if writers.is_empty() && scoped.is_empty() {
             return Ok(committed);
         }
         let candidate = match by_partition {
@@ -426,7 +449,8 @@ impl Folds {
                         Final::ByPartition(digests) => (writer, digests),
                         Final::Whole(_) => unreachable!("one kind of candidate per mode"),
                     }),
-            ),
+            )
+            .with_scoped(group_scoped(scoped)),
             false => FoldRecord::new(
                 next,
                 writers
@@ -443,14 +467,15 @@ impl Folds {
                 report.candidate.as_ref() == Some(&candidate) || report.records.contains(&candidate)
             });
             if !agreed {
+                let wait = FoldWait::NotAgreed {
+                    member: *member,
+                    epoch: next,
+                };
                 for (writer, _) in &candidate.writers {
-                    self.waits.insert(
-                        *writer,
-                        FoldWait::NotAgreed {
-                            member: *member,
-                            epoch: next,
-                        },
-                    );
+                    self.waits.insert(*writer, wait.clone());
+                }
+                for retirement in scoped_in(&candidate, &self.book) {
+                    self.scoped_waits.insert(retirement, wait.clone());
                 }
                 return Ok(committed);
             }
@@ -586,6 +611,17 @@ impl Folds {
         if let Some(bp) = self.by_partition.as_mut() {
             bp.note_record(&record);
         }
+        if !record.scoped.is_empty() {
+            let book = &self.book;
+            let pending = &mut self.pending_scoped;
+            self.retired_scoped.retain(|r| {
+                let unfolded = book.scoped_epochs(r.writer, r.partition).len() as u32 <= r.phase;
+                if !unfolded {
+                    pending.push((*r, false));
+                }
+                unfolded
+            });
+        }
         if self
             .candidate
             .as_ref()
@@ -676,6 +712,7 @@ impl Folds {
             || !self.pending_records.is_empty()
             || !self.pending_node_names.is_empty()
             || !self.pending_dead_since.is_empty()
+            || !self.pending_scoped.is_empty()
     }
 
     /// A failed commit: its retirements and records go into the next one.
@@ -687,6 +724,35 @@ impl Folds {
         self.pending_retired.extend(retired);
         self.pending_records.extend(records);
     }
+}
+
+/// The scoped retirements `record` folds, as named before it: each
+/// (writer, partition) in the phase it folds, for a record of the book's
+/// next epoch.
+fn scoped_in(record: &FoldRecord, book: &FoldBook) -> Vec<ScopedRetirement> {
+    record
+        .scoped
+        .iter()
+        .flat_map(|(writer, digests)| {
+            digests.iter().map(|(partition, _)| ScopedRetirement {
+                writer: *writer,
+                partition: *partition,
+                phase: book.phase(*writer, Some(*partition), record.epoch - 1),
+            })
+        })
+        .collect()
+}
+
+/// Agreed scoped digests by (writer, partition), grouped per writer as a
+/// record lists them.
+fn group_scoped(
+    scoped: BTreeMap<(ReplicaId, u32), WriterDigest>,
+) -> Vec<(ReplicaId, PartitionDigests)> {
+    let mut grouped: BTreeMap<ReplicaId, PartitionDigests> = BTreeMap::new();
+    for ((writer, partition), digest) in scoped {
+        grouped.entry(writer).or_default().push((partition, digest));
+    }
+    grouped.into_iter().collect()
 }
 
 /// A record's writers with their final states.
@@ -708,6 +774,8 @@ fn finals(record: &FoldRecord) -> Vec<(ReplicaId, Final)> {
 mod partition_state;
 #[path = "fold_retirements.rs"]
 mod retirements;
+#[path = "fold_scoped.rs"]
+mod scoped;
 #[cfg(test)]
 #[path = "folds_tests.rs"]
 mod tests;

@@ -362,6 +362,7 @@ impl Replica {
         folds.set_recovered_partitions(recovered.fold_applied_partitions);
         folds.recover_node_names(recovered.node_names);
         folds.recover_dead_since(recovered.dead_since);
+        folds.recover_scoped(recovered.scoped_retired);
         Replica {
             identity,
             counters: HashMap::new(),
@@ -764,6 +765,7 @@ impl Replica {
             retired,
             node_names: self.folds.take_pending_node_names(),
             dead_since: self.folds.take_pending_dead_since(),
+            scoped_retired: self.folds.take_pending_scoped(),
             fold_records,
             fold_applied: self.folds.applied(),
             fold_applied_partitions: self.folds.take_applied_partitions(),
@@ -856,6 +858,7 @@ impl Replica {
             .restore_pending(batch.retired, batch.fold_records);
         self.folds.restore_pending_node_names(batch.node_names);
         self.folds.restore_pending_dead_since(batch.dead_since);
+        self.folds.restore_pending_scoped(batch.scoped_retired);
         if batch.fold_applied_partitions.is_some() {
             self.folds.restore_applied_partitions();
         }

@@ -192,6 +192,9 @@ pub struct CommitBatch {
     /// up again or retired) or that they were seen up (`None`: deleted), so
     /// a restart does not start `--retire-after` over.
     pub dead_since: Vec<(ReplicaId, Option<u64>)>,
+    /// Scoped retirements learned (`true`: kept until folded) or folded
+    /// (`false`: deleted) since the last commit (`replica/fold_scoped.rs`).
+    pub scoped_retired: Vec<(super::folds::ScopedRetirement, bool)>,
     /// Fold records committed since the last commit (kept forever).
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters
@@ -230,6 +233,7 @@ impl CommitBatch {
             && self.retired.is_empty()
             && self.node_names.is_empty()
             && self.dead_since.is_empty()
+            && self.scoped_retired.is_empty()
             && self.fold_records.is_empty()
             && self.likes.is_empty()
             && self.set_deletions.is_empty()
@@ -252,6 +256,8 @@ pub struct Recovered {
     pub node_names: Vec<(ReplicaId, String)>,
     /// When replicas down at the last commit were first seen down.
     pub dead_since: Vec<(ReplicaId, u64)>,
+    /// The scoped retirements not folded at the last commit.
+    pub scoped_retired: Vec<super::folds::ScopedRetirement>,
     /// The committed fold records.
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters.

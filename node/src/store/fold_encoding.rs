@@ -3,9 +3,9 @@
 //! prefix, and the meta values of the fold's progress. Versioned like every
 //! other value ([`super`]); a short or unknown value is corrupt, never zero.
 
-use crate::crdt::{FoldRecord, ReplicaId, WriterDigest};
+use crate::crdt::{FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
 use crate::replica::fold_partitions::DigestsByPartition;
-use crate::replica::folds::RetireReason;
+use crate::replica::folds::{RetireReason, ScopedRetirement};
 use crate::replica::StorageError;
 
 use super::{corrupt, prefixed, put_varint, Reader, VERSION};
@@ -26,6 +26,11 @@ pub const NODE_NAME: u8 = b'o';
 /// `--retire-after`, kept across restarts. Deleted when the replica is seen
 /// up again or retired.
 pub const DEAD_SINCE: u8 = b'q';
+/// Scoped-retirement prefix (key: writer id, partition and phase, each
+/// big-endian; value: the version byte): a live writer's slots in one
+/// partition retired (`replica/fold_scoped.rs`), kept until their fold.
+/// Older builds never scan it.
+pub const SCOPED_RETIRED: u8 = b'p';
 /// Fold epochs up to this one are applied to this node's counters.
 pub const META_FOLD_APPLIED: &[u8] = b"mfoldapplied";
 /// The partitions whose applied fold epoch is above [`META_FOLD_APPLIED`],
@@ -37,6 +42,34 @@ pub const META_FOLD_SWEPT: &[u8] = b"mfoldswept";
 /// does not keep them leaves it behind, and the next open recomputes them).
 pub const META_WRITER_DIGESTS_AT: &[u8] = b"mwdigests";
 
+/// The store key of a scoped retirement.
+pub fn scoped_retired_key(retirement: &ScopedRetirement) -> Vec<u8> {
+    let mut rest = Vec::with_capacity(16);
+    rest.extend_from_slice(&retirement.writer.0.to_be_bytes());
+    rest.extend_from_slice(&retirement.partition.to_be_bytes());
+    rest.extend_from_slice(&retirement.phase.to_be_bytes());
+    prefixed(SCOPED_RETIRED, &rest)
+}
+
+/// Decodes a scoped retirement from its key and value.
+pub fn decode_scoped_retired(key: &[u8], value: &[u8]) -> Result<ScopedRetirement, StorageError> {
+    const WHAT: &str = "scoped retirement";
+    Reader::versioned(value, WHAT)?.finish()?;
+    let field = |range: std::ops::Range<usize>| {
+        key.get(range).ok_or_else(|| corrupt(WHAT, "key too short"))
+    };
+    if key.len() != 17 {
+        return Err(corrupt(WHAT, "key of the wrong length"));
+    }
+    Ok(ScopedRetirement {
+        writer: ReplicaId(u64::from_be_bytes(
+            field(1..9)?.try_into().expect("8 bytes"),
+        )),
+        partition: u32::from_be_bytes(field(9..13)?.try_into().expect("4 bytes")),
+        phase: u32::from_be_bytes(field(13..17)?.try_into().expect("4 bytes")),
+    })
+}
+
 /// The store key of the fold record of `epoch`.
 pub fn fold_key(epoch: u64) -> Vec<u8> {
     prefixed(FOLD, &epoch.to_be_bytes())
@@ -46,14 +79,12 @@ pub fn fold_key(epoch: u64) -> Vec<u8> {
 /// per partition (cluster version 10) appends, per writer in the same
 /// order, the count of its partitions and each partition's number and
 /// digest; a build before it refuses such a record as corrupt, and only a
-/// cluster whose every member reads it writes one.
+/// cluster whose every member reads it writes one. A record that folds
+/// live writers in some partitions (cluster version 12) appends their
+/// count, then per writer its id, the count of its partitions and each
+/// partition's number and digest (a record of them alone names no writer
+/// whole: a count of 0 first).
 pub fn encode_fold_record(record: &FoldRecord) -> Vec<u8> {
-    // Scoped writers have no encoding yet: nothing makes such a record
-    // (`crdt/fold.rs`); the step that does adds one, with a cluster version.
-    debug_assert!(
-        record.scoped.is_empty(),
-        "scoped fold records are not encoded yet"
-    );
     let mut out = vec![VERSION];
     put_varint(&mut out, record.writers.len() as u64);
     for (writer, digest) in &record.writers {
@@ -62,14 +93,49 @@ pub fn encode_fold_record(record: &FoldRecord) -> Vec<u8> {
         out.extend_from_slice(&digest.hash.to_le_bytes());
     }
     for (_, digests) in record.by_partition.iter().flatten() {
-        put_varint(&mut out, digests.len() as u64);
-        for (partition, digest) in digests {
-            put_varint(&mut out, u64::from(*partition));
-            put_varint(&mut out, digest.counters);
-            out.extend_from_slice(&digest.hash.to_le_bytes());
+        put_partition_digests(&mut out, digests);
+    }
+    if !record.scoped.is_empty() {
+        debug_assert!(
+            record.by_partition.is_some(),
+            "scoped records are by partition"
+        );
+        put_varint(&mut out, record.scoped.len() as u64);
+        for (writer, digests) in &record.scoped {
+            out.extend_from_slice(&writer.0.to_le_bytes());
+            put_partition_digests(&mut out, digests);
         }
     }
     out
+}
+
+fn put_partition_digests(out: &mut Vec<u8>, digests: &PartitionDigests) {
+    put_varint(out, digests.len() as u64);
+    for (partition, digest) in digests {
+        put_varint(out, u64::from(*partition));
+        put_varint(out, digest.counters);
+        out.extend_from_slice(&digest.hash.to_le_bytes());
+    }
+}
+
+fn read_partition_digests(
+    reader: &mut Reader<'_>,
+    len_bound: usize,
+) -> Result<PartitionDigests, StorageError> {
+    const WHAT: &str = "fold record";
+    let len = reader.varint()?;
+    if len > len_bound as u64 {
+        return Err(corrupt(WHAT, "partition count larger than the record"));
+    }
+    let mut digests = Vec::with_capacity(len as usize);
+    for _ in 0..len {
+        let partition =
+            u32::try_from(reader.varint()?).map_err(|_| corrupt(WHAT, "partition out of range"))?;
+        let counters = reader.varint()?;
+        let hash = reader.u64()?;
+        digests.push((partition, WriterDigest { counters, hash }));
+    }
+    Ok(digests)
 }
 
 /// Encodes the applied epochs of partitions (see
@@ -127,27 +193,33 @@ pub fn decode_fold_record(key: &[u8], value: &[u8]) -> Result<FoldRecord, Storag
     }
     let mut parts = Vec::with_capacity(writers.len());
     for (writer, _) in &writers {
-        let len = reader.varint()?;
-        if len > value.len() as u64 {
-            return Err(corrupt(WHAT, "partition count larger than the record"));
+        parts.push((*writer, read_partition_digests(&mut reader, value.len())?));
+    }
+    let mut scoped = Vec::new();
+    if !reader.is_empty() {
+        let count = reader.varint()?;
+        if count == 0 || count > value.len() as u64 {
+            return Err(corrupt(WHAT, "scoped writer count out of range"));
         }
-        let mut digests = Vec::with_capacity(len as usize);
-        for _ in 0..len {
-            let partition = u32::try_from(reader.varint()?)
-                .map_err(|_| corrupt(WHAT, "partition out of range"))?;
-            let counters = reader.varint()?;
-            let hash = reader.u64()?;
-            digests.push((partition, WriterDigest { counters, hash }));
+        for _ in 0..count {
+            let writer = ReplicaId(reader.u64()?);
+            let digests = read_partition_digests(&mut reader, value.len())?;
+            if digests.is_empty() {
+                return Err(corrupt(WHAT, "a scoped writer folded in no partition"));
+            }
+            scoped.push((writer, digests));
         }
-        parts.push((*writer, digests));
     }
     reader.finish()?;
-    let record = FoldRecord::by_partition(epoch, parts);
+    let mut record = FoldRecord::by_partition(epoch, parts);
     if record.writers != writers {
         return Err(corrupt(
             WHAT,
             "whole digests are not the sums of the partitions'",
         ));
+    }
+    if !scoped.is_empty() {
+        record = record.with_scoped(scoped);
     }
     Ok(record)
 }

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use crate::crdt::{FoldRecord, FoldedBase, PnCounter, ReplicaId, Slot, WriterDigest};
-use crate::replica::folds::RetireReason;
+use crate::replica::folds::{RetireReason, ScopedRetirement};
 use crate::replica::{CommitBatch, Identity};
 
 use super::{batch_ops, encoding, MemoryStore, OnCorrupt, Op, Ordinals, SledStore, Store};
@@ -49,6 +49,17 @@ fn fold_batch() -> CommitBatch {
                     (ReplicaId(6), vec![]),
                 ],
             ),
+            // Cluster version 12: live writers folded in some partitions,
+            // one also folded whole elsewhere, one alone (no whole writer).
+            FoldRecord::by_partition(4, [(ReplicaId(5), vec![(2, digest(1))])])
+                .with_scoped([(ReplicaId(1), vec![(7, digest(2)), (8, digest(0))])]),
+            FoldRecord::by_partition(5, []).with_scoped([(ReplicaId(1), vec![(7, digest(3))])]),
+        ],
+        // Scoped retirements: one kept, one made and folded in this batch.
+        scoped_retired: vec![
+            (scoped(1, 7, 2), true),
+            (scoped(2, 3, 0), true),
+            (scoped(2, 3, 0), false),
         ],
         // Replica 8 is retired in this batch: its name is not kept.
         node_names: vec![(ReplicaId(8), "eu-3".into()), (ReplicaId(4), "eu-2".into())],
@@ -80,6 +91,15 @@ fn check_fold_records(store: &impl Store) {
     assert_eq!(recovered.fold_applied_partitions, vec![(4, 3), (1023, 3)]);
     assert_eq!(recovered.node_names, vec![(ReplicaId(4), "eu-2".into())]);
     assert_eq!(recovered.dead_since, vec![(ReplicaId(4), 90)]);
+    assert_eq!(recovered.scoped_retired, vec![scoped(1, 7, 2)]);
+}
+
+fn scoped(writer: u64, partition: u32, phase: u32) -> ScopedRetirement {
+    ScopedRetirement {
+        writer: ReplicaId(writer),
+        partition,
+        phase,
+    }
 }
 
 /// A later retirement deletes the replica's node name and dead-since time.
@@ -95,6 +115,16 @@ fn retire_named(store: &impl Store) {
     let recovered = store.recover(0).unwrap();
     assert!(recovered.node_names.is_empty());
     assert!(recovered.dead_since.is_empty());
+    // A scoped retirement is deleted once folded.
+    store
+        .write(&CommitBatch {
+            seq: 3,
+            scoped_retired: vec![(scoped(1, 7, 2), false)],
+            ..Default::default()
+        })
+        .unwrap();
+    store.flush().unwrap();
+    assert!(store.recover(0).unwrap().scoped_retired.is_empty());
 }
 
 fn identity() -> Identity {
@@ -178,6 +208,26 @@ fn a_damaged_fold_value_is_corrupt_never_zero() {
     forged.by_partition = Some(vec![(ReplicaId(7), vec![(3, digest(2))])]);
     assert!(encoding::decode_fold_record(&key, &encoding::encode_fold_record(&forged)).is_err());
     assert!(encoding::decode_applied_partitions(&[1, 2, 0]).is_err());
+    // A record with scoped writers cut short, or naming a scoped writer
+    // folded in no partition, or a count of none.
+    let with_scoped =
+        FoldRecord::by_partition(1, []).with_scoped([(ReplicaId(7), vec![(3, digest(2))])]);
+    let mut value = encoding::encode_fold_record(&with_scoped);
+    assert_eq!(encoding::decode_fold_record(&key, &value), Ok(with_scoped));
+    value.pop();
+    assert!(encoding::decode_fold_record(&key, &value).is_err());
+    let mut bare = vec![1, 0, 1];
+    bare.extend_from_slice(&7u64.to_le_bytes());
+    bare.push(0);
+    assert!(encoding::decode_fold_record(&key, &bare).is_err());
+    assert!(encoding::decode_fold_record(&key, &[1, 0, 0]).is_err());
+    let retired_key = encoding::scoped_retired_key(&scoped(1, 7, 2));
+    assert_eq!(
+        encoding::decode_scoped_retired(&retired_key, &[1]),
+        Ok(scoped(1, 7, 2))
+    );
+    assert!(encoding::decode_scoped_retired(&retired_key, &[1, 0]).is_err());
+    assert!(encoding::decode_scoped_retired(&retired_key[..16], &[1]).is_err());
     let mut record = encoding::encode_counter(3, &folded_counter(), |_| 0);
     record.pop();
     assert!(encoding::decode_counter(&record, |_| Some(ReplicaId(1))).is_err());

@@ -192,6 +192,13 @@ pub fn batch_ops(
             None => Op::Delete(key),
         });
     }
+    for (retirement, kept) in &batch.scoped_retired {
+        let key = scoped_retired_key(retirement);
+        ops.push(match kept {
+            true => Op::Put(key, vec![encoding::VERSION]),
+            false => Op::Delete(key),
+        });
+    }
     for (writer, reason) in &batch.retired {
         ops.push(Op::Put(
             replica_key(RETIRED, *writer),
@@ -291,6 +298,12 @@ where
         recovered
             .node_names
             .push((decode_replica_key(&key)?, decode_text(&value, "node name")?));
+    }
+    for item in scan(SCOPED_RETIRED) {
+        let (key, value) = item.map_err(scan_error)?;
+        recovered
+            .scoped_retired
+            .push(decode_scoped_retired(&key, &value)?);
     }
     for item in scan(DEAD_SINCE) {
         let (key, value) = item.map_err(scan_error)?;
