@@ -82,6 +82,7 @@ pub fn spawn_fold_keeper(
                 core.set_folds_by_partition(
                     store.format() >= crate::replica::version::FOLDS_BY_PARTITION,
                 );
+                core.set_scoped_folds(store.format() >= crate::replica::version::SCOPED_FOLDS);
                 if folding {
                     retire_removed(&mut core, &removed, &members);
                     let retire_after = config.retire_after.as_millis() as u64;
@@ -97,7 +98,16 @@ pub fn spawn_fold_keeper(
                             for record in committed {
                                 let writers: Vec<String> =
                                     record.writers.iter().map(|(w, _)| w.to_string()).collect();
-                                tracing::info!(epoch = record.epoch, writers = %writers.join(","), "fold record committed: these retired writers' slots move into each counter's folded base");
+                                let scoped: Vec<String> = record
+                                    .scoped
+                                    .iter()
+                                    .map(|(w, parts)| {
+                                        let parts: Vec<String> =
+                                            parts.iter().map(|(p, _)| p.to_string()).collect();
+                                        format!("{w} in {}", parts.join("+"))
+                                    })
+                                    .collect();
+                                tracing::info!(epoch = record.epoch, writers = %writers.join(","), scoped = %scoped.join(","), "fold record committed: these retired writers' slots (and live writers' slots in the partitions named) move into each counter's folded base");
                             }
                         }
                         Err(error) => tracing::warn!(%error, "a member's fold record was refused"),

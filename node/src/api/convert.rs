@@ -34,7 +34,9 @@ pub fn code_of(error: &EngineError) -> Code {
         EngineError::Add(AddRefused::IdempotencyKeyReused(_)) => Code::FailedPrecondition,
         EngineError::Add(AddRefused::Fenced(_)) => Code::FailedPrecondition,
         EngineError::Add(AddRefused::HeldAfterRestart { .. }) => Code::Unavailable,
-        EngineError::Add(AddRefused::NotServed { .. }) => Code::Unavailable,
+        EngineError::Add(AddRefused::NotServed { .. } | AddRefused::WriteGated(_)) => {
+            Code::Unavailable
+        }
         EngineError::Add(AddRefused::Storage(_)) | EngineError::Storage(_) => Code::Unavailable,
         EngineError::OutOfRange(_) => Code::OutOfRange,
         EngineError::ShuttingDown => Code::Unavailable,

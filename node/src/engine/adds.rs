@@ -237,6 +237,7 @@ impl Engine {
             EngineError::Add(AddRefused::Fenced(_)) => "fenced",
             EngineError::Add(AddRefused::HeldAfterRestart { .. }) => "held_after_restart",
             EngineError::Add(AddRefused::NotServed { .. }) => "not_served",
+            EngineError::Add(AddRefused::WriteGated(_)) => "write_gated",
             EngineError::OutOfRange(_) => "out_of_range",
             EngineError::ShuttingDown => "shutting_down",
             EngineError::StoreFailing(_) | EngineError::StoreFailed(_) => "storage_failed",

@@ -342,6 +342,28 @@ impl Partitioning {
         deleted
     }
 
+    /// Holds back from serving the partitions this node may not write yet
+    /// (its slots there wait for a fold, `replica/fold_scoped.rs`): caught
+    /// up, they stay receiving and the other owners serve them. With
+    /// `raise`, each caught up and held back first raises its applied fold
+    /// epoch past the records it holds no slot of (it was copied folded),
+    /// which opens the gate once the fold of its own slots is behind it.
+    fn hold_back_gated(&self, engine: &Engine, holdings: &mut Holdings, raise: bool) {
+        let all = PartitionSet::full(self.settings.partitions);
+        let mut core = engine.core();
+        if raise {
+            for partition in holdings.caught_up_held_back() {
+                let epoch = core.raise_copied(partition);
+                tracing::debug!(
+                    partition = partition.0,
+                    epoch,
+                    "a partition copied in waits for this node's write gate"
+                );
+            }
+        }
+        holdings.set_held_back(core.write_gated(&all));
+    }
+
     /// The confirmations to ask for now: per owner, the partitions this
     /// node releases that it has not confirmed through their latest change.
     pub fn confirm_requests(&self) -> BTreeMap<String, PartitionSet> {
@@ -595,7 +617,9 @@ impl Partitioning {
                     // The replica was told at once (see `delete_released`).
                     inner.replica_scope = Some((holdings.serving(), holdings.kept()));
                 }
+                self.hold_back_gated(engine, &mut holdings, false);
                 holdings.handle_view(&lifecycle.view(now, self.settings));
+                self.hold_back_gated(engine, &mut holdings, true);
                 lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
                 lifecycle.handle_drained(inner.has_view && holdings.kept().is_empty());
             }

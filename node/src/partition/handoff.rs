@@ -121,6 +121,10 @@ pub struct Holdings {
     epoch: u64,
     deleted_at: Vec<u64>,
     view: Option<ClusterView>,
+    /// Partitions that stay receiving even once caught up: this node may
+    /// not write them yet (its slots there wait for a fold,
+    /// `replica/fold_scoped.rs`), so the other owners serve them.
+    held_back: PartitionSet,
 }
 
 impl Holdings {
@@ -152,6 +156,7 @@ impl Holdings {
             epoch: 0,
             deleted_at: vec![0; count.get() as usize],
             view: None,
+            held_back: PartitionSet::empty(count),
         }
     }
 
@@ -437,11 +442,25 @@ impl Holdings {
     /// node would answer reads with what it does not have. Only when every
     /// holder is gone past `dead_after` (or none exists) is there nothing to
     /// copy.
+    /// A partition held back stays receiving until this node may write it.
     fn mark_caught_up(&mut self) {
+        let ready: Vec<Partition> = self
+            .caught_up()
+            .into_iter()
+            .filter(|partition| !self.held_back.contains(*partition))
+            .collect();
+        for partition in ready {
+            self.states.insert(partition, Holding::Ready);
+        }
+    }
+
+    /// The receiving partitions this node owns and has caught up on (see
+    /// [`Self::mark_caught_up`]).
+    fn caught_up(&self) -> Vec<Partition> {
         let Some(view) = &self.view else {
-            return;
+            return Vec::new();
         };
-        let mut ready = Vec::new();
+        let mut caught = Vec::new();
         for (partition, holding) in &self.states {
             if *holding != Holding::Receiving || !view.owns(&self.name, *partition) {
                 continue;
@@ -466,11 +485,26 @@ impl Holdings {
                 .all(|node| covered(&node.name))
                 && (holders.is_empty() || holders.iter().any(|node| covered(&node.name)));
             if caught_up {
-                ready.push(*partition);
+                caught.push(*partition);
             }
         }
-        for partition in ready {
-            self.states.insert(partition, Holding::Ready);
-        }
+        caught
+    }
+
+    /// The partitions this node may not write yet: once caught up they
+    /// stay receiving (not served, so the routes send their keys to the
+    /// other owners) until a later call leaves them out.
+    pub fn set_held_back(&mut self, held_back: PartitionSet) {
+        self.held_back = held_back;
+        self.mark_caught_up();
+    }
+
+    /// The partitions caught up on but held back: copied in from every
+    /// up-to-date holder, waiting only for this node's write gate.
+    pub fn caught_up_held_back(&self) -> Vec<Partition> {
+        self.caught_up()
+            .into_iter()
+            .filter(|partition| self.held_back.contains(*partition))
+            .collect()
     }
 }

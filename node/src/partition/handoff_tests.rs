@@ -216,6 +216,51 @@ fn a_joiner_waits_for_a_holder_it_does_not_see_alive() {
     assert_eq!(b.state(p), Some(&Holding::Ready), "a is gone");
 }
 
+/// A partition held back (this node may not write it yet: its slots there
+/// wait for a fold) stays receiving once caught up, so it is not served
+/// and the routes send its keys to the other owners; it is listed as
+/// caught up and held back, and becomes ready once the hold is lifted.
+#[test]
+fn a_partition_held_back_stays_receiving_until_the_hold_is_lifted() {
+    let one = count(1);
+    let (none, all) = (PartitionSet::empty(one), PartitionSet::full(one));
+    let p = Partition(0);
+    let view = ClusterView::new(
+        one,
+        2,
+        DEAD_AFTER_MS,
+        1,
+        vec![
+            NodeInfo {
+                holding: all.clone(),
+                releasing: none.clone(),
+                ..node("a", NodeState::Active)
+            },
+            NodeInfo {
+                holding: none.clone(),
+                releasing: none.clone(),
+                ..node("b", NodeState::Active)
+            },
+        ],
+    );
+    let mut b = Holdings::recover("b", REGION, one, &none, 0);
+    b.set_held_back(all.clone());
+    b.handle_view(&view);
+    assert!(b.caught_up_held_back().is_empty(), "not copied yet");
+    let scope = b.poll_pull_scope("a").unwrap();
+    b.handle_pulled(&scope, &all, 3, &all);
+    assert_eq!(
+        b.state(p),
+        Some(&Holding::Receiving),
+        "caught up, held back"
+    );
+    assert!(b.serving().is_empty());
+    assert_eq!(b.caught_up_held_back(), vec![p]);
+    b.set_held_back(none.clone());
+    assert_eq!(b.state(p), Some(&Holding::Ready));
+    assert!(b.caught_up_held_back().is_empty());
+}
+
 /// A confirmed release waits until the view shows the owner holding the
 /// partition: until then this node's routes would still send its keys
 /// here, where they would be refused.

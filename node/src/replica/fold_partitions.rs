@@ -400,6 +400,47 @@ impl ByPartition {
             })
     }
 
+    /// Raises `partition`'s applied epoch past every next record whose
+    /// writers this node holds no slot of there, of the phases the record
+    /// folds: for a partition it keeps and has just copied in from every
+    /// up-to-date holder (the caller knows; `partition/handoff.rs`). Such a
+    /// node holds every counter of the partition that holds a slot of a
+    /// folded writer anywhere (each fold's keepers held them all, and a
+    /// partition leaves a holder only for one caught up with it), so what
+    /// it holds without such slots was copied folded already, and a counter
+    /// it does not hold has none: raising them to the epoch changes no
+    /// value (invariant 9). Returns the epoch applied now.
+    pub fn raise_copied(&mut self, book: &FoldBook, partition: u32) -> u64 {
+        let index = partition as usize;
+        let Some(&applied) = self.applied.get(index) else {
+            return 0;
+        };
+        let mut upto = applied;
+        while let Some(record) = book.record(upto + 1) {
+            let whole = record.writers.iter().map(|(writer, _)| *writer);
+            let scoped = record
+                .scoped
+                .iter()
+                .filter(|(_, digests)| digests.iter().any(|(p, _)| *p == partition))
+                .map(|(writer, _)| *writer);
+            let held = whole.chain(scoped).any(|writer| {
+                let folded = book.phase(writer, Some(partition), record.epoch - 1);
+                (0..=folded).any(|phase| {
+                    self.digest_at(writer, partition, phase) != WriterDigest::default()
+                })
+            });
+            if held {
+                break;
+            }
+            upto += 1;
+        }
+        if upto != applied {
+            self.applied[index] = upto;
+            self.applied_dirty = true;
+        }
+        upto
+    }
+
     /// The lowest epoch applied to any partition.
     pub fn applied_floor(&self) -> u64 {
         self.applied.iter().copied().min().unwrap_or(0)

@@ -30,6 +30,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use crate::crdt::{ReplicaId, WriterDigest};
+use crate::partition::PartitionSet;
 
 use super::{FoldMember, FoldReport, FoldWait, Folds};
 use crate::replica::fold_partitions::{keeps, PartitionReport};
@@ -154,12 +155,18 @@ impl Folds {
         &self.scoped_waits
     }
 
+    /// Whether any write may be gated: some scoped retirement or scoped
+    /// fold exists (the add path's one check otherwise).
+    pub fn gates_writes(&self) -> bool {
+        !self.retired_scoped.is_empty() || self.book.has_scoped()
+    }
+
     /// Whether this node (replica `own`) may take an add in `partition`
     /// now: not while its slots there are retired and unfolded (its
     /// promise), nor before its counters of `partition` reached the last
     /// fold of its slots there.
     pub fn writes_in(&self, own: ReplicaId, partition: u32) -> Result<(), WriteGate> {
-        if self.retired_scoped.is_empty() && !self.book.has_scoped() {
+        if !self.gates_writes() {
             return Ok(());
         }
         if let Some(r) = self
@@ -186,6 +193,32 @@ impl Folds {
             });
         }
         Ok(())
+    }
+
+    /// The partitions of `kept` in which this node (`own`) may not take an
+    /// add now ([`Self::writes_in`]).
+    pub fn write_gated(&self, own: ReplicaId, kept: &PartitionSet) -> PartitionSet {
+        let mut gated = PartitionSet::empty(kept.count());
+        if !self.gates_writes() {
+            return gated;
+        }
+        for partition in kept.iter() {
+            if self.writes_in(own, partition.0).is_err() {
+                gated.insert(partition);
+            }
+        }
+        gated
+    }
+
+    /// `partition` was copied in from every up-to-date holder: its applied
+    /// epoch rises past the records whose writers this node holds no slot
+    /// of there (`ByPartition::raise_copied`), which may open this node's
+    /// gate there. Returns the epoch applied now.
+    pub fn raise_copied(&mut self, partition: u32) -> u64 {
+        let Some(bp) = self.by_partition.as_mut() else {
+            return self.applied;
+        };
+        bp.raise_copied(&self.book, partition)
     }
 
     /// What this node reports of its scoped retirements: the unfolded ones

@@ -151,6 +151,14 @@ pub struct Folds {
     pending_scoped: Vec<(ScopedRetirement, bool)>,
     /// Why each unfolded scoped retirement waits.
     scoped_waits: BTreeMap<ScopedRetirement, FoldWait>,
+    /// Partitions this node released holding slots of its own, and since
+    /// when (`fold_released.rs`; `None`: not stamped yet).
+    released: BTreeMap<u32, Option<u64>>,
+    /// Release times set or cleared since the last commit.
+    pending_released: Vec<(u32, Option<u64>)>,
+    /// Live writers' slots are retired partition by partition (cluster
+    /// version 12).
+    scoped_folds: bool,
     /// When each named replica, down now, was first seen down (persisted,
     /// so a restart does not start `--retire-after` over).
     dead_since_ms: HashMap<ReplicaId, u64>,
@@ -713,6 +721,7 @@ impl Folds {
             || !self.pending_node_names.is_empty()
             || !self.pending_dead_since.is_empty()
             || !self.pending_scoped.is_empty()
+            || !self.pending_released.is_empty()
     }
 
     /// A failed commit: its retirements and records go into the next one.
@@ -772,6 +781,8 @@ fn finals(record: &FoldRecord) -> Vec<(ReplicaId, Final)> {
 
 #[path = "fold_partition_state.rs"]
 mod partition_state;
+#[path = "fold_released.rs"]
+mod released;
 #[path = "fold_retirements.rs"]
 mod retirements;
 #[path = "fold_scoped.rs"]

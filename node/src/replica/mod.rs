@@ -185,6 +185,11 @@ pub enum AddRefused {
         /// Its partition.
         partition: u32,
     },
+    /// This node's slots in the key's partition wait for a fold (the
+    /// partition moved away from it, and is coming back or came back
+    /// before the fold): see `folds::WriteGate`.
+    #[error("{0}")]
+    WriteGated(#[from] folds::WriteGate),
 }
 
 /// The region name under which [`Replica::breakdown`] lists a counter's folded base.
@@ -363,6 +368,7 @@ impl Replica {
         folds.recover_node_names(recovered.node_names);
         folds.recover_dead_since(recovered.dead_since);
         folds.recover_scoped(recovered.scoped_retired);
+        folds.recover_released(recovered.released);
         Replica {
             identity,
             counters: HashMap::new(),
@@ -536,6 +542,7 @@ impl Replica {
         }
         self.check_restart_hold(now_ms)?;
         self.check_served(request.key)?;
+        self.check_write_gate(request.key)?;
         let entry = self.entry(store, request.key, now_ms)?;
         let value = entry.live.checked_add(replica, request.delta)?;
         self.mark_dirty(request.key);
@@ -766,6 +773,7 @@ impl Replica {
             node_names: self.folds.take_pending_node_names(),
             dead_since: self.folds.take_pending_dead_since(),
             scoped_retired: self.folds.take_pending_scoped(),
+            released: self.folds.take_pending_released(),
             fold_records,
             fold_applied: self.folds.applied(),
             fold_applied_partitions: self.folds.take_applied_partitions(),
@@ -859,6 +867,7 @@ impl Replica {
         self.folds.restore_pending_node_names(batch.node_names);
         self.folds.restore_pending_dead_since(batch.dead_since);
         self.folds.restore_pending_scoped(batch.scoped_retired);
+        self.folds.restore_pending_released(batch.released);
         if batch.fold_applied_partitions.is_some() {
             self.folds.restore_applied_partitions();
         }

@@ -313,6 +313,43 @@ impl Replica {
         self.fold_sweep.swept
     }
 
+    /// Refuses an add to `key` while this node's slots in its partition
+    /// wait for a fold (`folds::WriteGate`).
+    pub(super) fn check_write_gate(&self, key: &str) -> Result<(), AddRefused> {
+        if !self.folds.gates_writes() {
+            return Ok(());
+        }
+        let Some(partition) = self.partition_of(key) else {
+            return Ok(());
+        };
+        Ok(self.folds.writes_in(self.identity.replica, partition.0)?)
+    }
+
+    /// The partitions of `kept` this node may not write yet (its slots
+    /// there wait for a fold): the handoff holds them back from serving.
+    pub fn write_gated(
+        &self,
+        kept: &crate::partition::PartitionSet,
+    ) -> crate::partition::PartitionSet {
+        self.folds.write_gated(self.identity.replica, kept)
+    }
+
+    /// `partition` was copied in from every up-to-date holder and is held
+    /// back: its applied epoch rises past records this node holds no slot
+    /// of there (`Folds::raise_copied`). Returns the epoch applied now.
+    pub fn raise_copied(&mut self, partition: crate::partition::Partition) -> u64 {
+        let epoch = self.folds.raise_copied(partition.0);
+        self.fold_cached();
+        epoch
+    }
+
+    /// Whether live writers' slots are folded partition by partition from
+    /// now on: the cluster version reached `version::SCOPED_FOLDS`, so every
+    /// member reads the records and reports they need.
+    pub fn set_scoped_folds(&mut self, on: bool) {
+        self.folds.set_scoped_folds(on);
+    }
+
     /// `tally admin retire`: retires `writer` (persisted with the next
     /// commit). Refused for this node's own id, an id it never heard of, and
     /// a live member.
@@ -342,6 +379,9 @@ impl Replica {
         if let Some(after) = retire_after_ms {
             self.folds
                 .retire_replaced(now_ms, own, node_name, members, after);
+            for partition in self.folds.retire_released(own, now_ms, after) {
+                tracing::info!(partition, "a partition moved away from this node for --retire-after: its slots there are retired, to be folded once the partition's keepers agree; it takes no add there until then");
+            }
         }
         // Every replica learned of by state, and every member gossip shows
         // (a member counts before any of its state reached this node).
@@ -366,9 +406,13 @@ impl Replica {
             _ => counted,
         };
         let directory = &self.directory;
+        // A node knows its own slots by state (a scoped retirement of its
+        // own is folded with its agreement).
         let committed = self
             .folds
-            .handle_reports_knowing(&counted, members, &|writer| directory.contains(&writer))?;
+            .handle_reports_knowing(&counted, members, &|writer| {
+                writer == own || directory.contains(&writer)
+            })?;
         self.fold_cached();
         Ok(committed)
     }
@@ -494,3 +538,7 @@ impl Replica {
 #[cfg(test)]
 #[path = "retire_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "fold_scoped_replica_tests.rs"]
+mod scoped_tests;

@@ -11,7 +11,7 @@ use crate::store::{compute_writer_digests, Store};
 
 const W: ReplicaId = ReplicaId(3);
 
-fn member(node: &Node, alive: bool) -> FoldMember {
+pub(super) fn member(node: &Node, alive: bool) -> FoldMember {
     FoldMember {
         replica: node.replica.identity().replica,
         alive,
@@ -22,6 +22,16 @@ fn member(node: &Node, alive: bool) -> FoldMember {
 
 /// One round of the fold protocol at every live node, then a commit each.
 fn fold_round(live: &mut [&mut Node], dead: &[FoldMember]) {
+    fold_round_at(live, dead, 5, None);
+}
+
+/// [`fold_round`] at `now_ms`, retiring after `retire_after_ms` (when set).
+pub(super) fn fold_round_at(
+    live: &mut [&mut Node],
+    dead: &[FoldMember],
+    now_ms: u64,
+    retire_after_ms: Option<u64>,
+) {
     let members: Vec<FoldMember> = live
         .iter()
         .map(|node| member(node, true))
@@ -35,7 +45,7 @@ fn fold_round(live: &mut [&mut Node], dead: &[FoldMember]) {
             .cloned()
             .collect();
         node.replica
-            .handle_fold_round(5, "x", &others, None)
+            .handle_fold_round(now_ms, "x", &others, retire_after_ms)
             .unwrap();
         node.commit();
     }

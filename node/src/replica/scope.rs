@@ -77,7 +77,8 @@ impl Replica {
     /// store it again after its purge (nothing would purge it again).
     pub fn set_kept(&mut self, kept: Option<PartitionSet>) {
         self.scope.kept = kept.filter(|set| !set.is_full());
-        self.folds.set_kept(self.scope.kept.clone());
+        let own = self.identity.replica;
+        self.folds.set_kept_by(own, self.scope.kept.clone());
     }
 
     /// The partitions this replica keeps (`None`: every one).

@@ -195,6 +195,9 @@ pub struct CommitBatch {
     /// Scoped retirements learned (`true`: kept until folded) or folded
     /// (`false`: deleted) since the last commit (`replica/fold_scoped.rs`).
     pub scoped_retired: Vec<(super::folds::ScopedRetirement, bool)>,
+    /// Partitions released holding this node's slots, and since when
+    /// (`Some`), or no longer (`None`: deleted; `replica/fold_released.rs`).
+    pub released: Vec<(u32, Option<u64>)>,
     /// Fold records committed since the last commit (kept forever).
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters
@@ -234,6 +237,7 @@ impl CommitBatch {
             && self.node_names.is_empty()
             && self.dead_since.is_empty()
             && self.scoped_retired.is_empty()
+            && self.released.is_empty()
             && self.fold_records.is_empty()
             && self.likes.is_empty()
             && self.set_deletions.is_empty()
@@ -258,6 +262,8 @@ pub struct Recovered {
     pub dead_since: Vec<(ReplicaId, u64)>,
     /// The scoped retirements not folded at the last commit.
     pub scoped_retired: Vec<super::folds::ScopedRetirement>,
+    /// Partitions released holding this node's slots, and since when.
+    pub released: Vec<(u32, u64)>,
     /// The committed fold records.
     pub fold_records: Vec<FoldRecord>,
     /// Fold epochs up to this one are applied to this node's counters.

@@ -30,8 +30,11 @@
 //!   whose nodes keep only some partitions can fold; version 11 stores a
 //!   dense uniques key's registers in 64 chunk records and rewrites only the
 //!   chunks a commit changed (`store/sets.rs`; a local format, which older
-//!   builds cannot read). A node that announces nothing (a build before
-//!   versions) counts as `1..=1`.
+//!   builds cannot read); version 12 folds a live node's slots of a
+//!   partition that moved away from it (`fold_scoped.rs`: scoped
+//!   retirements, and fold records and gossip reports that name them,
+//!   which older builds refuse). A node that announces nothing (a build
+//!   before versions) counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
 //!   directory before anything of it is written, and only rises: to the
@@ -58,7 +61,11 @@ use super::Member;
 /// a new data directory).
 pub const OLDEST: u32 = 1;
 /// The newest protocol version this build speaks and can write.
-pub const NEWEST: u32 = 11;
+pub const NEWEST: u32 = 12;
+/// The cluster version from which a node retires its slots of a partition
+/// that moved away from it for good, and they are folded while it lives on
+/// (`replica/fold_scoped.rs`; fold records and reports older builds refuse).
+pub const SCOPED_FOLDS: u32 = 12;
 /// The version from which a dense uniques key's registers are written in
 /// chunk records (`store/sets.rs`), so a commit rewrites 192 bytes per
 /// changed chunk instead of the whole 12 KB.

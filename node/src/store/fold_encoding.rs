@@ -31,6 +31,11 @@ pub const DEAD_SINCE: u8 = b'q';
 /// partition retired (`replica/fold_scoped.rs`), kept until their fold.
 /// Older builds never scan it.
 pub const SCOPED_RETIRED: u8 = b'p';
+/// Released-partition prefix (key: a partition, big-endian u32; value:
+/// when this node released it holding slots of its own, ms since the epoch,
+/// u64): the start of its wait of `--retire-after` before the node retires
+/// its slots there (`replica/fold_released.rs`). Older builds never scan it.
+pub const RELEASED: u8 = b't';
 /// Fold epochs up to this one are applied to this node's counters.
 pub const META_FOLD_APPLIED: &[u8] = b"mfoldapplied";
 /// The partitions whose applied fold epoch is above [`META_FOLD_APPLIED`],
@@ -41,6 +46,20 @@ pub const META_FOLD_SWEPT: &[u8] = b"mfoldswept";
 /// The durable sequence the writer digests are current at (a build that
 /// does not keep them leaves it behind, and the next open recomputes them).
 pub const META_WRITER_DIGESTS_AT: &[u8] = b"mwdigests";
+
+/// The store key of a released partition.
+pub fn released_key(partition: u32) -> Vec<u8> {
+    prefixed(RELEASED, &partition.to_be_bytes())
+}
+
+/// Reads the partition out of a released-partition key.
+pub fn decode_released_key(key: &[u8]) -> Result<u32, StorageError> {
+    let raw: [u8; 4] = key
+        .get(1..)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt("released partition", "key of the wrong length"))?;
+    Ok(u32::from_be_bytes(raw))
+}
 
 /// The store key of a scoped retirement.
 pub fn scoped_retired_key(retirement: &ScopedRetirement) -> Vec<u8> {

@@ -192,6 +192,13 @@ pub fn batch_ops(
             None => Op::Delete(key),
         });
     }
+    for (partition, since) in &batch.released {
+        let key = released_key(*partition);
+        ops.push(match since {
+            Some(since_ms) => Op::Put(key, encode_u64(*since_ms)),
+            None => Op::Delete(key),
+        });
+    }
     for (retirement, kept) in &batch.scoped_retired {
         let key = scoped_retired_key(retirement);
         ops.push(match kept {
@@ -298,6 +305,13 @@ where
         recovered
             .node_names
             .push((decode_replica_key(&key)?, decode_text(&value, "node name")?));
+    }
+    for item in scan(RELEASED) {
+        let (key, value) = item.map_err(scan_error)?;
+        recovered.released.push((
+            decode_released_key(&key)?,
+            decode_u64(&value, "release time")?,
+        ));
     }
     for item in scan(SCOPED_RETIRED) {
         let (key, value) = item.map_err(scan_error)?;

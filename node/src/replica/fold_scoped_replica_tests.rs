@@ -1,0 +1,241 @@
+//! The whole cycle of a live node's partition through the replica core (in
+//! memory stores, real commits, pulls and purges): the partition moves away
+//! from the writer, its release waits `--retire-after`, its slots there are
+//! retired and folded at every node with no value changed, the partition
+//! comes back copied folded, the writer's gate opens only once its counters
+//! reach the fold, and its new adds count exactly once next to the old.
+
+use super::super::tests::{key_in, partitions_of, sixteen, Node};
+use super::*;
+use crate::crdt::{FoldedBase, Slot};
+use crate::replica::folds::WriteGate;
+use crate::replica::{AddRefused, AddRequest};
+
+const RETIRE_AFTER: u64 = 100;
+
+/// One fold round at every node at `now`, then a commit each.
+fn round(nodes: &mut [&mut Node], now: u64) {
+    super::tests::fold_round_at(nodes, &[], now, Some(RETIRE_AFTER));
+}
+
+fn partitioned(id: u64, region: &str, kept: &[u32]) -> Node {
+    let mut node = Node::new(id, region);
+    node.replica
+        .set_partition_count(sixteen(), &node.store, None)
+        .unwrap();
+    node.replica.set_folds_by_partition(true);
+    node.replica.set_scoped_folds(true);
+    if !kept.is_empty() {
+        node.replica.set_serving(Some(partitions_of(kept)));
+        node.replica.set_kept(Some(partitions_of(kept)));
+    }
+    node
+}
+
+fn exchange(nodes: &mut [&mut Node]) {
+    for _ in 0..2 {
+        for i in 0..nodes.len() {
+            for j in 0..nodes.len() {
+                if i != j {
+                    let (source, target) = pick(nodes, i, j);
+                    target.pull_from(source, 1 << 20);
+                    target.commit();
+                }
+            }
+        }
+    }
+}
+
+fn pick<'n>(nodes: &'n mut [&mut Node], source: usize, target: usize) -> (&'n Node, &'n mut Node) {
+    let (low, high) = nodes.split_at_mut(source.max(target));
+    if source < target {
+        (&*low[source], &mut *high[0])
+    } else {
+        (&*high[0], &mut *low[target])
+    }
+}
+
+#[test]
+fn a_partition_that_moved_away_is_folded_and_its_writer_writes_it_again_after_the_fold() {
+    let moved = key_in("post", 0);
+    let stays = key_in("post", 1);
+    // W serves partitions 0 and 1; A and B (another region) keep every one.
+    let mut w = partitioned(3, "eu", &[0, 1]);
+    let mut a = partitioned(1, "eu", &[]);
+    let mut b = partitioned(2, "us", &[]);
+    w.add(&moved, 5);
+    w.add(&moved, -1);
+    w.add(&stays, 2);
+    a.add(&moved, 10);
+    w.commit();
+    a.commit();
+    exchange(&mut [&mut w, &mut a, &mut b]);
+    for node in [&mut w, &mut a, &mut b] {
+        assert_eq!(node.value(&moved), 14);
+    }
+
+    // Partition 0 moves away from W (its handoff done): released, purged.
+    w.replica.set_serving(Some(partitions_of(&[1])));
+    w.replica.set_kept(Some(partitions_of(&[1])));
+    assert_eq!(
+        w.replica.folds().released().collect::<Vec<_>>(),
+        vec![(0, None)]
+    );
+    w.replica.start_purge();
+    while w.replica.purging() {
+        let kept = partitions_of(&[1]);
+        w.replica
+            .poll_purge(50, &w.store, 100, |key| {
+                kept.contains(sixteen().of_key(key.as_bytes()))
+            })
+            .unwrap();
+        w.commit();
+    }
+    // The release waits --retire-after (stamped by the first round), then
+    // W retires its slots there and takes no add there until the fold.
+    round(&mut [&mut w, &mut a, &mut b], 1_000);
+    assert!(w.replica.folds().unfolded_scoped().next().is_none());
+    let restarted = std::mem::replace(&mut w, Node::new(99, "eu")).restart();
+    w = restarted;
+    w.replica
+        .set_partition_count(sixteen(), &w.store, None)
+        .unwrap();
+    w.replica.set_folds_by_partition(true);
+    w.replica.set_scoped_folds(true);
+    w.replica.set_serving(Some(partitions_of(&[1])));
+    w.replica.set_kept(Some(partitions_of(&[1])));
+    assert_eq!(
+        w.replica.folds().released().collect::<Vec<_>>(),
+        vec![(0, Some(1_000))],
+        "the release time survives a restart"
+    );
+    round(&mut [&mut w, &mut a, &mut b], 1_050);
+    assert!(
+        w.replica.folds().unfolded_scoped().next().is_none(),
+        "not yet"
+    );
+    round(&mut [&mut w, &mut a, &mut b], 1_100);
+    assert_eq!(
+        w.replica.folds().writes_in(ReplicaId(3), 0),
+        Err(WriteGate::Retired {
+            partition: 0,
+            phase: 0
+        })
+    );
+    for now in [1_200, 1_300, 1_400] {
+        round(&mut [&mut w, &mut a, &mut b], now);
+    }
+    for node in [&mut w, &mut a, &mut b] {
+        let book = node.replica.folds().book();
+        assert_eq!(book.scoped_epochs(ReplicaId(3), 0), &[1], "folded once");
+        assert_eq!(book.folded_at(ReplicaId(3)), None, "W lives on");
+    }
+    for node in [&mut a, &mut b] {
+        assert_eq!(node.value(&moved), 14, "a fold changes no value");
+        let counter = node.replica.handle_get(9, &node.store, &moved).unwrap();
+        assert_eq!(counter.slot(ReplicaId(3)), Slot::default());
+        assert_eq!(
+            counter.folded(),
+            FoldedBase {
+                epoch: 1,
+                p: 5,
+                n: 1
+            }
+        );
+        let other = node.replica.handle_get(9, &node.store, &stays).unwrap();
+        assert_eq!(
+            other.slot(ReplicaId(3)),
+            Slot { p: 2, n: 0 },
+            "partition 1 keeps W's slot"
+        );
+    }
+
+    // Partition 0 comes back to W: copied in from A, folded already. W
+    // holds no slot of its own there, so its digest is not the record's and
+    // the fold is not applied to it: the gate stays shut...
+    w.replica.set_kept(Some(partitions_of(&[0, 1])));
+    w.pull_from(&a, 1 << 20);
+    w.commit();
+    assert_eq!(
+        w.replica.folds().writes_in(ReplicaId(3), 0),
+        Err(WriteGate::NotApplied {
+            partition: 0,
+            epoch: 1,
+            applied: 0
+        })
+    );
+    assert_eq!(
+        w.replica.write_gated(&partitions_of(&[0, 1])),
+        partitions_of(&[0])
+    );
+    // ...until the handoff, caught up, raises the partition past it.
+    assert_eq!(w.replica.raise_copied(crate::partition::Partition(0)), 1);
+    assert_eq!(w.replica.folds().writes_in(ReplicaId(3), 0), Ok(()));
+    w.replica.set_serving(Some(partitions_of(&[0, 1])));
+    w.add(&moved, 3);
+    // A key of the partition nobody wrote yet, written by W and by A before
+    // they exchange: W's counter enters at the fold's epoch (a counter
+    // below it would lose W's new slot to A's at the first merge).
+    let fresh = key_in("fresh", 0);
+    w.add(&fresh, 4);
+    a.add(&fresh, 1);
+    w.commit();
+    a.commit();
+    exchange(&mut [&mut w, &mut a, &mut b]);
+    for node in [&mut w, &mut a, &mut b] {
+        assert_eq!(node.value(&moved), 17, "the old phase once, the new once");
+        let counter = node.replica.handle_get(9, &node.store, &moved).unwrap();
+        assert_eq!(counter.slot(ReplicaId(3)), Slot { p: 3, n: 0 });
+        assert_eq!(counter.folded().p, 5);
+        assert_eq!(node.value(&fresh), 5);
+    }
+}
+
+#[test]
+fn a_partition_back_before_the_wait_ends_is_not_retired_and_a_gated_add_is_refused() {
+    let moved = key_in("post", 0);
+    let mut w = partitioned(3, "eu", &[0, 1]);
+    let mut a = partitioned(1, "eu", &[]);
+    w.add(&moved, 5);
+    w.commit();
+    exchange(&mut [&mut w, &mut a]);
+    w.replica.set_kept(Some(partitions_of(&[1])));
+    round(&mut [&mut w, &mut a], 1_000);
+    w.replica.set_kept(Some(partitions_of(&[0, 1])));
+    assert_eq!(w.replica.folds().released().count(), 0, "back: no release");
+    round(&mut [&mut w, &mut a], 2_000);
+    assert!(w.replica.folds().unfolded_scoped().next().is_none());
+
+    // Released again and retired: an add to the partition is refused with
+    // the gate's reason, and nothing changes.
+    w.replica.set_kept(Some(partitions_of(&[1])));
+    round(&mut [&mut w, &mut a], 3_000);
+    round(&mut [&mut w, &mut a], 3_100);
+    assert_eq!(w.replica.folds().unfolded_scoped().count(), 1);
+    w.replica.set_kept(Some(partitions_of(&[0, 1])));
+    let before = w.value(&moved);
+    let refused = w
+        .replica
+        .handle_add(
+            1,
+            &w.store,
+            AddRequest {
+                key: &moved,
+                delta: 1,
+                idempotency_key: None,
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            AddRefused::WriteGated(WriteGate::Retired { partition: 0, .. })
+        ),
+        "{refused}"
+    );
+    assert!(
+        refused.to_string().contains("another owner takes the adds"),
+        "{refused}"
+    );
+    assert_eq!(w.value(&moved), before);
+}
