@@ -103,6 +103,10 @@ pub struct ClusterStatus {
     /// Retired writers as the answering node knows them, folded or pending.
     #[cfg_attr(feature = "serde", serde(default))]
     pub retired: Vec<RetiredWriter>,
+    /// Live writers' slots in one partition retired and not folded yet
+    /// (the partition moved away from the writer for good).
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub retired_partitions: Vec<RetiredPartition>,
     /// The fold epoch the answering node is done with (every fold up to it
     /// applied to its counters, or nothing of its writers held here).
     #[cfg_attr(feature = "serde", serde(default))]
@@ -111,6 +115,21 @@ pub struct ClusterStatus {
     /// directory records it (0: a build before partitions).
     #[cfg_attr(feature = "serde", serde(default))]
     pub partitions: u32,
+}
+
+/// A live writer's slots in one partition, retired (the partition moved
+/// away from it for good) and waiting for their fold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+pub struct RetiredPartition {
+    /// The writer's replica id.
+    pub replica: u64,
+    /// The partition.
+    pub partition: u32,
+    /// Which of the writer's phases there (0 before any fold of the pair).
+    pub phase: u32,
+    /// Why the fold waits; empty when about to be folded.
+    pub waiting: String,
 }
 
 /// A retired writer (a replica id that never writes again) and its fold.
@@ -276,6 +295,16 @@ pub(crate) fn status_from_proto(response: proto::StatusResponse) -> Result<Clust
                 reason: writer.reason,
                 folded_epoch: writer.folded_epoch,
                 waiting: writer.waiting,
+            })
+            .collect(),
+        retired_partitions: response
+            .retired_partitions
+            .into_iter()
+            .map(|retired| RetiredPartition {
+                replica: retired.replica,
+                partition: retired.partition,
+                phase: retired.phase,
+                waiting: retired.waiting,
             })
             .collect(),
         folds_applied: response.folds_applied,

@@ -183,6 +183,19 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
                 .unwrap_or_default(),
         })
         .collect();
+    let retired_partitions: Vec<pb::RetiredPartition> = folds
+        .unfolded_scoped()
+        .map(|retirement| pb::RetiredPartition {
+            replica: retirement.writer.0,
+            partition: retirement.partition,
+            phase: retirement.phase,
+            waiting: folds
+                .scoped_waits()
+                .get(&retirement)
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+        })
+        .collect();
     let folds_applied = core.folds_done();
     let core_partitions = core.peers().own_partitions();
     drop(core);
@@ -194,6 +207,7 @@ pub fn status(engine: &Engine, info: &NodeInfo) -> pb::StatusResponse {
         cluster_id: info.cluster_id.clone(),
         cluster_version: engine.store().format(),
         retired,
+        retired_partitions,
         folds_applied,
         partitions: core_partitions,
         hot_keys: engine

@@ -292,6 +292,7 @@ mod tests {
             converged: false,
             cluster_id: "c".into(),
             retired: Vec::new(),
+            retired_partitions: Vec::new(),
             folds_applied: 0,
             convergence: String::new(),
             hot_keys: vec![pb::HotKey {

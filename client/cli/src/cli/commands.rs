@@ -271,6 +271,16 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
             writer.replica, writer.reason
         ))?;
     }
+    for retired in &status.retired_partitions {
+        let state = match retired.waiting.as_str() {
+            "" => "fold pending".to_owned(),
+            waiting => format!("fold waits: {waiting}"),
+        };
+        print_line(format_args!(
+            "retired slots of {:016x} in partition {} (phase {}; the partition moved away from it): {state}",
+            retired.replica, retired.partition, retired.phase
+        ))?;
+    }
     if !status.hot_keys.is_empty() {
         let rows: Vec<Vec<String>> = status
             .hot_keys
@@ -487,6 +497,7 @@ mod tests {
             hot_keys: Vec::new(),
             cluster_version: 1,
             retired: Vec::new(),
+            retired_partitions: Vec::new(),
             folds_applied: 0,
             partitions: 256,
         }
