@@ -20,9 +20,6 @@ use std::time::Duration;
 
 use common::{NodeProcess, NodeSpec};
 use tally_proto::partition::PartitionCount;
-use tally_proto::v1::counters_client::CountersClient;
-use tally_proto::v1::GetRequest;
-use tonic::Request;
 
 const P: u64 = 16;
 const RF: u32 = 2;
@@ -48,21 +45,11 @@ fn endpoints(nodes: &[NodeProcess]) -> Vec<String> {
     nodes.iter().map(NodeProcess::endpoint).collect()
 }
 
-/// A counter as the node at `endpoint` holds it itself (the request is
-/// marked forwarded, so the node answers from its own state or refuses):
-/// its value, its writers' ids, and its folded base's epoch.
+/// A counter as the node at `endpoint` holds it itself
+/// ([`common::own_counter`]): its value, its writers' ids, and its folded
+/// base's epoch.
 async fn own_slots(endpoint: &str, key: &str) -> Result<(i64, Vec<u64>, u64), tonic::Status> {
-    let mut client = CountersClient::connect(endpoint.to_string()).await.unwrap();
-    let mut request = Request::new(GetRequest {
-        key: key.as_bytes().to_vec().into(),
-        breakdown: false,
-        slots: true,
-    });
-    request
-        .metadata_mut()
-        .insert("tally-forwarded", "the-test".parse().unwrap());
-    request.set_timeout(Duration::from_secs(5));
-    let answer = client.get(request).await?.into_inner();
+    let answer = common::own_counter(endpoint, key).await?;
     Ok((
         answer.value,
         answer.slots.iter().map(|slot| slot.replica).collect(),

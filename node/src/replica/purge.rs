@@ -23,7 +23,12 @@
 //!   continues from what it stores when it takes the partition back: were
 //!   the slot deleted, a later add would restart it from zero and the
 //!   slot-wise max of the merge would lose the adds of the old value. The
-//!   other slots are held by the owners that confirmed them.
+//!   other slots are held by the owners that confirmed them. Once this
+//!   replica's slots of the partition are folded (`fold_scoped.rs`: the
+//!   partition stayed away for `--retire-after`), the slot is in every
+//!   keeper's base and this replica writes the partition again only from a
+//!   fresh slot: the counter is deleted, and a pass runs when such a fold
+//!   is committed.
 //! - **Only clean counters.** A counter with a change waiting for a commit,
 //!   being committed or waiting for a push to the copies is left for the
 //!   next pass (a pull planned before the deletion may still merge into
@@ -230,7 +235,16 @@ impl Replica {
         let Some(stored) = stored.filter(|stored| stored.seq == change.seq) else {
             return Ok(Dropped::Kept);
         };
-        let slot = stored.state.slot(own);
+        let partition = self.partition_of(&change.key).map(|p| p.0);
+        let book = self.folds.book();
+        let folded_since = partition.is_some_and(|p| {
+            let epoch = stored.state.folded().epoch;
+            (book.phase(own, Some(p), epoch) as usize) < book.scoped_epochs(own, p).len()
+        });
+        let slot = match folded_since {
+            true => crate::crdt::Slot::default(),
+            false => stored.state.slot(own),
+        };
         let trimmed = PnCounter::from_slots([(own, slot)]);
         if trimmed.is_empty() {
             self.counters.remove(&*change.key);

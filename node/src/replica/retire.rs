@@ -413,6 +413,14 @@ impl Replica {
             .handle_reports_knowing(&counted, members, &|writer| {
                 writer == own || directory.contains(&writer)
             })?;
+        // What this node kept of its own slots in partitions it no longer
+        // keeps is folded now: the purge deletes it (`purge.rs`).
+        if committed
+            .iter()
+            .any(|record| record.scoped.iter().any(|(writer, _)| *writer == own))
+        {
+            self.start_purge();
+        }
         self.fold_cached();
         Ok(committed)
     }

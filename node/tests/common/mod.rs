@@ -781,3 +781,26 @@ pub async fn settled_region_map(endpoints: &[String], nodes: usize) -> tally_cli
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A counter with its slots as the node at `endpoint` holds it itself: the
+/// request is marked forwarded, so the node answers from its own state or
+/// refuses (it does not forward to an owner).
+pub async fn own_counter(
+    endpoint: &str,
+    key: &str,
+) -> Result<tally_proto::v1::GetResponse, tonic::Status> {
+    let mut client =
+        tally_proto::v1::counters_client::CountersClient::connect(endpoint.to_string())
+            .await
+            .map_err(|error| tonic::Status::unavailable(error.to_string()))?;
+    let mut request = tonic::Request::new(tally_proto::v1::GetRequest {
+        key: key.as_bytes().to_vec().into(),
+        breakdown: false,
+        slots: true,
+    });
+    request
+        .metadata_mut()
+        .insert("tally-forwarded", "the-test".parse().unwrap());
+    request.set_timeout(Duration::from_secs(5));
+    Ok(client.get(request).await?.into_inner())
+}
