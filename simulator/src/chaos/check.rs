@@ -115,6 +115,9 @@ pub struct WipeStats {
     pub acked_lost: u64,
     /// Of `slots`, those of folded replicas, checked through the bases.
     pub folded: u64,
+    /// Live replicas' slots partly folded (`scoped.rs`), checked through
+    /// the bases too (not in `slots`).
+    pub split: u64,
 }
 
 /// The exact check: live replicas through [`Checker::check_slots`], wiped ones
@@ -150,6 +153,10 @@ pub fn check_all(
             )
         })
         .collect();
+    // Live slots partly folded with a partition that moved away from
+    // their node are checked with the bases (`scoped.rs`).
+    let splits = super::scoped::live_splits(ledger, times, finals, &dead);
+    let (live, live_finals) = super::scoped::without_splits(&live, &live_finals, &splits);
     let stats = checker.check_slots(0, &live, &live_finals);
     for replica in folded.iter().filter(|replica| !dead.contains(replica)) {
         checker.violate(
@@ -164,10 +171,18 @@ pub fn check_all(
         .partition(|((_, replica), _)| !folded.contains(replica));
     let unfolded: BTreeSet<ReplicaId> = dead.difference(folded).copied().collect();
     let mut wiped = check_wiped(checker, &wiped_groups, ledger, times, finals, &unfolded);
-    let in_bases =
-        super::folds::check_bases(checker, &folded_groups, ledger, times, finals, folded);
+    let in_bases = super::folds::check_bases(
+        checker,
+        &folded_groups,
+        &splits,
+        ledger,
+        times,
+        finals,
+        folded,
+    );
     wiped.slots += in_bases.slots;
     wiped.folded += in_bases.slots;
+    wiped.split += splits.len() as u64;
     wiped.acked_lost += in_bases.acked_lost;
     (stats, wiped)
 }
@@ -193,7 +208,7 @@ fn dead_writers_adds(ledger: &Ledger, dead: &BTreeSet<ReplicaId>) -> Groups {
 /// answered before it (`p`, `n`), the adds sent before it whose fate was
 /// unknown then (any subset of these magnitudes may be in it), and the
 /// acknowledged adds sent after it, lost with the disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(super) struct SlotAt {
     pub p: u64,
     pub n: u64,
@@ -205,7 +220,7 @@ pub(super) struct SlotAt {
 impl SlotAt {
     /// Whether `slot` is this instant's acknowledged adds plus some of the
     /// unknown ones (distinct lanes, so the rest decodes bit by bit).
-    fn explains(&self, slot: Slot) -> bool {
+    pub(super) fn explains(&self, slot: Slot) -> bool {
         let (Some(rest_p), Some(rest_n)) = (slot.p.checked_sub(self.p), slot.n.checked_sub(self.n))
         else {
             return false;

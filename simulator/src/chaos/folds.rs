@@ -31,6 +31,7 @@ use tally_node::crdt::{PnCounter, ReplicaId};
 use super::base_search::{explain_base, Undecided, SEARCH_LIMIT};
 use super::check::{slot_instants, AddTimes, Groups, SlotAt, WipeStats};
 use super::node::NodeProc;
+use super::scoped::Splits;
 use crate::checker::Checker;
 use crate::ledger::Ledger;
 
@@ -120,11 +121,14 @@ pub async fn wait_folded(
 
 /// The exact check of the folded bases (module documentation): per key,
 /// no slot of a folded replica, and a base that one instant per folded
-/// replica explains. Returns the (key, replica) pairs checked and the
-/// fewest acknowledged adds lost with the disks that explain them.
+/// replica explains, together with the folded part of each live replica's
+/// slot that `splits` lists (`scoped.rs`). Returns the (key, replica) pairs
+/// checked and the fewest acknowledged adds lost with the disks that
+/// explain them.
 pub fn check_bases(
     checker: &mut Checker,
     groups: &Groups,
+    splits: &Splits,
     ledger: &Ledger,
     times: &AddTimes,
     finals: &[PnCounter],
@@ -144,11 +148,15 @@ pub fn check_bases(
                 );
             }
         }
-        let writers: Vec<(ReplicaId, Vec<SlotAt>)> = groups
+        let live = splits
+            .range((key, ReplicaId(0))..=(key, ReplicaId(u64::MAX)))
+            .map(|((_, replica), parts)| (*replica, parts.clone()));
+        let dead: Vec<(ReplicaId, Vec<SlotAt>)> = groups
             .range((key, ReplicaId(0))..=(key, ReplicaId(u64::MAX)))
             .map(|((_, replica), adds)| (*replica, slot_instants(ledger, times, adds, *replica)))
             .collect();
-        stats.slots += writers.len() as u64;
+        stats.slots += dead.len() as u64;
+        let writers: Vec<(ReplicaId, Vec<SlotAt>)> = dead.into_iter().chain(live).collect();
         let base = state.folded();
         let candidates: Vec<Vec<SlotAt>> = writers.iter().map(|(_, at)| at.clone()).collect();
         let names: Vec<String> = writers.iter().map(|(r, _)| r.to_string()).collect();

@@ -41,6 +41,7 @@ mod links;
 mod node;
 mod placement;
 mod schedule;
+mod scoped;
 mod setup;
 mod tcp_proxy;
 mod udp_proxy;
@@ -678,6 +679,12 @@ async fn drive(
         println!(
             "wipes: {} slots of wiped replicas checked ({} of folded ones, through the folded bases), {} acknowledged adds lost with their disk (never pulled), {} answered across a wipe",
             wiped.slots, wiped.folded, wiped.acked_lost, book.across_wipe.len()
+        );
+    }
+    if wiped.split > 0 {
+        println!(
+            "partition moves: {} live slots partly folded (their node's partition moved away and its slots there were folded), checked through the folded bases",
+            wiped.split
         );
     }
     if let Some((confirmed, failed, taken)) = copies {
