@@ -6,16 +6,14 @@
 //!
 //! The exact check of such a (key, replica). The node took no add of the
 //! key between its release of the partition and the fold (it does not serve
-//! it, and promised), so the adds it applied split at one instant `T`: those
-//! sent before `T` are in the base (the acknowledged ones certainly, those
-//! of unknown fate maybe), those sent after are in its final slot (the
-//! same). So the final slot must be the acknowledged adds sent after some
-//! `T` plus some of the unknown ones sent after it, and the base then holds,
-//! besides the folded replicas' parts (`folds.rs`), this replica's adds
-//! sent before `T`: a [`SlotAt`] among the base's candidates
-//! (`base_search.rs`). A slot that all its adds explain (`T` at the start)
-//! is checked as any live slot; a slot that no instant explains is left to
-//! that check, which reports it.
+//! it, and promised), so the adds it applied split at one instant `T`:
+//! those applied before `T` are in the base, those after in its final slot
+//! (`base_parts` says which adds may be on which side). So the base holds,
+//! besides the folded replicas' parts (`folds.rs`), this replica's part
+//! before some `T` that explains its slot: a [`SlotAt`] among the base's
+//! candidates (`base_search.rs`). A slot that all its adds explain (`T` at
+//! the start) is checked as any live slot; a slot that no instant explains
+//! is left to that check, which reports it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -61,9 +59,17 @@ pub(super) fn live_splits(
     splits
 }
 
-/// For each instant `T` (the start, and just after each send) at which
-/// `slot` is the acknowledged adds sent after `T` plus some of the unknown
-/// ones sent after it: the part sent before `T`.
+/// For each instant `T` (the start, and just after each send and each
+/// answer) that can split `slot`'s adds: the part before `T`, in the base.
+///
+/// An add acknowledged before `T` was applied before it, one sent after
+/// `T` after it; an acknowledged add sent before `T` and answered after it
+/// (a retry that reached the node late, say) may be on either side, and so
+/// may an add of unknown fate sent before `T`. Those hold distinct lanes
+/// (`ledger.rs`), so what the slot holds beyond the adds certainly after
+/// `T` names exactly which of them are in the slot: each acknowledged one
+/// that is not is certainly in the base, each unknown one that is not may
+/// be. So every acknowledged add is counted exactly once, on one side.
 fn base_parts(
     ledger: &Ledger,
     times: &AddTimes,
@@ -72,28 +78,55 @@ fn base_parts(
     slot: Slot,
 ) -> Vec<SlotAt> {
     let mut instants: Vec<u64> = vec![0];
-    instants.extend(adds.iter().map(|id| times.sent[*id as usize] * 2 + 1));
+    for id in adds {
+        instants.push(times.sent[*id as usize] * 2 + 1);
+        let answered = times.answered[*id as usize];
+        if answered != u64::MAX {
+            instants.push(answered * 2 + 1);
+        }
+    }
     instants.sort_unstable();
     instants.dedup();
     let mut parts = Vec::new();
     for t in instants {
-        let (mut before, mut after) = (SlotAt::default(), SlotAt::default());
+        // Per sign: (sure before, sure after, acknowledged either side,
+        // unknown before, unknown after).
+        let mut sides = [[0u64; 5]; 2];
         for id in adds {
             let add = &ledger.adds[*id as usize];
-            let part = match times.sent[*id as usize] * 2 < t {
-                true => &mut before,
-                false => &mut after,
+            let sent = times.sent[*id as usize] * 2;
+            let answered = times.answered[*id as usize].saturating_mul(2);
+            let side = match (add.certain_at(replica).is_some(), sent > t, answered < t) {
+                (true, _, true) => 0,
+                (true, true, _) => 1,
+                (true, false, false) => 2,
+                (false, false, _) => 3,
+                (false, true, _) => 4,
             };
-            let certain = add.certain_at(replica).is_some();
-            match (certain, add.negative) {
-                (true, false) => part.p += add.magnitude(),
-                (true, true) => part.n += add.magnitude(),
-                (false, false) => part.unknown_p |= add.magnitude(),
-                (false, true) => part.unknown_n |= add.magnitude(),
+            let sign = &mut sides[usize::from(add.negative)];
+            match side {
+                0 | 1 => sign[side] += add.magnitude(),
+                _ => sign[side] |= add.magnitude(),
             }
         }
-        if after.explains(slot) {
-            parts.push(before);
+        let split = |[before, after, either, unknown_before, unknown_after]: [u64; 5],
+                     held: u64| {
+            let rest = held.checked_sub(after)?;
+            if rest & !(either | unknown_before | unknown_after) != 0 {
+                return None;
+            }
+            Some((before + (either & !rest), unknown_before & !rest))
+        };
+        if let (Some((p, unknown_p)), Some((n, unknown_n))) =
+            (split(sides[0], slot.p), split(sides[1], slot.n))
+        {
+            parts.push(SlotAt {
+                p,
+                n,
+                unknown_p,
+                unknown_n,
+                lost: 0,
+            });
         }
     }
     parts
