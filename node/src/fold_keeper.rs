@@ -128,7 +128,8 @@ pub fn spawn_fold_keeper(
                 let folds = core.folds();
                 let metrics = engine.metrics();
                 metrics.folds_done.set(core.folds_done() as i64);
-                metrics.folds_waiting.set(folds.waits().len() as i64);
+                let waiting = folds.waits().len() + folds.scoped_waits().len();
+                metrics.folds_waiting.set(waiting as i64);
                 metrics.retired_writers.set(folds.retired().len() as i64);
                 (core.fold_report(), core.is_fenced())
             };

@@ -482,7 +482,7 @@ impl Metrics {
         );
         registry.register(
             "folds_waiting",
-            "Retired writers whose fold waits for a member's report or agreement (see tally status)",
+            "Retired writers, and live writers' slots retired in a partition, whose fold waits for a member's report or agreement (see tally status)",
             metrics.folds_waiting.clone(),
         );
         registry.register(
