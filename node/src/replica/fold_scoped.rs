@@ -307,6 +307,9 @@ impl Folds {
                 }
             }
         }
+        // A writer retired whole since is folded in every partition by its
+        // own record: a record may not fold it both ways.
+        scoped.retain(|(writer, _), _| !self.is_retired(*writer));
         scoped
     }
 

@@ -346,3 +346,44 @@ fn scoped_retirements_are_reported_learned_and_survive_the_report_text() {
         assert_eq!(crate::gossip::fold_report::decode(bad), None, "{bad:?}");
     }
 }
+
+#[test]
+fn a_writer_retired_whole_while_its_partition_fold_is_proposed_is_folded_whole() {
+    let mut nodes = cluster();
+    nodes.get_mut(&W).unwrap().retire_partition(W, 0);
+    for _ in 0..2 {
+        round(&mut nodes, &[]);
+    }
+    assert!(
+        nodes[&A]
+            .candidate()
+            .is_some_and(|candidate| !candidate.scoped.is_empty()),
+        "the partition's fold is proposed: {:?}",
+        nodes[&A].candidate()
+    );
+    // W goes down for good and an operator retires it before the record
+    // is committed: the record folds it whole (a record may not fold a
+    // writer both ways), and nothing is refused.
+    let down = FoldMember {
+        replica: W,
+        alive: false,
+        node_name: "n1".into(),
+        report: None,
+    };
+    for id in [A, B] {
+        let folds = nodes.get_mut(&id).unwrap();
+        assert_eq!(
+            folds.retire(W, id, true, std::slice::from_ref(&down)),
+            Ok(true)
+        );
+    }
+    for _ in 0..4 {
+        round(&mut nodes, &[W]);
+    }
+    for id in [A, B] {
+        let record = nodes[&id].book().record(1).expect("a record");
+        assert!(record.scoped.is_empty(), "{record:?}");
+        assert_eq!(nodes[&id].book().folded_at(W), Some(1));
+        assert_eq!(nodes[&id].unfolded_scoped().count(), 0);
+    }
+}

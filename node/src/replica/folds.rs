@@ -143,8 +143,8 @@ pub struct Folds {
     /// Node names first seen since the last commit.
     pending_node_names: Vec<(ReplicaId, String)>,
     waits: BTreeMap<ReplicaId, FoldWait>,
-    /// Live writers' slots retired in some partitions (`fold_scoped.rs`),
-    /// the unfolded ones and those folded since the last commit.
+    /// Live writers' slots retired in some partitions and not folded yet
+    /// (`fold_scoped.rs`).
     retired_scoped: BTreeSet<ScopedRetirement>,
     /// Scoped retirements learned (`true`) or folded (`false`) and not
     /// yet handed to a commit.
