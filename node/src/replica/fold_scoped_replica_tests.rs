@@ -19,7 +19,12 @@ fn round(nodes: &mut [&mut Node], now: u64) {
 }
 
 fn partitioned(id: u64, region: &str, kept: &[u32]) -> Node {
-    let mut node = Node::new(id, region);
+    configured(Node::new(id, region), kept)
+}
+
+/// `node` as the runtime sets it up at a start: 16 partitions, folds by
+/// partition and scoped, serving and keeping `kept` (every one if empty).
+fn configured(mut node: Node, kept: &[u32]) -> Node {
     node.replica
         .set_partition_count(sixteen(), &node.store, None)
         .unwrap();
@@ -95,15 +100,7 @@ fn a_partition_that_moved_away_is_folded_and_its_writer_writes_it_again_after_th
     // W retires its slots there and takes no add there until the fold.
     round(&mut [&mut w, &mut a, &mut b], 1_000);
     assert!(w.replica.folds().unfolded_scoped().next().is_none());
-    let restarted = std::mem::replace(&mut w, Node::new(99, "eu")).restart();
-    w = restarted;
-    w.replica
-        .set_partition_count(sixteen(), &w.store, None)
-        .unwrap();
-    w.replica.set_folds_by_partition(true);
-    w.replica.set_scoped_folds(true);
-    w.replica.set_serving(Some(partitions_of(&[1])));
-    w.replica.set_kept(Some(partitions_of(&[1])));
+    w = configured(w.restart(), &[1]);
     assert_eq!(
         w.replica.folds().released().collect::<Vec<_>>(),
         vec![(0, Some(1_000))],

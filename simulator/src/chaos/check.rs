@@ -131,32 +131,13 @@ pub fn check_all(
     folded: &BTreeSet<ReplicaId>,
 ) -> (crate::checker::SlotStats, WipeStats) {
     let dead = checker.dead_ids();
-    let mut live = Ledger::new(0, 0);
-    live.adds = ledger
-        .adds
-        .iter()
-        .map(|add| {
-            let mut add = add.clone();
-            add.delivered.retain(|replica| !dead.contains(replica));
-            add
-        })
-        .collect();
-    let live_finals: Vec<PnCounter> = finals
-        .iter()
-        .map(|state| {
-            PnCounter::from_slots(
-                state
-                    .slots()
-                    .iter()
-                    .filter(|(replica, _)| !dead.contains(replica))
-                    .copied(),
-            )
-        })
-        .collect();
-    // Live slots partly folded with a partition that moved away from
-    // their node are checked with the bases (`scoped.rs`).
+    // Dead replicas are checked below; live slots partly folded with a
+    // partition that moved away from their node are checked with the
+    // bases (`scoped.rs`); the rest as live slots.
     let splits = super::scoped::live_splits(ledger, times, finals, &dead);
-    let (live, live_finals) = super::scoped::without_splits(&live, &live_finals, &splits);
+    let (live, live_finals) = super::scoped::without_slots(ledger, finals, |key, replica| {
+        dead.contains(&replica) || splits.contains_key(&(key, replica))
+    });
     let stats = checker.check_slots(0, &live, &live_finals);
     for replica in folded.iter().filter(|replica| !dead.contains(replica)) {
         checker.violate(

@@ -132,21 +132,21 @@ fn base_parts(
     parts
 }
 
-/// The ledger and final states without the split pairs, for the check of
-/// live slots (their slots are checked with the bases instead).
-pub(super) fn without_splits(
+/// The ledger and final states without the (key, replica) pairs `drop`
+/// names: their adds' deliveries and their slots.
+pub(super) fn without_slots(
     ledger: &Ledger,
     finals: &[PnCounter],
-    splits: &Splits,
+    drop: impl Fn(usize, ReplicaId) -> bool,
 ) -> (Ledger, Vec<PnCounter>) {
-    let mut live = Ledger::new(0, 0);
-    live.adds = ledger
+    let mut kept = Ledger::new(0, 0);
+    kept.adds = ledger
         .adds
         .iter()
         .map(|add| {
             let mut add = add.clone();
             add.delivered
-                .retain(|replica| !splits.contains_key(&(add.key as usize, *replica)));
+                .retain(|replica| !drop(add.key as usize, *replica));
             add
         })
         .collect();
@@ -158,12 +158,12 @@ pub(super) fn without_splits(
                 state
                     .slots()
                     .iter()
-                    .filter(|(replica, _)| !splits.contains_key(&(key, *replica)))
+                    .filter(|(replica, _)| !drop(key, *replica))
                     .copied(),
             )
         })
         .collect();
-    (live, finals)
+    (kept, finals)
 }
 
 #[cfg(test)]
