@@ -8,28 +8,37 @@
 #
 #   DIR    where the files go (created; an existing CA in it is reused, so
 #          running it again adds or renews node certificates under the same CA)
-#   NODE   a node name; its certificate gets the SANs DNS:NODE, DNS:localhost
+#   NODE   a node name; its certificate names the node (the URI SAN
+#          tally://node/NODE, which makes it a node certificate: only such a
+#          certificate may replicate, forward or confirm handoffs, and only
+#          as the node it names) and gets the SANs DNS:NODE, DNS:localhost
 #          and IP:127.0.0.1, plus any extra SAN given after commas: DNS names,
-#          `*.` wildcards or IP addresses. Default: the compose cluster's nodes
+#          `*.` wildcards or IP addresses. A NODE ending in `-*` (e.g.
+#          `eu-west-*`) is one certificate for every node whose name starts
+#          with what comes before the `*` (a StatefulSet's pods); its files
+#          are named without `-*`. Default: the compose cluster's nodes
 #          eu-west-1 eu-west-2 us-east-1 ap-south-1.
 #
-#   Example for Kubernetes (the pod names under the headless Service):
+#   Example for Kubernetes (node names are REGION-POD, e.g. eu-west-tally-0):
 #   deploy/tls/make-certs.sh ./certs \
-#     'eu-west,*.tally-eu-west.tally.svc.cluster.local,*.eu-west.tally.example.com'
+#     'eu-west-*,*.tally-eu-west.tally.svc.cluster.local,*.eu-west.tally.example.com'
 #
 # Files (PEM; keys are PKCS#8, ECDSA P-256, mode 0600):
 #   ca.crt ca.key                 the test CA (shared by every region: nodes
 #                                 trust peers and clients it signed)
 #   NODE.crt NODE.key             one per node: extendedKeyUsage serverAuth and
-#                                 clientAuth (a node serves and pulls with it)
-#   client.crt client.key         a client certificate (clientAuth only), CN=client
+#                                 clientAuth (a node serves and pulls with it),
+#                                 URI tally://node/NODE
+#   client.crt client.key         a client certificate (clientAuth only), CN=client,
+#                                 no node URI: a node refuses it as a peer
+#   tokens                        an --auth-tokens file: `NAME TOKEN ROLES`
+#                                 lines: client (read,write), reader (read),
+#                                 ops (admin); random 32-byte hex tokens;
+#                                 kept if it exists
 #   other-ca.crt other-ca.key     a second, unrelated CA, for negative tests
 #   other-node.crt other-node.key a node certificate signed by the OTHER CA,
 #                                 with the same SANs as a real node: a node
 #                                 must refuse a peer presenting it
-#   tokens                        an --auth-tokens file: `NAME TOKEN` lines
-#                                 (client, ops), random 32-byte hex tokens;
-#                                 kept if it exists
 #   cli.env                       TALLY_TOKEN=<the client token>, for the CLI
 #                                 (docker-compose.secure.yml reads it)
 #
@@ -109,11 +118,14 @@ sign() {
   log "made $dir/$name.crt (CN=$cn, signed by $ca${sans:+, $sans})"
 }
 
-# sans NAME[,EXTRA...]: the subjectAltName value for a node.
+# sans NAME[,EXTRA...]: the subjectAltName value for a node: its identity
+# URI, then the names peers dial it by.
 sans() {
   local spec=$1 name extra out
   name="${spec%%,*}"
-  out="DNS:$name, DNS:localhost, IP:127.0.0.1"
+  out="URI:tally://node/$name"
+  [[ "$name" == *\* ]] || out+=", DNS:$name"
+  out+=", DNS:localhost, IP:127.0.0.1"
   if [[ "$spec" == *,* ]]; then
     IFS=',' read -r -a extra <<<"${spec#*,}"
     for e in "${extra[@]}"; do
@@ -127,19 +139,24 @@ sans() {
 make_ca ca "Tally test CA"
 make_ca other-ca "Tally OTHER test CA (must be refused)"
 
+# file_name NAME: a node's file name (a `-*` pattern without its `-*`).
+file_name() { local name=$1; name="${name%\*}"; printf '%s' "${name%-}"; }
+
 for spec in "${nodes[@]}"; do
   name="${spec%%,*}"
-  [[ "$name" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "error: bad node name $name" >&2; exit 2; }
-  sign ca "$name" "$name" "serverAuth, clientAuth" "$(sans "$spec")"
+  [[ "$name" =~ ^[A-Za-z0-9._-]+(-\*)?$ ]] || { echo "error: bad node name $name" >&2; exit 2; }
+  sign ca "$(file_name "$name")" "$(file_name "$name")" "serverAuth, clientAuth" "$(sans "$spec")"
 done
 sign ca client client "clientAuth" ""
 sign other-ca other-node "${nodes[0]%%,*}" "serverAuth, clientAuth" "$(sans "${nodes[0]}")"
 
 if [[ ! -s "$dir/tokens" ]]; then
   {
-    echo "# Tally --auth-tokens file: NAME TOKEN per line (made by make-certs.sh; test only)"
-    echo "client $(openssl rand -hex 32)"
-    echo "ops $(openssl rand -hex 32)"
+    echo "# Tally --auth-tokens file: NAME TOKEN ROLES per line (made by make-certs.sh; test only)"
+    echo "# ROLES: read, write (adds and likes, reads too), admin (drain, backup...; reads too)"
+    echo "client $(openssl rand -hex 32) read,write"
+    echo "reader $(openssl rand -hex 32) read"
+    echo "ops $(openssl rand -hex 32) admin"
   } >"$dir/tokens"
   log "made $dir/tokens"
 fi
@@ -152,7 +169,7 @@ fi
 # Self-check: every node and the client verify against ca.crt; the other
 # CA's node certificate must not.
 for spec in "${nodes[@]}" client; do
-  name="${spec%%,*}"
+  name="$(file_name "${spec%%,*}")"
   openssl verify -CAfile "$dir/ca.crt" "$dir/$name.crt" >/dev/null ||
     { echo "error: $name.crt does not verify against ca.crt" >&2; exit 1; }
 done

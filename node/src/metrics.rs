@@ -575,6 +575,20 @@ impl Metrics {
     }
 }
 
+/// `text` (either format) without the series that carry a counter's key in
+/// a label (the hot keys), for an unauthenticated scraper.
+pub fn without_key_names(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        if line.starts_with("tally_hot_key_rate{") {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// See [`Metrics::encode_text`].
 fn openmetrics_to_text(openmetrics: &str) -> String {
     let counters: std::collections::HashSet<&str> = openmetrics

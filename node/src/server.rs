@@ -148,6 +148,10 @@ pub struct NodeHandle {
 /// Opens the store and starts every part of the node.
 pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     let security = Security::load(&settings.security).map_err(StartError::Security)?;
+    if let Some(tls) = &security.tls {
+        crate::security::identity::check_own_certificate(&tls.chain, &settings.node_name)
+            .map_err(|message| StartError::Security(anyhow::anyhow!(message)))?;
+    }
     let http_tls = crate::http::serve::load_tls(&settings.http).map_err(StartError::HttpTls)?;
     if settings.warn_if_insecure {
         security.warn_if_insecure();

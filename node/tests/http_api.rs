@@ -240,13 +240,36 @@ fn batches_answer_per_item_and_are_bounded() {
         "{problem}"
     );
     assert_eq!(api.value("k0"), 0);
-    // A body over 16 MiB: 413 before it is parsed.
-    let huge = format!(
-        "{{\"adds\": [{{\"key\": \"{}\", \"delta\": 1}}]}}",
-        "x".repeat(17 << 20)
+    // A body declared over 16 MiB: 413 before a byte of it is read, and
+    // the connection closed. Over a small route's 64 KiB, likewise.
+    for (path, length) in [
+        ("/v1/batch/add", (16 << 20) + 1),
+        ("/v1/counters/k0", 65 << 10),
+    ] {
+        let answer = common::http::raw_exchange(
+            node.spec.http,
+            &format!(
+                "POST {path} HTTP/1.1\r\nHost: tally\r\nContent-Type: application/json\r\n\
+                 Content-Length: {length}\r\n\r\n"
+            ),
+            0,
+        );
+        assert!(answer.starts_with("HTTP/1.1 413"), "{path}: {answer}");
+        assert!(
+            answer.contains("RESOURCE_EXHAUSTED") && answer.contains("connection: close"),
+            "{path}: {answer}"
+        );
+    }
+    // A body without a length is bounded as it is read: one chunk of
+    // 100 KiB to a route of 64 KiB.
+    let answer = common::http::raw_exchange(
+        node.spec.http,
+        "POST /v1/counters/k0 HTTP/1.1\r\nHost: tally\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\n\r\n19000\r\n",
+        100 << 10,
     );
-    api.post("/v1/batch/add", &huge)
-        .problem(413, "RESOURCE_EXHAUSTED");
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert_eq!(api.value("k0"), 0);
     drop(node);
 }
 

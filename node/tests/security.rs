@@ -7,9 +7,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use common::certs::Ca;
 use common::{http_get, wait_until, NodeProcess, NodeSpec};
 use tally_proto::v1::counters_client::CountersClient;
 use tally_proto::v1::{AddRequest, GetRequest};
@@ -17,74 +18,8 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const TOKEN: &str = "s3cret-token-0123456789";
 
-struct Ca {
-    cert: rcgen::Certificate,
-    key: rcgen::KeyPair,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        let key = rcgen::KeyPair::generate().unwrap();
-        Ca {
-            cert: params.self_signed(&key).unwrap(),
-            key,
-        }
-    }
-
-    /// Writes `ca.pem`, `NAME.pem` and `NAME-key.pem` (a node certificate for
-    /// localhost and 127.0.0.1, for servers and clients) into `dir`.
-    fn issue(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf, PathBuf) {
-        let mut params =
-            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-                .unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, name);
-        params.extended_key_usages = vec![
-            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.signed_by(&key, &self.cert, &self.key).unwrap();
-        std::fs::create_dir_all(dir).unwrap();
-        let paths = (
-            dir.join(format!("{name}.pem")),
-            dir.join(format!("{name}-key.pem")),
-            dir.join("ca.pem"),
-        );
-        std::fs::write(&paths.0, cert.pem()).unwrap();
-        std::fs::write(&paths.1, key.serialize_pem()).unwrap();
-        std::fs::write(&paths.2, self.cert.pem()).unwrap();
-        paths
-    }
-}
-
 fn secure_spec(root: &Path, region: &str, name: &str, ca: &Ca, extra: &[&str]) -> NodeSpec {
-    let (cert, key, ca_path) = ca.issue(&root.join(format!("{name}-tls")), name);
-    let tokens = root.join("tokens");
-    std::fs::write(&tokens, format!("# test tokens\nweb {TOKEN}\n")).unwrap();
-    let mut spec = NodeSpec::new(root, region, name);
-    spec.extra = [
-        "--tls-cert",
-        cert.to_str().unwrap(),
-        "--tls-key",
-        key.to_str().unwrap(),
-        "--tls-ca",
-        ca_path.to_str().unwrap(),
-        "--auth-tokens",
-        tokens.to_str().unwrap(),
-        "--secure",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(extra.iter().map(|s| s.to_string()))
-    .collect();
-    spec
+    common::certs::secure_spec(root, region, name, ca, &format!("web {TOKEN}\n"), extra)
 }
 
 fn ca_pem(node: &NodeProcess) -> Vec<u8> {

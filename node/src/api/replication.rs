@@ -12,8 +12,11 @@ use tally_proto::v1 as pb;
 use tally_proto::v1::replication_server::Replication;
 use tonic::{Request, Response, Status};
 
+use crate::crdt::ReplicaId;
 use crate::engine::Engine;
 use crate::metrics::PeerLabels;
+use crate::security::identity::{RefusalLog, NODE_URI_PREFIX};
+use crate::security::PeerIdentity;
 
 use super::convert::{chunk_to, pull_request_from, pull_status};
 
@@ -27,6 +30,8 @@ pub const CHUNK_BYTES: usize = 32 << 10;
 pub struct ReplicationService {
     engine: Arc<Engine>,
     require_peer_certificate: bool,
+    /// Refusals logged recently, so a peer is logged once a minute.
+    refusal_log: RefusalLog,
     /// What answers a releasing node's confirmations (`None`: confirms
     /// nothing).
     partitioning: Option<Arc<crate::gossip::lifecycle::Partitioning>>,
@@ -34,12 +39,13 @@ pub struct ReplicationService {
 
 impl ReplicationService {
     /// The service over `engine`. With `require_peer_certificate` (TLS on), a
-    /// caller must have presented a certificate that chains to the cluster CA
-    /// (the TLS layer has verified any it presented).
+    /// caller must have presented a node certificate of the cluster CA (the
+    /// TLS layer has verified any it presented) and speak for itself.
     pub fn new(engine: Arc<Engine>, require_peer_certificate: bool) -> Self {
         ReplicationService {
             engine,
             require_peer_certificate,
+            refusal_log: RefusalLog::default(),
             partitioning: None,
         }
     }
@@ -55,19 +61,69 @@ impl ReplicationService {
 }
 
 impl ReplicationService {
-    /// With TLS on, a caller that presented no node certificate is refused
-    /// (`what` names the call: "pulling", "pushing copies").
-    fn check_peer_certificate<T>(&self, request: &Request<T>, what: &str) -> Result<(), Status> {
-        if self.require_peer_certificate
-            && request.peer_certs().is_none_or(|certs| certs.is_empty())
-        {
-            self.engine.metrics().refused("no_peer_certificate");
-            tracing::warn!(remote = ?request.remote_addr(), "{what} refused: the caller presented no node certificate");
-            return Err(Status::unauthenticated(format!(
-                "{what} requires mutual TLS: present a node certificate signed by the cluster CA"
-            )));
+    /// With TLS on, a caller must present a node certificate
+    /// ([`PeerIdentity`]): none is `UNAUTHENTICATED`, a client's is
+    /// `PERMISSION_DENIED` (`what` names the call: "pulling", "pushing
+    /// copies"). Each refusal is counted and logged once a minute per peer.
+    fn check_peer<T>(&self, request: &Request<T>, what: &str) -> Result<PeerIdentity, Status> {
+        let identity = PeerIdentity::of_request(request);
+        if !self.require_peer_certificate || identity.is_node() {
+            return Ok(identity);
         }
-        Ok(())
+        let reason = match identity {
+            PeerIdentity::Anonymous => "no_peer_certificate",
+            _ => "not_a_node",
+        };
+        self.refuse(request, reason, &identity, what);
+        Err(match identity {
+            PeerIdentity::Anonymous => Status::unauthenticated(format!(
+                "{what} requires mutual TLS: present a node certificate signed by the cluster CA"
+            )),
+            _ => Status::permission_denied(format!(
+                "{what} is for nodes only: the caller presented {}, and a node certificate \
+                 carries the URI {NODE_URI_PREFIX}NAME",
+                identity.describe()
+            )),
+        })
+    }
+
+    /// Checks that a node identity speaks for the node named `claimed` (the
+    /// name of the replica or asker the request says it comes from).
+    fn check_speaks_for<T>(
+        &self,
+        request: &Request<T>,
+        identity: &PeerIdentity,
+        claimed: &str,
+        what: &str,
+    ) -> Result<(), Status> {
+        if !self.require_peer_certificate || identity.speaks_for(claimed) {
+            return Ok(());
+        }
+        self.refuse(request, "impersonation", identity, what);
+        Err(Status::permission_denied(format!(
+            "{what} refused: the request speaks for node {claimed:?}, but the caller presented \
+             {}; a node speaks only for itself",
+            identity.describe()
+        )))
+    }
+
+    fn refuse<T>(&self, request: &Request<T>, reason: &str, identity: &PeerIdentity, what: &str) {
+        self.engine.metrics().refused(reason);
+        let remote = request.remote_addr();
+        if self
+            .refusal_log
+            .should_log(remote.map(|addr| addr.ip()), reason)
+        {
+            tracing::warn!(?remote, identity = %identity.describe(), reason, "{what} refused");
+        }
+    }
+
+    /// The node name of the current member `replica`, if membership knows it.
+    fn member_name(&self, replica: ReplicaId) -> Option<(String, String)> {
+        let core = self.engine.core();
+        core.peers()
+            .member(replica)
+            .map(|member| (member.node_name.clone(), member.region.clone()))
     }
 }
 
@@ -81,8 +137,17 @@ impl Replication for ReplicationService {
         &self,
         request: Request<pb::PullRequest>,
     ) -> Result<Response<Self::PullStream>, Status> {
-        self.check_peer_certificate(&request, "pulling")?;
-        let mut pull = pull_request_from(request.into_inner(), MAX_PULL_BYTES)?;
+        let identity = self.check_peer(&request, "pulling")?;
+        let mut pull = pull_request_from(request.get_ref().clone(), MAX_PULL_BYTES)?;
+        // Counters go to any node; idempotency records and their hash keys
+        // only to a current member the certificate speaks for (records are
+        // then served to the nodes of this region only, by the core).
+        if self.require_peer_certificate && pull.records_from.is_some() {
+            match self.member_name(pull.caller) {
+                Some((name, _)) => self.check_speaks_for(&request, &identity, &name, "pulling")?,
+                None => pull.records_from = None,
+            }
+        }
         let engine = self.engine.clone();
         let labels = caller_labels(&engine, pull.caller);
         let remaining = pull.max_bytes;
@@ -136,7 +201,27 @@ impl Replication for ReplicationService {
         &self,
         request: Request<pb::CopyRequest>,
     ) -> Result<Response<pb::CopyResponse>, Status> {
-        self.check_peer_certificate(&request, "pushing copies")?;
+        let identity = self.check_peer(&request, "pushing copies")?;
+        if self.require_peer_certificate {
+            // A push carries the pushing node's own slots only: its source
+            // must be a member this certificate speaks for, of that region.
+            let source = ReplicaId(request.get_ref().source_replica);
+            let Some((name, region)) = self.member_name(source) else {
+                self.refuse(&request, "unknown_source", &identity, "pushing copies");
+                return Err(Status::unavailable(format!(
+                    "copy push refused: replica {source} is not a member this node knows yet; \
+                     retry once membership has it"
+                )));
+            };
+            self.check_speaks_for(&request, &identity, &name, "pushing copies")?;
+            if region != request.get_ref().source_region {
+                self.refuse(&request, "impersonation", &identity, "pushing copies");
+                return Err(Status::permission_denied(format!(
+                    "copy push refused: replica {source} is of region {region:?}, the push says {:?}",
+                    request.get_ref().source_region
+                )));
+            }
+        }
         super::copies::serve(&self.engine, request.into_inner())
             .await
             .map(Response::new)
@@ -146,7 +231,13 @@ impl Replication for ReplicationService {
         &self,
         request: Request<pb::ConfirmHoldingRequest>,
     ) -> Result<Response<pb::ConfirmHoldingResponse>, Status> {
-        self.check_peer_certificate(&request, "confirming a handoff")?;
+        let identity = self.check_peer(&request, "confirming a handoff")?;
+        self.check_speaks_for(
+            &request,
+            &identity,
+            &request.get_ref().asker,
+            "confirming a handoff",
+        )?;
         let request = request.into_inner();
         let ours = self.engine.core().config().cluster_id.clone();
         if request.cluster_id != ours {

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tonic::service::interceptor::InterceptedService;
 
 use crate::engine::Engine;
+use crate::security::auth::Authorized;
 use crate::security::{AuthInterceptor, Security};
 
 use super::status_codes::ClientFaultCodes;
@@ -97,19 +98,19 @@ pub async fn spawn_grpc(
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
-        .add_service(ClientFaultCodes(InterceptedService::new(
+        .add_service(ClientFaultCodes(Authorized(InterceptedService::new(
             counters,
             interceptor.clone(),
-        )))
-        .add_service(ClientFaultCodes(InterceptedService::new(
+        ))))
+        .add_service(ClientFaultCodes(Authorized(InterceptedService::new(
             likes,
             interceptor.clone(),
-        )))
+        ))))
         .add_service(ClientFaultCodes(replication))
-        .add_service(ClientFaultCodes(InterceptedService::new(
+        .add_service(ClientFaultCodes(Authorized(InterceptedService::new(
             admin,
             interceptor,
-        )))
+        ))))
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha);

@@ -1,8 +1,10 @@
 //! Who may call the JSON API, as on gRPC: with `--auth-tokens`, every `/v1/`
-//! call needs `Authorization: Bearer TOKEN` (the same tokens, the same
-//! per-token rate limit and burst, the same refusal counter); a batch is
-//! charged per item. A refusal is a problem document: 401 with
-//! `WWW-Authenticate`, or 429 with `Retry-After`.
+//! call and the status page need `Authorization: Bearer TOKEN` (the same
+//! tokens and roles, the same per-token rate limit and burst, the same
+//! refusal counter), checked by [`gate`] before a byte of the body is read;
+//! a batch is charged per item. A refusal is a problem document: 401 with
+//! `WWW-Authenticate`, 403 for a token without the role, or 429 with
+//! `Retry-After`. Bodies are bounded per route ([`body_limit`]).
 //!
 //! The event stream alone also takes the token as an `access_token` query
 //! parameter (RFC 6750, section 2.3): a browser's `EventSource` cannot send
@@ -11,7 +13,7 @@
 use std::collections::HashMap;
 
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderName, HeaderValue, Method};
+use axum::http::{header, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tonic::Code;
@@ -19,25 +21,20 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use super::problem::Problem;
 use super::HttpState;
+use crate::security::auth::Role;
 use crate::security::ItemCharge;
 
 /// Counts a refusal as the gRPC interceptor does; true when it was the rate limit.
 pub(super) fn count_refusal(state: &HttpState, refused: &tonic::Status) -> bool {
-    let limited = refused.code() == Code::ResourceExhausted;
     state
         .engine
         .metrics()
         .auth_refusals
         .get_or_create(&crate::metrics::ReasonLabels {
-            reason: if limited {
-                "rate_limited"
-            } else {
-                "unauthenticated"
-            }
-            .into(),
+            reason: crate::security::auth::refusal_reason(refused).into(),
         })
         .inc();
-    limited
+    refused.code() == Code::ResourceExhausted
 }
 
 /// The token of a request: its `Authorization` header, or on the event
@@ -57,47 +54,127 @@ fn authorization(request: &Request) -> Option<String> {
         .map(|token| format!("Bearer {token}"))
 }
 
-/// The middleware in front of `/v1/`.
-pub async fn require_token(
-    State(state): State<HttpState>,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    let Some(auth) = state.auth.clone() else {
-        return next.run(request).await;
-    };
-    match auth.check(authorization(&request).as_deref()) {
-        Ok(name) => {
-            request.extensions_mut().insert(ItemCharge::new(auth, name));
-            next.run(request).await
-        }
-        Err(refused) => {
-            if count_refusal(&state, &refused) {
-                let wait_ms = refused
-                    .metadata()
-                    .get("retry-after-ms")
-                    .and_then(|value| value.to_str().ok())
-                    .and_then(|text| text.parse().ok())
-                    .unwrap_or(1_000);
-                Problem::with_status(
-                    axum::http::StatusCode::TOO_MANY_REQUESTS,
-                    Code::ResourceExhausted,
-                    refused.message(),
-                )
-                .retry_after(wait_ms)
-                .into_response()
-            } else {
-                Problem::new(
-                    Code::Unauthenticated,
-                    format!(
-                        "{}; send `Authorization: Bearer TOKEN` (a token from the node's --auth-tokens file)",
-                        refused.message()
-                    ),
-                )
-                .into_response()
+/// The most bytes of body a route that takes small bodies reads (an add, a
+/// like, the seed's API); larger bodies are refused with 413 before they are
+/// read.
+pub const SMALL_BODY_BYTES: usize = 64 << 10;
+
+/// The body limit of a request: batches, observes and unions take up to the
+/// largest message; everything else a small body.
+pub fn body_limit(method: &Method, path: &str) -> usize {
+    let large = *method == Method::POST
+        && (path.starts_with("/v1/batch/")
+            || path.starts_with("/v1/uniques/")
+            || path == "/v1/distinct");
+    if large {
+        super::MAX_BODY_BYTES
+    } else {
+        SMALL_BODY_BYTES
+    }
+}
+
+/// What a path needs of the caller's token when tokens are on: `None` for
+/// the open paths (probes, metrics, the OpenAPI document, the demo page).
+pub fn needed_role(method: &Method, path: &str) -> Option<Role> {
+    let guarded = (path.starts_with("/v1/") && path != "/v1/openapi.json")
+        || path == "/status"
+        || path == "/status.json";
+    if !guarded {
+        return None;
+    }
+    let reads = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
+        || (*method == Method::POST && (path == "/v1/batch/get" || path == "/v1/distinct"));
+    Some(if reads { Role::Read } else { Role::Write })
+}
+
+/// The gate in front of the whole router, before any body is read: the
+/// token and its role (where the path needs one), then the route's body
+/// limit by `Content-Length`. A refusal here says `Connection: close`, as
+/// the body stays unread; a body without a length is bounded as it is read
+/// (413 past the route's limit, see `extract::read_body_first`).
+pub async fn gate(State(state): State<HttpState>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    let method = request.method().clone();
+    if let (Some(auth), Some(role)) = (state.auth.clone(), needed_role(&method, &path)) {
+        match auth.check(authorization(&request).as_deref(), role) {
+            Ok(name) => {
+                request.extensions_mut().insert(ItemCharge::new(auth, name));
             }
+            Err(refused) => return closing(refusal_response(&state, &refused, &path)),
         }
     }
+    let limit = body_limit(&method, &path);
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return closing(super::extract::too_large(limit).into_response());
+    }
+    request
+        .extensions_mut()
+        .insert(super::extract::BodyLimit(limit));
+    let request =
+        request.map(|body| axum::body::Body::new(http_body_util::Limited::new(body, limit)));
+    next.run(request).await
+}
+
+fn closing(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
+}
+
+/// The answer to a refused token: a problem document (401 with
+/// `WWW-Authenticate`, 403 for a missing role, 429 with `Retry-After`), or
+/// for the status page the same codes in plain text.
+fn refusal_response(state: &HttpState, refused: &tonic::Status, path: &str) -> Response {
+    let limited = count_refusal(state, refused);
+    if path == "/status" || path == "/status.json" {
+        let code = match refused.code() {
+            Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::PermissionDenied => StatusCode::FORBIDDEN,
+            _ => StatusCode::UNAUTHORIZED,
+        };
+        return (
+            code,
+            [(header::WWW_AUTHENTICATE, "Bearer realm=\"tally\"")],
+            format!(
+                "{}\nThis node requires a client token for the status page: send \
+                 `Authorization: Bearer TOKEN` (e.g. curl -H 'Authorization: Bearer TOKEN').\n",
+                refused.message()
+            ),
+        )
+            .into_response();
+    }
+    if limited {
+        let wait_ms = refused
+            .metadata()
+            .get("retry-after-ms")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|text| text.parse().ok())
+            .unwrap_or(1_000);
+        return Problem::with_status(
+            StatusCode::TOO_MANY_REQUESTS,
+            Code::ResourceExhausted,
+            refused.message(),
+        )
+        .retry_after(wait_ms)
+        .into_response();
+    }
+    if refused.code() == Code::PermissionDenied {
+        return Problem::new(Code::PermissionDenied, refused.message()).into_response();
+    }
+    Problem::new(
+        Code::Unauthenticated,
+        format!(
+            "{}; send `Authorization: Bearer TOKEN` (a token from the node's --auth-tokens file)",
+            refused.message()
+        ),
+    )
+    .into_response()
 }
 
 /// The CORS layer for `--http-cors-origin`: `None` (CORS off) when no origin

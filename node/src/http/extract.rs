@@ -82,9 +82,13 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
     type Rejection = Problem;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Problem> {
+        let limit = request
+            .extensions()
+            .get::<BodyLimit>()
+            .map_or(super::MAX_BODY_BYTES, |limit| limit.0);
         match axum::Json::<ObjectOnly<T>>::from_request(request, state).await {
             Ok(axum::Json(ObjectOnly(value))) => Ok(JsonBody(value)),
-            Err(rejection) => Err(json_problem(rejection)),
+            Err(rejection) => Err(json_problem(rejection, limit)),
         }
     }
 }
@@ -116,16 +120,19 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
 /// says `Connection: close`: the rest of that body is never read.
 pub async fn read_body_first(request: Request, next: Next) -> Response {
     let (parts, body) = request.into_parts();
-    let limit = parts.extensions.clone();
+    let limit = parts
+        .extensions
+        .get::<BodyLimit>()
+        .map_or(super::MAX_BODY_BYTES, |limit| limit.0);
     let mut probe = Request::new(body);
-    *probe.extensions_mut() = limit;
+    *probe.extensions_mut() = parts.extensions.clone();
     match Bytes::from_request(probe, &()).await {
         Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await
         }
         Err(rejection) => {
-            let mut response = body_problem(rejection).into_response();
+            let mut response = body_problem(rejection, limit).into_response();
             response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -134,16 +141,9 @@ pub async fn read_body_first(request: Request, next: Next) -> Response {
     }
 }
 
-fn body_problem(rejection: BytesRejection) -> Problem {
+fn body_problem(rejection: BytesRejection, limit: usize) -> Problem {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        Problem::with_status(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            Code::ResourceExhausted,
-            format!(
-                "the body is larger than this node accepts ({} bytes); split the batch",
-                super::MAX_BODY_BYTES
-            ),
-        )
+        too_large(limit)
     } else {
         Problem::invalid(format!(
             "the body could not be read: {}",
@@ -152,14 +152,30 @@ fn body_problem(rejection: BytesRejection) -> Problem {
     }
 }
 
-fn json_problem(rejection: JsonRejection) -> Problem {
+/// The route's body limit, put in a request's extensions by the access gate.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimit(pub usize);
+
+/// 413: a body over the route's limit of `limit` bytes.
+pub fn too_large(limit: usize) -> Problem {
+    Problem::with_status(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        Code::ResourceExhausted,
+        format!(
+            "the body is larger than this endpoint accepts ({limit} bytes); split the batch \
+             or send less"
+        ),
+    )
+}
+
+fn json_problem(rejection: JsonRejection, limit: usize) -> Problem {
     match rejection {
         JsonRejection::MissingJsonContentType(_) => Problem::with_status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Code::InvalidArgument,
             "the body must be JSON: send `Content-Type: application/json`",
         ),
-        JsonRejection::BytesRejection(rejection) => body_problem(rejection),
+        JsonRejection::BytesRejection(rejection) => body_problem(rejection, limit),
         other => Problem::invalid(format!(
             "the body is not the JSON this call takes: {}",
             other.body_text()

@@ -7,9 +7,10 @@
 //! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}`.
 //!
 //! With tokens on (`--auth-tokens`), the status page, its JSON and the JSON
-//! API require the same `Authorization: Bearer TOKEN` as the gRPC services
-//! ([`access`]); health, readiness, metrics, the OpenAPI document and the
-//! demo page (which sends the token it is given) stay open.
+//! API require the same `Authorization: Bearer TOKEN` as the gRPC services,
+//! checked before any body is read ([`access`]); health, readiness,
+//! metrics (without key names), the OpenAPI document and the demo page
+//! (which sends the token it is given) stay open.
 
 pub mod access;
 pub mod counters;
@@ -106,11 +107,8 @@ pub fn router(state: HttpState) -> Router {
         .to_pretty_json()
         .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
         .into();
-    // The body limit is set for the whole router, below.
-    let mut api = api.route_layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        access::require_token,
-    ));
+    // The token and the body limit are checked for the whole router, below.
+    let mut api = api;
     if let Some(cors) = access::cors_layer(&state.settings.cors_origins) {
         api = api.layer(cors);
     }
@@ -135,9 +133,10 @@ pub fn router(state: HttpState) -> Router {
         .route("/demo/{key}", get(demo))
         .merge(api)
         .fallback(not_found)
-        .with_state(state)
+        .with_state(state.clone())
         .layer(axum::middleware::from_fn(extract::read_body_first))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn_with_state(state, access::gate))
 }
 
 /// Any other path: a problem document pointing at the API's description.
@@ -195,7 +194,7 @@ async fn metrics(State(state): State<HttpState>, headers: HeaderMap) -> impl Int
                 header::CONTENT_TYPE,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
-            state.engine.metrics().encode(),
+            public_metrics(&state, state.engine.metrics().encode()),
         )
     } else {
         (
@@ -203,15 +202,22 @@ async fn metrics(State(state): State<HttpState>, headers: HeaderMap) -> impl Int
                 header::CONTENT_TYPE,
                 "text/plain; version=0.0.4; charset=utf-8",
             )],
-            state.engine.metrics().encode_text(),
+            public_metrics(&state, state.engine.metrics().encode_text()),
         )
     }
 }
 
-async fn status_html(State(state): State<HttpState>, headers: HeaderMap) -> Response {
-    if let Some(refused) = refusal(&state, &headers) {
-        return refused;
+/// `/metrics` stays open for scrapers, so with tokens on it names no key:
+/// the hot keys' series are left out (the authenticated status page lists
+/// them).
+fn public_metrics(state: &HttpState, text: String) -> String {
+    if state.auth.is_none() {
+        return text;
     }
+    crate::metrics::without_key_names(&text)
+}
+
+async fn status_html(State(state): State<HttpState>) -> Response {
     let status = crate::api::admin::status(&state.engine, &state.info);
     let map = own_partition_map(&state);
     axum::response::Html(status_page::render(&status, map.as_ref())).into_response()
@@ -224,42 +230,8 @@ fn own_partition_map(state: &HttpState) -> Option<tally_proto::v1::PartitionMapR
     crate::api::partitions::partition_map(&state.partitioning, "", &counters).ok()
 }
 
-async fn status_json(State(state): State<HttpState>, headers: HeaderMap) -> Response {
-    if let Some(refused) = refusal(&state, &headers) {
-        return refused;
-    }
+async fn status_json(State(state): State<HttpState>) -> Response {
     let status = crate::api::admin::status(&state.engine, &state.info);
     let map = own_partition_map(&state);
     axum::Json(status_page::to_json(&status, map.as_ref())).into_response()
-}
-
-/// Checks the bearer token as the gRPC interceptor does (same tokens, same
-/// rate limit, same refusal counter); `Some` is the answer to send instead.
-fn refusal(state: &HttpState, headers: &HeaderMap) -> Option<Response> {
-    let auth = state.auth.as_ref()?;
-    let authorization = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok());
-    let refused = match auth.check(authorization) {
-        Ok(_) => return None,
-        Err(refused) => refused,
-    };
-    let limited = access::count_refusal(state, &refused);
-    let code = if limited {
-        StatusCode::TOO_MANY_REQUESTS
-    } else {
-        StatusCode::UNAUTHORIZED
-    };
-    Some(
-        (
-            code,
-            [(header::WWW_AUTHENTICATE, "Bearer realm=\"tally\"")],
-            format!(
-                "{}\nThis node requires a client token for the status page: send \
-             `Authorization: Bearer TOKEN` (e.g. curl -H 'Authorization: Bearer TOKEN').\n",
-                refused.message()
-            ),
-        )
-            .into_response(),
-    )
 }

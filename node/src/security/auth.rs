@@ -1,16 +1,24 @@
-//! Bearer tokens and the per-token rate limit (a token bucket per token).
+//! Bearer tokens, their roles, and the per-token rate limit (a token bucket
+//! per token).
 //!
-//! The tokens file holds one `NAME TOKEN` per line; blank lines and lines
-//! starting with `#` are ignored. A request to `Counters` or `Admin` must carry
-//! `authorization: Bearer TOKEN`; a missing or unknown token gets
-//! `UNAUTHENTICATED`, a token over its rate `RESOURCE_EXHAUSTED` with a
-//! `retry-after-ms` header and the wait in the message.
+//! The tokens file holds one `NAME TOKEN ROLES` per line, ROLES a comma list
+//! of `read` (gets, watches, like lookups, status, the partition map),
+//! `write` (adds, likes, observes; reads too) and `admin` (backup, drain,
+//! remove, retire, finalize; reads too); blank lines and lines starting with
+//! `#` are ignored. A line without roles (`NAME TOKEN`, the file of earlier
+//! releases) keeps every role, with a warning at start. A request to
+//! `Counters`, `Likes` or `Admin` must carry `authorization: Bearer TOKEN`; a
+//! missing or unknown token gets `UNAUTHENTICATED`, a token without the
+//! role the call needs `PERMISSION_DENIED`, a token over its rate
+//! `RESOURCE_EXHAUSTED` with a `retry-after-ms` header and the wait in the
+//! message.
 //!
 //! A request another node forwarded to this one (it carries
 //! `tally-forwarded`, see `api::forward`) is let in on the sending node's
-//! certificate instead: tokens require TLS, and a certificate presented on
-//! the gRPC port chains to the cluster CA or the handshake fails, so it
-//! names a node of the cluster. The forwarding node checked the caller's
+//! certificate instead: tokens require TLS, a certificate presented on the
+//! gRPC port chains to the cluster CA or the handshake fails, and only a
+//! node certificate (`super::identity`) counts; a client certificate gets
+//! no such pass. The forwarding node checked the caller's
 //! token and charged its rate; the owner does neither again. Without a
 //! certificate, a forwarded request needs a token like any other (the
 //! marker alone grants nothing: it only makes the node serve locally).
@@ -24,10 +32,110 @@ use tonic::{Request, Status};
 
 use crate::metrics::{Metrics, ReasonLabels};
 
+/// What a call may need of its token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Reads: gets, watches, like lookups, status.
+    Read,
+    /// Writes: adds, likes, unlikes, observes.
+    Write,
+    /// Operations: backup, drain, remove, retire, finalize.
+    Admin,
+}
+
+impl Role {
+    fn bit(self) -> u8 {
+        match self {
+            Role::Read => 1,
+            Role::Write => 2,
+            Role::Admin => 4,
+        }
+    }
+
+    /// The role's name in the tokens file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Read => "read",
+            Role::Write => "write",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// The role a gRPC method (its path, `/tally.v1.Counters/Add`) needs;
+    /// anything not listed needs `admin`, so a new method is closed until
+    /// it is placed.
+    pub fn for_grpc_path(path: &str) -> Role {
+        match path.rsplit_once('/') {
+            Some(("/tally.v1.Counters", "Add" | "AddBatch")) => Role::Write,
+            Some(("/tally.v1.Counters", "Get" | "GetBatch" | "Watch")) => Role::Read,
+            Some(("/tally.v1.Likes", "Like" | "Unlike" | "LikeBatch" | "Observe")) => Role::Write,
+            Some((
+                "/tally.v1.Likes",
+                "Liked" | "LikeCount" | "ListLikes" | "VerifyLikes" | "Distinct",
+            )) => Role::Read,
+            Some(("/tally.v1.Admin", "Status" | "PartitionMap")) => Role::Read,
+            _ => Role::Admin,
+        }
+    }
+}
+
+/// The roles of a token: `write` and `admin` include `read`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Roles(u8);
+
+impl Roles {
+    /// Every role (a tokens line of an earlier release).
+    pub const ALL: Roles = Roles(7);
+
+    /// Whether these roles allow a call that needs `role`.
+    pub fn allow(self, role: Role) -> bool {
+        let granted = if self.0 & (Role::Write.bit() | Role::Admin.bit()) != 0 {
+            self.0 | Role::Read.bit()
+        } else {
+            self.0
+        };
+        granted & role.bit() != 0
+    }
+
+    /// The roles as the tokens file writes them.
+    pub fn names(self) -> String {
+        [Role::Read, Role::Write, Role::Admin]
+            .into_iter()
+            .filter(|role| self.0 & role.bit() != 0)
+            .map(Role::name)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn parse(text: &str) -> Result<Roles, String> {
+        let mut bits = 0;
+        for word in text.split(',') {
+            bits |= match word.trim() {
+                "read" => Role::Read.bit(),
+                "write" => Role::Write.bit(),
+                "admin" => Role::Admin.bit(),
+                other => return Err(other.to_string()),
+            };
+        }
+        Ok(Roles(bits))
+    }
+}
+
+/// An authenticated caller: its token's name and roles.
+#[derive(Clone, Debug)]
+pub struct Token {
+    /// The token's name in the file.
+    pub name: String,
+    /// What it may do.
+    pub roles: Roles,
+}
+
 /// The known tokens and their buckets.
 pub struct Auth {
-    /// Token -> name.
-    tokens: HashMap<String, String>,
+    /// Token -> its name and roles.
+    tokens: HashMap<String, Token>,
+    /// Lines without roles (an earlier release's file): each has every role.
+    lines_without_roles: usize,
     rate_per_sec: u32,
     burst: u32,
     buckets: Mutex<HashMap<String, Bucket>>,
@@ -86,11 +194,21 @@ pub enum TokensError {
         /// The problem (not a `source`: its text is in the message).
         problem: Box<TokensError>,
     },
-    /// A line that is not two words.
-    #[error("line {line}: expected `NAME TOKEN`")]
+    /// A line that is not two or three words.
+    #[error(
+        "line {line}: expected `NAME TOKEN ROLES` (ROLES: read, write, admin, comma-separated)"
+    )]
     NotNameAndToken {
         /// The line number, from 1.
         line: usize,
+    },
+    /// A role that is not `read`, `write` or `admin`.
+    #[error("line {line}: unknown role {role:?}; the roles are read, write and admin, comma-separated (e.g. `web TOKEN read,write`)")]
+    UnknownRole {
+        /// The line number, from 1.
+        line: usize,
+        /// The word given.
+        role: String,
     },
     /// A token too short to be a secret.
     #[error("line {line}: the token of {name:?} is shorter than {MIN_TOKEN_CHARS} characters")]
@@ -121,15 +239,27 @@ impl Auth {
             path: path.to_path_buf(),
             error,
         })?;
-        Auth::parse(&text, rate_per_sec, burst).map_err(|problem| TokensError::InFile {
-            path: path.to_path_buf(),
-            problem: Box::new(problem),
-        })
+        let auth =
+            Auth::parse(&text, rate_per_sec, burst).map_err(|problem| TokensError::InFile {
+                path: path.to_path_buf(),
+                problem: Box::new(problem),
+            })?;
+        if auth.lines_without_roles > 0 {
+            tracing::warn!(
+                file = %path.display(),
+                lines = auth.lines_without_roles,
+                "tokens without roles keep every role (read, write, admin), as in earlier \
+                 releases; give each line its roles (`NAME TOKEN read,write`) so that an \
+                 application's token cannot drain or back up the node"
+            );
+        }
+        Ok(auth)
     }
 
     /// Parses the tokens file's text.
     pub fn parse(text: &str, rate_per_sec: u32, burst: u32) -> Result<Auth, TokensError> {
         let mut tokens = HashMap::new();
+        let mut lines_without_roles = 0;
         for (number, line) in text.lines().enumerate() {
             let line_number = number + 1;
             let line = line.trim();
@@ -137,8 +267,20 @@ impl Auth {
                 continue;
             }
             let mut words = line.split_whitespace();
-            let (Some(name), Some(token), None) = (words.next(), words.next(), words.next()) else {
+            let (Some(name), Some(token), roles, None) =
+                (words.next(), words.next(), words.next(), words.next())
+            else {
                 return Err(TokensError::NotNameAndToken { line: line_number });
+            };
+            let roles = match roles {
+                None => {
+                    lines_without_roles += 1;
+                    Roles::ALL
+                }
+                Some(roles) => Roles::parse(roles).map_err(|role| TokensError::UnknownRole {
+                    line: line_number,
+                    role,
+                })?,
             };
             if token.len() < MIN_TOKEN_CHARS {
                 return Err(TokensError::ShortToken {
@@ -146,7 +288,11 @@ impl Auth {
                     name: name.to_string(),
                 });
             }
-            if tokens.insert(token.to_string(), name.to_string()).is_some() {
+            let entry = Token {
+                name: name.to_string(),
+                roles,
+            };
+            if tokens.insert(token.to_string(), entry).is_some() {
                 return Err(TokensError::RepeatedToken { line: line_number });
             }
         }
@@ -155,25 +301,34 @@ impl Auth {
         }
         Ok(Auth {
             tokens,
+            lines_without_roles,
             rate_per_sec,
             burst: burst.max(1),
             buckets: Mutex::new(HashMap::new()),
         })
     }
 
-    /// The caller's name, or why it is refused.
-    pub fn check(&self, authorization: Option<&str>) -> Result<String, Status> {
+    /// The caller's name, or why it is refused; the token must allow `role`.
+    pub fn check(&self, authorization: Option<&str>, role: Role) -> Result<String, Status> {
         let Some(header) = authorization else {
             return Err(Status::unauthenticated(
                 "missing `authorization: Bearer TOKEN`: this node requires a client token",
             ));
         };
         let token = header.strip_prefix("Bearer ").unwrap_or("");
-        let Some(name) = self.tokens.get(token.trim()) else {
+        let Some(Token { name, roles }) = self.tokens.get(token.trim()) else {
             return Err(Status::unauthenticated(
                 "the bearer token is not one this node knows",
             ));
         };
+        if !roles.allow(role) {
+            return Err(Status::permission_denied(format!(
+                "token {name:?} has the roles {}; this call needs {}: use a token with that \
+                 role (roles are set per line of the node's --auth-tokens file)",
+                roles.names(),
+                role.name()
+            )));
+        }
         if let Some(retry_after_ms) = self.take(name) {
             let mut status = Status::resource_exhausted(format!(
                 "token {name:?} is over its rate of {} requests/s; retry after {retry_after_ms} ms",
@@ -249,7 +404,7 @@ impl tonic::service::Interceptor for AuthInterceptor {
             return Ok(request);
         };
         if crate::api::forward::is_forwarded(request.metadata())
-            && request.peer_certs().is_some_and(|certs| !certs.is_empty())
+            && super::PeerIdentity::of_request(&request).is_node()
         {
             request
                 .extensions_mut()
@@ -260,7 +415,13 @@ impl tonic::service::Interceptor for AuthInterceptor {
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        match auth.check(header) {
+        // Set by `Authorized` from the method's path; a request without it
+        // needs the most.
+        let role = request
+            .extensions()
+            .get::<NeedsRole>()
+            .map_or(Role::Admin, |needs| needs.0);
+        match auth.check(header, role) {
             Ok(name) => {
                 request.extensions_mut().insert(ItemCharge {
                     auth: auth.clone(),
@@ -270,11 +431,7 @@ impl tonic::service::Interceptor for AuthInterceptor {
                 Ok(request)
             }
             Err(status) => {
-                let reason = if status.code() == tonic::Code::ResourceExhausted {
-                    "rate_limited"
-                } else {
-                    "unauthenticated"
-                };
+                let reason = refusal_reason(&status);
                 self.metrics
                     .auth_refusals
                     .get_or_create(&ReasonLabels {
@@ -284,6 +441,51 @@ impl tonic::service::Interceptor for AuthInterceptor {
                 Err(status)
             }
         }
+    }
+}
+
+/// The `reason` label of a refused token check.
+pub fn refusal_reason(status: &Status) -> &'static str {
+    match status.code() {
+        tonic::Code::ResourceExhausted => "rate_limited",
+        tonic::Code::PermissionDenied => "role",
+        _ => "unauthenticated",
+    }
+}
+
+/// The role a request needs, put in its extensions by [`Authorized`].
+#[derive(Clone, Copy, Debug)]
+pub struct NeedsRole(pub Role);
+
+/// A gRPC service whose requests are marked with the role their method
+/// needs ([`Role::for_grpc_path`]) before the token interceptor inside sees
+/// them (a tonic interceptor is not given the path).
+#[derive(Clone, Debug)]
+pub struct Authorized<S>(pub S);
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Authorized<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for Authorized<S>
+where
+    S: tonic::codegen::Service<tonic::codegen::http::Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: tonic::codegen::http::Request<B>) -> Self::Future {
+        let role = Role::for_grpc_path(request.uri().path());
+        request.extensions_mut().insert(NeedsRole(role));
+        self.0.call(request)
     }
 }
 
@@ -297,7 +499,8 @@ mod tests {
     fn known_tokens_pass_and_others_are_unauthenticated() {
         let auth = Auth::parse(FILE, 0, 0).unwrap();
         assert_eq!(
-            auth.check(Some("Bearer 0123456789abcdef0123")).unwrap(),
+            auth.check(Some("Bearer 0123456789abcdef0123"), Role::Read)
+                .unwrap(),
             "web"
         );
         for header in [
@@ -307,7 +510,7 @@ mod tests {
             Some("Basic x"),
         ] {
             assert_eq!(
-                auth.check(header).unwrap_err().code(),
+                auth.check(header, Role::Read).unwrap_err().code(),
                 tonic::Code::Unauthenticated,
                 "{header:?}"
             );
@@ -318,9 +521,12 @@ mod tests {
     fn a_token_over_its_rate_is_told_when_to_retry() {
         let auth = Auth::parse(FILE, 2, 3).unwrap();
         for _ in 0..3 {
-            auth.check(Some("Bearer 0123456789abcdef0123")).unwrap();
+            auth.check(Some("Bearer 0123456789abcdef0123"), Role::Read)
+                .unwrap();
         }
-        let refused = auth.check(Some("Bearer 0123456789abcdef0123")).unwrap_err();
+        let refused = auth
+            .check(Some("Bearer 0123456789abcdef0123"), Role::Read)
+            .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         assert!(
             refused.message().contains("retry after"),
@@ -329,7 +535,8 @@ mod tests {
         );
         assert!(refused.metadata().get("retry-after-ms").is_some());
         // Another token has its own bucket.
-        auth.check(Some("Bearer fedcba9876543210fedc")).unwrap();
+        auth.check(Some("Bearer fedcba9876543210fedc"), Role::Read)
+            .unwrap();
     }
 
     /// A batch pays per item: the interceptor lets it in with one token
@@ -351,7 +558,9 @@ mod tests {
             .get::<ItemCharge>()
             .expect("the request carries its token's charge");
         charge.charge(49);
-        let refused = auth.check(Some("Bearer 0123456789abcdef0123")).unwrap_err();
+        let refused = auth
+            .check(Some("Bearer 0123456789abcdef0123"), Role::Read)
+            .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
         // About 45 s of debt at 1 request/s (50 items, 5 of burst).
         let wait: u64 = refused
@@ -363,7 +572,8 @@ mod tests {
             .parse()
             .unwrap();
         assert!(wait > 40_000, "{wait} ms");
-        auth.check(Some("Bearer fedcba9876543210fedc")).unwrap();
+        auth.check(Some("Bearer fedcba9876543210fedc"), Role::Read)
+            .unwrap();
     }
 
     #[test]
@@ -382,7 +592,7 @@ mod tests {
         ));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tokens");
-        std::fs::write(&path, "one two three\n").unwrap();
+        std::fs::write(&path, "one two read four\n").unwrap();
         let error = Auth::load(&path, 0, 0).err().unwrap();
         assert!(matches!(&error, TokensError::InFile { problem, .. }
             if matches!(**problem, TokensError::NotNameAndToken { line: 1 })));
@@ -396,6 +606,67 @@ mod tests {
             matches!(missing, TokensError::Unreadable { .. }),
             "{missing}"
         );
+    }
+
+    /// Roles per line: a read token reads only, a write token writes and
+    /// reads, an admin token administers and reads; a line without roles
+    /// (an earlier release's file) keeps every role.
+    #[test]
+    fn a_token_may_do_what_its_roles_allow() {
+        let auth = Auth::parse(
+            "reader 0123456789abcdef0001 read\n\
+             writer 0123456789abcdef0002 write\n\
+             ops 0123456789abcdef0003 admin\n\
+             old 0123456789abcdef0004\n",
+            0,
+            0,
+        )
+        .unwrap();
+        assert_eq!(auth.lines_without_roles, 1);
+        let allowed = |token: &str, role| auth.check(Some(&format!("Bearer {token}")), role);
+        assert!(allowed("0123456789abcdef0001", Role::Read).is_ok());
+        for role in [Role::Write, Role::Admin] {
+            let refused = allowed("0123456789abcdef0001", role).unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+            assert!(
+                refused.message().contains(role.name()),
+                "{}",
+                refused.message()
+            );
+        }
+        assert!(allowed("0123456789abcdef0002", Role::Write).is_ok());
+        assert!(allowed("0123456789abcdef0002", Role::Read).is_ok());
+        assert!(allowed("0123456789abcdef0002", Role::Admin).is_err());
+        assert!(allowed("0123456789abcdef0003", Role::Admin).is_ok());
+        assert!(allowed("0123456789abcdef0003", Role::Read).is_ok());
+        assert!(allowed("0123456789abcdef0003", Role::Write).is_err());
+        for role in [Role::Read, Role::Write, Role::Admin] {
+            assert!(allowed("0123456789abcdef0004", role).is_ok());
+        }
+        assert!(matches!(
+            Auth::parse("web 0123456789abcdef0001 read,root\n", 0, 0),
+            Err(TokensError::UnknownRole { line: 1, ref role }) if role == "root"
+        ));
+    }
+
+    #[test]
+    fn every_method_needs_the_role_of_what_it_does() {
+        assert_eq!(Role::for_grpc_path("/tally.v1.Counters/Add"), Role::Write);
+        assert_eq!(Role::for_grpc_path("/tally.v1.Counters/Get"), Role::Read);
+        assert_eq!(Role::for_grpc_path("/tally.v1.Likes/Unlike"), Role::Write);
+        assert_eq!(Role::for_grpc_path("/tally.v1.Likes/Distinct"), Role::Read);
+        assert_eq!(
+            Role::for_grpc_path("/tally.v1.Admin/PartitionMap"),
+            Role::Read
+        );
+        for admin in ["Backup", "Finalize", "Retire", "Drain", "Remove"] {
+            assert_eq!(
+                Role::for_grpc_path(&format!("/tally.v1.Admin/{admin}")),
+                Role::Admin
+            );
+        }
+        assert_eq!(Role::for_grpc_path("/tally.v1.Counters/Reset"), Role::Admin);
+        assert_eq!(Role::for_grpc_path("nonsense"), Role::Admin);
     }
 
     #[test]

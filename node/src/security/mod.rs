@@ -14,6 +14,7 @@
 //! are both configured; without security, it logs a warning at start.
 
 pub mod auth;
+pub mod identity;
 pub mod tls;
 
 use std::path::PathBuf;
@@ -22,6 +23,7 @@ use std::sync::Arc;
 use anyhow::bail;
 
 pub use auth::{Auth, AuthInterceptor, ItemCharge, TokensError};
+pub use identity::PeerIdentity;
 pub use tls::TlsMaterial;
 
 /// The security settings of a node, as given.

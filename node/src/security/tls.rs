@@ -32,6 +32,9 @@ pub struct TlsMaterial {
     pub acceptor: tokio_rustls::TlsAcceptor,
     /// Dials peers, presenting this node's certificate.
     pub client: tonic::transport::ClientTlsConfig,
+    /// This node's own certificate chain (leaf first), whose node identity
+    /// is checked at start.
+    pub chain: Vec<CertificateDer<'static>>,
 }
 
 fn read(setting: &str, path: &Path) -> anyhow::Result<Vec<u8>> {
@@ -122,7 +125,7 @@ impl TlsMaterial {
             .with_safe_default_protocol_versions()
             .map_err(|e| anyhow!("TLS: {e}"))?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, private_key)
+            .with_single_cert(chain.clone(), private_key)
             .map_err(|e| anyhow!("--tls-cert and --tls-key do not make a usable pair: {e}"))?;
         server.alpn_protocols = vec![b"h2".to_vec()];
         let client = tonic::transport::ClientTlsConfig::new()
@@ -131,6 +134,7 @@ impl TlsMaterial {
         Ok(TlsMaterial {
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
             client,
+            chain,
         })
     }
 }

@@ -296,6 +296,7 @@ impl SledStore {
             });
         }
         let db_path = dir.join("db");
+        remove_unfinished_snapshots(&db_path).map_err(io_error(dir))?;
         let config = sled::Config::new()
             .path(&db_path)
             .cache_capacity(cache_bytes)
@@ -500,6 +501,32 @@ fn durable_seq(db: &sled::Db) -> Result<u64, StorageError> {
 
 /// The change log: as the last clean stop saved it if it still matches the
 /// store, else rebuilt from every counter record. The saved copy is used once.
+/// Deletes what sled left of a snapshot it was still writing when it
+/// stopped (`db/snap.<lsn>.generating`: sled writes a snapshot under that
+/// name and renames it once it is complete and synced). sled 0.34 counts such
+/// a file among its snapshots and, when it sorts last, reads it and calls the
+/// store corrupt, so a start that ran out of disk space while writing one
+/// made every later start fail on an intact store. The snapshot is only an
+/// index of sled's log: the previous complete one (or none) and the log
+/// rebuild the same state.
+fn remove_unfinished_snapshots(db_path: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(db_path) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(error),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("snap.") && name.ends_with(".generating") {
+            tracing::warn!(file = %entry.path().display(), "removing an unfinished sled snapshot (left by a stop while it was written; the log rebuilds it)");
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 fn open_changes(dir: &Path, db: &sled::Db) -> Result<ChangeIndex, StorageError> {
     let path = dir.join(CHANGE_SNAPSHOT);
     match std::fs::read(&path) {

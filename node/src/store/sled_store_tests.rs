@@ -37,6 +37,38 @@ fn a_poisoned_lock_does_not_panic_later_reads_and_writes() {
     store.close().unwrap();
 }
 
+/// A start that ran out of space while sled wrote a snapshot leaves an empty
+/// `snap.<lsn>.generating`; sled took it for the newest snapshot and called
+/// the intact store corrupt on every later start.
+#[test]
+fn an_unfinished_snapshot_does_not_make_an_intact_store_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let store = SledStore::open(&data, "eu", 5, OnCorrupt::Refuse).unwrap();
+    let batch = CommitBatch {
+        seq: 1,
+        counters: vec![(
+            "a".into(),
+            crate::crdt::PnCounter::from_slots([(
+                crate::crdt::ReplicaId(5),
+                crate::crdt::Slot { p: 7, n: 0 },
+            )]),
+        )],
+        ..Default::default()
+    };
+    store.write(&batch).unwrap();
+    store.flush().unwrap();
+    store.close().unwrap();
+    drop(store);
+    let unfinished = data.join("db").join("snap.FFFFFFFFFFFFFFFF.generating");
+    std::fs::write(&unfinished, b"").unwrap();
+    let store = crate::store::suite::reopen(&data, 5);
+    let counter = store.load_counter("a").unwrap().unwrap();
+    assert_eq!(counter.state.value(), Ok(7));
+    assert!(!unfinished.exists());
+    store.close().unwrap();
+}
+
 #[track_caller]
 fn assert_environment(raw: std::io::Error, cause: &str) {
     let error = classify(Path::new("/data/tally"), sled::Error::Io(raw));

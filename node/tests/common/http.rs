@@ -275,3 +275,32 @@ impl Events {
         }
     }
 }
+
+/// Sends `head` (a request line and headers, ending in a blank line) on a
+/// fresh connection to `addr`, then up to `body_bytes` bytes of body (it
+/// stops at the first write the node refuses: a node that answered early
+/// and closed), and returns the whole answer as text, read until the node
+/// closes (at most 20 s).
+pub fn raw_exchange(addr: SocketAddr, head: &str, body_bytes: usize) -> String {
+    use std::io::{Read, Write};
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    socket
+        .set_write_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    socket.write_all(head.as_bytes()).unwrap();
+    let chunk = vec![b'x'; 64 << 10];
+    let mut sent = 0;
+    while sent < body_bytes {
+        let size = chunk.len().min(body_bytes - sent);
+        if socket.write_all(&chunk[..size]).is_err() {
+            break;
+        }
+        sent += size;
+    }
+    let mut answer = Vec::new();
+    let _ = socket.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod http;
 pub mod kill_load;
 pub mod load;
