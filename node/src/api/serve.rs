@@ -127,13 +127,19 @@ pub async fn spawn_grpc(
                 served
             })
         }
-        // tonic ignores `tcp_nodelay` on a custom incoming stream: set it here, or
-        // every answer waits for the client's delayed ACK (40 ms) when few
-        // requests are in flight, as with coalesced batches.
+        // tonic ignores `tcp_nodelay` on a custom incoming stream: the accept
+        // loop sets it, or every answer waits for the client's delayed ACK
+        // (40 ms) when few requests are in flight, as with coalesced batches.
+        // tonic's own loop retried a failed accept at once (a core spinning
+        // while file descriptors ran out); this one backs off.
         None => {
-            let incoming =
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stop))
+            let (incoming, accept_task) =
+                crate::security::accept::accept_plain(listener, "grpc", engine.metrics().clone());
+            tokio::spawn(async move {
+                let served = router.serve_with_incoming_shutdown(incoming, stop).await;
+                accept_task.abort();
+                served
+            })
         }
     };
     Ok(task)

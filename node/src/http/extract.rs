@@ -114,6 +114,9 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for ObjectOnly<T> {
     }
 }
 
+/// The longest a request's body may take to arrive once its headers did.
+pub const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Reads the request's whole body (up to the body limit) before the rest of
 /// the router sees the request (see the module documentation). A body over
 /// the limit, or one that cannot be read, is refused here, and the answer
@@ -126,7 +129,23 @@ pub async fn read_body_first(request: Request, next: Next) -> Response {
         .map_or(super::MAX_BODY_BYTES, |limit| limit.0);
     let mut probe = Request::new(body);
     *probe.extensions_mut() = parts.extensions.clone();
-    match Bytes::from_request(probe, &()).await {
+    let read = tokio::time::timeout(BODY_READ_TIMEOUT, Bytes::from_request(probe, &())).await;
+    let Ok(read) = read else {
+        let mut response = Problem::with_status(
+            StatusCode::REQUEST_TIMEOUT,
+            Code::DeadlineExceeded,
+            format!(
+                "the body did not arrive within {} s; send it at once after the headers",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+        )
+        .into_response();
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return response;
+    };
+    match read {
         Ok(bytes) => {
             next.run(Request::from_parts(parts, Body::from(bytes)))
                 .await

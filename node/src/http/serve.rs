@@ -8,22 +8,33 @@
 //! logged and counted, as on the gRPC port ([`accept_tls`]). Every accepted
 //! socket has `TCP_NODELAY`: a keep-alive client waiting for an answer must
 //! not wait for a delayed ACK too.
+//!
+//! Nothing unauthenticated costs the port more than a bounded amount: at
+//! most [`MAX_CONNECTIONS`] connections, headers within
+//! [`HEADER_READ_TIMEOUT`], [`MAX_STREAMS_PER_CONNECTION`] HTTP/2 streams,
+//! bodies bounded per route and read only once the token passed
+//! (`super::access::gate`), within `super::extract::BODY_READ_TIMEOUT`.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use anyhow::anyhow;
-use axum::serve::ListenerExt;
 use axum::Router;
 use futures::StreamExt;
-use tokio::net::{TcpListener, TcpStream};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::HttpSettings;
 use crate::metrics::Metrics;
+use crate::security::accept::accept_plain;
 use crate::security::tls::{accept_tls, Identity};
 
 /// Loads the HTTP port's TLS material, when configured; errors name the flag.
@@ -56,41 +67,16 @@ fn acceptor(cert: &Path, key: &Path) -> anyhow::Result<tokio_rustls::TlsAcceptor
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
 }
 
-/// The accepted TLS connections of the HTTP port, as axum's listener.
-struct TlsListener {
-    streams: ReceiverStream<std::io::Result<TlsStream<TcpStream>>>,
-    accept_task: JoinHandle<()>,
-    local: SocketAddr,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.streams.next().await {
-                Some(Ok(stream)) => {
-                    let peer = stream.get_ref().0.peer_addr().unwrap_or(self.local);
-                    return (stream, peer);
-                }
-                Some(Err(error)) => tracing::warn!(%error, "accepting an HTTPS connection failed"),
-                // The accept task only ends when this listener is dropped.
-                None => std::future::pending::<()>().await,
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        Ok(self.local)
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.accept_task.abort();
-    }
-}
+/// The longest a client may take to send a request's headers, from its
+/// first byte; a slower one is closed.
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most connections the HTTP port holds at once; more wait in the
+/// kernel's backlog until one closes.
+pub const MAX_CONNECTIONS: usize = 2048;
+/// The most concurrent HTTP/2 streams of one connection.
+pub const MAX_STREAMS_PER_CONNECTION: u32 = 256;
+/// How long a stop waits for open connections (event streams) to finish.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Serves `router` on `listener` until `stop` resolves.
 pub fn spawn_http(
@@ -102,26 +88,79 @@ pub fn spawn_http(
 ) -> JoinHandle<std::io::Result<()>> {
     match tls {
         None => {
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
+            let (streams, accept_task) = accept_plain(listener, "http", metrics);
             tokio::spawn(async move {
-                axum::serve(listener, router)
-                    .with_graceful_shutdown(stop)
-                    .await
+                serve_connections(streams, router, stop).await;
+                accept_task.abort();
+                Ok(())
             })
         }
-        Some(acceptor) => tokio::spawn(async move {
-            let local = listener.local_addr()?;
+        Some(acceptor) => {
             let (streams, accept_task) = accept_tls(listener, acceptor, metrics);
-            let listener = TlsListener {
-                streams,
-                accept_task,
-                local,
-            };
-            axum::serve(listener, router)
-                .with_graceful_shutdown(stop)
-                .await
-        }),
+            tokio::spawn(async move {
+                serve_connections(streams, router, stop).await;
+                accept_task.abort();
+                Ok(())
+            })
+        }
+    }
+}
+
+/// Serves every connection of `incoming` with `router` (HTTP/1.1 and
+/// HTTP/2), each bounded as the constants above say, until `stop`; then
+/// lets open connections finish for at most [`SHUTDOWN_GRACE`].
+async fn serve_connections<IO>(
+    mut incoming: ReceiverStream<std::io::Result<IO>>,
+    router: Router,
+    stop: impl std::future::Future<Output = ()>,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION);
+    tokio::pin!(stop);
+    loop {
+        let permit = tokio::select! {
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = &mut stop => break,
+        };
+        let io = tokio::select! {
+            io = incoming.next() => match io {
+                Some(Ok(io)) => io,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "accepting an HTTP connection failed");
+                    continue;
+                }
+                None => break,
+            },
+            _ = &mut stop => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(io), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            // A connection's errors (a client gone, a timeout) are its own.
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(incoming);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(SHUTDOWN_GRACE) => {}
     }
 }

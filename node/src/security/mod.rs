@@ -13,6 +13,7 @@
 //! certificate). With `--secure`, a node refuses to start unless TLS and tokens
 //! are both configured; without security, it logs a warning at start.
 
+pub mod accept;
 pub mod auth;
 pub mod identity;
 pub mod tls;

@@ -151,14 +151,10 @@ pub fn accept_tls(
 ) {
     let (streams_tx, streams_rx) = tokio::sync::mpsc::channel(64);
     let task = tokio::spawn(async move {
+        let mut backoff = super::accept::Backoff::new("tls", metrics.clone());
         loop {
-            let (tcp, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
+            let Some((tcp, peer)) = backoff.handle(listener.accept().await).await else {
+                continue;
             };
             let _ = tcp.set_nodelay(true);
             if streams_tx.is_closed() {
