@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Checks the documentation: README.md and every page of the book (docs/src).
 
-1. Every relative Markdown link or image resolves to an existing file (the
-   `#fragment` is not checked). Links to public sites (http, https, mailto)
-   are not fetched.
+1. Every relative Markdown link or image resolves to an existing file, and a
+   `#fragment` into a Markdown page names one of its headings (as mdBook and
+   GitHub make ids: lower case, punctuation dropped, spaces as dashes; the
+   headings of included text count). Links to public sites (http, https,
+   mailto) are not fetched.
 2. Every `{{#include FILE[:ANCHOR]}}` names an existing file (and anchor).
    The text it pulls in is checked as part of the including page: each of its
    relative links must resolve both from the included file (as a reader of
@@ -41,16 +43,17 @@ HISTORY = [
 ]
 
 
-def strip_code(text):
-    """The text without fenced code blocks and inline code spans (links and
-    history words inside code are examples, not links or history)."""
+def strip_code(text, inline=True):
+    """The text without fenced code blocks and (unless `inline` is false)
+    inline code spans: links and history words inside code are examples,
+    not links or history."""
     out, fenced = [], False
     for line in text.split("\n"):
         if FENCE.match(line):
             fenced = not fenced
             out.append("")
             continue
-        out.append("" if fenced else re.sub(r"`[^`]*`", "``", line))
+        out.append("" if fenced else re.sub(r"`[^`]*`", "``", line) if inline else line)
     return "\n".join(out)
 
 
@@ -76,11 +79,42 @@ def is_external(target):
     return re.match(r"^[a-z][a-z0-9+.-]*:", target) is not None
 
 
-def resolves(base_dir, target):
-    path = target.split("#", 1)[0]
-    if not path:
-        return True  # a fragment of the same page
-    return (base_dir / path).resolve().exists()
+def expanded(path):
+    """A Markdown file's text with its `{{#include}}`s replaced by the text
+    they pull in (one level, as the book uses them)."""
+    text = path.read_text(encoding="utf-8")
+
+    def pull(match):
+        file_part, _, anchor = match.group(1).partition(":")
+        included = (path.parent / file_part).resolve()
+        if not included.is_file():
+            return ""
+        return included_text(included, anchor or None) or ""
+
+    return INCLUDE.sub(pull, text)
+
+
+def heading_ids(path):
+    """The ids of a Markdown file's headings (with its includes)."""
+    ids = set()
+    for line in strip_code(expanded(path), inline=False).split("\n"):
+        match = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if not match:
+            continue
+        title = re.sub(r"<[^>]+>", "", match.group(1)).replace("`", "")
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        ids.add(slug)
+    return ids
+
+
+def resolves(base_dir, target, page=None):
+    path, _, fragment = target.partition("#")
+    file = (base_dir / path).resolve() if path else page
+    if file is None or not file.exists():
+        return path == "" and page is None
+    if fragment and file.suffix == ".md":
+        return fragment in heading_ids(file)
+    return True
 
 
 def rel(path):
@@ -100,7 +134,7 @@ def check_page(page, problems):
     where = rel(page)
     history_allowed = where.startswith(HISTORY_ALLOWED)
     for target in LINK.findall(strip_code(text)):
-        if not is_external(target) and not resolves(page.parent, target):
+        if not is_external(target) and not resolves(page.parent, target, page):
             problems.append(f"{where}: broken link {target}")
     if not history_allowed:
         check_history(INCLUDE.sub("", text), where, problems)
@@ -118,9 +152,9 @@ def check_page(page, problems):
         for target in LINK.findall(strip_code(body)):
             if is_external(target):
                 continue
-            if not resolves(included.parent, target):
+            if not resolves(included.parent, target, included):
                 problems.append(f"{shown}: broken link {target}")
-            elif not resolves(page.parent, target):
+            elif not resolves(page.parent, target, page):
                 problems.append(f"{shown}: link {target} resolves in the repository but not in the book; use a path in code quotes or a link that works from both")
         if not history_allowed:
             check_history(body, shown, problems)
