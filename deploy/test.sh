@@ -20,8 +20,8 @@
 # Every CLI call runs with TALLY_ROUTING=pinned: the node it names serves it
 # (no forwarding to the key's owner in eu-west), so "retried on the same
 # node" holds. A retry that fails over to another owner is recognised only
-# once the first owner's idempotency record reached it (README,
-# "Partitioned regions"), and the kill phase would count such an add twice.
+# once the first owner's idempotency record reached it
+# (docs/src/concepts/partitioned-regions.md), and the kill phase would count such an add twice.
 #
 # Traffic stays inside the compose project's own network: the CLI runs in the
 # containers (docker exec) and talks to its own node; no host port is

@@ -5,7 +5,7 @@
 //!
 //! ```sh
 //! deploy/tls/make-certs.sh /tmp/certs     # a test CA, node certificates, tokens
-//! # start a node with --tls-cert/--tls-key/--tls-ca/--auth-tokens (README, "Secure")
+//! # start a node with --tls-cert/--tls-key/--tls-ca/--auth-tokens (docs/src/security.md)
 //! TALLY_TLS_CA=/tmp/certs/ca.crt TALLY_TOKEN=... \
 //!   cargo run -p tally-client --example tls_token -- https://127.0.0.1:7100
 //! ```

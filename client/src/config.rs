@@ -211,7 +211,7 @@ impl ClientConfig {
     /// another's: with 256 callers on a million keys, 8 batches of at most
     /// 128 adds took 1.05-1.2 times the adds per second of the former
     /// default (2 batches of at most 1,024) in the same runs, and no fewer on
-    /// one hot key (see the README, "Performance").
+    /// one hot key (see `docs/src/benchmarks/index.md`).
     pub fn with_max_batches_in_flight(mut self, batches: usize) -> Self {
         self.max_batches_in_flight = batches.max(1);
         self

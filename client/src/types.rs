@@ -97,7 +97,7 @@ pub struct ClusterStatus {
     #[cfg_attr(feature = "serde", serde(default))]
     pub hot_keys: Vec<HotKey>,
     /// The cluster version the answering node has persisted: the newest
-    /// record format it writes (see "Upgrading" in the README).
+    /// record format it writes (see `docs/src/operations/upgrades.md`).
     #[cfg_attr(feature = "serde", serde(default))]
     pub cluster_version: u32,
     /// Retired writers as the answering node knows them, folded or pending.

@@ -356,7 +356,7 @@ pub struct RunArgs {
     pub cluster_version_upgrade: Option<ClusterVersionUpgrade>,
 }
 
-/// How the cluster version moves (see "Upgrading" in the README).
+/// How the cluster version moves (see `docs/src/operations/upgrades.md`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum ClusterVersionUpgrade {

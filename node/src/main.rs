@@ -6,7 +6,7 @@ use tally_node::config::{RunArgs, Settings};
 use tally_node::dev::DevArgs;
 
 /// mimalloc instead of glibc's malloc (issue 15; measured in
-/// `deploy/bench/README.md`, "The allocator").
+/// `docs/src/benchmarks/profiles.md`, "The allocator").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

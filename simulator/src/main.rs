@@ -1,5 +1,5 @@
 //! The `tally-sim` command: `run` (deterministic simulation, one seed or a
-//! sweep) and `chaos` (real processes). See the README's "Simulator" section.
+//! sweep) and `chaos` (real processes). See `docs/src/simulator.md`.
 
 fn main() -> std::process::ExitCode {
     tally_sim::cli::main()

@@ -23,7 +23,9 @@
 //!   idempotency record reached it (records travel with region pulls, and
 //!   with replicated durability's copy pushes). An add the owner committed
 //!   less than about a sync interval before it died, retried elsewhere, is
-//!   applied again: the README's "Idempotency across failover" says more.
+//!   applied again: the book's "Partitioned regions" concept page
+//!   (`docs/src/concepts/partitioned-regions.md`) and `node/ALGORITHM.md`,
+//!   "Idempotency", say more.
 //! - **Streams.** `Watch` is relayed ([`super::watch_relay`]): only its
 //!   opening is bounded by a deadline, and the relay follows the key to a
 //!   new owner when the first one changes or its stream breaks.

@@ -27,9 +27,10 @@
 //! one (the higher state's base counts that slot, and its own slot of the
 //! writer is what the writer wrote since). For a writer folded whole this
 //! is the rule above: a state at or above its epoch never holds its slot.
-//! Nothing writes scoped records yet (they need the trigger, the agreement
-//! among the partition's keepers, the writer's gate and a cluster version;
-//! see the README's "Retired replicas and folds"), so every book holds none.
+//! Scoped records are written from cluster version 12: the trigger, the
+//! agreement among the partition's keepers and the writer's gate are in
+//! `replica/fold_released.rs` and `replica/fold_scoped.rs` (in words:
+//! `node/ALGORITHM.md`, "Folds").
 
 use std::collections::HashMap;
 

@@ -15,7 +15,10 @@
 //!   the next are the nodes still holding it as releasing (its new owners
 //!   pull from them until they confirm), then other live nodes of the
 //!   region, as before partitioned regions: the add is acknowledged as
-//!   available as it was, and the README says what such a copy is worth.
+//!   available as it was; such a copy sits on a node that does not keep the
+//!   key's partition, which no owner pulls from and which purges it once
+//!   durable (`node/ALGORITHM.md`, "Replicated durability: copies"), so it
+//!   guards against nothing once the writer's disk is gone.
 //! - With no routes (one node in the region, or no view yet) every counter
 //!   takes the region's candidates in turn.
 //!

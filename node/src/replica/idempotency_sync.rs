@@ -67,8 +67,8 @@ impl RecordsCursor {
 /// read starts with one and doubles while the segments leave budget: a
 /// chunk's budget is a few hundred records, and a node that learned a
 /// peer's records holds them in segments of thousands, so reading 64 at once
-/// decoded up to 64 large segments for every chunk (the join profile in the
-/// README).
+/// decoded up to 64 large segments for every chunk (the join profile on the
+/// book's Benchmarks page, `docs/src/benchmarks/index.md`).
 const SEGMENTS_PER_READ: usize = 64;
 
 /// The most records one chunk looks at, sent or passed over: a scoped pull

@@ -3,7 +3,8 @@
 //! it (`idempotency_sync.rs`). Before, every record travelled back to its
 //! maker, which decoded it and looked it up under the core's lock for
 //! nothing: twice the record bytes of a region, and about 0.9 ms of a
-//! 2-node region's hot-key p99 (README, "Partitioned regions").
+//! 2-node region's hot-key p99 (`docs/src/benchmarks/index.md`, "Idempotency
+//! records between the nodes of a region").
 //!
 //! Records learned in one merge (a pull chunk or a copy push) sit side by
 //! side in the commit that writes them, so the core keeps *runs*: for the

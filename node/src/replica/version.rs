@@ -10,7 +10,7 @@
 //!   sets and uniques (member, count, register and delta-log records, and
 //!   the delta log in pulls); version 4 folds retired writers (fold
 //!   records, counters with a folded base, `fold_keeper.rs`); version 5 is
-//!   set aside (VERSIONS.md); version 6 takes copy pushes (the `Copy` RPC of
+//!   set aside, unused (`CHANGELOG.md` lists every version); version 6 takes copy pushes (the `Copy` RPC of
 //!   replicated durability), sent only to a member that announces it,
 //!   whatever the cluster version (it writes no new format, so it needs no
 //!   finalize); version 7 adds the store's commit log (`store::commit_log`:

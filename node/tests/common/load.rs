@@ -141,8 +141,8 @@ pub async fn settle(tally: &mut Tally, limit: Duration) {
 /// try's node first, then the others in turn. Each forwards to the key's
 /// live owner there, which knows the add's record if the first owner's
 /// copy or a pull brought it. Never through another region: idempotency
-/// keys are remembered per region (README, "Idempotency keys are remembered
-/// per region"), so a node of another region would apply the add again.
+/// keys are remembered per region (`docs/src/concepts/counters.md`,
+/// "Idempotency keys"), so a node of another region would apply the add again.
 pub async fn settle_in_region(tally: &mut Tally, regions: &[Vec<String>], limit: Duration) {
     settle_with(tally, limit, |unknown, attempt| {
         let region = regions

@@ -11,7 +11,8 @@
 //! holds it completed. A keyed add keeps its idempotency key on every
 //! retry; a retry that reaches another owner than the first attempt is
 //! recognised only if the records travel (they do not yet: the checker
-//! reports such adds as applied twice, and README documents the window).
+//! reports such adds as applied twice, and `docs/src/simulator.md`
+//! documents the window).
 //!
 //! The ledger's lanes (see `crate::ledger`) stay held until no attempt of
 //! an add can be applied any more: attempts may reach different owners, so

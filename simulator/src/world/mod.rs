@@ -715,7 +715,7 @@ impl<'a> World<'a> {
         self.schedule(PROBE_MS, Event::Probe);
     }
 
-    /// The convergence bound (see README, "Convergence bound"):
+    /// The convergence bound (see `simulator/README.md`, "What is checked"):
     ///
     /// `D_up + T_pull + B_max + S_max + K·R·(I + 2·L_max + F_max) + F_max`
     ///

@@ -382,7 +382,7 @@ fn cluster_line(status: &ClusterStatus) -> String {
 }
 
 /// One line per member that the answering node refuses: it shares no
-/// protocol version with it (see "Upgrading" in the README), or announces
+/// protocol version with it (see `docs/src/operations/upgrades.md`), or announces
 /// another partition count.
 fn version_problems(status: &ClusterStatus) -> Vec<String> {
     let own = &status.node;

@@ -9,8 +9,8 @@
 //! take a status line, the headers that frame the body (`Content-Length`,
 //! chunked `Transfer-Encoding`) and the body. TLS is rustls with the ring
 //! provider given to the config itself (never installed as the process
-//! default: see FACTS.md), verifying the API server against the service
-//! account's `ca.crt`.
+//! default), verifying the API server against the service account's
+//! `ca.crt`.
 //!
 //! Every error names what failed and what to do (`GET` refused with 403:
 //! the RBAC objects of `deploy/k8s/base/rbac.yaml`).
