@@ -307,7 +307,7 @@ pub struct RunArgs {
     /// certificate it signed to pull from this node (mutual TLS).
     #[arg(long, env = "TALLY_TLS_CA")]
     pub tls_ca: Option<PathBuf>,
-    /// File of client tokens, one `NAME TOKEN` per line; clients send `authorization: Bearer TOKEN`.
+    /// File of client tokens, one `NAME TOKEN ROLES` per line (ROLES: read, write, admin, comma-separated); clients send `authorization: Bearer TOKEN`.
     #[arg(long, env = "TALLY_AUTH_TOKENS")]
     pub auth_tokens: Option<PathBuf>,
     /// Requests per second allowed per token (0: no limit). [default: 0]

@@ -36,7 +36,7 @@ pub struct SecuritySettings {
     pub tls_key: Option<PathBuf>,
     /// PEM CA certificate(s) that sign the cluster's nodes.
     pub tls_ca: Option<PathBuf>,
-    /// File of client tokens, `NAME TOKEN` per line.
+    /// File of client tokens, `NAME TOKEN ROLES` per line.
     pub auth_tokens: Option<PathBuf>,
     /// Requests per second per token; 0 is no limit.
     pub rate_limit: u32,

@@ -4,8 +4,8 @@
 //! `http://127.0.0.1:7100`; `host:port` works too; `https://host:port` with
 //! `--tls-ca PEM` / `TALLY_TLS_CA`), `--token TOKEN` (env `TALLY_TOKEN`) or
 //! `--token-file FILE` (env `TALLY_TOKEN_FILE`: a token alone, or the node's
-//! `--auth-tokens` file, whose first token is used) for nodes that require
-//! one, and `--json`.
+//! `--auth-tokens` file, whose first token with the role the command needs
+//! is used) for nodes that require one, and `--json`.
 //!
 //! # Output formats (stable: scripts and tests parse them)
 //!
@@ -182,7 +182,8 @@ pub struct Cli {
     pub token: Option<String>,
 
     /// Read the bearer token from FILE: a token alone, or a node's
-    /// --auth-tokens file (`NAME TOKEN` lines), whose first token is used.
+    /// --auth-tokens file (`NAME TOKEN ROLES` lines), whose first token with
+    /// the role the command needs (admin, or write) is used.
     #[arg(
         long,
         global = true,
@@ -422,7 +423,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         let text = std::fs::read_to_string(&path).map_err(|e| {
             anyhow::anyhow!("--token-file {}: cannot read the file: {e}", path.display())
         })?;
-        let token = token_from_file(&text)
+        let admin = matches!(command, Command::Admin(_));
+        let token = token_from_file(&text, admin)
             .map_err(|problem| anyhow::anyhow!("--token-file {}: {problem}", path.display()))?;
         base = base.with_token(token);
     }
@@ -458,24 +460,37 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-/// The token of a `--token-file`: the file's first token, the file holding
-/// a token alone or a node's `--auth-tokens` lines (`NAME TOKEN`; blank
-/// lines and `#` comments skipped).
-fn token_from_file(text: &str) -> Result<String, String> {
+/// The token of a `--token-file`: a file holding a token alone, or a node's
+/// `--auth-tokens` lines (`NAME TOKEN [ROLES]`; blank lines and `#` comments
+/// skipped): for an admin command the first token with the `admin` role,
+/// for any other the first with `write` (a line without roles has every
+/// role); the first token when none has it.
+fn token_from_file(text: &str, admin: bool) -> Result<String, String> {
+    let wanted = if admin { "admin" } else { "write" };
+    let mut first = None;
     for (number, line) in text.lines().enumerate() {
         let line = line.trim();
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        return match line.split_whitespace().collect::<Vec<_>>()[..] {
-            [token] | [_, token] => Ok(token.to_owned()),
-            _ => Err(format!(
-                "line {}: expected `TOKEN` or `NAME TOKEN`",
-                number + 1
-            )),
+        let (token, roles) = match line.split_whitespace().collect::<Vec<_>>()[..] {
+            [token] | [_, token] => (token, None),
+            [_, token, roles] => (token, Some(roles)),
+            _ => {
+                return Err(format!(
+                    "line {}: expected `TOKEN` or `NAME TOKEN [ROLES]`",
+                    number + 1
+                ))
+            }
         };
+        if roles.is_none_or(|roles| roles.split(',').any(|role| role == wanted)) {
+            return Ok(token.to_owned());
+        }
+        first.get_or_insert(token);
     }
-    Err("the file holds no token".to_owned())
+    first
+        .map(str::to_owned)
+        .ok_or_else(|| "the file holds no token".to_owned())
 }
 
 /// The node to talk to and how: the endpoint and the connection settings
@@ -547,16 +562,25 @@ mod tests {
     }
 
     #[test]
-    fn a_token_file_gives_its_first_token() {
-        assert_eq!(token_from_file("s3cret\n").as_deref(), Ok("s3cret"));
+    fn a_token_file_gives_its_first_token_with_the_role_the_command_needs() {
+        assert_eq!(token_from_file("s3cret\n", false).as_deref(), Ok("s3cret"));
         assert_eq!(
-            token_from_file("# NAME TOKEN\n\n  web  tok-1 \nops tok-2\n").as_deref(),
+            token_from_file("# NAME TOKEN\n\n  web  tok-1 \nops tok-2\n", true).as_deref(),
             Ok("tok-1")
         );
-        assert!(token_from_file("# none\n")
+        let roles = "web tok-1 read,write\nreader tok-2 read\nops tok-3 admin\n";
+        assert_eq!(token_from_file(roles, false).as_deref(), Ok("tok-1"));
+        assert_eq!(token_from_file(roles, true).as_deref(), Ok("tok-3"));
+        assert_eq!(
+            token_from_file("reader tok-2 read\n", true).as_deref(),
+            Ok("tok-2")
+        );
+        assert!(token_from_file("# none\n", false)
             .unwrap_err()
             .contains("no token"));
-        assert!(token_from_file("a b c\n").unwrap_err().contains("line 1"));
+        assert!(token_from_file("a b c d\n", false)
+            .unwrap_err()
+            .contains("line 1"));
     }
 
     #[test]
