@@ -5,7 +5,8 @@
 //! comes back copied folded, the writer's gate opens only once its counters
 //! reach the fold, and its new adds count exactly once next to the old.
 //! After the fold, a replicated add is on its copy when the copy answers,
-//! or the copy refuses the push (issue 42).
+//! or the copy refuses the push, and a purge keeps the slot of the new
+//! phase until that phase is folded too (issue 42).
 
 use super::super::tests::{key_in, partitions_of, sixteen, Node};
 use super::*;
@@ -358,4 +359,60 @@ fn a_copy_without_the_fold_refuses_the_push_and_nothing_is_confirmed() {
     w.replica.handle_push_failed(push.upto_seq);
     assert!(w.replica.replicated_seq() < ticket, "not acknowledged");
     assert_eq!(w.replica.copies_pending(), (1, false), "pushed again later");
+}
+
+/// Issue 42, item 2: W's slot written after the fold (phase 1) in a
+/// partition that moves away from W again is W's to keep until phase 1 is
+/// folded too. The purge used to cut the counter down to the slot at epoch
+/// 0, where it reads as phase 0 (folded already), and the next pass deleted
+/// it: taking the partition back with no holder to copy from, W restarted
+/// its slot at 0 and the max-merge swallowed its next adds.
+#[test]
+fn a_purge_keeps_the_slot_written_after_the_fold_until_that_phase_is_folded() {
+    let moved = key_in("post", 0);
+    let fresh = key_in("fresh", 0);
+    let (mut w, mut a, mut b) = back_after_fold(&moved);
+    w.add(&moved, 3);
+    w.add(&fresh, 4);
+    w.commit();
+    exchange(&mut [&mut w, &mut a, &mut b]);
+    let book = w.replica.folds().book().clone();
+    let before = w.store.load_counter(&moved).unwrap().unwrap().state;
+    assert_eq!(book.phase(ReplicaId(3), Some(0), before.folded().epoch), 1);
+
+    // Partition 0 moves away from W again; two passes (the second finds
+    // what the first rewrote).
+    w.replica.set_serving(Some(partitions_of(&[1])));
+    w.replica.set_kept(Some(partitions_of(&[1])));
+    purge_all(&mut w, &[1]);
+    purge_all(&mut w, &[1]);
+    for (key, p) in [(&moved, 3), (&fresh, 4)] {
+        let stored = w.store.load_counter(key).unwrap().map(|s| s.state);
+        let Some(stored) = stored else {
+            panic!(
+                "W's phase-1 slot of {key} (p {p}) was deleted, though phase 1 was never folded"
+            );
+        };
+        assert_eq!(stored.slot(ReplicaId(3)), Slot { p, n: 0 }, "{key}");
+        assert_eq!(
+            book.phase(ReplicaId(3), Some(0), stored.folded().epoch),
+            1,
+            "{key}: the slot kept is still of phase 1 ({:?})",
+            stored.folded()
+        );
+    }
+
+    // It comes back before any other fold, with nobody to copy from (the
+    // handoff has nothing to wait for): W's gate opens at the fold's epoch,
+    // W continues its slot, and the next add counts.
+    w.replica.set_kept(Some(partitions_of(&[0, 1])));
+    assert_eq!(w.replica.raise_copied(crate::partition::Partition(0)), 1);
+    assert_eq!(w.replica.folds().writes_in(ReplicaId(3), 0), Ok(()));
+    w.replica.set_serving(Some(partitions_of(&[0, 1])));
+    w.add(&moved, 2);
+    w.commit();
+    exchange(&mut [&mut w, &mut a, &mut b]);
+    for node in [&mut w, &mut a, &mut b] {
+        assert_eq!(node.value(&moved), 10, "5 folded, then 3 and 2");
+    }
 }
