@@ -38,7 +38,9 @@ pub enum Outcome {
     },
     /// The caller gave up without learning whether it landed.
     Abandoned,
-    /// The node refused it (never expected: the checker reports it).
+    /// The node refused it. Never expected in the simulator (its checker
+    /// reports the refusal); in a chaos run, a refusal that means "not
+    /// applied" of the add's only attempt ([`Ledger::not_applied`]).
     Refused,
 }
 
@@ -257,6 +259,19 @@ impl Ledger {
         let add = &mut self.adds[id as usize];
         if add.outcome == Outcome::Pending {
             add.outcome = Outcome::Refused;
+        }
+    }
+
+    /// The node of `replica` answered the add's only attempt with a refusal
+    /// that means "not applied" (`chaos/workload.rs`): the add is not
+    /// delivered there, so no check explains a slot with it. Its lane stays
+    /// held, so a node that applied it anyway holds a bit of its slot that
+    /// no add explains, and the check fails.
+    pub fn not_applied(&mut self, id: u32, replica: ReplicaId) {
+        let add = &mut self.adds[id as usize];
+        if add.outcome == Outcome::Pending {
+            add.outcome = Outcome::Refused;
+            add.delivered.retain(|delivered| *delivered != replica);
         }
     }
 

@@ -308,7 +308,7 @@ fn delta_from(delta: pb::SetDelta) -> Result<SetDelta, (&'static str, String)> {
 }
 
 /// A counter's folded base for the wire; none when no writer was folded.
-fn folded_to(base: FoldedBase) -> Option<pb::FoldedBase> {
+pub fn folded_to(base: FoldedBase) -> Option<pb::FoldedBase> {
     (base != FoldedBase::default()).then_some(pb::FoldedBase {
         epoch: base.epoch,
         p_low: base.p as u64,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tally_proto::v1 as pb;
 use tonic::{Code, Status};
 
-use super::convert::{id_key_from, id_key_to, record_from, record_to};
+use super::convert::{folded_from, folded_to, id_key_from, id_key_to, record_from, record_to};
 use crate::crdt::{ReplicaId, Slot};
 use crate::engine::{Durability, Engine};
 use crate::replica::version::ProtocolWindow;
@@ -50,6 +50,7 @@ pub fn copy_request_from(request: pb::CopyRequest) -> Result<CopyPush, Status> {
                 p: counter.p,
                 n: counter.n,
             },
+            counter.folded.map(folded_from).unwrap_or_default(),
         ));
     }
     Ok(CopyPush {
@@ -74,10 +75,11 @@ pub fn copy_request_to(push: &CopyPush) -> pb::CopyRequest {
         counters: push
             .counters
             .iter()
-            .map(|(key, slot)| pb::CopiedSlot {
+            .map(|(key, slot, base)| pb::CopiedSlot {
                 key: key.as_bytes().to_vec().into(),
                 p: slot.p,
                 n: slot.n,
+                folded: folded_to(*base),
             })
             .collect(),
         protocol_version: push.protocol.newest,
@@ -94,7 +96,8 @@ pub fn copy_status(refused: &CopyRefused) -> Status {
         CopyRefused::IncompatibleProtocol { .. }
         | CopyRefused::FromItself(_)
         | CopyRefused::OtherRegion { .. }
-        | CopyRefused::RegionConflict { .. } => Code::FailedPrecondition,
+        | CopyRefused::RegionConflict { .. }
+        | CopyRefused::Unmergeable { .. } => Code::FailedPrecondition,
         CopyRefused::Oversized(_)
         | CopyRefused::OversizedRecords(_)
         | CopyRefused::DuplicateKey(_) => Code::InvalidArgument,
@@ -112,6 +115,7 @@ pub fn copy_refusal_reason(refused: &CopyRefused) -> &'static str {
         CopyRefused::RegionConflict { .. } => "region_conflict",
         CopyRefused::Oversized(_) | CopyRefused::OversizedRecords(_) => "oversized",
         CopyRefused::DuplicateKey(_) => "malformed",
+        CopyRefused::Unmergeable { .. } => "unmergeable",
         CopyRefused::Storage(_) => "storage",
     }
 }
@@ -176,6 +180,7 @@ pub async fn serve(engine: &Engine, request: pb::CopyRequest) -> Result<pb::Copy
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::crdt::FoldedBase;
 
     fn push() -> CopyPush {
         CopyPush {
@@ -183,7 +188,18 @@ mod tests {
             source: ReplicaId(7),
             region: "eu".into(),
             upto_seq: 3,
-            counters: vec![("likes".into(), Slot { p: 5, n: 1 })],
+            counters: vec![
+                ("likes".into(), Slot { p: 5, n: 1 }, FoldedBase::default()),
+                (
+                    "views".into(),
+                    Slot { p: 2, n: 0 },
+                    FoldedBase {
+                        epoch: 3,
+                        p: u128::from(u64::MAX) + 7,
+                        n: 1,
+                    },
+                ),
+            ],
             protocol: ProtocolWindow::at(1, 6),
             records: vec![crate::replica::IdempotencyRecord {
                 id: u128::MAX,

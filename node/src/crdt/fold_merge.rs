@@ -86,27 +86,8 @@ impl PnCounter {
         book: &FoldBook,
         partition: Option<u32>,
     ) -> Result<bool, FoldError> {
-        let epoch = self.folded.epoch.max(other.folded.epoch);
-        if epoch > book.epoch() {
-            return Err(FoldError::UnknownEpoch {
-                epoch,
-                known: book.epoch(),
-            });
-        }
-        let base = match self.folded.epoch.cmp(&other.folded.epoch) {
-            std::cmp::Ordering::Less => other.folded,
-            std::cmp::Ordering::Greater => self.folded,
-            std::cmp::Ordering::Equal if self.folded == other.folded => self.folded,
-            std::cmp::Ordering::Equal => {
-                return Err(FoldError::BaseConflict {
-                    epoch,
-                    ours_p: self.folded.p,
-                    ours_n: self.folded.n,
-                    theirs_p: other.folded.p,
-                    theirs_n: other.folded.n,
-                })
-            }
-        };
+        let base = self.merged_base(other, book)?;
+        let epoch = base.epoch;
         if book.epoch() == 0 {
             // The common case: no fold ever, plain slot-wise max.
             return Ok(crate::crdt::Crdt::merge(self, other));
@@ -125,6 +106,38 @@ impl PnCounter {
         merged.folded = base;
         *self = merged;
         Ok(*self != before)
+    }
+
+    /// Whether [`PnCounter::merge_folded`] of `other` into this state would
+    /// be refused, without merging: a caller that must take a whole batch
+    /// or none of it checks every counter first.
+    pub fn check_merge_folded(&self, other: &PnCounter, book: &FoldBook) -> Result<(), FoldError> {
+        self.merged_base(other, book).map(|_| ())
+    }
+
+    /// The base of the merge of `self` and `other`: the higher epoch's.
+    /// Refused when that epoch is one `book` does not hold, or when both
+    /// are at one epoch with different bases.
+    fn merged_base(&self, other: &PnCounter, book: &FoldBook) -> Result<FoldedBase, FoldError> {
+        let epoch = self.folded.epoch.max(other.folded.epoch);
+        if epoch > book.epoch() {
+            return Err(FoldError::UnknownEpoch {
+                epoch,
+                known: book.epoch(),
+            });
+        }
+        match self.folded.epoch.cmp(&other.folded.epoch) {
+            std::cmp::Ordering::Less => Ok(other.folded),
+            std::cmp::Ordering::Greater => Ok(self.folded),
+            std::cmp::Ordering::Equal if self.folded == other.folded => Ok(self.folded),
+            std::cmp::Ordering::Equal => Err(FoldError::BaseConflict {
+                epoch,
+                ours_p: self.folded.p,
+                ours_n: self.folded.n,
+                theirs_p: other.folded.p,
+                theirs_n: other.folded.n,
+            }),
+        }
     }
 }
 

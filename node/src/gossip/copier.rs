@@ -130,7 +130,7 @@ async fn push_once(
     }
     let routes = partitioning.routes();
     let plan = plan_copies(
-        push.counters.iter().map(|(key, _)| key.as_bytes()),
+        push.counters.iter().map(|(key, ..)| key.as_bytes()),
         |key| {
             let (owners, releasing) = routes.as_ref()?.other_holders(key);
             let owned = |names: Vec<&str>| names.into_iter().map(String::from).collect();

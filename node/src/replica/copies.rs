@@ -15,6 +15,18 @@
 //! pulled chunk and says which of its own commits makes them durable; its
 //! runtime answers only then.
 //!
+//! A slot written after a fold of the writer's slots in the counter's
+//! partition (`fold_scoped.rs`: the partition moved away from it, was
+//! folded and came back) is of a later phase than one with no fold: alone,
+//! a copy would take it for the folded one and drop it. Such a slot is
+//! pushed with its counter's folded base (issue 42), which names its
+//! phase; a copy that cannot merge the two (it does not hold the fold
+//! record yet) refuses the whole push, and the writer does not count it as
+//! copied. Only cluster version 12 folds slots of a live writer, and a node
+//! at that version talks only to nodes that speak it, so every copy that
+//! can be sent a base reads it; a slot of phase 0 goes without one, as
+//! before, to copies of any version.
+//!
 //! A push also carries the idempotency records of the commits it covers, and
 //! the copy keeps them in the commit that answers the push: when a
 //! replicated add is acknowledged, its copies recognise a retry of it (one
@@ -28,7 +40,7 @@
 //! copies, and never passes `durable_seq`; a copy merges (max), so a push
 //! received twice, late or out of order changes nothing more.
 
-use crate::crdt::{PnCounter, ReplicaId, Slot};
+use crate::crdt::{FoldError, FoldedBase, PnCounter, ReplicaId, Slot};
 
 use super::idempotency_sync::MAX_CHUNK_RECORDS;
 use super::types::{DurableState, IdempotencyRecord, Key, StorageError};
@@ -54,8 +66,11 @@ pub struct CopyPush {
     pub region: String,
     /// The sender's durable sequence that the push brings its copies up to.
     pub upto_seq: u64,
-    /// Counters and the sender's slot in each.
-    pub counters: Vec<(Key, Slot)>,
+    /// Counters, the sender's slot in each, and the counter's folded base
+    /// when the slot was written after a fold of the sender's slots in its
+    /// partition (the base names the slot's phase); the default base for a
+    /// slot of phase 0.
+    pub counters: Vec<(Key, Slot, FoldedBase)>,
     /// The protocol versions the sender speaks.
     pub protocol: ProtocolWindow,
     /// The idempotency records of the commits the push covers.
@@ -124,6 +139,16 @@ pub enum CopyRefused {
     /// The push names the same counter twice.
     #[error("counter {0:?} appears twice in one copy push")]
     DuplicateKey(String),
+    /// A counter's pushed state cannot be merged here yet (its fold epoch
+    /// is one this node holds no record of, or its base conflicts with
+    /// ours): taking it would drop the slot, so the push is not confirmed.
+    #[error("copy push refused: the state of counter {key:?} cannot be merged here: {error}")]
+    Unmergeable {
+        /// The counter.
+        key: String,
+        /// Why.
+        error: FoldError,
+    },
     /// A counter could not be loaded to merge into.
     #[error(transparent)]
     Storage(#[from] StorageError),
@@ -247,18 +272,25 @@ impl Replica {
         let taken = self.copies.pending.len().min(MAX_PUSH_COUNTERS);
         let keys: Vec<PendingCounter> = self.copies.pending.drain(..taken).collect();
         let mut counters = Vec::with_capacity(keys.len());
+        let book = self.folds.book();
         for (key, _) in &keys {
+            let partition = self.folds.partition_of(key);
             let entry = self
                 .counters
                 .get_mut(key)
                 .expect("a counter waiting for its copies stays cached");
             entry.copy_pending = false;
             entry.copy_in_flight = true;
-            let slot = entry
-                .durable
-                .as_ref()
-                .map_or(Slot::default(), |durable| durable.slot(own));
-            counters.push((key.clone(), slot));
+            let (slot, base) = match &entry.durable {
+                // Only a slot written after a fold of ours here needs its
+                // phase named (see the module documentation).
+                Some(durable) if book.phase(own, partition, durable.folded().epoch) > 0 => {
+                    (durable.slot(own), durable.folded())
+                }
+                Some(durable) => (durable.slot(own), FoldedBase::default()),
+                None => (Slot::default(), FoldedBase::default()),
+            };
+            counters.push((key.clone(), slot, base));
         }
         let upto_seq = self.durable_seq;
         // At most a chunk's worth of records per push (a copy refuses more);
@@ -375,9 +407,28 @@ impl Replica {
             return Err(CopyRefused::OversizedRecords(push.records.len()));
         }
         let mut seen = std::collections::HashSet::with_capacity(push.counters.len());
-        for (key, _) in &push.counters {
+        for (key, ..) in &push.counters {
             if !seen.insert(key.as_ref()) {
                 return Err(CopyRefused::DuplicateKey(key.to_string()));
+            }
+        }
+        // Merged as a pulled chunk is: a folded writer's slot is dropped.
+        let book = self.folds.shared_book();
+        let incoming =
+            |slot: Slot, base: FoldedBase| PnCounter::from_parts([(push.source, slot)], base);
+        // Every counter must merge, or none is taken: a slot the merge
+        // could not place is not on this node, and the answer would say it
+        // is.
+        for (key, slot, base) in &push.counters {
+            let entry = self.entry(store, key, now_ms)?;
+            if let Err(error) = entry
+                .live
+                .check_merge_folded(&incoming(*slot, *base), &book)
+            {
+                return Err(CopyRefused::Unmergeable {
+                    key: key.to_string(),
+                    error,
+                });
             }
         }
         if !self.directory.contains(&push.source) {
@@ -389,17 +440,19 @@ impl Replica {
         // and the earliest at which such a copy is listed in the change log.
         let mut strays_at = None;
         let mut strays_from = u64::MAX;
-        // Merged as a pulled chunk is: a folded writer's slot is dropped.
-        let book = self.folds.shared_book();
-        for (key, slot) in &push.counters {
+        for (key, slot, base) in &push.counters {
             let partition = self.folds.partition_of(key);
             let entry = self.entry(store, key, now_ms)?;
-            let incoming = PnCounter::from_slots([(push.source, *slot)]);
-            if entry
+            // Checked above, and neither the book nor the counter changed
+            // since (a refusal here would leave the push half merged).
+            let merged = entry
                 .live
-                .merge_folded(&incoming, &book, partition)
-                .unwrap_or(false)
-            {
+                .merge_folded(&incoming(*slot, *base), &book, partition)
+                .map_err(|error| CopyRefused::Unmergeable {
+                    key: key.to_string(),
+                    error,
+                })?;
+            if merged {
                 changed.push((key.clone(), entry.live.clone()));
                 self.mark_dirty(key);
             }

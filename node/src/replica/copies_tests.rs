@@ -3,7 +3,7 @@
 //! copy's side (merge, ticket, refusals).
 
 use super::*;
-use crate::crdt::{PnCounter, Slot};
+use crate::crdt::{FoldedBase, PnCounter, Slot};
 use crate::replica::tests::Node;
 use crate::replica::{Identity, ReplicaConfig};
 use crate::store::{MemoryStore, Store};
@@ -66,7 +66,10 @@ fn a_replicated_add_is_pushed_after_its_commit_and_confirmed_by_the_push() {
     let push = a.replica.poll_push().unwrap();
     assert_eq!(push.source, ReplicaId(1));
     assert_eq!(push.upto_seq, ticket);
-    assert_eq!(push.counters, vec![("likes".into(), slot(7))]);
+    assert_eq!(
+        push.counters,
+        vec![("likes".into(), slot(7), FoldedBase::default())]
+    );
     assert!(a.replica.poll_push().is_none(), "one push at a time");
     a.replica.handle_push_done(push.upto_seq);
     assert_eq!(a.replica.replicated_seq(), ticket);
@@ -99,7 +102,10 @@ fn adds_gather_while_a_push_is_in_flight_and_a_hot_key_is_pushed_once() {
         "the second commit waits for its own push"
     );
     let second = a.replica.poll_push().unwrap();
-    assert_eq!(second.counters, vec![("hot".into(), slot(101))]);
+    assert_eq!(
+        second.counters,
+        vec![("hot".into(), slot(101), FoldedBase::default())]
+    );
     a.replica.handle_push_done(second.upto_seq);
     assert_eq!(a.replica.replicated_seq(), second_ticket);
 }
@@ -115,7 +121,7 @@ fn a_failed_push_goes_into_the_next_one_and_nothing_is_confirmed_meanwhile() {
     a.replica.handle_push_failed(push.upto_seq);
     assert_eq!(a.replica.replicated_seq(), 0);
     let retry = a.replica.poll_push().unwrap();
-    let mut keys: Vec<&str> = retry.counters.iter().map(|(k, _)| k.as_ref()).collect();
+    let mut keys: Vec<&str> = retry.counters.iter().map(|(k, ..)| k.as_ref()).collect();
     keys.sort();
     assert_eq!(keys, vec!["k1", "k2"]);
     a.replica.handle_push_done(retry.upto_seq);
@@ -150,7 +156,10 @@ fn a_failed_commit_moves_the_want_to_the_next_commit() {
         "the retried commit is pushed"
     );
     let push = a.replica.poll_push().unwrap();
-    assert_eq!(push.counters, vec![("k".into(), slot(3))]);
+    assert_eq!(
+        push.counters,
+        vec![("k".into(), slot(3), FoldedBase::default())]
+    );
 }
 
 #[test]
@@ -166,7 +175,11 @@ fn a_replicated_retry_of_a_sync_add_pushes_its_counter() {
     );
     a.commit();
     let push = a.replica.poll_push().unwrap();
-    assert_eq!(push.counters, vec![("k".into(), slot(4))], "counted once");
+    assert_eq!(
+        push.counters,
+        vec![("k".into(), slot(4), FoldedBase::default())],
+        "counted once"
+    );
     a.replica.handle_push_done(push.upto_seq);
     assert!(a.replica.replicated_seq() >= ticket);
 }
@@ -261,7 +274,10 @@ fn a_copy_refuses_what_is_not_a_push_of_its_region() {
         CopyRefused::WrongCluster { .. }
     ));
     let twice = CopyPush {
-        counters: vec![("k".into(), slot(1)), ("k".into(), slot(2))],
+        counters: vec![
+            ("k".into(), slot(1), FoldedBase::default()),
+            ("k".into(), slot(2), FoldedBase::default()),
+        ],
         ..push.clone()
     };
     assert!(matches!(
@@ -408,7 +424,7 @@ fn more_pending_counters_than_a_push_takes_go_in_several_and_hold_replicated_seq
     let keys: Vec<String> = rest
         .counters
         .iter()
-        .map(|(key, _)| key.to_string())
+        .map(|(key, ..)| key.to_string())
         .collect();
     assert_eq!(
         keys,

@@ -18,8 +18,9 @@
 //!
 //! Invariants kept here:
 //! - **Its own slot stays.** A counter whose slot of this replica is not
-//!   empty is rewritten to that slot alone; one whose slot is empty is
-//!   deleted. Only this replica raises its slot (invariant 1), and it
+//!   empty is rewritten to that slot alone, with the counter's fold epoch
+//!   and base (the epoch names the slot's phase); one whose slot is empty
+//!   is deleted. Only this replica raises its slot (invariant 1), and it
 //!   continues from what it stores when it takes the partition back: were
 //!   the slot deleted, a later add would restart it from zero and the
 //!   slot-wise max of the merge would lose the adds of the old value. The
@@ -37,7 +38,7 @@
 //!   digests they change ([`CommitBatch::deleted`](super::CommitBatch)), and
 //!   a failed commit puts them back. Rewrites are ordinary changes.
 
-use crate::crdt::{PnCounter, StateDigest};
+use crate::crdt::{PnCounter, Slot, StateDigest};
 
 use super::retire::changed_slots;
 use super::types::{Change, Cursor, DurableState, Key, StorageError, StoredCounter};
@@ -242,15 +243,20 @@ impl Replica {
             (book.phase(own, Some(p), epoch) as usize) < book.scoped_epochs(own, p).len()
         });
         let slot = match folded_since {
-            true => crate::crdt::Slot::default(),
+            true => Slot::default(),
             false => stored.state.slot(own),
         };
-        let trimmed = PnCounter::from_slots([(own, slot)]);
-        if trimmed.is_empty() {
+        if slot == Slot::default() {
             self.counters.remove(&*change.key);
             self.purge.pending.push((change.key.clone(), stored));
             return Ok(Dropped::Deleted);
         }
+        // The slot keeps its counter's epoch and base: the epoch is what
+        // names the slot's phase (cut down to epoch 0, a slot written
+        // after a fold of ours here would read as the folded one, and the
+        // next pass would delete it; issue 42), and the base is the one
+        // every holder at that epoch has.
+        let trimmed = PnCounter::from_parts([(own, slot)], stored.state.folded());
         if trimmed == stored.state {
             return Ok(Dropped::Kept);
         }

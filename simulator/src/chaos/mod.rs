@@ -344,6 +344,7 @@ async fn drive(
         retried: AtomicU64::new(0),
         placement,
         not_served: AtomicU64::new(0),
+        refused: AtomicU64::new(0),
     });
     // History of each node's replica ids, in order (for adds across a wipe).
     let mut incarnations: Vec<Vec<ReplicaId>> = nodes.iter().map(|n| vec![n.replica]).collect();
@@ -665,13 +666,15 @@ async fn drive(
         w.adds, w.hot_adds, w.acked, w.abandoned, slots.slots, slots.unacked_applied, slots.unacked_lost
     );
     println!(
-        "client cuts: {} answers dropped mid-add, {} adds answered only after a retry with their idempotency key",
+        "client cuts: {} answers dropped mid-add, {} adds answered only after a retry with their idempotency key, \
+         {} refused at their only attempt as not applied (checked absent)",
         clients.dropped.load(Ordering::SeqCst),
-        shared.retried.load(Ordering::SeqCst)
+        shared.retried.load(Ordering::SeqCst),
+        shared.refused.load(Ordering::SeqCst)
     );
     if shared.placement.is_some() {
         println!(
-            "partitioned: {} adds given up because their node no longer served the key (fate unknown)",
+            "partitioned: {} adds refused because their node no longer served the key (not applied, or fate unknown after a failed attempt)",
             shared.not_served.load(Ordering::SeqCst)
         );
     }

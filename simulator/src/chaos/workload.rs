@@ -15,8 +15,18 @@
 //! With partitioned regions a client adds only to keys its node owns, as
 //! the node's partition map says (refreshed every half second). An add its
 //! node refuses as not served (ownership moved, or the node is still copying
-//! the partition in) is given up at once: an earlier attempt may have
-//! landed, so its fate is unknown, and its retries could never succeed there.
+//! the partition in) is given up at once: its retries could never succeed
+//! there.
+//!
+//! A refusal whose meaning is "not applied" ([`classify`]: a malformed or
+//! out-of-range add, a failed precondition, a partition not served or
+//! write-gated) of an add's only attempt is recorded as such
+//! ([`Ledger::not_applied`](crate::ledger::Ledger::not_applied)): a node
+//! that applied an add and refused it fails the check (invariant 7). After
+//! an attempt whose fate is unknown, a refusal says nothing of that earlier
+//! attempt, and the add's fate stays unknown. So that the loop sees every
+//! attempt's answer, the client library does not retry by itself: this
+//! loop retries transient failures with the same idempotency key.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,10 +72,64 @@ pub struct Shared {
     pub placement: Option<KeyPlacement>,
     /// Adds given up because their node no longer served the key.
     pub not_served: AtomicU64,
+    /// Adds whose only attempt was refused as not applied.
+    pub refused: AtomicU64,
 }
 
 /// How often a client of a partitioned region rereads its node's map.
 const MAP_EVERY: Duration = Duration::from_millis(500);
+
+/// What a failed attempt of an add says about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// A refusal whose meaning is "not applied": nothing of this attempt
+    /// changed the node's state.
+    NotApplied,
+    /// The node was down, slow or cut off: the attempt may or may not have
+    /// landed, and another one with the same idempotency key may succeed.
+    Transient,
+    /// Anything else: the attempt's fate is unknown.
+    Unknown,
+}
+
+/// The messages of the refusals that come as `UNAVAILABLE` (another node
+/// may take the add, so a caller may try elsewhere) but mean "not applied":
+/// `AddRefused::NotServed`, `WriteGate::Retired`, `WriteGate::NotApplied`
+/// (node/src/replica/mod.rs and fold_scoped.rs; `workload_tests.rs` checks
+/// them against the node's own errors).
+const NOT_APPLIED_UNAVAILABLE: [&str; 3] = [
+    "does not serve partition",
+    "wait for their fold; another owner takes the adds",
+    "it writes there again once its counters reach the fold",
+];
+
+/// Classifies a failed add by its gRPC code and, for `UNAVAILABLE`, its
+/// message: `INVALID_ARGUMENT`, `OUT_OF_RANGE` (invariant 6: nothing
+/// changes) and `FAILED_PRECONDITION` are refusals made before anything is
+/// applied, as are a partition not served and a write gate.
+pub fn classify(error: &tally_client::Error) -> Failure {
+    use tonic::Code;
+    match error.code() {
+        Some(Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition) => {
+            return Failure::NotApplied;
+        }
+        Some(Code::Unavailable) => {
+            let message = error.to_string();
+            if NOT_APPLIED_UNAVAILABLE
+                .iter()
+                .any(|refusal| message.contains(refusal))
+            {
+                return Failure::NotApplied;
+            }
+        }
+        _ => {}
+    }
+    if error.is_transient() {
+        Failure::Transient
+    } else {
+        Failure::Unknown
+    }
+}
 
 /// Draws a key: the hot one 30% of the time, else by a Zipf law; with
 /// `owned`, only among the keys the node owns (`None` when it owns none of
@@ -97,7 +161,11 @@ pub async fn client_loop(
     // Pinned: each add lands in the slot of the node it was sent to, which
     // is what the checker accounts it to (a forwarded add would land in
     // its key's first owner's slot instead).
-    let config = ClientConfig::default().with_routing(tally_client::Routing::Pinned);
+    // No retries inside the library: this loop retries, and sees every
+    // attempt's answer (see the module documentation).
+    let config = ClientConfig::default()
+        .with_routing(tally_client::Routing::Pinned)
+        .with_max_retries(0);
     let mut client: Option<tally_client::Client> = None;
     // Partitioned: the keys the node owns, and when its map was last read.
     let mut owned: Option<Vec<bool>> = shared.placement.as_ref().map(|_| Vec::new());
@@ -161,13 +229,12 @@ pub async fn client_loop(
                 .await;
             let retry = match &result {
                 Ok(_) => false,
-                Err(error) if error.to_string().contains("does not serve partition") => {
-                    shared.not_served.fetch_add(1, Ordering::SeqCst);
-                    map_read = Instant::now() - MAP_EVERY;
-                    false
-                }
                 Err(error) => {
-                    error.is_transient()
+                    if error.to_string().contains("does not serve partition") {
+                        shared.not_served.fetch_add(1, Ordering::SeqCst);
+                        map_read = Instant::now() - MAP_EVERY;
+                    }
+                    classify(error) == Failure::Transient
                         && !shared.stop.load(Ordering::SeqCst)
                         && shared.epochs[node].load(Ordering::SeqCst) == epoch
                 }
@@ -192,6 +259,14 @@ pub async fn client_loop(
                 book.ledger.abandon(add);
             } else if result.is_ok() {
                 book.ledger.answered(add, replica, 0, false);
+            } else if failures == 0
+                && result
+                    .as_ref()
+                    .is_err_and(|e| classify(e) == Failure::NotApplied)
+            {
+                // Its only attempt was refused: not applied anywhere.
+                book.ledger.not_applied(add, replica);
+                shared.refused.fetch_add(1, Ordering::SeqCst);
             } else {
                 book.ledger.abandon(add);
             }
@@ -199,3 +274,7 @@ pub async fn client_loop(
         tokio::time::sleep(Duration::from_millis(between(&mut rng, 0, 20))).await;
     }
 }
+
+#[cfg(test)]
+#[path = "workload_tests.rs"]
+mod tests;

@@ -20,7 +20,7 @@
 
 use std::sync::Arc;
 
-use tally_node::crdt::Slot;
+use tally_node::crdt::{FoldedBase, Slot};
 use tally_node::replica::{CopyPush, Key};
 
 use super::{Event, NetMsg, World};
@@ -33,8 +33,9 @@ pub const RETRY_PAUSE_MS: u64 = 50;
 /// The longest pause between two attempts of a failing push.
 pub const MAX_RETRY_PAUSE_MS: u64 = 1_000;
 
-/// The slots a push carried, kept by the copy until it answers.
-pub type PushedSlots = Arc<Vec<(Key, Slot)>>;
+/// The slots a push carried (each with its counter's folded base when the
+/// slot is of a phase after a fold), kept by the copy until it answers.
+pub type PushedSlots = Arc<Vec<(Key, Slot, FoldedBase)>>;
 
 /// Counters of replicated durability over a run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -234,7 +235,7 @@ impl World<'_> {
         source: tally_node::crdt::ReplicaId,
         slots: &PushedSlots,
     ) {
-        for (key, slot) in slots.iter() {
+        for (key, slot, _) in slots.iter() {
             let Some(&index) = self.key_index.get(&**key) else {
                 continue;
             };
