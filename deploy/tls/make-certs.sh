@@ -39,12 +39,15 @@
 #   other-node.crt other-node.key a node certificate signed by the OTHER CA,
 #                                 with the same SANs as a real node: a node
 #                                 must refuse a peer presenting it
+#   gossip.key                    a --gossip-key-file: one random 32-byte key in
+#                                 hex (gossip is sealed under it); kept if it
+#                                 exists
 #   cli.env                       TALLY_TOKEN=<the client token>, for the CLI
 #                                 (docker-compose.secure.yml reads it)
 #
 # Node flags that use them (see deploy/README.md):
 #   --tls-cert DIR/NODE.crt --tls-key DIR/NODE.key --tls-ca DIR/ca.crt
-#   --auth-tokens DIR/tokens --secure
+#   --auth-tokens DIR/tokens --gossip-key-file DIR/gossip.key --secure
 # and the CLI: tally --endpoint https://NODE:7100 --tls-ca DIR/ca.crt --token TOKEN ...
 #
 # Environment:
@@ -161,6 +164,14 @@ if [[ ! -s "$dir/tokens" ]]; then
   log "made $dir/tokens"
 fi
 
+if [[ ! -s "$dir/gossip.key" ]]; then
+  {
+    echo "# Tally --gossip-key-file: the first key seals gossip, every key opens it (made by make-certs.sh)"
+    openssl rand -hex 32
+  } >"$dir/gossip.key"
+  log "made $dir/gossip.key"
+fi
+
 if [[ ! -s "$dir/cli.env" ]]; then
   echo "TALLY_TOKEN=$(awk '$1 == "client" { print $2 }' "$dir/tokens")" >"$dir/cli.env"
   log "made $dir/cli.env"
@@ -180,7 +191,7 @@ fi
 chmod 0644 "$dir"/*.crt
 if [[ -n "${TALLY_CERT_UID:-}" ]]; then
   # Node and client keys only: the CA keys stay with whoever signs.
-  for file in "$dir"/*.key "$dir/tokens" "$dir/cli.env"; do
+  for file in "$dir"/*.key "$dir/tokens" "$dir/cli.env" "$dir/gossip.key"; do
     case "$(basename "$file")" in
       ca.key | other-ca.key) ;;
       *) chown "$TALLY_CERT_UID:$TALLY_CERT_UID" "$file" ;;

@@ -316,7 +316,13 @@ pub struct RunArgs {
     /// Requests a token may send at once above its rate. [default: the rate]
     #[arg(long, env = "TALLY_RATE_BURST")]
     pub rate_burst: Option<u32>,
-    /// Refuse to start unless TLS (--tls-cert, --tls-key, --tls-ca) and --auth-tokens are set.
+    /// File of gossip keys, one per line (64 hex characters, `openssl rand -hex 32`): the
+    /// first seals every gossip datagram, each one opens; a node without a key of the
+    /// cluster cannot join membership nor publish anything. [default: gossip unsealed]
+    #[arg(long, env = "TALLY_GOSSIP_KEY_FILE")]
+    pub gossip_key_file: Option<PathBuf>,
+    /// Refuse to start unless TLS (--tls-cert, --tls-key, --tls-ca), --auth-tokens and
+    /// --gossip-key-file are set.
     #[arg(long, env = "TALLY_SECURE", num_args = 0..=1, default_missing_value = "true")]
     pub secure: Option<bool>,
     /// Origins whose pages may call the JSON API from a browser (CORS), comma-separated:
@@ -405,6 +411,7 @@ struct FileSettings {
     auth_tokens: Option<PathBuf>,
     rate_limit: Option<u32>,
     rate_burst: Option<u32>,
+    gossip_key_file: Option<PathBuf>,
     secure: Option<bool>,
     http_cors_origin: Option<Vec<String>>,
     http_tls_cert: Option<PathBuf>,
@@ -719,6 +726,7 @@ impl Settings {
             auth_tokens: take!(auth_tokens),
             rate_limit,
             rate_burst: take!(rate_burst).unwrap_or(rate_limit),
+            gossip_key_file: take!(gossip_key_file),
             secure: take!(secure).unwrap_or(false),
         };
         let cors_source = source!(http_cors_origin);

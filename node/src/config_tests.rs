@@ -316,3 +316,19 @@ fn dead_after_has_a_default_and_must_outlast_ten_gossip_intervals() {
         "{err}"
     );
 }
+
+/// The configuration files the repository ships (systemd, each Kubernetes
+/// region) name only settings the node knows, with values it accepts.
+#[test]
+fn the_shipped_configuration_files_parse() {
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let mut files = vec![deploy.join("systemd/tally.toml")];
+    for region in ["eu-west", "us-east", "ap-south"] {
+        files.push(deploy.join(format!("k8s/regions/{region}/tally.toml")));
+    }
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let parsed = toml::from_str::<FileSettings>(&text);
+        assert!(parsed.is_ok(), "{}: {:?}", file.display(), parsed.err());
+    }
+}

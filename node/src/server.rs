@@ -286,26 +286,36 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         settings.advertise_grpc_addr.clone()
     };
 
-    let membership = MembershipHandle::spawn(MembershipConfig {
-        cluster_id: settings.cluster_id.clone(),
-        node_name: settings.node_name.clone(),
-        region: identity.region.clone(),
-        replica: identity.replica,
-        gossip_listen: settings.gossip_addr,
-        gossip_advertise: settings.advertise_gossip_addr,
-        grpc_advertise: advertise_grpc.clone(),
-        seeds: settings.seeds.clone(),
-        gossip_interval: settings.gossip_interval,
-        protocol,
-        partitions: cluster.partitions.get(),
-        born_at: engine.store().born_at(),
-        holding: Some(serving.clone()),
-        state: Some(
-            lifecycle_record
-                .as_ref()
-                .map_or(crate::partition::NodeState::Joining, |record| record.state),
-        ),
-    })
+    let gossip_transport: Box<dyn chitchat::transport::Transport> = match &security.gossip_keys {
+        Some(keys) => Box::new(crate::gossip::sealed_transport::SealedTransport::new(
+            keys.clone(),
+            engine.metrics().clone(),
+        )),
+        None => Box::new(chitchat::transport::UdpTransport),
+    };
+    let membership = MembershipHandle::spawn_with_transport(
+        MembershipConfig {
+            cluster_id: settings.cluster_id.clone(),
+            node_name: settings.node_name.clone(),
+            region: identity.region.clone(),
+            replica: identity.replica,
+            gossip_listen: settings.gossip_addr,
+            gossip_advertise: settings.advertise_gossip_addr,
+            grpc_advertise: advertise_grpc.clone(),
+            seeds: settings.seeds.clone(),
+            gossip_interval: settings.gossip_interval,
+            protocol,
+            partitions: cluster.partitions.get(),
+            born_at: engine.store().born_at(),
+            holding: Some(serving.clone()),
+            state: Some(
+                lifecycle_record
+                    .as_ref()
+                    .map_or(crate::partition::NodeState::Joining, |record| record.state),
+            ),
+        },
+        gossip_transport.as_ref(),
+    )
     .await
     .map_err(|error| StartError::Gossip {
         addr: settings.gossip_addr,

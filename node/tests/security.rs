@@ -259,7 +259,8 @@ fn secure_refuses_to_start_without_its_material_and_plain_nodes_warn() {
     assert!(
         stderr.contains("--secure")
             && stderr.contains("--tls-cert")
-            && stderr.contains("--auth-tokens"),
+            && stderr.contains("--auth-tokens")
+            && stderr.contains("--gossip-key-file"),
         "{stderr}"
     );
 
@@ -293,7 +294,8 @@ fn secure_refuses_to_start_without_its_material_and_plain_nodes_warn() {
     spec.extra = Vec::new();
     let mut plain = NodeProcess::start(spec);
     assert!(
-        plain.log_text().contains("security is off"),
+        plain.log_text().contains("security is off")
+            && plain.log_text().contains("gossip is not sealed"),
         "{}",
         plain.log_text()
     );

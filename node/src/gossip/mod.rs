@@ -11,3 +11,5 @@ pub mod fold_report;
 pub mod lifecycle;
 pub mod membership;
 pub mod release;
+pub mod seal;
+pub mod sealed_transport;

@@ -8,10 +8,14 @@
 //!   on): a node refuses a peer without one, and the TLS handshake of a peer
 //!   whose certificate comes from another CA fails, logged and counted.
 //!
+//! - gossip: sealed under the cluster's gossip keys (`--gossip-key-file`,
+//!   `crate::gossip::seal`): a datagram that does not open is dropped.
+//!
 //! Health checks and reflection stay open. Tokens without TLS are refused at
 //! start: Replication would be open to anyone (its credential is the node
-//! certificate). With `--secure`, a node refuses to start unless TLS and tokens
-//! are both configured; without security, it logs a warning at start.
+//! certificate). With `--secure`, a node refuses to start unless TLS, tokens
+//! and a gossip key are configured; without security, it logs a warning at
+//! start.
 
 pub mod accept;
 pub mod auth;
@@ -22,6 +26,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::bail;
+
+use crate::gossip::seal::GossipKeys;
 
 pub use auth::{Auth, AuthInterceptor, ItemCharge, TokensError};
 pub use identity::PeerIdentity;
@@ -42,7 +48,9 @@ pub struct SecuritySettings {
     pub rate_limit: u32,
     /// Requests a token may send at once above its rate.
     pub rate_burst: u32,
-    /// Refuse to start without TLS and tokens.
+    /// File of gossip keys (`--gossip-key-file`).
+    pub gossip_key_file: Option<PathBuf>,
+    /// Refuse to start without TLS, tokens and a gossip key.
     pub secure: bool,
 }
 
@@ -53,6 +61,8 @@ pub struct Security {
     pub tls: Option<TlsMaterial>,
     /// Client authentication, when configured.
     pub auth: Option<Arc<Auth>>,
+    /// The gossip keys, when configured: gossip datagrams are sealed.
+    pub gossip_keys: Option<Arc<std::sync::Mutex<GossipKeys>>>,
 }
 
 impl Security {
@@ -90,6 +100,10 @@ impl Security {
                  remove --auth-tokens"
             );
         }
+        let gossip_keys = match &settings.gossip_key_file {
+            Some(path) => Some(Arc::new(std::sync::Mutex::new(GossipKeys::load(path)?))),
+            None => None,
+        };
         if settings.secure {
             let mut missing = Vec::new();
             if tls.is_none() {
@@ -97,6 +111,9 @@ impl Security {
             }
             if auth.is_none() {
                 missing.push("--auth-tokens");
+            }
+            if gossip_keys.is_none() {
+                missing.push("--gossip-key-file");
             }
             if !missing.is_empty() {
                 bail!(
@@ -106,7 +123,11 @@ impl Security {
                 );
             }
         }
-        Ok(Security { tls, auth })
+        Ok(Security {
+            tls,
+            auth,
+            gossip_keys,
+        })
     }
 
     /// Logs, at start, what is not protected.
@@ -121,6 +142,13 @@ impl Security {
             tracing::warn!(
                 "client authentication is off: anyone who reaches the gRPC port can add to counters; \
                  set --auth-tokens (or --secure to require it)"
+            );
+        }
+        if self.gossip_keys.is_none() {
+            tracing::warn!(
+                "gossip is not sealed: anyone who reaches the gossip port with the cluster id can \
+                 join membership and publish lifecycle changes; set --gossip-key-file (or --secure \
+                 to require it)"
             );
         }
     }

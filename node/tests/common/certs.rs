@@ -78,8 +78,8 @@ impl Ca {
 }
 
 /// A node NAME with TLS (a node certificate of `ca` for NAME, under
-/// `root/NAME-tls`), the tokens file `tokens` (written to `root/tokens`),
-/// `--secure`, and `extra` flags.
+/// `root/NAME-tls`), the tokens file `tokens` (written to `root/tokens`), a
+/// gossip key (`root/gossip.key`), `--secure`, and `extra` flags.
 pub fn secure_spec(
     root: &Path,
     region: &str,
@@ -91,6 +91,8 @@ pub fn secure_spec(
     let (cert, key, ca_path) = ca.issue(&root.join(format!("{name}-tls")), name);
     let tokens_path = root.join("tokens");
     std::fs::write(&tokens_path, format!("# test tokens\n{tokens}")).unwrap();
+    let gossip_key = root.join("gossip.key");
+    std::fs::write(&gossip_key, format!("{}\n", "5e".repeat(32))).unwrap();
     let mut spec = NodeSpec::new(root, region, name);
     spec.extra = [
         "--tls-cert",
@@ -101,6 +103,8 @@ pub fn secure_spec(
         ca_path.to_str().unwrap(),
         "--auth-tokens",
         tokens_path.to_str().unwrap(),
+        "--gossip-key-file",
+        gossip_key.to_str().unwrap(),
         "--secure",
     ]
     .iter()
