@@ -143,6 +143,35 @@ pub fn deadline_of(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> 
     Some(timeout.saturating_sub(margin))
 }
 
+/// When the caller's deadline (`grpc-timeout`, counted from the request's
+/// arrival as [`crate::security::auth::Received`] marks it) ends, if it set
+/// one.
+pub fn admission_deadline<T>(request: &tonic::Request<T>) -> Option<tokio::time::Instant> {
+    let text = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let timeout = parse_grpc_timeout(text)?;
+    let received = request
+        .extensions()
+        .get::<crate::security::auth::Received>()
+        .map_or_else(tokio::time::Instant::now, |received| received.0);
+    Some(received + timeout)
+}
+
+/// Refuses a write whose caller's deadline passed before it was admitted:
+/// `DEADLINE_EXCEEDED`, and nothing is applied. Once admitted, a write
+/// completes whatever the deadline (its outcome is then the caller's to
+/// learn, by a retry with the same idempotency key).
+pub fn refuse_if_late(admit_by: Option<tokio::time::Instant>) -> Result<(), Status> {
+    match admit_by {
+        Some(deadline) if tokio::time::Instant::now() >= deadline => {
+            Err(Status::deadline_exceeded(
+                "the call's deadline (grpc-timeout) passed before the node admitted it; \
+                 nothing was applied: send it again with a longer deadline",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// A `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m,
 /// u, n).
 fn parse_grpc_timeout(text: &str) -> Option<Duration> {
@@ -181,6 +210,34 @@ pub async fn serve(engine: &Engine, request: pb::CopyRequest) -> Result<pb::Copy
 mod tests {
     use super::*;
     use crate::crdt::FoldedBase;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_whose_deadline_passed_before_admission_is_refused() {
+        let request = |timeout: &str, arrived: tokio::time::Instant| {
+            let mut request = tonic::Request::new(());
+            request
+                .metadata_mut()
+                .insert("grpc-timeout", timeout.parse().unwrap());
+            request
+                .extensions_mut()
+                .insert(crate::security::auth::Received(arrived));
+            request
+        };
+        let arrived = tokio::time::Instant::now();
+        let one_ns = admission_deadline(&request("1n", arrived));
+        let five_s = admission_deadline(&request("5S", arrived));
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let refused = refuse_if_late(one_ns).unwrap_err();
+        assert_eq!(refused.code(), Code::DeadlineExceeded);
+        assert!(
+            refused.message().contains("nothing was applied"),
+            "{refused}"
+        );
+        assert!(refuse_if_late(five_s).is_ok());
+        assert!(refuse_if_late(admission_deadline(&tonic::Request::new(()))).is_ok());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(refuse_if_late(five_s).is_err());
+    }
 
     fn push() -> CopyPush {
         CopyPush {

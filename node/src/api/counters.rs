@@ -28,7 +28,7 @@ use crate::replica::RegionPart;
 use crate::security::ItemCharge;
 
 use super::convert::{item_error, status_of};
-use super::copies::{deadline_of, durability_from};
+use super::copies::{admission_deadline, deadline_of, durability_from, refuse_if_late};
 use super::forward::{hint_owners, is_forwarded, Forwarded, Forwarder};
 use super::watch_relay::ValueStream;
 use crate::partition::Route;
@@ -277,6 +277,7 @@ impl Counters for CountersService {
         request: Request<pb::AddRequest>,
     ) -> Result<Response<pb::AddResponse>, Status> {
         let deadline = deadline_of(request.metadata());
+        let admit_by = admission_deadline(&request);
         let forwarded = is_forwarded(request.metadata());
         if let Some(routes) = self.forwarder.routes_for(request.metadata()) {
             if let Route::Forward(hops) = routes.route(&request.get_ref().key) {
@@ -295,12 +296,18 @@ impl Counters for CountersService {
                     .await;
                 return match sent {
                     Forwarded::Answered(result, owner) => hint_owners(result, &[owner]),
-                    Forwarded::ServeHere => self.add_here(add, deadline).await,
+                    Forwarded::ServeHere => {
+                        refuse_if_late(admit_by)?;
+                        self.add_here(add, deadline).await
+                    }
                 };
             }
         }
         let add = request.into_inner();
-        let result = self.add_here(add, deadline).await;
+        let result = match refuse_if_late(admit_by) {
+            Ok(()) => self.add_here(add, deadline).await,
+            Err(late) => Err(late),
+        };
         self.forwarder.mark_served(forwarded, result)
     }
 
@@ -310,6 +317,7 @@ impl Counters for CountersService {
     ) -> Result<Response<pb::AddBatchResponse>, Status> {
         charge_items(&request, request.get_ref().adds.len());
         let deadline = deadline_of(request.metadata());
+        let admit_by = admission_deadline(&request);
         let forwarded = is_forwarded(request.metadata());
         let routes = self.forwarder.routes_for(request.metadata());
         let batch = request.into_inner();
@@ -320,6 +328,9 @@ impl Counters for CountersService {
             durability_from(add.durability)?;
         }
         let Some(routes) = routes else {
+            if let Err(late) = refuse_if_late(admit_by) {
+                return self.forwarder.mark_served(forwarded, Err(late));
+            }
             let results = self.add_batch_here(adds, for_batch, deadline).await;
             let result = results.map(|results| Response::new(pb::AddBatchResponse { results }));
             return self.forwarder.mark_served(forwarded, result);
@@ -349,6 +360,9 @@ impl Counters for CountersService {
                         .map(|response| response.map(|batch| batch.results))
                 },
                 |adds| async move {
+                    if let Err(late) = refuse_if_late(admit_by) {
+                        return adds.iter().map(|_| add_item_error(late.clone())).collect();
+                    }
                     // Durabilities were checked above: this cannot fail.
                     self.add_batch_here(adds, for_batch, deadline)
                         .await

@@ -247,6 +247,16 @@ impl Forwarder {
                     forget_channel(&self.channels, &node.grpc_addr);
                     continue;
                 }
+                Ok(Err(status)) if answer_lost(&status) => {
+                    forget_channel(&self.channels, &node.grpc_addr);
+                    Err(Status::unavailable(format!(
+                        "forwarded to {} (the key's owner), whose answer was lost ({}: {}); \
+                         the outcome is unknown: retry with the same idempotency key",
+                        node.name,
+                        status.code(),
+                        status.message()
+                    )))
+                }
                 Ok(outcome) => outcome,
             };
             self.count(
@@ -407,6 +417,19 @@ fn did_not_answer(status: &Status) -> bool {
     status.code() == Code::Unavailable && !status.metadata().contains_key(SERVED_BY_HEADER)
 }
 
+/// Whether a forwarded call failed after it was sent, without an answer of
+/// the owner: the connection broke under it (tonic reports that as
+/// `UNKNOWN` "transport error", or `INTERNAL` / `CANCELLED` for a reset
+/// stream). The owner may have applied it, so it is neither failed over
+/// nor passed back as a final error: the caller is told the outcome is
+/// unknown, as `UNAVAILABLE`, which clients retry with the same key.
+fn answer_lost(status: &Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unknown | Code::Internal | Code::Cancelled
+    ) && !status.metadata().contains_key(SERVED_BY_HEADER)
+}
+
 /// Adds [`OWNER_HEADER`] naming `owners` to an answer this node forwarded.
 pub fn hint_owners<T>(
     mut result: Result<Response<T>, Status>,
@@ -441,6 +464,17 @@ mod tests {
             .insert(SERVED_BY_HEADER, MetadataValue::from_static("eu-2"));
         assert!(!did_not_answer(&owners));
         assert!(!did_not_answer(&Status::invalid_argument("bad key")));
+        assert!(answer_lost(&Status::unknown("transport error")));
+        assert!(answer_lost(&Status::internal(
+            "h2 protocol error: stream reset"
+        )));
+        let mut owners_own = Status::internal("storage error");
+        owners_own
+            .metadata_mut()
+            .insert(SERVED_BY_HEADER, "eu-2".parse().unwrap());
+        assert!(!answer_lost(&owners_own));
+        assert!(!answer_lost(&Status::invalid_argument("bad key")));
+        assert!(!answer_lost(&Status::unauthenticated("no token")));
         assert!(!did_not_answer(&Status::deadline_exceeded("late")));
     }
 

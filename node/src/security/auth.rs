@@ -453,13 +453,19 @@ pub fn refusal_reason(status: &Status) -> &'static str {
     }
 }
 
+/// When a request arrived (before its body was decoded), put in its
+/// extensions by [`Authorized`]: a caller's `grpc-timeout` counts from here.
+#[derive(Clone, Copy, Debug)]
+pub struct Received(pub tokio::time::Instant);
+
 /// The role a request needs, put in its extensions by [`Authorized`].
 #[derive(Clone, Copy, Debug)]
 pub struct NeedsRole(pub Role);
 
 /// A gRPC service whose requests are marked with the role their method
 /// needs ([`Role::for_grpc_path`]) before the token interceptor inside sees
-/// them (a tonic interceptor is not given the path).
+/// them (a tonic interceptor is not given the path), and with the time they
+/// arrived ([`Received`]).
 #[derive(Clone, Debug)]
 pub struct Authorized<S>(pub S);
 
@@ -485,6 +491,9 @@ where
     fn call(&mut self, mut request: tonic::codegen::http::Request<B>) -> Self::Future {
         let role = Role::for_grpc_path(request.uri().path());
         request.extensions_mut().insert(NeedsRole(role));
+        request
+            .extensions_mut()
+            .insert(Received(tokio::time::Instant::now()));
         self.0.call(request)
     }
 }
