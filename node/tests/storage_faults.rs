@@ -400,6 +400,27 @@ async fn a_real_full_disk_without_a_floor_makes_the_node_fail_stop_and_a_restart
         "no add was answered UNAVAILABLE naming the cause: {refusals:?}"
     );
 
+    // A supervisor restarts it while the disk is still full: every start
+    // fails and says why, never advises moving an intact store aside, and
+    // leaves nothing that would make a later start fail (sled's unfinished
+    // snapshot, `snap.<lsn>.generating`, did).
+    for attempt in 1..=5 {
+        let stderr_path = root.path().join(format!("restart-{attempt}.stderr"));
+        let (code, stderr) = common::run_bounded_logging_to(&node.spec, GIVE_UP, &stderr_path);
+        assert!(
+            matches!(code, Some(code) if code != 0),
+            "attempt {attempt}: {code:?} {stderr}"
+        );
+        assert!(
+            !stderr.contains("move-aside"),
+            "attempt {attempt}: {stderr}"
+        );
+        assert!(
+            stderr.contains("no space left"),
+            "attempt {attempt}: {stderr}"
+        );
+    }
+
     std::fs::remove_file(&ballast).unwrap();
     node.restart();
     let mut raw = connect(&node).await;

@@ -617,11 +617,21 @@ impl NodeProcess {
 pub fn run_bounded(spec: &NodeSpec, limit: Duration) -> (Option<i32>, String) {
     let stderr_path = spec.data_dir.with_extension("stderr");
     std::fs::create_dir_all(spec.data_dir.parent().unwrap()).unwrap();
+    run_bounded_logging_to(spec, limit, &stderr_path)
+}
+
+/// [`run_bounded`], with the node's standard error kept in `stderr_path`
+/// (away from a data directory on a full disk, say).
+pub fn run_bounded_logging_to(
+    spec: &NodeSpec,
+    limit: Duration,
+    stderr_path: &Path,
+) -> (Option<i32>, String) {
     let mut child = Command::new(node_binary())
         .args(spec.args())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .stderr(std::fs::File::create(stderr_path).unwrap())
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + limit;
@@ -638,7 +648,7 @@ pub fn run_bounded(spec: &NodeSpec, limit: Duration) -> (Option<i32>, String) {
     };
     (
         code,
-        std::fs::read_to_string(&stderr_path).unwrap_or_default(),
+        std::fs::read_to_string(stderr_path).unwrap_or_default(),
     )
 }
 
