@@ -34,8 +34,11 @@
 # Usage: deploy/test.sh            (exit status 0 on success)
 # Environment:
 #   TALLY_TEST_SECURE      1: the same with docker-compose.secure.yml (TLS,
-#                          mutual TLS between nodes, tokens, --secure), with
-#                          certificates from deploy/tls/make-certs.sh
+#                          mutual TLS between nodes, tokens, sealed gossip,
+#                          --secure), with certificates and keys from
+#                          deploy/tls/make-certs.sh, and a rogue node (the
+#                          cluster id, no key, no certificate) that must
+#                          never become a member
 #   TALLY_IMAGE            image to build and test (default: a tag of this
 #                          run's own, removed at the end)
 #   TALLY_TEST_SKIP_BUILD  1: do not run deploy/docker/build.sh; test
@@ -412,6 +415,28 @@ wait_until 120 "every container is healthy" all_healthy
 log "waiting (<= 60 s) until every node sees ${#nodes[@]} live members"
 wait_until 60 "every node sees ${#nodes[@]} live members" sees_all
 tally_in eu-west-1 status | sed 's/^/    /'
+
+if [[ "$secure" == 1 ]]; then
+  # A stock node on the cluster's network with the cluster id but without
+  # the gossip key or a certificate (the image's binary, as an attacker who
+  # read the compose file would run it): it must never become a member, and
+  # a drain it is asked for must reach nobody.
+  log "rogue: a node with the cluster id but no gossip key nor certificate joins the network"
+  rogue="$(dock 60 run -d --network "$net" --tmpfs /data:uid=10001 \
+    -e TALLY_CLUSTER_ID=tally-compose -e TALLY_REGION=eu-west -e TALLY_NODE_NAME=rogue \
+    -e TALLY_SEEDS=eu-west-1:7101,eu-west-2:7101,us-east-1:7101,ap-south-1:7101 \
+    -e TALLY_GOSSIP_INTERVAL=100ms "$TALLY_IMAGE")" || fail "the rogue container did not start"
+  sleep 5
+  dock 60 exec "$rogue" tally admin drain eu-west-2 >"$work/rogue-drain.out" 2>&1 || true
+  sleep 3
+  for node in "${nodes[@]}"; do
+    out="$(tally_in "$node" status)" || fail "tally status on $node failed"
+    grep -q rogue <<<"$out" && { echo "$out"; fail "$node lists the rogue node"; }
+    grep -q "draining" <<<"$out" && { echo "$out"; fail "$node shows a drain the rogue asked for"; }
+  done
+  dock 60 rm -f "$rogue" >/dev/null
+  log "  the rogue node was never a member and its drain reached nobody ($(tr '\n' ' ' <"$work/rogue-drain.out" | cut -c1-120))"
+fi
 
 log "phase 1: adds into every region (${#nodes[@]} nodes x 12)"
 start_drivers initial 12 "${nodes[@]}"
