@@ -321,6 +321,11 @@ pub struct RunArgs {
     /// cluster cannot join membership nor publish anything. [default: gossip unsealed]
     #[arg(long, env = "TALLY_GOSSIP_KEY_FILE")]
     pub gossip_key_file: Option<PathBuf>,
+    /// With --gossip-key-file, also take plain gossip and answer it in plain: for turning
+    /// sealing on in a running cluster, one node at a time; restart without it once every
+    /// node seals. [default: off]
+    #[arg(long, env = "TALLY_GOSSIP_ACCEPT_PLAIN", num_args = 0..=1, default_missing_value = "true")]
+    pub gossip_accept_plain: Option<bool>,
     /// Refuse to start unless TLS (--tls-cert, --tls-key, --tls-ca), --auth-tokens and
     /// --gossip-key-file are set.
     #[arg(long, env = "TALLY_SECURE", num_args = 0..=1, default_missing_value = "true")]
@@ -412,6 +417,7 @@ struct FileSettings {
     rate_limit: Option<u32>,
     rate_burst: Option<u32>,
     gossip_key_file: Option<PathBuf>,
+    gossip_accept_plain: Option<bool>,
     secure: Option<bool>,
     http_cors_origin: Option<Vec<String>>,
     http_tls_cert: Option<PathBuf>,
@@ -727,6 +733,7 @@ impl Settings {
             rate_limit,
             rate_burst: take!(rate_burst).unwrap_or(rate_limit),
             gossip_key_file: take!(gossip_key_file),
+            gossip_accept_plain: take!(gossip_accept_plain).unwrap_or(false),
             secure: take!(secure).unwrap_or(false),
         };
         let cors_source = source!(http_cors_origin);

@@ -290,6 +290,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         Some(keys) => Box::new(crate::gossip::sealed_transport::SealedTransport::new(
             keys.clone(),
             engine.metrics().clone(),
+            security.gossip_accept_plain,
         )),
         None => Box::new(chitchat::transport::UdpTransport),
     };

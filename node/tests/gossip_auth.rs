@@ -183,3 +183,30 @@ fn a_bad_gossip_key_file_stops_the_start_naming_the_setting() {
         "{stderr}"
     );
 }
+
+/// Turning sealing on in a running cluster: a node restarted with the key
+/// and `--gossip-accept-plain` keeps gossiping with a node not restarted
+/// yet, and seals with nodes that have the key.
+#[test]
+fn sealing_is_turned_on_one_node_at_a_time() {
+    let root = tempfile::tempdir().unwrap();
+    let key = key_file(root.path(), "cluster", &[&"44".repeat(32)]);
+    // As in a cluster whose nodes seed each other: the node not restarted
+    // yet keeps gossiping to the restarted one's address.
+    let mut rolling = spec(root.path(), "eu", "eu-2", Some(&key), &[]);
+    let plain = NodeProcess::start(spec(root.path(), "eu", "eu-1", None, &[&rolling]));
+    rolling.seeds = vec![plain.spec.gossip];
+    rolling.extra.push("--gossip-accept-plain".into());
+    let rolling = NodeProcess::start(rolling);
+    see_each_other(&plain, &rolling);
+    let sealed = NodeProcess::start(spec(
+        root.path(),
+        "eu",
+        "eu-3",
+        Some(&key),
+        &[&rolling.spec],
+    ));
+    see_each_other(&rolling, &sealed);
+    assert!(rolling.log_text().contains("--gossip-accept-plain"));
+    drop((plain, rolling, sealed));
+}

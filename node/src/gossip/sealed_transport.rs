@@ -15,17 +15,23 @@
 //! and a decoded envelope is matched to its sender by that order. Both
 //! codec sockets are bound to 127.0.0.1 and take datagrams from each other
 //! only (others are dropped).
+//!
+//! Turning sealing on in a running cluster (`--gossip-accept-plain`): such
+//! a node also takes plain datagrams, and answers a sender it heard in
+//! plain within [`PLAIN_PEER_MEMORY`] in plain, so nodes not yet restarted
+//! with the key keep gossiping with it; once every node seals, restart them
+//! without the flag.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use chitchat::transport::{RecvOutcome, SendOutcome, Socket, Transport};
 use chitchat::ChitchatEnvelope;
 
-use super::seal::GossipKeys;
+use super::seal::{GossipKeys, Refused};
 use crate::metrics::Metrics;
 use crate::security::identity::RefusalLog;
 
@@ -35,17 +41,32 @@ const MAX_DATAGRAM: usize = 65_535;
 /// taken as dropped (chitchat drops a datagram it cannot decode without a
 /// word to the caller).
 const CODEC_WAIT: Duration = Duration::from_millis(200);
+/// How long a peer heard in plain is answered in plain (with
+/// `--gossip-accept-plain`).
+pub const PLAIN_PEER_MEMORY: Duration = Duration::from_secs(60);
+/// The most peers heard in plain remembered at once.
+const MAX_PLAIN_PEERS: usize = 4096;
 
 /// See the module documentation.
 pub struct SealedTransport {
     keys: Arc<Mutex<GossipKeys>>,
     metrics: Arc<Metrics>,
+    accept_plain: bool,
 }
 
 impl SealedTransport {
-    /// Seals and opens with `keys`, counting refusals in `metrics`.
-    pub fn new(keys: Arc<Mutex<GossipKeys>>, metrics: Arc<Metrics>) -> SealedTransport {
-        SealedTransport { keys, metrics }
+    /// Seals and opens with `keys`, counting refusals in `metrics`; with
+    /// `accept_plain`, also takes (and answers) plain gossip.
+    pub fn new(
+        keys: Arc<Mutex<GossipKeys>>,
+        metrics: Arc<Metrics>,
+        accept_plain: bool,
+    ) -> SealedTransport {
+        SealedTransport {
+            keys,
+            metrics,
+            accept_plain,
+        }
     }
 }
 
@@ -69,6 +90,8 @@ impl Transport for SealedTransport {
             mirror,
             mirror_addr,
             in_codec: VecDeque::new(),
+            accept_plain: self.accept_plain,
+            plain_peers: HashMap::new(),
             keys: self.keys.clone(),
             metrics: self.metrics.clone(),
             refusal_log: RefusalLog::default(),
@@ -89,6 +112,10 @@ struct SealedSocket {
     /// Senders of the opened datagrams handed to the codec and not yet
     /// decoded, with their sealed sizes (at most one in practice).
     in_codec: VecDeque<(SocketAddr, usize)>,
+    /// Takes plain gossip too (`--gossip-accept-plain`).
+    accept_plain: bool,
+    /// Peers heard in plain, and when (answered in plain meanwhile).
+    plain_peers: HashMap<SocketAddr, Instant>,
     keys: Arc<Mutex<GossipKeys>>,
     metrics: Arc<Metrics>,
     refusal_log: RefusalLog,
@@ -102,6 +129,19 @@ fn now_ms() -> u64 {
 }
 
 impl SealedSocket {
+    /// Remembers that `peer` gossips in plain (bounded: the oldest go
+    /// first).
+    fn note_plain_peer(&mut self, peer: SocketAddr) {
+        if self.plain_peers.len() >= MAX_PLAIN_PEERS && !self.plain_peers.contains_key(&peer) {
+            self.plain_peers
+                .retain(|_, at| at.elapsed() < PLAIN_PEER_MEMORY);
+            if self.plain_peers.len() >= MAX_PLAIN_PEERS {
+                self.plain_peers.clear();
+            }
+        }
+        self.plain_peers.insert(peer, Instant::now());
+    }
+
     /// The plain bytes of `envelope`, as chitchat encodes them.
     async fn encode(&mut self, envelope: ChitchatEnvelope) -> anyhow::Result<Vec<u8>> {
         self.codec.send(self.mirror_addr, envelope).await?;
@@ -150,11 +190,17 @@ impl Socket for SealedSocket {
         envelope: ChitchatEnvelope,
     ) -> anyhow::Result<SendOutcome> {
         let plain = self.encode(envelope).await?;
-        let sealed = {
+        let heard_plain = self
+            .plain_peers
+            .get(&to)
+            .is_some_and(|at| at.elapsed() < PLAIN_PEER_MEMORY);
+        let datagram = if heard_plain {
+            plain
+        } else {
             let keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
             keys.seal(now_ms(), rand::random(), &plain)
         };
-        let num_bytes_sent = self.public.send_to(&sealed, to).await?;
+        let num_bytes_sent = self.public.send_to(&datagram, to).await?;
         Ok(SendOutcome { num_bytes_sent })
     }
 
@@ -185,6 +231,13 @@ impl Socket for SealedSocket {
             let opened = {
                 let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
                 keys.open(now_ms(), &self.buffer[..size])
+            };
+            let opened = match opened {
+                Err(Refused::NotSealed) if self.accept_plain => {
+                    self.note_plain_peer(from);
+                    Ok(self.buffer[..size].to_vec())
+                }
+                other => other,
             };
             match opened {
                 Ok(plain) => {

@@ -50,6 +50,9 @@ pub struct SecuritySettings {
     pub rate_burst: u32,
     /// File of gossip keys (`--gossip-key-file`).
     pub gossip_key_file: Option<PathBuf>,
+    /// Take plain gossip too (`--gossip-accept-plain`), while sealing is
+    /// turned on node by node.
+    pub gossip_accept_plain: bool,
     /// Refuse to start without TLS, tokens and a gossip key.
     pub secure: bool,
 }
@@ -63,6 +66,8 @@ pub struct Security {
     pub auth: Option<Arc<Auth>>,
     /// The gossip keys, when configured: gossip datagrams are sealed.
     pub gossip_keys: Option<Arc<std::sync::Mutex<GossipKeys>>>,
+    /// Plain gossip is taken too (`--gossip-accept-plain`).
+    pub gossip_accept_plain: bool,
 }
 
 impl Security {
@@ -123,10 +128,24 @@ impl Security {
                 );
             }
         }
+        if settings.gossip_accept_plain && gossip_keys.is_none() {
+            bail!(
+                "--gossip-accept-plain is set but --gossip-key-file is not: it lets a sealing \
+                 node take plain gossip while sealing is turned on; without a key, gossip is \
+                 plain anyway"
+            );
+        }
+        if settings.gossip_accept_plain {
+            tracing::warn!(
+                "--gossip-accept-plain: plain gossip is taken too, so a node without the key can \
+                 still join; restart without it once every node has --gossip-key-file"
+            );
+        }
         Ok(Security {
             tls,
             auth,
             gossip_keys,
+            gossip_accept_plain: settings.gossip_accept_plain,
         })
     }
 
