@@ -386,7 +386,10 @@ docker image inspect "$TALLY_IMAGE" >/dev/null 2>&1 || fail "no image $TALLY_IMA
 
 if [[ "$secure" == 1 ]]; then
   # TLS on every gRPC port, mutual TLS between nodes, tokens, --secure.
-  docker run --rm --network none --entrypoint tally "$TALLY_IMAGE" --help | grep -q -- --tls-ca ||
+  # Captured first: with pipefail, `grep -q` closing the pipe early made the
+  # docker run fail with "broken pipe".
+  cli_help="$(docker run --rm --network none --entrypoint tally "$TALLY_IMAGE" --help)" || true
+  grep -q -- --tls-ca <<<"$cli_help" ||
     fail "TALLY_TEST_SECURE=1 needs a tally CLI with --tls-ca and --token"
   log "security on: a test CA, node certificates and tokens (deploy/tls/make-certs.sh)"
   export TALLY_CERTS="$work/certs"
