@@ -120,6 +120,7 @@ fn copy(source: u64, region: &str, key: &str, p: u64) -> pb::CopyRequest {
             key: key.as_bytes().to_vec().into(),
             p,
             n: 0,
+            folded: None,
         }],
         protocol_version: 12,
         protocol_oldest: 1,
