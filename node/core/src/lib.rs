@@ -7,7 +7,11 @@
 //! Nothing here does IO: no sockets, disks, clocks, threads or randomness.
 //! Time and membership come in as arguments, decisions go out as values; the
 //! node's runtime (`tally-node`) and the simulator (`tally-sim`) drive the
-//! same code.
+//! same code, and `tally-proto` re-exports the key hash for the client.
+//!
+//! The compiler keeps it pure: this crate's dependencies, direct or not, hold
+//! no tokio, sled, tonic, prost, chitchat, axum or hyper, and
+//! `tests/pure.rs` walks Cargo.lock to fail `cargo test` if one appears.
 
 #![deny(missing_docs)]
 
