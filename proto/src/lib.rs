@@ -3,8 +3,9 @@
 //! `Counters` is the public API, `Replication` the node-to-node anti-entropy
 //! API and `Admin` the operator API. Conversions to the node's core types live
 //! in the node (`tally_node::api`), never here. [`backup`] frames the
-//! `Admin.Backup` stream as a file; [`partition`] holds the pinned key hash
-//! of partitioned regions, which the node and the client share.
+//! `Admin.Backup` stream as a file; [`partition`] re-exports the pinned key
+//! hash of partitioned regions from the pure core (`tally-core`), which the
+//! node and the client share.
 
 #![deny(missing_docs)]
 

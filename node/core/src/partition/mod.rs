@@ -5,7 +5,8 @@
 //!
 //! - [`hash`]: the stable key hash, a key's [`Partition`] out of the
 //!   cluster's fixed [`PartitionCount`] `P`, and the rendezvous weight of a
-//!   (partition, node name) pair. These never change across builds.
+//!   (partition, node name) pair. These never change across builds; the
+//!   routing client shares them through `tally_proto::partition`.
 //! - [`set`]: [`PartitionSet`], a bitmap with a short text form for gossip.
 //! - [`view`]: a node's [`ClusterView`] (its nodes, their [`NodeState`],
 //!   liveness, and the partitions each serves), from which follow a
