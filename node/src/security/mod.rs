@@ -20,6 +20,7 @@
 pub mod accept;
 pub mod auth;
 pub mod identity;
+pub mod roles;
 pub mod tls;
 
 use std::path::PathBuf;
