@@ -270,6 +270,11 @@ fn batches_answer_per_item_and_are_bounded() {
     );
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert_eq!(api.value("k0"), 0);
+    let (_, metrics) = common::http_get(node.spec.http, "/metrics").unwrap();
+    assert!(
+        metrics.contains("tally_refused_messages_total{reason=\"http_body_too_large\"} 3"),
+        "the three bodies over their limit are counted"
+    );
     drop(node);
 }
 

@@ -110,6 +110,7 @@ pub async fn gate(State(state): State<HttpState>, mut request: Request, next: Ne
         .and_then(|value| value.to_str().ok())
         .and_then(|text| text.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
+        state.engine.metrics().refused("http_body_too_large");
         return closing(super::extract::too_large(limit).into_response());
     }
     request
@@ -117,7 +118,15 @@ pub async fn gate(State(state): State<HttpState>, mut request: Request, next: Ne
         .insert(super::extract::BodyLimit(limit));
     let request =
         request.map(|body| axum::body::Body::new(http_body_util::Limited::new(body, limit)));
-    next.run(request).await
+    let response = next.run(request).await;
+    // The body reader's refusals (a body without a length that grew past
+    // the limit, or one too slow to arrive) are counted here.
+    match response.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => state.engine.metrics().refused("http_body_too_large"),
+        StatusCode::REQUEST_TIMEOUT => state.engine.metrics().refused("http_body_timeout"),
+        _ => {}
+    }
+    response
 }
 
 fn closing(mut response: Response) -> Response {
