@@ -206,6 +206,9 @@ impl Engine {
         replicated: bool,
     ) -> Result<AddAccepted, EngineError> {
         let key = check_key(key)?;
+        if replicated {
+            self.check_region_holds_copies(core)?;
+        }
         let request = AddRequest {
             key,
             delta,
@@ -244,6 +247,7 @@ impl Engine {
             EngineError::DiskFull { .. } => "disk_full",
             EngineError::Set(_) => "set",
             EngineError::CopiesUnconfirmed { .. } => "copies_unconfirmed",
+            EngineError::RegionTooSmall { .. } => "region_too_small",
         };
         self.metrics
             .add_errors
