@@ -120,6 +120,23 @@ impl Error {
         }
     }
 
+    /// True when a failed add may or may not have been applied: it was sent,
+    /// and no answer said which (the node was unreachable partway, too slow,
+    /// or answered "outcome unknown" through every retry). Sending it again
+    /// with the same idempotency key is then safe, and counts it once. A
+    /// refusal (bad argument, overflow, a failed precondition) and a
+    /// connection that never opened are not unknown: nothing was applied.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::InvalidEndpoint { .. } => false,
+            Error::Protocol(_) => true,
+            Error::Server { code, .. } => {
+                is_transient_code(*code) || matches!(code, Code::Unknown | Code::Internal)
+            }
+            error => error.is_transient(),
+        }
+    }
+
     /// Maps a status that will not be retried (a permanent code, or the first
     /// attempt's answer) to the variant a caller acts on.
     pub(crate) fn from_status(status: &Status) -> Error {
@@ -231,6 +248,31 @@ mod tests {
         let error = Error::after_retries(&Status::resource_exhausted("busy"), 4, deadline);
         assert_eq!(error.code(), Some(Code::ResourceExhausted));
         assert!(error.is_transient());
+    }
+
+    #[test]
+    fn an_outcome_is_unknown_only_when_the_add_may_have_been_applied() {
+        let deadline = Duration::from_secs(5);
+        let unknown = [
+            Error::after_retries(&Status::unavailable("copies"), 4, deadline),
+            Error::after_retries(&Status::cancelled("Timeout expired"), 2, deadline),
+            Error::from_status(&Status::internal("bug")),
+        ];
+        for error in unknown {
+            assert!(error.outcome_unknown(), "{error:?}");
+        }
+        let known = [
+            Error::from_status(&Status::invalid_argument("key is empty")),
+            Error::from_status(&Status::out_of_range("would overflow")),
+            Error::from_status(&Status::failed_precondition("region too small")),
+            Error::Connect {
+                endpoint: "http://127.0.0.1:1".into(),
+                message: "refused".into(),
+            },
+        ];
+        for error in known {
+            assert!(!error.outcome_unknown(), "{error:?}");
+        }
     }
 
     #[test]
