@@ -193,6 +193,42 @@ fn a_refusal_before_the_body_arrives_keeps_the_connection(addr: std::net::Socket
     assert!(second.starts_with("HTTP/1.1 200"), "{second:?}");
 }
 
+/// A browser pointed at the HTTP port lands on an index of what it serves
+/// (it used to get a JSON 404), and every link there answers.
+#[test]
+fn the_root_is_an_index_page_whose_links_answer() {
+    let (_root, node, api) = start_node(&[]);
+    let index = api.get("/");
+    assert_eq!(index.status, 200, "{index:?}");
+    assert!(
+        index.header("content-type").starts_with("text/html"),
+        "{index:?}"
+    );
+    let links: Vec<&str> = index
+        .body
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    for wanted in [
+        "/status",
+        "/v1/openapi.json",
+        "/demo/post:1:likes",
+        "/metrics",
+    ] {
+        assert!(links.contains(&wanted), "{wanted} not linked: {links:?}");
+    }
+    for link in &links {
+        let reply = api.get(link);
+        assert_eq!(reply.status, 200, "{link}: {reply:?}");
+    }
+    assert!(
+        index.body.contains(&format!("http://{}", node.spec.grpc)),
+        "names the gRPC port: {}",
+        index.body
+    );
+}
+
 #[test]
 fn batches_answer_per_item_and_are_bounded() {
     let (_root, node, api) = start_node(&[]);

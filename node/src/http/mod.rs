@@ -1,4 +1,4 @@
-//! The HTTP port: `/healthz` (the process answers), `/readyz` (the node
+//! The HTTP port: `/`, an HTML index of what follows ([`index`]), `/healthz` (the process answers), `/readyz` (the node
 //! serves: its store is open, its commits succeed, it is not shutting
 //! down and not holding adds after a restart; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
@@ -16,6 +16,7 @@ pub mod access;
 pub mod counters;
 pub mod events;
 pub mod extract;
+pub mod index;
 pub mod integer;
 pub mod likes;
 pub mod openapi;
@@ -113,6 +114,7 @@ pub fn router(state: HttpState) -> Router {
         api = api.layer(cors);
     }
     Router::new()
+        .route("/", get(index_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -148,6 +150,11 @@ async fn not_found(uri: axum::http::Uri) -> problem::Problem {
             uri.path()
         ),
     )
+}
+
+/// `/`: links to what the port serves ([`index`]).
+async fn index_page(State(state): State<HttpState>) -> Response {
+    axum::response::Html(index::render(&state.info)).into_response()
 }
 
 /// The like-button page (see `demo.html`): the key is read from the path by
