@@ -229,6 +229,41 @@ fn the_root_is_an_index_page_whose_links_answer() {
     );
 }
 
+/// A gRPC client given the HTTP port's address is told which port is
+/// which: the port answers a gRPC call with a gRPC `UNIMPLEMENTED` naming
+/// the gRPC address (it used to answer a JSON 404, which the client read
+/// as "invalid compression flag: 123"), and the CLI says so in one line.
+#[test]
+fn a_grpc_call_on_the_http_port_is_told_where_grpc_is() {
+    let (_root, node, api) = start_node(&[]);
+    let http_endpoint = format!("http://{}", node.spec.http);
+    let status = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client =
+            tally_proto::v1::counters_client::CountersClient::connect(http_endpoint.clone())
+                .await
+                .unwrap();
+        client
+            .add(common::add_one("wrong:port", "w-1"))
+            .await
+            .expect_err("the HTTP port serves no gRPC")
+    });
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert!(
+        status.message().contains(&node.spec.grpc.to_string())
+            && status.message().contains("HTTP port"),
+        "{status:?}"
+    );
+    let (code, stdout, stderr) = common::cli(&http_endpoint, &["add", "wrong:port"]);
+    assert_ne!(code, 0, "{stdout}");
+    assert!(
+        stderr.contains("this looks like Tally's HTTP port, not its gRPC port (7100 by default)")
+            && stderr.contains(&node.spec.grpc.to_string()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("outcome is unknown"), "{stderr}");
+    assert_eq!(api.value("wrong%3Aport"), 0, "nothing was applied");
+}
+
 #[test]
 fn batches_answer_per_item_and_are_bounded() {
     let (_root, node, api) = start_node(&[]);

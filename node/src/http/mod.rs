@@ -10,7 +10,8 @@
 //! API require the same `Authorization: Bearer TOKEN` as the gRPC services,
 //! checked before any body is read ([`access`]); health, readiness,
 //! metrics (without key names), the OpenAPI document and the demo page
-//! (which sends the token it is given) stay open.
+//! (which sends the token it is given) stay open. A gRPC call sent here by
+//! mistake gets a gRPC answer naming the gRPC port ([`wrong_port`]).
 
 pub mod access;
 pub mod counters;
@@ -24,6 +25,7 @@ pub mod problem;
 pub mod seed;
 pub mod serve;
 pub mod status_page;
+pub mod wrong_port;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -138,7 +140,14 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state.clone())
         .layer(axum::middleware::from_fn(extract::read_body_first))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn_with_state(state, access::gate))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::gate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            wrong_port::answer_grpc,
+        ))
 }
 
 /// Any other path: a problem document pointing at the API's description.
