@@ -249,6 +249,10 @@ impl Engine {
             EngineError::CopiesUnconfirmed { .. } => "copies_unconfirmed",
             EngineError::RegionTooSmall { .. } => "region_too_small",
         };
+        debug_assert!(
+            crate::metrics::ADD_ERROR_REASONS.contains(&reason),
+            "add error reason {reason:?} is missing from ADD_ERROR_REASONS"
+        );
         self.metrics
             .add_errors
             .get_or_create(&crate::metrics::ReasonLabels {
