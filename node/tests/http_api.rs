@@ -264,6 +264,27 @@ fn a_grpc_call_on_the_http_port_is_told_where_grpc_is() {
     assert_eq!(api.value("wrong%3Aport"), 0, "nothing was applied");
 }
 
+/// A wrong method on a path that exists is refused like everything else:
+/// a problem document (it used to be an empty 405), keeping `Allow`.
+#[test]
+fn a_wrong_method_is_a_problem_document_naming_the_allowed_ones() {
+    let (_root, _node, api) = start_node(&[]);
+    for (method, path, allowed) in [
+        ("DELETE", "/status", "GET"),
+        ("POST", "/v1/openapi.json", "GET"),
+        ("PATCH", "/v1/counters/k", "POST"),
+    ] {
+        let reply = api.call(method, path, &[], None);
+        let problem = reply.problem(405, "UNIMPLEMENTED");
+        assert!(reply.header("allow").contains(allowed), "{reply:?}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(method) && detail.contains(path) && detail.contains(allowed),
+            "{detail}"
+        );
+    }
+}
+
 #[test]
 fn batches_answer_per_item_and_are_bounded() {
     let (_root, node, api) = start_node(&[]);

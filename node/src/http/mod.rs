@@ -115,7 +115,7 @@ pub fn router(state: HttpState) -> Router {
     if let Some(cors) = access::cors_layer(&state.settings.cors_origins) {
         api = api.layer(cors);
     }
-    Router::new()
+    let routes = Router::new()
         .route("/", get(index_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -147,7 +147,12 @@ pub fn router(state: HttpState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             state,
             wrong_port::answer_grpc,
-        ))
+        ));
+    // Around the whole router, where a 405 already carries its `Allow`
+    // header (the routes' own layers run before it is added).
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn(problem::method_not_allowed))
 }
 
 /// Any other path: a problem document pointing at the API's description.
