@@ -208,7 +208,10 @@ impl Error {
 /// message naming its gRPC port. (A proxy's bare 502 is not matched: that
 /// is `UNAVAILABLE`, and retried.)
 fn answered_as_http(code: Code, message: &str) -> bool {
-    message.contains("invalid compression flag")
+    // Only tonic's client-side wording: a Tally node answers a request it
+    // cannot read with its own "invalid compression flag ... while sending
+    // request" (INVALID_ARGUMENT), which is the caller's bad frame instead.
+    (message.contains("invalid compression flag") && message.contains("while receiving response"))
         || (code == Code::Unimplemented && message.contains("Tally's HTTP port"))
 }
 
@@ -325,6 +328,12 @@ mod tests {
                 "{text}"
             );
         }
+        // A node refusing a garbled request is not an HTTP port.
+        let refused = Error::from_status(&Status::invalid_argument(
+            "protocol error: received message with invalid compression flag: 9 (valid flags are \
+             0 and 1), while sending request",
+        ));
+        assert_eq!(refused.code(), Some(Code::InvalidArgument));
         // Another server's UNIMPLEMENTED is left as it is.
         let other = Error::from_status(&Status::unimplemented("unknown method Frobnicate"));
         assert_eq!(other.code(), Some(Code::Unimplemented));
