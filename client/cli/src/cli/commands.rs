@@ -292,7 +292,7 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     }
     print_line(cluster_line(&status))?;
     print_line(format_args!(
-        "cluster version: {} (this node speaks protocol versions {}..{})",
+        "cluster version: {} (this node speaks protocol versions {}..={})",
         status.cluster_version, status.node.protocol_oldest, status.node.protocol_version
     ))?;
     print_line(members_table(&status).trim_end())?;
@@ -451,8 +451,8 @@ fn version_problems(status: &ClusterStatus) -> Vec<String> {
                 );
             }
             format!(
-                "problem: {} ({}, replica {}) is refused: it speaks protocol versions {}..{}, \
-                 this node {}..{}; no state is exchanged with it until the older of the two \
+                "problem: {} ({}, replica {}) is refused: it speaks protocol versions {}..={}, \
+                 this node {}..={}; no state is exchanged with it until the older of the two \
                  is upgraded",
                 member.node_name,
                 member.region,
@@ -577,7 +577,7 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
             problems[0].starts_with("problem: n2 (eu-west")
-                && problems[0].contains("versions 1..1, this node 2..2"),
+                && problems[0].contains("versions 1..=1, this node 2..=2"),
             "{problems:?}"
         );
     }
