@@ -192,3 +192,48 @@ fn every_metric_the_dashboard_and_alerts_read_exists_from_the_start() {
         assert!(text.contains(zero), "{zero} missing:\n{text}");
     }
 }
+
+/// The docs page every alert's `runbook_url` links to (it includes
+/// `deploy/RUNBOOK.md`), as a path from the repository root.
+const RUNBOOK_PAGE: &str = "docs/src/operations/runbook.md";
+
+/// Every alert of `deploy/prometheus/alerts.yml` carries a `runbook_url`
+/// annotation (the name Alertmanager, Grafana and paging tools render as a
+/// link) to its section of the book's runbook page, and that section exists.
+#[test]
+fn every_alert_links_its_runbook_section() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rules = std::fs::read_to_string(root.join("deploy/prometheus/alerts.yml")).unwrap();
+    let page = std::fs::read_to_string(root.join(RUNBOOK_PAGE)).unwrap();
+    assert!(
+        page.contains("{{#include ../../../deploy/RUNBOOK.md}}"),
+        "{RUNBOOK_PAGE} shows deploy/RUNBOOK.md: {page}"
+    );
+    let runbook = std::fs::read_to_string(root.join("deploy/RUNBOOK.md")).unwrap();
+    let mut alerts = 0;
+    for block in rules.split("- alert: ").skip(1) {
+        alerts += 1;
+        let name = block.split_whitespace().next().unwrap();
+        // The block ends where the next rule or group starts.
+        let block = block.split("\n      - ").next().unwrap();
+        let url = block
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("runbook_url: "))
+            .unwrap_or_else(|| panic!("{name} has no runbook_url:\n{block}"))
+            .trim_matches('"');
+        assert_eq!(
+            url,
+            format!("{RUNBOOK_PAGE}#{}", name.to_lowercase()),
+            "{name}"
+        );
+        assert!(
+            runbook.lines().any(|line| line == format!("## {name}")),
+            "deploy/RUNBOOK.md has no section `## {name}`"
+        );
+        assert!(
+            !block.contains("runbook: "),
+            "{name} keeps the old path annotation"
+        );
+    }
+    assert!(alerts >= 10, "{alerts} alerts read from alerts.yml");
+}
