@@ -264,6 +264,23 @@ fn a_grpc_call_on_the_http_port_is_told_where_grpc_is() {
     assert_eq!(api.value("wrong%3Aport"), 0, "nothing was applied");
 }
 
+/// An HTTP client (curl, a browser) at the gRPC port is told which port is
+/// which (curl used to say "Received HTTP/0.9 when not allowed"), and gRPC
+/// on that port is untouched.
+#[test]
+fn an_http_request_on_the_grpc_port_is_told_where_http_is() {
+    let (_root, node, api) = start_node(&[]);
+    let (code, body) = common::http_get(node.spec.grpc, "/status").unwrap();
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("Tally's gRPC port") && body.contains(&node.spec.http.port().to_string()),
+        "{body}"
+    );
+    let (code, stdout, stderr) = common::cli(&node.endpoint(), &["add", "right:port"]);
+    assert_eq!((code, stdout.trim()), (0, "1"), "{stderr}");
+    assert_eq!(api.value("right%3Aport"), 1);
+}
+
 /// A wrong method on a path that exists is refused like everything else:
 /// a problem document (it used to be an empty 405), keeping `Allow`.
 #[test]
