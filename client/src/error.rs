@@ -82,6 +82,13 @@ pub enum Error {
         message: String,
     },
 
+    /// The endpoint answered as an HTTP server, not as gRPC: most likely it
+    /// is a Tally node's HTTP port (the JSON API, 7102 by default) where its
+    /// gRPC port (7100 by default) was meant. Nothing was applied; fix the
+    /// endpoint. Displays what to do, then what the server said.
+    #[error("this looks like Tally's HTTP port, not its gRPC port (7100 by default): give the client the node's gRPC address (its --grpc-addr) ({0})")]
+    NotGrpcPort(String),
+
     /// The server's answer broke the protocol's contract (for example a batch
     /// answer with the wrong number of results). Likely a version mismatch
     /// between client and server.
@@ -102,7 +109,10 @@ impl Error {
             Error::Unavailable { .. } => Some(Code::Unavailable),
             Error::Timeout { .. } => Some(Code::DeadlineExceeded),
             Error::Server { code, .. } => Some(*code),
-            Error::Connect { .. } | Error::InvalidEndpoint { .. } | Error::Protocol(_) => None,
+            Error::Connect { .. }
+            | Error::InvalidEndpoint { .. }
+            | Error::Protocol(_)
+            | Error::NotGrpcPort(_) => None,
         }
     }
 
@@ -116,14 +126,36 @@ impl Error {
             Error::InvalidArgument(_)
             | Error::OutOfRange(_)
             | Error::InvalidEndpoint { .. }
-            | Error::Protocol(_) => false,
+            | Error::Protocol(_)
+            | Error::NotGrpcPort(_) => false,
+        }
+    }
+
+    /// True when a failed add may or may not have been applied: it was sent,
+    /// and no answer said which (the node was unreachable partway, too slow,
+    /// or answered "outcome unknown" through every retry). Sending it again
+    /// with the same idempotency key is then safe, and counts it once. A
+    /// refusal (bad argument, overflow, a failed precondition) and a
+    /// connection that never opened are not unknown: nothing was applied.
+    pub fn outcome_unknown(&self) -> bool {
+        match self {
+            Error::Connect { .. } | Error::InvalidEndpoint { .. } | Error::NotGrpcPort(_) => false,
+            Error::Protocol(_) => true,
+            Error::Server { code, .. } => {
+                is_transient_code(*code) || matches!(code, Code::Unknown | Code::Internal)
+            }
+            error => error.is_transient(),
         }
     }
 
     /// Maps a status that will not be retried (a permanent code, or the first
     /// attempt's answer) to the variant a caller acts on.
     pub(crate) fn from_status(status: &Status) -> Error {
-        Error::from_code(status.code(), status_message(status))
+        let message = status_message(status);
+        if answered_as_http(status.code(), &message) {
+            return Error::NotGrpcPort(message);
+        }
+        Error::from_code(status.code(), message)
     }
 
     /// Maps a code and message (from a status or a batch item's error).
@@ -167,6 +199,20 @@ impl Error {
     pub(crate) fn from_item(error: tally_proto::v1::Error) -> Error {
         Error::from_code(Code::from_i32(error.code), error.message)
     }
+}
+
+/// Whether a failed call's status says that the endpoint is no gRPC
+/// server but an HTTP one: tonic reading an HTTP answer's body as a gRPC
+/// frame (a JSON body's `{` is byte 123, an "invalid compression flag"), or
+/// a Tally node's HTTP port answering a gRPC call with `UNIMPLEMENTED` and a
+/// message naming its gRPC port. (A proxy's bare 502 is not matched: that
+/// is `UNAVAILABLE`, and retried.)
+fn answered_as_http(code: Code, message: &str) -> bool {
+    // Only tonic's client-side wording: a Tally node answers a request it
+    // cannot read with its own "invalid compression flag ... while sending
+    // request" (INVALID_ARGUMENT), which is the caller's bad frame instead.
+    (message.contains("invalid compression flag") && message.contains("while receiving response"))
+        || (code == Code::Unimplemented && message.contains("Tally's HTTP port"))
 }
 
 /// A status's message followed by its source chain, on one line: a transport
@@ -231,6 +277,66 @@ mod tests {
         let error = Error::after_retries(&Status::resource_exhausted("busy"), 4, deadline);
         assert_eq!(error.code(), Some(Code::ResourceExhausted));
         assert!(error.is_transient());
+    }
+
+    #[test]
+    fn an_outcome_is_unknown_only_when_the_add_may_have_been_applied() {
+        let deadline = Duration::from_secs(5);
+        let unknown = [
+            Error::after_retries(&Status::unavailable("copies"), 4, deadline),
+            Error::after_retries(&Status::cancelled("Timeout expired"), 2, deadline),
+            Error::from_status(&Status::internal("bug")),
+        ];
+        for error in unknown {
+            assert!(error.outcome_unknown(), "{error:?}");
+        }
+        let known = [
+            Error::from_status(&Status::invalid_argument("key is empty")),
+            Error::from_status(&Status::out_of_range("would overflow")),
+            Error::from_status(&Status::failed_precondition("region too small")),
+            Error::Connect {
+                endpoint: "http://127.0.0.1:1".into(),
+                message: "refused".into(),
+            },
+        ];
+        for error in known {
+            assert!(!error.outcome_unknown(), "{error:?}");
+        }
+    }
+
+    #[test]
+    fn an_http_port_s_answer_says_which_port_to_use() {
+        // What tonic says when it reads a JSON 404 (an HTTP port's) as gRPC.
+        let garbled = Status::internal(
+            "protocol error: received message with invalid compression flag: 123 (valid flags \
+             are 0 and 1) while receiving response with status: 404 Not Found",
+        );
+        // What a Tally node's HTTP port answers a gRPC call.
+        let answered = Status::unimplemented(
+            "this is Tally's HTTP port (the JSON API, /status, /metrics), not its gRPC port: \
+             send gRPC calls to 127.0.0.1:7100 (--grpc-addr, 7100 by default)",
+        );
+        for status in [garbled, answered] {
+            let error = Error::from_status(&status);
+            assert!(matches!(error, Error::NotGrpcPort(_)), "{error:?}");
+            assert!(!error.is_transient() && !error.outcome_unknown());
+            let text = error.to_string();
+            assert!(
+                text.starts_with(
+                    "this looks like Tally's HTTP port, not its gRPC port (7100 by default)"
+                ),
+                "{text}"
+            );
+        }
+        // A node refusing a garbled request is not an HTTP port.
+        let refused = Error::from_status(&Status::invalid_argument(
+            "protocol error: received message with invalid compression flag: 9 (valid flags are \
+             0 and 1), while sending request",
+        ));
+        assert_eq!(refused.code(), Some(Code::InvalidArgument));
+        // Another server's UNIMPLEMENTED is left as it is.
+        let other = Error::from_status(&Status::unimplemented("unknown method Frobnicate"));
+        assert_eq!(other.code(), Some(Code::Unimplemented));
     }
 
     #[test]

@@ -88,6 +88,15 @@ pub use types::{
 };
 pub use validate::{validate_key, MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES};
 
+/// A fresh idempotency key, as [`Client::add`] makes for each add: a UUID
+/// v7 (36 characters), unique for all practical purposes. A caller that must
+/// be able to retry an add whose outcome it did not learn makes one, keeps
+/// it, and sends it with [`Client::add_with_key`] (the `tally` CLI does so
+/// for every add, and prints it when it gives up).
+pub fn new_idempotency_key() -> String {
+    request::new_idempotency_key().as_str().to_owned()
+}
+
 /// The gRPC status code carried by [`Error::code`], re-exported from tonic so
 /// that callers need not depend on tonic themselves.
 pub use tonic::Code;

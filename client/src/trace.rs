@@ -127,5 +127,6 @@ fn outcome_name(error: &Error) -> &'static str {
         Error::InvalidEndpoint { .. } => "invalid_endpoint",
         Error::Server { .. } => "server",
         Error::Protocol(_) => "protocol",
+        Error::NotGrpcPort(_) => "not_grpc_port",
     }
 }

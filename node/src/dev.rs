@@ -114,40 +114,92 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             }
         }
     }
-    println!(
-        "Tally dev cluster: {} region(s), {} node(s), data under {}",
-        args.regions,
-        nodes.len(),
-        args.dir.display()
-    );
-    for node in &nodes {
-        println!(
-            "  {:<10} {:<12} grpc http://{}  metrics http://{}/metrics",
-            node.settings.region, node.settings.node_name, node.grpc_addr, node.http_addr
-        );
-    }
-    if let Some(first) = nodes.first() {
-        println!(
-            "Try:  tally --endpoint http://{} add post:1:likes",
-            first.grpc_addr
-        );
-        if let Some(last) = nodes.last() {
-            println!(
-                "      tally --endpoint http://{} get post:1:likes --breakdown",
-                last.grpc_addr
-            );
-        }
-    }
-    println!(
-        "Security is off (plain text, no client tokens): for this machine only; \
-         deploy/README.md shows a secure setup."
-    );
-    println!("Ctrl-C stops the cluster.");
+    let endpoints: Vec<BannerNode> = nodes
+        .iter()
+        .map(|node| BannerNode {
+            region: node.settings.region.clone(),
+            node_name: node.settings.node_name.clone(),
+            grpc_addr: node.grpc_addr,
+            http_addr: node.http_addr,
+        })
+        .collect();
+    print!("{}", banner(args.regions, &args.dir, &endpoints));
     shutdown.recv().await;
     for node in nodes {
         node.shutdown().await;
     }
     Ok(())
+}
+
+/// What the banner shows of one node.
+pub struct BannerNode {
+    /// Its region.
+    pub region: String,
+    /// Its name.
+    pub node_name: String,
+    /// Where its gRPC server listens.
+    pub grpc_addr: std::net::SocketAddr,
+    /// Where its HTTP server listens.
+    pub http_addr: std::net::SocketAddr,
+}
+
+/// The counter the banner's examples use (the demo page shows it too).
+const EXAMPLE_KEY: &str = "post:1:likes";
+
+/// What `tally-node dev` prints once every node serves: per node, its gRPC
+/// endpoint (the CLI's and the client library's) and what its HTTP port
+/// serves (the JSON API, its OpenAPI document, the status page, the demo
+/// page, the metrics), then commands to try. Every line ends with a full URL
+/// or is plain text, so a terminal makes each one a link.
+pub fn banner(regions: u16, dir: &std::path::Path, nodes: &[BannerNode]) -> String {
+    use std::fmt::Write;
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "Tally dev cluster: {regions} region(s), {} node(s), data under {}",
+        nodes.len(),
+        dir.display()
+    );
+    for node in nodes {
+        let http = format!("http://{}", node.http_addr);
+        let _ = writeln!(text, "  {} ({})", node.node_name, node.region);
+        let _ = writeln!(text, "    grpc      http://{}", node.grpc_addr);
+        let _ = writeln!(text, "    http api  {http}/v1/");
+        let _ = writeln!(text, "    openapi   {http}/v1/openapi.json");
+        let _ = writeln!(text, "    status    {http}/status");
+        let _ = writeln!(text, "    demo      {http}/demo/{EXAMPLE_KEY}");
+        let _ = writeln!(text, "    metrics   {http}/metrics");
+    }
+    if let (Some(first), Some(last)) = (nodes.first(), nodes.last()) {
+        let _ = writeln!(
+            text,
+            "Try:  tally --endpoint http://{} add {EXAMPLE_KEY}",
+            first.grpc_addr
+        );
+        let _ = writeln!(
+            text,
+            "      tally --endpoint http://{} get {EXAMPLE_KEY} --breakdown",
+            last.grpc_addr
+        );
+        let _ = writeln!(
+            text,
+            "      curl -X POST http://{}/v1/counters/{} -H 'content-type: application/json' -d '{{\"delta\": 1}}'",
+            first.http_addr,
+            EXAMPLE_KEY.replace(':', "%3A")
+        );
+    }
+    let _ = writeln!(
+        text,
+        "gRPC (tally, the client library) and HTTP (curl, browsers) are different ports: \
+         gRPC on the first, HTTP two above."
+    );
+    let _ = writeln!(
+        text,
+        "Security is off (plain text, no client tokens): for this machine only; \
+         deploy/README.md shows a secure setup."
+    );
+    let _ = writeln!(text, "Ctrl-C stops the cluster.");
+    text
 }
 
 #[cfg(test)]

@@ -34,6 +34,55 @@ pub struct HotKeyLabels {
     pub key: String,
 }
 
+/// The reasons of `tally_add_errors_total`, created at zero at start
+/// (`engine::adds::count_add_error` names them).
+pub const ADD_ERROR_REASONS: &[&str] = &[
+    "bad_key",
+    "counter",
+    "idempotency_key",
+    "storage",
+    "fenced",
+    "held_after_restart",
+    "not_served",
+    "write_gated",
+    "out_of_range",
+    "shutting_down",
+    "storage_failed",
+    "disk_full",
+    "set",
+    "copies_unconfirmed",
+    "region_too_small",
+];
+
+/// The reasons of `tally_refused_messages_total`, created at zero at start
+/// (the replication service, the puller, the copies and the accept loops
+/// name them).
+pub const REFUSAL_REASONS: &[&str] = &[
+    "accept_failed",
+    "fold_epoch",
+    "foreign_cluster",
+    "impersonation",
+    "incompatible_protocol",
+    "malformed",
+    "no_peer_certificate",
+    "not_a_node",
+    "oversized",
+    "partition_count",
+    "region_conflict",
+    "set_being_deleted",
+    "storage",
+    "unknown_replica",
+    "unknown_source",
+    "wrong_cluster",
+    "wrong_copy",
+    "wrong_replica",
+    "wrong_source",
+];
+
+/// The reasons of `tally_auth_refusals_total`, created at zero at start
+/// (`security::auth::refusal_reason` names them).
+pub const AUTH_REFUSAL_REASONS: &[&str] = &["unauthenticated", "role", "rate_limited"];
+
 /// A label naming an outcome or a reason.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -525,10 +574,38 @@ impl Metrics {
             "Counters and Likes requests (a batch: each owner's share) forwarded to the key's first live owner in the region, by method and outcome",
             metrics.forwarded_requests.clone(),
         );
+        metrics.precreate_reasons();
         Metrics {
             registry,
             ..metrics
         }
+    }
+
+    /// Creates the reason-labelled series at zero, so that each family
+    /// that the dashboard and the alerts read exists from the start (a
+    /// family with no series is "no data" in a panel, and `absent()` fires).
+    fn precreate_reasons(&self) {
+        for (family, reasons) in [
+            (&self.add_errors, ADD_ERROR_REASONS),
+            (&self.refused_messages, REFUSAL_REASONS),
+            (&self.auth_refusals, AUTH_REFUSAL_REASONS),
+        ] {
+            for reason in reasons {
+                let _ = family.get_or_create(&ReasonLabels {
+                    reason: (*reason).to_string(),
+                });
+            }
+        }
+    }
+
+    /// Creates a peer's sync counters at zero (its rounds, errors and what
+    /// it sent): `tally_sync_errors_total` exists for a peer before its
+    /// first failure, so a rate over it starts at zero.
+    pub fn touch_peer(&self, labels: &PeerLabels) {
+        let _ = self.sync_rounds.get_or_create(labels);
+        let _ = self.sync_errors.get_or_create(labels);
+        let _ = self.sync_received_bytes.get_or_create(labels);
+        let _ = self.sync_received_counters.get_or_create(labels);
     }
 
     /// The Prometheus text exposition of every metric.
@@ -567,6 +644,10 @@ impl Metrics {
 
     /// Counts a refused message.
     pub fn refused(&self, reason: &str) {
+        debug_assert!(
+            REFUSAL_REASONS.contains(&reason),
+            "refusal reason {reason:?} is missing from REFUSAL_REASONS (created at zero at start)"
+        );
         self.refused_messages
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),

@@ -426,6 +426,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         settings.gossip_interval,
         &security,
         grpc_listener,
+        http_addr.port(),
         async {
             let _ = grpc_stop_rx.await;
         },

@@ -136,6 +136,7 @@ pub fn spawn_upgrade_keeper(
                 published = persisted;
                 tracing::info!(
                     to = persisted,
+                    protocol = %window,
                     "cluster version moved by tally admin finalize: records are now written \
                      in format {persisted}; announcing it so the other members follow"
                 );
@@ -173,6 +174,7 @@ pub fn spawn_upgrade_keeper(
             tracing::info!(
                 from = current,
                 to = target,
+                protocol = %window,
                 members = members.len(),
                 "cluster version moved: every member speaks version {target}; \
                  records are now written in format {target}, and builds that \

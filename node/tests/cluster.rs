@@ -514,6 +514,32 @@ async fn the_dev_cluster_runs_three_regions_from_one_command() {
             "{region} missing: {lines:?}"
         );
     }
+    // Each node's HTTP port, and what it serves, each a URL that answers:
+    // the JSON API's base, the OpenAPI document, the status page, the demo
+    // page and the metrics.
+    for (index, http_port) in [base + 2, base + 12, base + 22].into_iter().enumerate() {
+        let http = format!("http://127.0.0.1:{http_port}");
+        for (label, path) in [
+            ("http api", "/v1/"),
+            ("openapi", "/v1/openapi.json"),
+            ("status", "/status"),
+            ("demo", "/demo/post:1:likes"),
+            ("metrics", "/metrics"),
+        ] {
+            let url = format!("{http}{path}");
+            assert!(
+                lines
+                    .iter()
+                    .any(|line| line.trim_start().starts_with(label) && line.ends_with(&url)),
+                "node {index}: no `{label}  {url}` line: {lines:#?}"
+            );
+            if path != "/v1/" {
+                let addr = format!("127.0.0.1:{http_port}").parse().unwrap();
+                let (code, _) = common::http_get(addr, path).unwrap();
+                assert_eq!(code, 200, "GET {url}");
+            }
+        }
+    }
     quick_client(&endpoints[0])
         .await
         .add("dev:likes", 3)

@@ -193,6 +193,115 @@ fn a_refusal_before_the_body_arrives_keeps_the_connection(addr: std::net::Socket
     assert!(second.starts_with("HTTP/1.1 200"), "{second:?}");
 }
 
+/// A browser pointed at the HTTP port lands on an index of what it serves
+/// (it used to get a JSON 404), and every link there answers.
+#[test]
+fn the_root_is_an_index_page_whose_links_answer() {
+    let (_root, node, api) = start_node(&[]);
+    let index = api.get("/");
+    assert_eq!(index.status, 200, "{index:?}");
+    assert!(
+        index.header("content-type").starts_with("text/html"),
+        "{index:?}"
+    );
+    let links: Vec<&str> = index
+        .body
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    for wanted in [
+        "/status",
+        "/v1/openapi.json",
+        "/demo/post:1:likes",
+        "/metrics",
+    ] {
+        assert!(links.contains(&wanted), "{wanted} not linked: {links:?}");
+    }
+    for link in &links {
+        let reply = api.get(link);
+        assert_eq!(reply.status, 200, "{link}: {reply:?}");
+    }
+    assert!(
+        index.body.contains(&format!("http://{}", node.spec.grpc)),
+        "names the gRPC port: {}",
+        index.body
+    );
+}
+
+/// A gRPC client given the HTTP port's address is told which port is
+/// which: the port answers a gRPC call with a gRPC `UNIMPLEMENTED` naming
+/// the gRPC address (it used to answer a JSON 404, which the client read
+/// as "invalid compression flag: 123"), and the CLI says so in one line.
+#[test]
+fn a_grpc_call_on_the_http_port_is_told_where_grpc_is() {
+    let (_root, node, api) = start_node(&[]);
+    let http_endpoint = format!("http://{}", node.spec.http);
+    let status = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client =
+            tally_proto::v1::counters_client::CountersClient::connect(http_endpoint.clone())
+                .await
+                .unwrap();
+        client
+            .add(common::add_one("wrong:port", "w-1"))
+            .await
+            .expect_err("the HTTP port serves no gRPC")
+    });
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+    assert!(
+        status.message().contains(&node.spec.grpc.to_string())
+            && status.message().contains("HTTP port"),
+        "{status:?}"
+    );
+    let (code, stdout, stderr) = common::cli(&http_endpoint, &["add", "wrong:port"]);
+    assert_ne!(code, 0, "{stdout}");
+    assert!(
+        stderr.contains("this looks like Tally's HTTP port, not its gRPC port (7100 by default)")
+            && stderr.contains(&node.spec.grpc.to_string()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("outcome is unknown"), "{stderr}");
+    assert_eq!(api.value("wrong%3Aport"), 0, "nothing was applied");
+}
+
+/// An HTTP client (curl, a browser) at the gRPC port is told which port is
+/// which (curl used to say "Received HTTP/0.9 when not allowed"), and gRPC
+/// on that port is untouched.
+#[test]
+fn an_http_request_on_the_grpc_port_is_told_where_http_is() {
+    let (_root, node, api) = start_node(&[]);
+    let (code, body) = common::http_get(node.spec.grpc, "/status").unwrap();
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("Tally's gRPC port") && body.contains(&node.spec.http.port().to_string()),
+        "{body}"
+    );
+    let (code, stdout, stderr) = common::cli(&node.endpoint(), &["add", "right:port"]);
+    assert_eq!((code, stdout.trim()), (0, "1"), "{stderr}");
+    assert_eq!(api.value("right%3Aport"), 1);
+}
+
+/// A wrong method on a path that exists is refused like everything else:
+/// a problem document (it used to be an empty 405), keeping `Allow`.
+#[test]
+fn a_wrong_method_is_a_problem_document_naming_the_allowed_ones() {
+    let (_root, _node, api) = start_node(&[]);
+    for (method, path, allowed) in [
+        ("DELETE", "/status", "GET"),
+        ("POST", "/v1/openapi.json", "GET"),
+        ("PATCH", "/v1/counters/k", "POST"),
+    ] {
+        let reply = api.call(method, path, &[], None);
+        let problem = reply.problem(405, "UNIMPLEMENTED");
+        assert!(reply.header("allow").contains(allowed), "{reply:?}");
+        let detail = problem["detail"].as_str().unwrap();
+        assert!(
+            detail.contains(method) && detail.contains(path) && detail.contains(allowed),
+            "{detail}"
+        );
+    }
+}
+
 #[test]
 fn batches_answer_per_item_and_are_bounded() {
     let (_root, node, api) = start_node(&[]);

@@ -242,3 +242,59 @@ fn write_copies_out_of_range_is_a_startup_error_naming_the_setting() {
         );
     }
 }
+
+/// The quick start's cluster has one node per region: a replicated add
+/// there can never get its copy. It is refused at once, before anything is
+/// applied, naming what it needs and what the region has (it used to be
+/// applied, then answered "outcome unknown" after 5 s, so that a retry
+/// without the key counted twice).
+#[test]
+fn a_replicated_add_in_a_one_node_region_is_refused_before_it_is_applied() {
+    let root = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"));
+    let endpoint = node.endpoint();
+    let started = std::time::Instant::now();
+    let (code, stdout, stderr) = cli(
+        &endpoint,
+        &["add", "votes", "1", "--durability", "replicated"],
+    );
+    assert_ne!(code, 0, "{stdout}");
+    assert!(
+        stderr.contains("needs 2 nodes in region eu") && stderr.contains("knows 1 there"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("nothing was applied"), "{stderr}");
+    let api = common::http::Api::new(node.spec.http);
+    let refused = api
+        .call(
+            "POST",
+            "/v1/counters/votes",
+            &[("idempotency-key", "v-1")],
+            Some("{\"delta\": 1, \"durability\": \"replicated\"}"),
+        )
+        .problem(422, "FAILED_PRECONDITION");
+    assert!(
+        refused["detail"]
+            .as_str()
+            .unwrap()
+            .contains("--write-copies"),
+        "{refused}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "refused at once, not after waiting for copies: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(value(&endpoint, "votes"), Some(0), "nothing was applied");
+    // The key left no record: a sync add with it is a first add.
+    let added = api
+        .call(
+            "POST",
+            "/v1/counters/votes",
+            &[("idempotency-key", "v-1")],
+            Some("{\"delta\": 1}"),
+        )
+        .json();
+    assert_eq!(added["duplicate"], false, "{added}");
+    assert_eq!(added["value"], 1, "{added}");
+}

@@ -143,7 +143,7 @@ fn a_mixed_version_cluster_works_at_the_old_version_then_finalizes_and_refuses_t
     );
     assert!(
         stdout.contains("problem: ap-1 (ap")
-            && stdout.contains(&format!("versions 1..1, this node {NEWEST}..{NEWEST}")),
+            && stdout.contains(&format!("versions 1..=1, this node {NEWEST}..={NEWEST}")),
         "tally status names the refused peer:\n{stdout}"
     );
     add(&late, "likes", "100");
@@ -298,4 +298,40 @@ fn a_new_cluster_moves_to_the_newest_version_by_itself_unless_a_directory_is_old
     let (code, stdout, stderr) = cli(&eu.endpoint(), &["admin", "finalize"]);
     assert_eq!(code, 0, "finalize: {stderr}");
     assert!(stdout.contains("already finalized"), "{stdout}");
+}
+
+/// `tally status` and the node's log name the protocol window the same way,
+/// and the log's last word on it is what status shows: a fresh node starts
+/// at `1..=N` and moves its cluster version to N by itself, and the move is
+/// logged with the new window (status used to say `N..N` while the last
+/// window in the log was `1..=N`).
+#[test]
+fn status_and_the_log_agree_on_the_protocol_window() {
+    let root = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"));
+    let window = format!("{NEWEST}..={NEWEST}");
+    wait_until(
+        Duration::from_secs(30),
+        "the cluster version to move",
+        || (cluster_version(&node) == Some(u64::from(NEWEST))).then_some(()),
+    );
+    let (code, stdout, stderr) = cli(&node.endpoint(), &["status"]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(&format!("(this node speaks protocol versions {window})")),
+        "{stdout}"
+    );
+    let ((last, log), _) = wait_until(Duration::from_secs(10), "the move in the log", || {
+        let log = node.log_text();
+        let last = log
+            .lines()
+            .rev()
+            .find_map(|line| {
+                line.split_whitespace()
+                    .find_map(|word| word.strip_prefix("protocol="))
+            })
+            .map(str::to_owned)?;
+        (last == window).then_some((last, log))
+    });
+    assert_eq!(last, window, "{log}");
 }

@@ -252,6 +252,58 @@ async fn failures_print_one_error_line_and_exit_non_zero() {
 }
 
 #[tokio::test]
+async fn an_add_whose_outcome_stays_unknown_is_retried_with_one_key_and_prints_it() {
+    let server = spawn_fake_server().await;
+    // Every attempt is answered "unavailable": the client retries it, each
+    // time with the same key, then gives up.
+    server
+        .node
+        .fail_next_adds(1_000, tally_client::Code::Unavailable);
+    let output = tally(&server.endpoint(), &["add", "post:1", "-2"]).await;
+    let line = single_error_line(&output, 1);
+    let keys = server.node.seen_keys();
+    assert!(keys.len() > 1, "retried: {keys:?}");
+    assert!(
+        keys.iter().all(|key| key == &keys[0]) && !keys[0].is_empty(),
+        "every attempt carries the one generated key: {keys:?}"
+    );
+    assert!(
+        line.contains("outcome is unknown")
+            && line.contains(&format!(
+                "tally add post:1 -2 --idempotency-key {}",
+                keys[0]
+            )),
+        "{line}"
+    );
+    // The user's own key is the one printed, with the durability asked for.
+    let output = tally(
+        &server.endpoint(),
+        &[
+            "add",
+            "my key",
+            "--idempotency-key",
+            "order-42",
+            "--durability",
+            "replicated",
+        ],
+    )
+    .await;
+    let line = single_error_line(&output, 1);
+    assert!(
+        line.contains("tally add 'my key' 1 --idempotency-key order-42 --durability replicated"),
+        "{line}"
+    );
+    // A refusal is no unknown outcome: no key to retry with.
+    server
+        .node
+        .fail_next_adds(1, tally_client::Code::FailedPrecondition);
+    let output = tally(&server.endpoint(), &["add", "post:1"]).await;
+    let line = single_error_line(&output, 1);
+    assert!(!line.contains("idempotency-key"), "{line}");
+    server.shutdown();
+}
+
+#[tokio::test]
 async fn a_refused_finalize_is_one_error_line_naming_the_member_that_lags() {
     let server = spawn_fake_server().await;
     let output = tally(&server.endpoint(), &["admin", "finalize"]).await;

@@ -56,6 +56,7 @@ pub fn code_of(error: &EngineError) -> Code {
             }
         }
         EngineError::CopiesUnconfirmed { .. } => Code::Unavailable,
+        EngineError::RegionTooSmall { .. } => Code::FailedPrecondition,
     }
 }
 

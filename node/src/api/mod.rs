@@ -14,6 +14,7 @@ pub mod replication;
 pub mod serve;
 pub mod status_codes;
 pub mod watch_relay;
+pub mod wrong_port;
 
 pub use admin::{AdminService, NodeInfo};
 pub use counters::CountersService;

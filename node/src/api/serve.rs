@@ -47,7 +47,8 @@ fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
 }
 
-/// Serves gRPC on `listener` until `stop` resolves.
+/// Serves gRPC on `listener` until `stop` resolves; an HTTP/1 request on a
+/// plain port is answered with the HTTP port's number, `http_port`.
 #[allow(clippy::too_many_arguments)]
 pub async fn spawn_grpc(
     engine: Arc<Engine>,
@@ -58,6 +59,7 @@ pub async fn spawn_grpc(
     gossip_interval: std::time::Duration,
     security: &Security,
     listener: TcpListener,
+    http_port: u16,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<JoinHandle<Result<(), tonic::transport::Error>>> {
     let interceptor = AuthInterceptor::new(security.auth.clone(), engine.metrics().clone());
@@ -132,12 +134,16 @@ pub async fn spawn_grpc(
         // (40 ms) when few requests are in flight, as with coalesced batches.
         // tonic's own loop retried a failed accept at once (a core spinning
         // while file descriptors ran out); this one backs off.
+        // An HTTP/1 client (curl, a browser) is told where the HTTP port is
+        // (`super::wrong_port`); gRPC connections pass on untouched.
         None => {
             let (incoming, accept_task) =
                 crate::security::accept::accept_plain(listener, "grpc", engine.metrics().clone());
+            let (incoming, screen_task) = super::wrong_port::screen_http1(incoming, http_port);
             tokio::spawn(async move {
                 let served = router.serve_with_incoming_shutdown(incoming, stop).await;
                 accept_task.abort();
+                screen_task.abort();
                 served
             })
         }

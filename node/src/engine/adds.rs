@@ -206,6 +206,9 @@ impl Engine {
         replicated: bool,
     ) -> Result<AddAccepted, EngineError> {
         let key = check_key(key)?;
+        if replicated {
+            self.check_region_holds_copies(core)?;
+        }
         let request = AddRequest {
             key,
             delta,
@@ -244,7 +247,12 @@ impl Engine {
             EngineError::DiskFull { .. } => "disk_full",
             EngineError::Set(_) => "set",
             EngineError::CopiesUnconfirmed { .. } => "copies_unconfirmed",
+            EngineError::RegionTooSmall { .. } => "region_too_small",
         };
+        debug_assert!(
+            crate::metrics::ADD_ERROR_REASONS.contains(&reason),
+            "add error reason {reason:?} is missing from ADD_ERROR_REASONS"
+        );
         self.metrics
             .add_errors
             .get_or_create(&crate::metrics::ReasonLabels {

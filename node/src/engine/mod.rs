@@ -116,6 +116,17 @@ pub enum EngineError {
         /// What the last push to the copies met.
         problem: String,
     },
+    /// A replicated add in a region with fewer nodes that take copies
+    /// than `--write-copies` asks for: refused before anything is applied.
+    #[error("replicated durability needs {wanted} nodes in region {region} (--write-copies {wanted}, this node included), but this node knows {nodes} there that take copies (itself included); nothing was applied: add nodes to the region, start this node with a lower --write-copies, or add with sync durability")]
+    RegionTooSmall {
+        /// The node's region.
+        region: String,
+        /// The region's nodes that take copies, this one included (alive or not).
+        nodes: usize,
+        /// Nodes asked for (`--write-copies`).
+        wanted: usize,
+    },
     /// The data directory's filesystem is below the free-space floor.
     #[error("disk nearly full on {node}: {free} bytes free, floor {floor} (--min-free-disk); adds resume by themselves once space is freed, reads go on")]
     DiskFull {

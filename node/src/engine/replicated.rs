@@ -7,14 +7,16 @@
 //! only from the core after a commit or a confirmed push, never guessed. An
 //! add whose copies do not confirm within its deadline gets `UNAVAILABLE`
 //! saying how many nodes hold it (never a silent downgrade to `sync`); a
-//! copy answers a push only once its own commit holding it is durable.
+//! copy answers a push only once its own commit holding it is durable. A
+//! replicated add in a region with fewer nodes than its copies is refused
+//! with `FAILED_PRECONDITION` before anything is applied.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::replica::{CopyPush, CopyRefused, StorageError};
+use crate::replica::{CopyPush, CopyRefused, Replica, StorageError};
 
 use super::{now_ms, Engine, EngineError};
 
@@ -95,6 +97,27 @@ impl Engine {
         self.copies
             .write_copies
             .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Refuses a replicated add, before anything is applied, when the
+    /// region cannot hold `--write-copies` copies of it: this node and the
+    /// others of its region that take copies, alive or not, are fewer. (A
+    /// region whose nodes are known but down keeps the wait and its
+    /// `UNAVAILABLE`: they may come back within the add's deadline.) Taking
+    /// the add and then answering that its outcome is unknown would make a
+    /// natural retry without its idempotency key count twice.
+    pub(super) fn check_region_holds_copies(&self, core: &Replica) -> Result<(), EngineError> {
+        let wanted = self.write_copies();
+        let region = &core.identity().region;
+        let nodes = 1 + core.peers().copy_candidates(region).count();
+        if nodes >= wanted {
+            return Ok(());
+        }
+        Err(EngineError::RegionTooSmall {
+            region: region.clone(),
+            nodes,
+            wanted,
+        })
     }
 
     /// Waits until the pusher has something to push (or is woken to stop).

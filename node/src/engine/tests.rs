@@ -250,10 +250,87 @@ fn committed_engine() -> (Arc<Engine>, super::CommitterHandle) {
     (engine, committer)
 }
 
+/// Makes the engine's region ("eu") hold `others` more nodes that take
+/// copies, all down: known, so replicated adds are taken and wait for them.
+fn region_has_down_nodes(engine: &Engine, others: u64) {
+    let mut core = engine.core();
+    let protocol = core.peers().own_protocol();
+    let members = (0..others)
+        .map(|i| crate::replica::Member {
+            replica: ReplicaId(100 + i),
+            region: "eu".into(),
+            node_name: format!("eu-{}", 2 + i),
+            grpc_addr: format!("127.0.0.1:{}", 1 + i),
+            alive: false,
+            protocol,
+            ..Default::default()
+        })
+        .collect();
+    core.peers_mut().handle_membership(members);
+}
+
+#[tokio::test]
+async fn a_replicated_add_in_a_region_too_small_for_its_copies_is_refused_before_it_is_applied() {
+    let (engine, committer) = committed_engine();
+    engine.set_write_copies(3);
+    region_has_down_nodes(&engine, 1);
+    let started = std::time::Instant::now();
+    let error = engine
+        .add_as(b"votes", 1, Some("vote-1"), Durability::Replicated, None)
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "refused at once, not after the wait for copies"
+    );
+    assert!(
+        matches!(
+            error,
+            super::EngineError::RegionTooSmall {
+                nodes: 2,
+                wanted: 3,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        crate::api::convert::code_of(&error),
+        tonic::Code::FailedPrecondition
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("needs 3 nodes in region eu") && text.contains("knows 2 there"),
+        "{text}"
+    );
+    // Nothing was applied, not even the idempotency key's record.
+    assert_eq!(engine.get(b"votes", false).unwrap().value, 0);
+    let batch = engine
+        .add_batch(
+            [
+                (&b"likes"[..], 1, None, None),
+                (&b"votes"[..], 1, None, Some(Durability::Replicated)),
+            ],
+            None,
+        )
+        .await;
+    assert!(batch[0].is_ok(), "{:?}", batch[0]);
+    assert!(
+        matches!(batch[1], Err(super::EngineError::RegionTooSmall { .. })),
+        "{:?}",
+        batch[1]
+    );
+    let sync = engine.add(b"votes", 1, Some("vote-1")).await.unwrap();
+    assert!(!sync.duplicate, "the refused add left no record");
+    assert_eq!(sync.value, 1);
+    committer.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reached() {
     let (engine, committer) = committed_engine();
     engine.set_write_copies(3);
+    region_has_down_nodes(&engine, 2);
     let error = engine
         .add_as(
             b"votes",
@@ -318,6 +395,7 @@ async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reache
 #[tokio::test]
 async fn a_batch_waits_for_copies_only_for_its_replicated_items() {
     let (engine, committer) = committed_engine();
+    region_has_down_nodes(&engine, 1);
     let results = engine
         .add_batch(
             [

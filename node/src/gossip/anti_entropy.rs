@@ -432,6 +432,7 @@ fn update_lag_metrics(engine: &Engine) {
             peer: peer.member.replica.to_string(),
             region: peer.member.region.clone(),
         };
+        engine.metrics().touch_peer(&labels);
         let watermark = core.peers().watermark(peer.member.replica);
         let lag = peer
             .member

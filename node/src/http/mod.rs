@@ -1,4 +1,4 @@
-//! The HTTP port: `/healthz` (the process answers), `/readyz` (the node
+//! The HTTP port: `/`, an HTML index of what follows ([`index`]), `/healthz` (the process answers), `/readyz` (the node
 //! serves: its store is open, its commits succeed, it is not shutting
 //! down and not holding adds after a restart; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
@@ -10,12 +10,14 @@
 //! API require the same `Authorization: Bearer TOKEN` as the gRPC services,
 //! checked before any body is read ([`access`]); health, readiness,
 //! metrics (without key names), the OpenAPI document and the demo page
-//! (which sends the token it is given) stay open.
+//! (which sends the token it is given) stay open. A gRPC call sent here by
+//! mistake gets a gRPC answer naming the gRPC port ([`wrong_port`]).
 
 pub mod access;
 pub mod counters;
 pub mod events;
 pub mod extract;
+pub mod index;
 pub mod integer;
 pub mod likes;
 pub mod openapi;
@@ -23,6 +25,7 @@ pub mod problem;
 pub mod seed;
 pub mod serve;
 pub mod status_page;
+pub mod wrong_port;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -112,7 +115,8 @@ pub fn router(state: HttpState) -> Router {
     if let Some(cors) = access::cors_layer(&state.settings.cors_origins) {
         api = api.layer(cors);
     }
-    Router::new()
+    let routes = Router::new()
+        .route("/", get(index_page))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -136,7 +140,19 @@ pub fn router(state: HttpState) -> Router {
         .with_state(state.clone())
         .layer(axum::middleware::from_fn(extract::read_body_first))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn_with_state(state, access::gate))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::gate,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            wrong_port::answer_grpc,
+        ));
+    // Around the whole router, where a 405 already carries its `Allow`
+    // header (the routes' own layers run before it is added).
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn(problem::method_not_allowed))
 }
 
 /// Any other path: a problem document pointing at the API's description.
@@ -148,6 +164,11 @@ async fn not_found(uri: axum::http::Uri) -> problem::Problem {
             uri.path()
         ),
     )
+}
+
+/// `/`: links to what the port serves ([`index`]).
+async fn index_page(State(state): State<HttpState>) -> Response {
+    axum::response::Html(index::render(&state.info)).into_response()
 }
 
 /// The like-button page (see `demo.html`): the key is read from the path by

@@ -3,6 +3,9 @@
 //! the gRPC code's name (`code`) and the engine's own message (`detail`), and
 //! the HTTP status is the one a client of a REST API expects for it.
 //!
+//! A wrong method on a path that exists (405) is one too, with its `Allow`
+//! header ([`method_not_allowed`]).
+//!
 //! Invariant: bad input is a 4xx with a message a person can act on, never a
 //! 5xx; only the node's own trouble is: 503 (shutting down, a failing store)
 //! or 507 (its disk is below `--min-free-disk`).
@@ -167,6 +170,43 @@ impl IntoResponse for Problem {
         }
         response
     }
+}
+
+/// Turns the router's bare 405 (a path that exists, asked with a method it
+/// does not answer) into a problem document like every other refusal,
+/// keeping its `Allow` header and naming the allowed methods in the detail.
+pub async fn method_not_allowed(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED || is_problem {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let allowed = allow
+        .as_ref()
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .replace(',', ", ");
+    let mut problem = Problem::with_status(
+        StatusCode::METHOD_NOT_ALLOWED,
+        Code::Unimplemented,
+        format!(
+            "{method} is not allowed on {path}; it answers {allowed} (the JSON API is described at /v1/openapi.json)"
+        ),
+    )
+    .into_response();
+    if let Some(allow) = allow {
+        problem.headers_mut().insert(header::ALLOW, allow);
+    }
+    problem
 }
 
 #[cfg(test)]

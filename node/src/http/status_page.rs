@@ -123,7 +123,7 @@ pub fn render(status: &pb::StatusResponse, map: Option<&pb::PartitionMapResponse
         let _ = write!(
             html,
             "<tr><td>{}</td><td>{}{}</td><td><code>{:016x}</code></td><td>{}</td><td class=\"{}\">{}</td>\
-             <td>{}</td><td>{}</td><td class=\"{}\"><code>{:016x}</code>{}</td><td class=\"{}\">{}..{}{}</td></tr>",
+             <td>{}</td><td>{}</td><td class=\"{}\"><code>{:016x}</code>{}</td><td class=\"{}\">{}..={}{}</td></tr>",
             escape(&member.region),
             escape(&member.node_name),
             if is_self { " (this node)" } else { "" },
@@ -306,7 +306,7 @@ mod tests {
         assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
         assert!(!html.contains("<script>"));
         assert!(html.contains("us-1") && html.contains("down") && html.contains("not converged"));
-        assert!(html.contains("cluster version 2") && html.contains("1..1 refused"));
+        assert!(html.contains("cluster version 2") && html.contains("1..=1 refused"));
         assert!(html.contains("64 partitions"));
         let json = to_json(&status, None);
         assert_eq!(json["partitions"], 64);

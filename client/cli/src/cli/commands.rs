@@ -29,14 +29,28 @@ pub async fn add(target: &Target, args: &AddArgs, json: bool) -> anyhow::Result<
         }
         None => target.connect().await?,
     };
-    let outcome = match &args.idempotency_key {
-        Some(idempotency_key) => {
-            client
-                .add_with_key(&args.key, args.delta, idempotency_key)
-                .await?
-        }
-        None => client.add(&args.key, args.delta).await?,
+    // Every add carries a key, the user's or a fresh one, that the client's
+    // retries reuse; when the outcome stays unknown, the key is printed so
+    // that the user can send the same add again and have it counted once
+    // (a plain re-run would send a new key and could count twice).
+    let idempotency_key = match &args.idempotency_key {
+        Some(idempotency_key) => idempotency_key.clone(),
+        None => tally_client::new_idempotency_key(),
     };
+    let outcome = client
+        .add_with_key(&args.key, args.delta, &idempotency_key)
+        .await
+        .map_err(|error| {
+            if error.outcome_unknown() {
+                anyhow::anyhow!(
+                    "{error}; the add's outcome is unknown (it may have been applied): \
+                     retry it with the same idempotency key, which counts it once: {}",
+                    retry_command(args, &idempotency_key)
+                )
+            } else {
+                error.into()
+            }
+        })?;
     if json {
         #[derive(Serialize)]
         struct Added<'a> {
@@ -59,6 +73,37 @@ pub async fn add(target: &Target, args: &AddArgs, json: bool) -> anyhow::Result<
         print_line(outcome.value)?;
     }
     Ok(())
+}
+
+/// The command that sends the same add again with its idempotency key.
+fn retry_command(args: &AddArgs, idempotency_key: &str) -> String {
+    let mut command = format!(
+        "tally add {} {} --idempotency-key {}",
+        shell_word(&args.key),
+        args.delta,
+        shell_word(idempotency_key)
+    );
+    if let Some(durability) = args.durability {
+        command.push_str(match durability {
+            super::DurabilityArg::Sync => " --durability sync",
+            super::DurabilityArg::Replicated => " --durability replicated",
+        });
+    }
+    command
+}
+
+/// `word` as one shell word: as is when it holds only characters no shell
+/// treats specially, else single-quoted.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.:/@%+=,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 /// `tally get KEY [--breakdown | --slots]`.
@@ -247,7 +292,7 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     }
     print_line(cluster_line(&status))?;
     print_line(format_args!(
-        "cluster version: {} (this node speaks protocol versions {}..{})",
+        "cluster version: {} (this node speaks protocol versions {}..={})",
         status.cluster_version, status.node.protocol_oldest, status.node.protocol_version
     ))?;
     print_line(members_table(&status).trim_end())?;
@@ -406,8 +451,8 @@ fn version_problems(status: &ClusterStatus) -> Vec<String> {
                 );
             }
             format!(
-                "problem: {} ({}, replica {}) is refused: it speaks protocol versions {}..{}, \
-                 this node {}..{}; no state is exchanged with it until the older of the two \
+                "problem: {} ({}, replica {}) is refused: it speaks protocol versions {}..={}, \
+                 this node {}..={}; no state is exchanged with it until the older of the two \
                  is upgraded",
                 member.node_name,
                 member.region,
@@ -532,7 +577,7 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
             problems[0].starts_with("problem: n2 (eu-west")
-                && problems[0].contains("versions 1..1, this node 2..2"),
+                && problems[0].contains("versions 1..=1, this node 2..=2"),
             "{problems:?}"
         );
     }

@@ -17,7 +17,11 @@
 //!   (DELTA defaults to 1 and may be negative: `tally add KEY -1`):
 //!   - text: the new value, alone on one line (`41`), or followed by
 //!     ` (duplicate: already applied)` when the idempotency key had been seen;
-//!   - JSON: `{"key":"KEY","value":41,"duplicate":false}`.
+//!   - JSON: `{"key":"KEY","value":41,"duplicate":false}`;
+//!   - the add carries `--idempotency-key` or a fresh key, reused by every
+//!     retry; when its outcome stays unknown, the error line ends with
+//!     `retry it with the same idempotency key, which counts it once: tally
+//!     add KEY DELTA --idempotency-key K` (and `--durability` if given).
 //! - `tally get KEY [--breakdown]`:
 //!   - text: the value alone on one line. With `--breakdown`, then a table
 //!     with the header `REGION  VALUE  +  -  LAST SYNC` and one row per region;
