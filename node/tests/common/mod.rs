@@ -815,3 +815,21 @@ pub async fn own_counter(
     request.set_timeout(Duration::from_secs(5));
     Ok(client.get(request).await?.into_inner())
 }
+
+/// The value of the sample `series` (a metric name with its labels, as
+/// the text format writes them) in a `/metrics` text; `None` when absent.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// How many messages `node`'s metrics text counts as refused for `reason`.
+pub fn refused_count(metrics: &str, reason: &str) -> f64 {
+    sample(
+        metrics,
+        &format!("tally_refused_messages_total{{reason=\"{reason}\"}}"),
+    )
+    .unwrap_or(0.0)
+}
