@@ -3,6 +3,21 @@
 
 use super::*;
 
+/// Commit 1: counter `a` with replica 5's slot at `p`.
+fn one_counter_batch(p: u64) -> CommitBatch {
+    CommitBatch {
+        seq: 1,
+        counters: vec![(
+            "a".into(),
+            crate::crdt::PnCounter::from_slots([(
+                crate::crdt::ReplicaId(5),
+                crate::crdt::Slot { p, n: 0 },
+            )]),
+        )],
+        ..Default::default()
+    }
+}
+
 #[test]
 fn a_poisoned_lock_does_not_panic_later_reads_and_writes() {
     let dir = tempfile::tempdir().unwrap();
@@ -16,17 +31,7 @@ fn a_poisoned_lock_does_not_panic_later_reads_and_writes() {
         assert!(poisoner.join().is_err());
     });
     assert!(store.changes.is_poisoned() && store.ordinals.is_poisoned());
-    let batch = CommitBatch {
-        seq: 1,
-        counters: vec![(
-            "a".into(),
-            crate::crdt::PnCounter::from_slots([(
-                crate::crdt::ReplicaId(5),
-                crate::crdt::Slot { p: 2, n: 0 },
-            )]),
-        )],
-        ..Default::default()
-    };
+    let batch = one_counter_batch(2);
     store.write(&batch).unwrap();
     store.flush().unwrap();
     assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
@@ -45,17 +50,7 @@ fn an_unfinished_snapshot_does_not_make_an_intact_store_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let store = SledStore::open(&data, "eu", 5, OnCorrupt::Refuse).unwrap();
-    let batch = CommitBatch {
-        seq: 1,
-        counters: vec![(
-            "a".into(),
-            crate::crdt::PnCounter::from_slots([(
-                crate::crdt::ReplicaId(5),
-                crate::crdt::Slot { p: 7, n: 0 },
-            )]),
-        )],
-        ..Default::default()
-    };
+    let batch = one_counter_batch(7);
     store.write(&batch).unwrap();
     store.flush().unwrap();
     store.close().unwrap();
