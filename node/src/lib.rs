@@ -16,6 +16,7 @@ pub mod dev;
 pub mod engine;
 pub mod fold_keeper;
 pub mod gossip;
+pub mod hex;
 pub mod http;
 pub mod lifecycle_file;
 pub mod log_flood;

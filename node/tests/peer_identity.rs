@@ -145,17 +145,10 @@ async fn only_a_node_is_a_node_and_a_node_speaks_only_for_itself() {
     let root = tempfile::tempdir().unwrap();
     let ca = Ca::new("cluster CA");
     let eu1 = node(root.path(), "eu", "eu-1", &ca, &[]);
-    let eu2 = node(root.path(), "eu", "eu-2", &ca, &[&eu1]);
-    let us1 = node(root.path(), "us", "us-1", &ca, &[&eu1]);
-    let (eu1, eu2, us1) = tokio::task::spawn_blocking(move || {
-        (
-            NodeProcess::start(eu1),
-            NodeProcess::start(eu2),
-            NodeProcess::start(us1),
-        )
-    })
-    .await
-    .unwrap();
+    let eu2 = node(root.path(), "eu", "eu-2", &ca, &[]);
+    let us1 = node(root.path(), "us", "us-1", &ca, &[]);
+    let started = tokio::task::spawn_blocking(move || common::start_seeded(vec![eu1, eu2, us1]));
+    let [eu1, eu2, us1]: [NodeProcess; 3] = started.await.unwrap().try_into().ok().unwrap();
     let certs = root.path().join("eu-1-tls");
     let (client_cert, _, _) = ca.issue_client(&certs, "client");
     assert!(client_cert.exists());

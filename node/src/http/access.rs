@@ -93,17 +93,22 @@ pub fn needed_role(method: &Method, path: &str) -> Option<Role> {
 /// the body stays unread; a body without a length is bounded as it is read
 /// (413 past the route's limit, see `extract::read_body_first`).
 pub async fn gate(State(state): State<HttpState>, mut request: Request, next: Next) -> Response {
-    let path = request.uri().path().to_string();
-    let method = request.method().clone();
-    if let (Some(auth), Some(role)) = (state.auth.clone(), needed_role(&method, &path)) {
+    let (role, limit, status_page) = {
+        let (method, path) = (request.method(), request.uri().path());
+        (
+            needed_role(method, path),
+            body_limit(method, path),
+            path == "/status" || path == "/status.json",
+        )
+    };
+    if let (Some(auth), Some(role)) = (state.auth.clone(), role) {
         match auth.check(authorization(&request).as_deref(), role) {
             Ok(name) => {
                 request.extensions_mut().insert(ItemCharge::new(auth, name));
             }
-            Err(refused) => return closing(refusal_response(&state, &refused, &path)),
+            Err(refused) => return closing(refusal_response(&state, &refused, status_page)),
         }
     }
-    let limit = body_limit(&method, &path);
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -139,9 +144,9 @@ fn closing(mut response: Response) -> Response {
 /// The answer to a refused token: a problem document (401 with
 /// `WWW-Authenticate`, 403 for a missing role, 429 with `Retry-After`), or
 /// for the status page the same codes in plain text.
-fn refusal_response(state: &HttpState, refused: &tonic::Status, path: &str) -> Response {
+fn refusal_response(state: &HttpState, refused: &tonic::Status, status_page: bool) -> Response {
     let limited = count_refusal(state, refused);
-    if path == "/status" || path == "/status.json" {
+    if status_page {
         let code = match refused.code() {
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::PermissionDenied => StatusCode::FORBIDDEN,

@@ -11,6 +11,7 @@
 //! - `POST /v1/uniques/{key}` observes members; `GET /v1/uniques/{key}` and
 //!   `POST /v1/distinct` estimate distinct members.
 
+use crate::hex::{from_hex, to_hex};
 use axum::extract::State;
 use axum::Json;
 use prost::bytes::Bytes;
@@ -297,20 +298,6 @@ pub async fn count(
     Ok(Json(LikeCount { key, count }))
 }
 
-fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn from_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) || !text.is_ascii() {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
-        .collect()
-}
-
 /// A page of the members who like it.
 #[utoipa::path(
     get,
@@ -449,18 +436,4 @@ pub async fn distinct(
     JsonBody(body): JsonBody<DistinctBody>,
 ) -> Result<Json<DistinctResult>, Problem> {
     distinct_of(&state, body.keys).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn page_tokens_round_trip_through_hex() {
-        let token = vec![1, 0xab, 0, 0xff, b'a'];
-        assert_eq!(from_hex(&to_hex(&token)), Some(token));
-        for bad in ["a", "zz", "0g", "é0"] {
-            assert_eq!(from_hex(bad), None, "{bad}");
-        }
-    }
 }
