@@ -56,9 +56,7 @@ fn every_marked_shell_example_of_the_docs_runs_against_a_dev_cluster() {
                 }
             }
         }
-        for child in background {
-            stop_group(child);
-        }
+        drop(background);
     }
     println!("ran {} shell example(s):", ran.len());
     for place in &ran {
@@ -244,7 +242,7 @@ impl Shell {
     }
 
     /// Starts `script` in its own process group and waits for its first line.
-    fn start_in_background(&self, place: &str, script: &str) -> Child {
+    fn start_in_background(&self, place: &str, script: &str) -> Background {
         use std::os::unix::process::CommandExt;
         let mut child = self
             .command(script)
@@ -265,18 +263,23 @@ impl Shell {
                 println!("== {place} (background)\n{script}\n-- first line: {line}")
             }
             _ => {
-                stop_group(child);
+                drop(Background(child));
                 panic!("the background example at {place} printed nothing:\n{script}");
             }
         }
-        child
+        Background(child)
     }
 }
 
-/// Stops a background example and everything it started.
-fn stop_group(mut child: Child) {
-    let _ = Command::new("kill")
-        .args(["-TERM", "--", &format!("-{}", child.id())])
-        .status();
-    let _ = child.wait();
+/// A background example: stopped, with everything it started, when
+/// dropped (at the end of its page, or when the test fails).
+struct Background(Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", "--", &format!("-{}", self.0.id())])
+            .status();
+        let _ = self.0.wait();
+    }
 }
