@@ -194,6 +194,7 @@ use crate::store::OnCorrupt;
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct RunArgs {
     /// A TOML file with any of the settings below (snake_case names, e.g. `data_dir`).
+    /// [default: none]
     #[arg(long, env = "TALLY_CONFIG")]
     pub config: Option<PathBuf>,
     /// Where the node keeps its data; created if missing. A new or wiped directory is a new replica. [default: tally-data]
@@ -202,32 +203,38 @@ pub struct RunArgs {
     /// The region this node serves (fixed for the life of its data directory). [default: local]
     #[arg(long, env = "TALLY_REGION")]
     pub region: Option<String>,
-    /// This node's name, unique in the cluster. [default: node-1]
+    /// This node's name, unique in the cluster: a node whose name another live node holds
+    /// refuses to start (it asks its seeds for about a second first); two that meet later are
+    /// both replicated, and each logs an error every minute, shown in `tally status` and on
+    /// the status page. [default: node-1]
     #[arg(long, env = "TALLY_NODE_NAME")]
     pub node_name: Option<String>,
     /// Address of the gRPC API (clients and peers). [default: 127.0.0.1:7100]
     #[arg(long, env = "TALLY_GRPC_ADDR")]
     pub grpc_addr: Option<String>,
-    /// Address peers use to reach the gRPC API, when not --grpc-addr (e.g. behind NAT or 0.0.0.0).
+    /// Address peers use to reach the gRPC API, when not --grpc-addr (e.g. behind NAT or
+    /// when binding 0.0.0.0). [default: --grpc-addr]
     #[arg(long, env = "TALLY_ADVERTISE_GRPC_ADDR")]
     pub advertise_grpc_addr: Option<String>,
-    /// Address of /healthz, /readyz and /metrics. [default: 127.0.0.1:7102]
-    #[arg(long, env = "TALLY_HTTP_ADDR")]
+    /// Address of the HTTP port: the JSON API, /healthz, /readyz, /metrics and the status
+    /// page. [default: 127.0.0.1:7102]
+    #[arg(long, env = "TALLY_HTTP_ADDR", help_heading = "HTTP")]
     pub http_addr: Option<String>,
-    /// UDP address for membership gossip. [default: 127.0.0.1:7101]
+    /// UDP address for membership gossip (chitchat). [default: 127.0.0.1:7101]
     #[arg(long, env = "TALLY_GOSSIP_ADDR")]
     pub gossip_addr: Option<String>,
-    /// Address peers use to reach the gossip port, when not --gossip-addr.
+    /// Address peers use to reach the gossip port, when not --gossip-addr. [default: --gossip-addr]
     #[arg(long, env = "TALLY_ADVERTISE_GOSSIP_ADDR")]
     pub advertise_gossip_addr: Option<String>,
     /// The local IP that outgoing replication connections are bound to, for
     /// multi-homed hosts. [default: unset, the system chooses]
     #[arg(long, env = "TALLY_PEER_SOURCE_IP")]
     pub peer_source_ip: Option<String>,
-    /// Gossip addresses (host:port, comma-separated) of nodes to join.
+    /// Gossip addresses (host:port, comma-separated) of nodes to join. [default: none]
     #[arg(long, env = "TALLY_SEEDS", value_delimiter = ',')]
     pub seeds: Option<Vec<String>>,
-    /// The cluster's id; nodes of another cluster are refused. [default: tally]
+    /// The cluster's id; nodes of another cluster are refused. A data directory keeps the id
+    /// it was first started with (in its CLUSTER file) and refuses another. [default: tally]
     #[arg(long, env = "TALLY_CLUSTER_ID")]
     pub cluster_id: Option<String>,
     /// The cluster's partition count P, fixed when the cluster is created: every node of
@@ -251,16 +258,19 @@ pub struct RunArgs {
     /// last commit interval (about a millisecond under load); `replicated` once it is
     /// flushed to disk here and on the other copies of the region (--write-copies),
     /// so a lost disk loses no acknowledged add. A request may ask for a stronger mode.
+    /// [default: sync]
     #[arg(long, env = "TALLY_DURABILITY", value_enum)]
     pub durability: Option<Durability>,
     /// Nodes of the region that hold a `replicated` add before it is acknowledged,
-    /// this one included (2 to 7; at most the nodes of the region). [default: 2]
+    /// this one included (2 to 7); in a region with fewer nodes, replicated adds are refused
+    /// (FAILED_PRECONDITION) before they are applied. [default: 2]
     #[arg(long, env = "TALLY_WRITE_COPIES")]
     pub write_copies: Option<usize>,
     /// Anti-entropy round interval, e.g. 200ms. [default: 200ms]
     #[arg(long, env = "TALLY_SYNC_INTERVAL")]
     pub sync_interval: Option<String>,
-    /// Gossip interval, e.g. 100ms. [default: 100ms]
+    /// Gossip round interval, e.g. 100ms (failure detection marks a node down after about
+    /// eight silent rounds). [default: 100ms]
     #[arg(long, env = "TALLY_GOSSIP_INTERVAL")]
     pub gossip_interval: Option<String>,
     /// How long an old incarnation of a node (a wiped or replaced data
@@ -293,56 +303,61 @@ pub struct RunArgs {
     /// the directory and start as a new replica that rebuilds from its peers. [default: refuse]
     #[arg(long, env = "TALLY_ON_CORRUPT", value_enum)]
     pub on_corrupt: Option<OnCorrupt>,
-    /// Log format: `text` or `json`. [default: text]
+    /// Log format: `text` or `json` (one JSON object a line). [default: text]
     #[arg(long, env = "TALLY_LOG_FORMAT")]
     pub log_format: Option<String>,
     /// PEM certificate of this node: TLS on the gRPC port, and the client certificate it
-    /// presents to peers. Needs --tls-key and --tls-ca.
-    #[arg(long, env = "TALLY_TLS_CERT")]
+    /// presents to peers. Needs --tls-key and --tls-ca. [default: none]
+    #[arg(long, env = "TALLY_TLS_CERT", help_heading = "Security")]
     pub tls_cert: Option<PathBuf>,
-    /// PEM private key of --tls-cert.
-    #[arg(long, env = "TALLY_TLS_KEY")]
+    /// PEM private key of --tls-cert. [default: none]
+    #[arg(long, env = "TALLY_TLS_KEY", help_heading = "Security")]
     pub tls_key: Option<PathBuf>,
     /// PEM CA certificate that signs every node of the cluster: peers must present a
-    /// certificate it signed to pull from this node (mutual TLS).
-    #[arg(long, env = "TALLY_TLS_CA")]
+    /// certificate it signed to pull from this node (mutual TLS). [default: none]
+    #[arg(long, env = "TALLY_TLS_CA", help_heading = "Security")]
     pub tls_ca: Option<PathBuf>,
-    /// File of client tokens, one `NAME TOKEN ROLES` per line (ROLES: read, write, admin, comma-separated); clients send `authorization: Bearer TOKEN`.
-    #[arg(long, env = "TALLY_AUTH_TOKENS")]
+    /// File of client tokens, one `NAME TOKEN ROLES` per line (ROLES: read, write, admin, comma-separated); clients send `authorization: Bearer TOKEN`. Needs TLS. [default: none]
+    #[arg(long, env = "TALLY_AUTH_TOKENS", help_heading = "Security")]
     pub auth_tokens: Option<PathBuf>,
     /// Requests per second allowed per token (0: no limit). [default: 0]
-    #[arg(long, env = "TALLY_RATE_LIMIT")]
+    #[arg(long, env = "TALLY_RATE_LIMIT", help_heading = "Security")]
     pub rate_limit: Option<u32>,
     /// Requests a token may send at once above its rate. [default: the rate]
-    #[arg(long, env = "TALLY_RATE_BURST")]
+    #[arg(long, env = "TALLY_RATE_BURST", help_heading = "Security")]
     pub rate_burst: Option<u32>,
     /// File of gossip keys, one per line (64 hex characters, `openssl rand -hex 32`): the
     /// first seals every gossip datagram, each one opens; a node without a key of the
     /// cluster cannot join membership nor publish anything. [default: gossip unsealed]
-    #[arg(long, env = "TALLY_GOSSIP_KEY_FILE")]
+    #[arg(long, env = "TALLY_GOSSIP_KEY_FILE", help_heading = "Security")]
     pub gossip_key_file: Option<PathBuf>,
     /// With --gossip-key-file, also take plain gossip and answer it in plain: for turning
     /// sealing on in a running cluster, one node at a time; restart without it once every
     /// node seals. [default: off]
-    #[arg(long, env = "TALLY_GOSSIP_ACCEPT_PLAIN", num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "TALLY_GOSSIP_ACCEPT_PLAIN", num_args = 0..=1, default_missing_value = "true", help_heading = "Security")]
     pub gossip_accept_plain: Option<bool>,
     /// Refuse to start unless TLS (--tls-cert, --tls-key, --tls-ca), --auth-tokens and
-    /// --gossip-key-file are set.
-    #[arg(long, env = "TALLY_SECURE", num_args = 0..=1, default_missing_value = "true")]
+    /// --gossip-key-file are set. [default: off]
+    #[arg(long, env = "TALLY_SECURE", num_args = 0..=1, default_missing_value = "true", help_heading = "Security")]
     pub secure: Option<bool>,
     /// Origins whose pages may call the JSON API from a browser (CORS), comma-separated:
     /// `https://example.com`, or `*` for any. [default: none, CORS off]
-    #[arg(long, env = "TALLY_HTTP_CORS_ORIGIN", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "TALLY_HTTP_CORS_ORIGIN",
+        value_delimiter = ',',
+        help_heading = "HTTP"
+    )]
     pub http_cors_origin: Option<Vec<String>>,
     /// PEM certificate served on the HTTP port (HTTPS); needs --http-tls-key. May be the
     /// node's --tls-cert, or a certificate browsers trust. [default: plain HTTP]
-    #[arg(long, env = "TALLY_HTTP_TLS_CERT")]
+    #[arg(long, env = "TALLY_HTTP_TLS_CERT", help_heading = "HTTP")]
     pub http_tls_cert: Option<PathBuf>,
-    /// PEM private key of --http-tls-cert.
-    #[arg(long, env = "TALLY_HTTP_TLS_KEY")]
+    /// PEM private key of --http-tls-cert. [default: none]
+    #[arg(long, env = "TALLY_HTTP_TLS_KEY", help_heading = "HTTP")]
     pub http_tls_key: Option<PathBuf>,
     /// The gap between heartbeat comments of an idle event stream, e.g. 15s. [default: 15s]
-    #[arg(long, env = "TALLY_HTTP_EVENT_HEARTBEAT")]
+    #[arg(long, env = "TALLY_HTTP_EVENT_HEARTBEAT", help_heading = "HTTP")]
     pub http_event_heartbeat: Option<String>,
     /// Free space the data directory's filesystem must keep: below it adds are refused
     /// (RESOURCE_EXHAUSTED) while reads and replication go on. A size (1GiB, 512MiB) or a
@@ -425,6 +440,50 @@ struct FileSettings {
     http_event_heartbeat: Option<String>,
     min_free_disk: Option<String>,
     shutdown_grace: Option<String>,
+}
+
+/// The keys a `--config` file accepts: `FileSettings`'s fields, as serde
+/// itself lists them (so the configuration reference cannot name a key the
+/// file refuses, nor miss one it takes).
+pub fn file_keys() -> &'static [&'static str] {
+    /// A deserializer that only records the field names a struct asks for.
+    struct FieldNames(&'static [&'static str]);
+    #[derive(Debug)]
+    struct Recorded;
+    impl std::fmt::Display for Recorded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("field names recorded")
+        }
+    }
+    impl std::error::Error for Recorded {}
+    impl serde::de::Error for Recorded {
+        fn custom<T: std::fmt::Display>(_: T) -> Self {
+            Recorded
+        }
+    }
+    impl<'de> serde::Deserializer<'de> for &mut FieldNames {
+        type Error = Recorded;
+        fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Recorded> {
+            Err(Recorded)
+        }
+        fn deserialize_struct<V: serde::de::Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Recorded> {
+            self.0 = fields;
+            Err(Recorded)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut names = FieldNames(&[]);
+    let _ = FileSettings::deserialize(&mut names);
+    names.0
 }
 
 /// Checked settings of one node.

@@ -12,6 +12,7 @@
 pub mod api;
 pub mod cluster_file;
 pub mod config;
+pub mod config_reference;
 pub mod dev;
 pub mod engine;
 pub mod fold_keeper;

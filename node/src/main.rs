@@ -29,6 +29,10 @@ enum Command {
     Restore(tally_node::restore::RestoreArgs),
     /// Exits 0 when the node's HTTP endpoint answers 200 (for container healthchecks, where no curl exists).
     Healthcheck(HealthcheckArgs),
+    /// Prints the configuration reference (every setting of the node, as Markdown) that
+    /// docs/src/reference/configuration.md holds.
+    #[command(hide = true)]
+    ConfigReference,
 }
 
 #[derive(clap::Args, Debug)]
@@ -91,6 +95,10 @@ fn init_logs(json: bool) {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Healthcheck(args)) => healthcheck(&args),
+        Some(Command::ConfigReference) => {
+            print!("{}", tally_node::config_reference::render()?);
+            Ok(())
+        }
         Some(Command::Restore(args)) => {
             init_logs(false);
             let restored = tally_node::restore::run(args).await?;

@@ -69,8 +69,10 @@ pub struct PageQuery {
     #[serde(default)]
     #[param(minimum = 0, maximum = 4294967295_i64)]
     pub limit: u32,
-    /// `next_token` of the previous page (absent: the first page).
+    /// `next_token` of the previous page, as it came (absent or empty: the
+    /// first page). Opaque: the node refuses with 400 a token it did not give.
     #[serde(default)]
+    #[param(pattern = "^(01[0-9a-fA-F]{16}([0-9a-fA-F]{2}){1,128})?$")]
     pub page_token: Option<String>,
 }
 
