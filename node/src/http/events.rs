@@ -39,7 +39,7 @@ pub struct ValueEvent {
     pub value: i64,
 }
 
-/// The query of an event stream.
+/// The query of an event stream (a counter's, or a like set's: [`super::like_events`]).
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -52,7 +52,7 @@ pub struct EventsQuery {
 }
 
 /// How long a browser waits before reconnecting a dropped stream.
-const RETRY_MS: u64 = 1_000;
+pub(super) const RETRY_MS: u64 = 1_000;
 
 /// Streams a counter's value as server-sent events.
 #[utoipa::path(
@@ -114,8 +114,7 @@ pub async fn events(
             };
             Ok(event.unwrap_or_else(|_| Event::default()))
         });
-    state.engine.metrics().http_event_streams.inc();
-    let opened = StreamGauge(state.engine.metrics().clone());
+    let opened = StreamGauge::open(state.engine.metrics().clone());
     let stream = stream.map(move |event| {
         let _held = &opened;
         event
@@ -127,8 +126,17 @@ pub async fn events(
     ))
 }
 
-/// Decrements the open-streams gauge when a stream is dropped.
-struct StreamGauge(std::sync::Arc<crate::metrics::Metrics>);
+/// One open event stream in the gauge `tally_http_event_streams`: counted
+/// when opened, uncounted when the stream is dropped.
+pub(super) struct StreamGauge(std::sync::Arc<crate::metrics::Metrics>);
+
+impl StreamGauge {
+    /// Counts a stream that opens now.
+    pub(super) fn open(metrics: std::sync::Arc<crate::metrics::Metrics>) -> StreamGauge {
+        metrics.http_event_streams.inc();
+        StreamGauge(metrics)
+    }
+}
 
 impl Drop for StreamGauge {
     fn drop(&mut self) {

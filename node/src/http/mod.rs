@@ -3,7 +3,8 @@
 //! down and not holding adds after a restart; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
 //! Prometheus text otherwise), the status page `/status` (HTML) and `/status.json`,
-//! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`]) with its
+//! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`],
+//! [`like_events`]) with its
 //! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}`.
 //!
 //! With tokens on (`--auth-tokens`), the status page, its JSON and the JSON
@@ -19,6 +20,7 @@ pub mod events;
 pub mod extract;
 pub mod index;
 pub mod integer;
+pub mod like_events;
 pub mod likes;
 pub mod openapi;
 pub mod problem;
@@ -101,6 +103,7 @@ pub fn router(state: HttpState) -> Router {
         .routes(routes!(seed::create, seed::increment, seed::read))
         .routes(routes!(likes::like, likes::unlike, likes::liked))
         .routes(routes!(likes::count))
+        .routes(routes!(like_events::events))
         .routes(routes!(likes::members))
         .routes(routes!(likes::observe, likes::estimate))
         .routes(routes!(likes::distinct))

@@ -234,6 +234,16 @@ impl Event {
     }
 }
 
+impl Event {
+    /// The `count` of a like set's `count` event.
+    #[track_caller]
+    pub fn count(&self) -> u64 {
+        assert_eq!(self.event, "count", "{self:?}");
+        let data: serde_json::Value = serde_json::from_str(&self.data).expect("JSON data");
+        data["count"].as_u64().expect("a count")
+    }
+}
+
 impl Events {
     /// The next event or comment, or `None` if none comes within `limit`.
     pub fn next(&self, limit: Duration) -> Option<Event> {
