@@ -1,7 +1,10 @@
-//! A like set's live count over HTTP, on a two-region cluster of real
-//! `tally-node` processes: `/v1/likes/{key}/events` sends the current count,
-//! then each change made in either region, never a repeat for a double tap,
-//! and resumes from `Last-Event-ID`.
+//! A like set's live count over HTTP, and the like-button page that reads
+//! it, on a two-region cluster of real `tally-node` processes:
+//! `/v1/likes/{key}/events` sends the current count, then each change made
+//! in either region, never a repeat for a double tap, and resumes from
+//! `Last-Event-ID`; `/demo/{key}` is the seed's like button (a person's
+//! membership of the like set, "seen by" from the key's uniques) and says
+//! in which region a like is committed and where it is replicated.
 
 mod common;
 
@@ -71,5 +74,38 @@ fn a_like_sets_count_streams_every_regions_likes_once() {
     // A bad key is refused before any stream opens.
     let bad = eu.get(&format!("/v1/likes/{}/events", "k".repeat(257)));
     bad.problem(400, "INVALID_ARGUMENT");
+    drop(cluster);
+}
+
+#[test]
+fn the_demo_page_is_a_persons_like_button_and_says_where_likes_go() {
+    let cluster = Cluster::start(&[("eu", 1), ("us", 1)], "sync");
+    let eu = Api::new(cluster.nodes[0].spec.http);
+    // Once eu has heard of us, the page names both regions.
+    let (page, _) = wait_until(LIMIT, "eu's demo page to name us", || {
+        let page = eu.get("/demo/post%2F7");
+        assert_eq!(page.status, 200, "{page:?}");
+        page.body
+            .contains("reaches us by replication")
+            .then_some(page)
+    });
+    assert!(page.header("content-type").starts_with("text/html"));
+    assert!(page.body.contains("committed in eu (node"), "{}", page.body);
+    for wanted in [
+        // The heart is the person's membership of the like set...
+        "\"/v1/likes/\"",
+        "/members/",
+        "\"PUT\"",
+        "\"DELETE\"",
+        // ...the count is the set's, live...
+        "/events",
+        "\"count\"",
+        // ...and each view is observed in the key's uniques.
+        "\"/v1/uniques/\"",
+        "\":seen\"",
+    ] {
+        assert!(page.body.contains(wanted), "the page lacks {wanted}");
+    }
+    assert!(!page.body.contains("{{where}}"));
     drop(cluster);
 }

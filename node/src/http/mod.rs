@@ -5,7 +5,7 @@
 //! Prometheus text otherwise), the status page `/status` (HTML) and `/status.json`,
 //! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`],
 //! [`like_events`]) with its
-//! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}`.
+//! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}` ([`demo`]).
 //!
 //! With tokens on (`--auth-tokens`), the status page, its JSON and the JSON
 //! API require the same `Authorization: Bearer TOKEN` as the gRPC services,
@@ -16,6 +16,7 @@
 
 pub mod access;
 pub mod counters;
+pub mod demo;
 pub mod events;
 pub mod extract;
 pub mod index;
@@ -137,7 +138,7 @@ pub fn router(state: HttpState) -> Router {
                 }
             }),
         )
-        .route("/demo/{key}", get(demo))
+        .route("/demo/{key}", get(demo::page))
         .merge(api)
         .fallback(not_found)
         .with_state(state.clone())
@@ -172,12 +173,6 @@ async fn not_found(uri: axum::http::Uri) -> problem::Problem {
 /// `/`: links to what the port serves ([`index`]).
 async fn index_page(State(state): State<HttpState>) -> Response {
     axum::response::Html(index::render(&state.info)).into_response()
-}
-
-/// The like-button page (see `demo.html`): the key is read from the path by
-/// the page itself, so nothing of the request is written into the HTML.
-async fn demo(extract::CounterKey(_key): extract::CounterKey) -> Response {
-    axum::response::Html(include_str!("demo.html")).into_response()
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {

@@ -45,3 +45,24 @@ pub fn can_run(test: &str, why_not: Option<String>, require: &str) -> bool {
     let _ = writeln!(std::io::stderr(), "\n{bar}\nSKIPPED: {message}\n{bar}\n");
     false
 }
+
+/// Why headless Chromium and Selenium cannot run here (`python` lacks
+/// Selenium, or Debian's `chromium` or `chromium-driver` is missing), or `None`.
+pub fn browser_missing(python: &str) -> Option<String> {
+    for tool in ["chromium", "chromedriver"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if !found {
+            return Some(format!(
+                "{tool} is not installed (Debian: apt-get install chromium chromium-driver)"
+            ));
+        }
+    }
+    unavailable(
+        python,
+        "import selenium",
+        "install it with `python3 -m pip install selenium` (or set TALLY_HTTP_PYTHON)",
+    )
+}
