@@ -7,7 +7,9 @@
 //! taps count once, and a page whose person changes shows that person's
 //! heart; after each step both pages show the same exact count (compact:
 //! `40.2K`) and each its own person's heart. The test then checks over the
-//! API, on both regions, the count and who likes it.
+//! API, on both regions, the count and who likes it. Last, after adds on
+//! eu, `status_page.py` opens eu's `/status` and sees its charts (adds per
+//! second, lag per peer, commit latency) drawn with points.
 //!
 //! The screenshot is kept when `TALLY_SCREENSHOT_OUT` names a file (that is
 //! how `docs/like-button.png` in the README was made).
@@ -82,6 +84,28 @@ fn count(api: &Api, path_key: &str) -> u64 {
     reply.json()["count"].as_u64().expect("a count")
 }
 
+/// Runs `node/tests/python/{script}` with `args`; fails with its output
+/// when it fails.
+fn run_script(python: &str, script: &str, args: &[String]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let out = Command::new(python)
+        .arg(&path)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", path.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{script} stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "{script} exited with {}:\n{stdout}\n{stderr}",
+        out.status
+    );
+}
+
 #[test]
 fn two_people_in_two_regions_like_and_unlike_exactly() {
     let python = python("TALLY_HTTP_PYTHON");
@@ -108,29 +132,21 @@ fn two_people_in_two_regions_like_and_unlike_exactly() {
         || (count(&us, path_key) == earlier).then_some(()),
     );
     let screenshot = cluster.root.path().join("like-button.png");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/python/like_button.py");
     let page = |node: usize, person: &str| {
         format!(
             "http://{}/demo/{path_key}#person={person}",
             cluster.nodes[node].spec.http
         )
     };
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(page(0, "ana"))
-        .arg(page(1, "bo"))
-        .arg(earlier.to_string())
-        .arg(&screenshot)
-        .stdin(Stdio::null())
-        .output()
-        .expect("running node/tests/python/like_button.py");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("like_button.py stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(
-        out.status.success(),
-        "like_button.py exited with {}:\n{stdout}\n{stderr}",
-        out.status
+    run_script(
+        &python,
+        "like_button.py",
+        &[
+            page(0, "ana"),
+            page(1, "bo"),
+            earlier.to_string(),
+            screenshot.display().to_string(),
+        ],
     );
     // ana (A) and bo (B) like it, cy (B's page for a moment) does not: the
     // API agrees on both regions.
@@ -141,6 +157,16 @@ fn two_people_in_two_regions_like_and_unlike_exactly() {
         assert!(likes(api, path_key, "ana") && likes(api, path_key, "bo"));
         assert!(!likes(api, path_key, "cy"));
     }
+    // Adds on eu: its status page charts them (and the lag behind us, and
+    // its commits' latency) within a few one-second samples.
+    for _ in 0..50 {
+        assert_eq!(eu.add("views", 1, None).status, 200);
+    }
+    run_script(
+        &python,
+        "status_page.py",
+        &[format!("http://{}/status", cluster.nodes[0].spec.http)],
+    );
     let png = std::fs::read(&screenshot).expect("the screenshot");
     assert!(png.starts_with(b"\x89PNG"), "not a PNG");
     if let Ok(keep) = std::env::var("TALLY_SCREENSHOT_OUT") {

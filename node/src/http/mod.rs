@@ -2,7 +2,8 @@
 //! serves: its store is open, its commits succeed, it is not shutting
 //! down and not holding adds after a restart; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
-//! Prometheus text otherwise), the status page `/status` (HTML) and `/status.json`,
+//! Prometheus text otherwise), the status page `/status` (HTML, with charts
+//! of the node's last two minutes: [`charts`]) and `/status.json`,
 //! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`],
 //! [`like_events`]) with its
 //! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}` ([`demo`]).
@@ -15,6 +16,7 @@
 //! mistake gets a gRPC answer naming the gRPC port ([`wrong_port`]).
 
 pub mod access;
+pub mod charts;
 pub mod counters;
 pub mod demo;
 pub mod events;
@@ -92,6 +94,8 @@ pub struct HttpState {
     /// The gRPC likes service, called in-process: like sets and uniques
     /// route and forward as over gRPC.
     pub likes: Arc<crate::api::LikesService>,
+    /// The status page's charts: the last two minutes of this node's numbers.
+    pub charts: Arc<charts::ChartHistory>,
 }
 
 /// The router: the probes, the status page, and the JSON API.
@@ -239,7 +243,8 @@ fn public_metrics(state: &HttpState, text: String) -> String {
 async fn status_html(State(state): State<HttpState>) -> Response {
     let status = crate::api::admin::status(&state.engine, &state.info);
     let map = own_partition_map(&state);
-    axum::response::Html(status_page::render(&status, map.as_ref())).into_response()
+    let samples = state.charts.samples();
+    axum::response::Html(status_page::render(&status, map.as_ref(), &samples)).into_response()
 }
 
 /// This node's region's partition map (`None` before membership knows the
@@ -252,5 +257,6 @@ fn own_partition_map(state: &HttpState) -> Option<tally_proto::v1::PartitionMapR
 async fn status_json(State(state): State<HttpState>) -> Response {
     let status = crate::api::admin::status(&state.engine, &state.info);
     let map = own_partition_map(&state);
-    axum::Json(status_page::to_json(&status, map.as_ref())).into_response()
+    let samples = state.charts.samples();
+    axum::Json(status_page::to_json(&status, map.as_ref(), &samples)).into_response()
 }
