@@ -20,12 +20,10 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::http::Api;
-use common::python::{browser_missing, can_run, python};
+use common::python::{browser_missing, can_run, python, run_script};
 use common::{wait_cluster_version, wait_until, Cluster};
 use tally_proto::v1::likes_client::LikesClient;
 use tally_proto::v1::{like_result, LikeBatchRequest, LikeItem};
@@ -82,28 +80,6 @@ fn count(api: &Api, path_key: &str) -> u64 {
     let reply = api.get(&format!("/v1/likes/{path_key}"));
     assert_eq!(reply.status, 200, "{reply:?}");
     reply.json()["count"].as_u64().expect("a count")
-}
-
-/// Runs `node/tests/python/{script}` with `args`; fails with its output
-/// when it fails.
-fn run_script(python: &str, script: &str, args: &[String]) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/python")
-        .join(script);
-    let out = Command::new(python)
-        .arg(&path)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", path.display()));
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{script} stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(
-        out.status.success(),
-        "{script} exited with {}:\n{stdout}\n{stderr}",
-        out.status
-    );
 }
 
 #[test]
