@@ -21,7 +21,7 @@ use std::convert::Infallible;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, KeepAlive, KeepAliveStream, Sse};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -86,10 +86,7 @@ pub async fn events(
         .values(key.clone().into(), &tonic::metadata::MetadataMap::new())
         .await
         .map_err(|status| Problem::of_status(&status))?;
-    let resume_at: Option<i64> = headers
-        .get("last-event-id")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.trim().parse().ok());
+    let resume_at: Option<i64> = last_event_id(&headers);
     let mut first = true;
     let stream = values
         .filter(move |value| {
@@ -119,11 +116,27 @@ pub async fn events(
         let _held = &opened;
         event
     });
-    Ok(Sse::new(stream).keep_alive(
+    Ok(with_heartbeat(stream, &state))
+}
+
+/// The `Last-Event-ID` a reconnecting client sent, when it parses as `T`.
+pub(super) fn last_event_id<T: std::str::FromStr>(headers: &HeaderMap) -> Option<T> {
+    headers
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse().ok())
+}
+
+/// An event stream with a `: heartbeat` comment every `--http-event-heartbeat`.
+pub(super) fn with_heartbeat<S>(stream: S, state: &HttpState) -> Sse<KeepAliveStream<S>>
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    Sse::new(stream).keep_alive(
         KeepAlive::new()
             .interval(state.settings.event_heartbeat)
             .text("heartbeat"),
-    ))
+    )
 }
 
 /// One open event stream in the gauge `tally_http_event_streams`: counted

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, Sse};
 use futures::Stream;
 use prost::bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -30,7 +30,7 @@ use tally_proto::v1::likes_server::Likes;
 use tonic::Request;
 use utoipa::ToSchema;
 
-use super::events::{EventsQuery, RETRY_MS};
+use super::events::{last_event_id, with_heartbeat, EventsQuery, RETRY_MS};
 use super::extract::{CounterKey, QueryParams};
 use super::problem::Problem;
 use super::HttpState;
@@ -99,11 +99,8 @@ pub async fn events(
     headers: HeaderMap,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, Problem> {
     let first = read_count(&state, &key).await?;
-    let resume_at: Option<u64> = headers
-        .get("last-event-id")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.trim().parse().ok());
-    let heartbeat = state.settings.event_heartbeat;
+    let resume_at: Option<u64> = last_event_id(&headers);
+    let sse_state = state.clone();
     let opened = super::events::StreamGauge::open(state.engine.metrics().clone());
     // The state: the last count sent (None: nothing sent yet), and whether
     // the first read is still to be sent.
@@ -138,5 +135,5 @@ pub async fn events(
             }
         },
     );
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(heartbeat).text("heartbeat")))
+    Ok(with_heartbeat(stream, &sse_state))
 }
