@@ -132,6 +132,8 @@ pub struct NodeHandle {
     http_stop: Option<oneshot::Sender<()>>,
     grpc_task: JoinHandle<Result<(), tonic::transport::Error>>,
     http_task: JoinHandle<std::io::Result<()>>,
+    /// Samples the status page's charts.
+    chart_task: JoinHandle<()>,
     membership: Arc<MembershipHandle>,
     membership_task: JoinHandle<()>,
     upgrade_task: JoinHandle<()>,
@@ -436,6 +438,9 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
 
     let ready = Arc::new(AtomicBool::new(true));
     let (http_stop, http_stop_rx) = oneshot::channel::<()>();
+    let charts = Arc::new(crate::http::charts::ChartHistory::default());
+    let chart_task =
+        crate::http::charts::spawn_sampler(engine.clone(), info.clone(), charts.clone());
     let router = crate::http::router(crate::http::HttpState {
         engine: engine.clone(),
         ready: ready.clone(),
@@ -445,6 +450,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         partitioning,
         counters,
         likes,
+        charts,
     });
     let http_task = crate::http::serve::spawn_http(
         http_listener,
@@ -479,6 +485,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
         http_stop: Some(http_stop),
         grpc_task,
         http_task,
+        chart_task,
         membership,
         membership_task,
         upgrade_task,
@@ -590,6 +597,8 @@ impl NodeHandle {
             let _ = stop.send(());
         }
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut self.http_task).await;
+        self.chart_task.abort();
+        let _ = self.chart_task.await;
         self.membership_task.abort();
         let _ = self.membership_task.await;
         self.upgrade_task.abort();

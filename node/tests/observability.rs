@@ -1,4 +1,5 @@
-//! Observability with real processes: the status page and its JSON, hot keys
+//! Observability with real processes: the status page and its JSON (with
+//! its charts' samples of adds, commit latency and lag), hot keys
 //! in metrics and in `Admin.Status`, gRPC server reflection (what `grpcurl`
 //! uses, v1 and v1alpha) and the gRPC health service for every service, and
 //! JSON logs.
@@ -54,6 +55,42 @@ async fn the_status_page_shows_members_convergence_and_hot_keys() {
         .unwrap()
         .iter()
         .any(|h| h["op"] == "get" && h["key"] == "post:7:views"));
+
+    // The charts' samples: the adds above, a commit's latency, and the
+    // peer's replication lag, each sampled from the node's own numbers.
+    let charts = wait_until(Duration::from_secs(20), "charts with the adds", || {
+        let (_, json) = http_get(http, "/status.json").ok()?;
+        let json: serde_json::Value = serde_json::from_str(&json).ok()?;
+        let samples = json["charts"]["samples"].as_array()?.clone();
+        let adds = samples
+            .iter()
+            .any(|s| s["adds_per_sec"].as_f64() > Some(0.0));
+        let commits = samples.iter().any(|s| s["commit_ms"].as_f64() > Some(0.0));
+        let lag = samples.iter().any(|s| {
+            s["lag"].as_array().is_some_and(|peers| {
+                peers.iter().any(|peer| {
+                    peer["node"] == "us-1"
+                        && peer["region"] == "us"
+                        && peer["since_last_sync_ms"].is_u64()
+                        && peer["seq_lag"].is_u64()
+                })
+            })
+        });
+        (adds && commits && lag).then_some(json["charts"].clone())
+    })
+    .0;
+    assert_eq!(charts["interval_ms"], 1000, "{charts}");
+    let page = http_get(http, "/status").unwrap().1;
+    for chart in ["chart-adds", "chart-lag", "chart-commit"] {
+        assert!(
+            page.contains(&format!("<svg id=\"{chart}\"")),
+            "{chart} missing: {page}"
+        );
+    }
+    assert!(
+        page.contains("data-series=\"us-1 (us)\""),
+        "a lag line for the peer: {page}"
+    );
 
     let wanted = "tally_hot_key_rate{op=\"add\",key=\"post:<b>hot</b>:likes\"}";
     let metrics = wait_until(Duration::from_secs(5), "the hot key in /metrics", || {

@@ -211,10 +211,12 @@ async fn commit_all(
                     .metrics
                     .commit_batch_counters
                     .observe(counters as f64);
+                let took = started.elapsed();
+                engine.metrics.commit_duration.observe(took.as_secs_f64());
                 engine
                     .metrics
-                    .commit_duration
-                    .observe(started.elapsed().as_secs_f64());
+                    .commit_micros_total
+                    .inc_by(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
                 on_commit(seq, digest);
                 if *failures > 0 {
                     tracing::info!(seq, failures = *failures, "a group commit succeeded again");

@@ -21,7 +21,7 @@ use std::convert::Infallible;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::sse::{Event, KeepAlive, KeepAliveStream, Sse};
 use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -39,7 +39,7 @@ pub struct ValueEvent {
     pub value: i64,
 }
 
-/// The query of an event stream.
+/// The query of an event stream (a counter's, or a like set's: [`super::like_events`]).
 #[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
@@ -52,7 +52,7 @@ pub struct EventsQuery {
 }
 
 /// How long a browser waits before reconnecting a dropped stream.
-const RETRY_MS: u64 = 1_000;
+pub(super) const RETRY_MS: u64 = 1_000;
 
 /// Streams a counter's value as server-sent events.
 #[utoipa::path(
@@ -86,10 +86,7 @@ pub async fn events(
         .values(key.clone().into(), &tonic::metadata::MetadataMap::new())
         .await
         .map_err(|status| Problem::of_status(&status))?;
-    let resume_at: Option<i64> = headers
-        .get("last-event-id")
-        .and_then(|value| value.to_str().ok())
-        .and_then(|text| text.trim().parse().ok());
+    let resume_at: Option<i64> = last_event_id(&headers);
     let mut first = true;
     let stream = values
         .filter(move |value| {
@@ -114,21 +111,45 @@ pub async fn events(
             };
             Ok(event.unwrap_or_else(|_| Event::default()))
         });
-    state.engine.metrics().http_event_streams.inc();
-    let opened = StreamGauge(state.engine.metrics().clone());
+    let opened = StreamGauge::open(state.engine.metrics().clone());
     let stream = stream.map(move |event| {
         let _held = &opened;
         event
     });
-    Ok(Sse::new(stream).keep_alive(
+    Ok(with_heartbeat(stream, &state))
+}
+
+/// The `Last-Event-ID` a reconnecting client sent, when it parses as `T`.
+pub(super) fn last_event_id<T: std::str::FromStr>(headers: &HeaderMap) -> Option<T> {
+    headers
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok())
+        .and_then(|text| text.trim().parse().ok())
+}
+
+/// An event stream with a `: heartbeat` comment every `--http-event-heartbeat`.
+pub(super) fn with_heartbeat<S>(stream: S, state: &HttpState) -> Sse<KeepAliveStream<S>>
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    Sse::new(stream).keep_alive(
         KeepAlive::new()
             .interval(state.settings.event_heartbeat)
             .text("heartbeat"),
-    ))
+    )
 }
 
-/// Decrements the open-streams gauge when a stream is dropped.
-struct StreamGauge(std::sync::Arc<crate::metrics::Metrics>);
+/// One open event stream in the gauge `tally_http_event_streams`: counted
+/// when opened, uncounted when the stream is dropped.
+pub(super) struct StreamGauge(std::sync::Arc<crate::metrics::Metrics>);
+
+impl StreamGauge {
+    /// Counts a stream that opens now.
+    pub(super) fn open(metrics: std::sync::Arc<crate::metrics::Metrics>) -> StreamGauge {
+        metrics.http_event_streams.inc();
+        StreamGauge(metrics)
+    }
+}
 
 impl Drop for StreamGauge {
     fn drop(&mut self) {

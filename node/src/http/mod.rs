@@ -2,9 +2,11 @@
 //! serves: its store is open, its commits succeed, it is not shutting
 //! down and not holding adds after a restart; the body says why not), `/metrics`
 //! (OpenMetrics when the scraper asks for it, as Prometheus does; the classic
-//! Prometheus text otherwise), the status page `/status` (HTML) and `/status.json`,
-//! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`]) with its
-//! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}`.
+//! Prometheus text otherwise), the status page `/status` (HTML, with charts
+//! of the node's last two minutes: [`charts`]) and `/status.json`,
+//! and the JSON API under `/v1/` ([`counters`], [`seed`], [`events`], [`likes`],
+//! [`like_events`]) with its
+//! OpenAPI document ([`openapi`]) and a like-button page at `/demo/{key}` ([`demo`]).
 //!
 //! With tokens on (`--auth-tokens`), the status page, its JSON and the JSON
 //! API require the same `Authorization: Bearer TOKEN` as the gRPC services,
@@ -14,11 +16,14 @@
 //! mistake gets a gRPC answer naming the gRPC port ([`wrong_port`]).
 
 pub mod access;
+pub mod charts;
 pub mod counters;
+pub mod demo;
 pub mod events;
 pub mod extract;
 pub mod index;
 pub mod integer;
+pub mod like_events;
 pub mod likes;
 pub mod openapi;
 pub mod problem;
@@ -89,6 +94,8 @@ pub struct HttpState {
     /// The gRPC likes service, called in-process: like sets and uniques
     /// route and forward as over gRPC.
     pub likes: Arc<crate::api::LikesService>,
+    /// The status page's charts: the last two minutes of this node's numbers.
+    pub charts: Arc<charts::ChartHistory>,
 }
 
 /// The router: the probes, the status page, and the JSON API.
@@ -101,6 +108,7 @@ pub fn router(state: HttpState) -> Router {
         .routes(routes!(seed::create, seed::increment, seed::read))
         .routes(routes!(likes::like, likes::unlike, likes::liked))
         .routes(routes!(likes::count))
+        .routes(routes!(like_events::events))
         .routes(routes!(likes::members))
         .routes(routes!(likes::observe, likes::estimate))
         .routes(routes!(likes::distinct))
@@ -134,7 +142,7 @@ pub fn router(state: HttpState) -> Router {
                 }
             }),
         )
-        .route("/demo/{key}", get(demo))
+        .route("/demo/{key}", get(demo::page))
         .merge(api)
         .fallback(not_found)
         .with_state(state.clone())
@@ -169,12 +177,6 @@ async fn not_found(uri: axum::http::Uri) -> problem::Problem {
 /// `/`: links to what the port serves ([`index`]).
 async fn index_page(State(state): State<HttpState>) -> Response {
     axum::response::Html(index::render(&state.info)).into_response()
-}
-
-/// The like-button page (see `demo.html`): the key is read from the path by
-/// the page itself, so nothing of the request is written into the HTML.
-async fn demo(extract::CounterKey(_key): extract::CounterKey) -> Response {
-    axum::response::Html(include_str!("demo.html")).into_response()
 }
 
 async fn readyz(State(state): State<HttpState>) -> impl IntoResponse {
@@ -241,7 +243,8 @@ fn public_metrics(state: &HttpState, text: String) -> String {
 async fn status_html(State(state): State<HttpState>) -> Response {
     let status = crate::api::admin::status(&state.engine, &state.info);
     let map = own_partition_map(&state);
-    axum::response::Html(status_page::render(&status, map.as_ref())).into_response()
+    let samples = state.charts.samples();
+    axum::response::Html(status_page::render(&status, map.as_ref(), &samples)).into_response()
 }
 
 /// This node's region's partition map (`None` before membership knows the
@@ -254,5 +257,6 @@ fn own_partition_map(state: &HttpState) -> Option<tally_proto::v1::PartitionMapR
 async fn status_json(State(state): State<HttpState>) -> Response {
     let status = crate::api::admin::status(&state.engine, &state.info);
     let map = own_partition_map(&state);
-    axum::Json(status_page::to_json(&status, map.as_ref())).into_response()
+    let samples = state.charts.samples();
+    axum::Json(status_page::to_json(&status, map.as_ref(), &samples)).into_response()
 }

@@ -10,6 +10,7 @@ use utoipa::openapi::{OpenApi as Document, SecurityRequirement};
 use utoipa::OpenApi;
 
 use super::events::ValueEvent;
+use super::like_events::CountEvent;
 use super::problem::Problem;
 
 /// The document's fixed parts; the paths come from the router.
@@ -29,7 +30,7 @@ use super::problem::Problem;
         (name = "likes", description = "Like sets (who liked, exactly) and uniques (distinct members, estimated)."),
         (name = "seed", description = "The seed design's API: POST forms a counter_id, PUT increments it, GET reads it."),
     ),
-    components(schemas(Problem, ValueEvent)),
+    components(schemas(Problem, ValueEvent, CountEvent)),
 )]
 pub struct ApiDoc;
 

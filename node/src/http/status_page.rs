@@ -1,16 +1,20 @@
 //! The status page (`/status`): one self-contained HTML page, rendered on the
 //! server with no script and no build step, refreshing itself every two
-//! seconds: the members with their region, liveness, last sync and sequence
-//! lag, whether their digests agree, the protocol versions each speaks (and
-//! which are refused), the cluster version, problems to act on (a node name
-//! held by two live replicas), and this node's hottest keys. The same facts
-//! as JSON at `/status.json`.
+//! seconds: charts of the node's last two minutes (adds per second,
+//! replication lag per peer, commit latency; inline SVG drawn here by
+//! [`super::charts`]), the members with their region, liveness, last sync
+//! and sequence lag, whether their digests agree, the protocol versions each
+//! speaks (and which are refused), the cluster version, problems to act on (a
+//! node name held by two live replicas), and this node's hottest keys. The
+//! same facts as JSON at `/status.json` (the charts' samples under `charts`).
 //!
 //! Keys are user input: everything shown is HTML-escaped.
 
 use std::fmt::Write;
 
 use tally_proto::v1 as pb;
+
+use super::charts::{self, Sample};
 
 /// Escapes text for HTML content and attribute values.
 pub fn escape(text: &str) -> String {
@@ -75,13 +79,17 @@ pub fn problems(status: &pb::StatusResponse) -> Vec<String> {
 
 /// Renders the page from a status and, when known, the partition map of
 /// the node's region.
-pub fn render(status: &pb::StatusResponse, map: Option<&pb::PartitionMapResponse>) -> String {
+pub fn render(
+    status: &pb::StatusResponse,
+    map: Option<&pb::PartitionMapResponse>,
+    samples: &[Sample],
+) -> String {
     let own = status.self_.clone().unwrap_or_default();
     let mut html = String::with_capacity(8 * 1024);
     let _ = write!(
         html,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta http-equiv=\"refresh\" content=\"2\">\
-         <title>Tally · {node}</title><style>{STYLE}</style></head><body>\
+         <title>Tally · {node}</title><style>{STYLE}{chart_style}</style></head><body>\
          <h1>Tally · {node} <span class=\"sub\">({region})</span></h1>\
          <div class=\"sub\">cluster <code>{cluster}</code> · {partitions} partitions · cluster version {version} · replica <code>{replica:016x}</code> · durable sequence {seq} · digest <code>{digest:016x}</code></div>",
         node = escape(&own.node_name),
@@ -92,6 +100,7 @@ pub fn render(status: &pb::StatusResponse, map: Option<&pb::PartitionMapResponse
         replica = own.replica,
         seq = own.durable_seq,
         digest = own.digest,
+        chart_style = charts::STYLE,
     );
     let live = status.members.iter().filter(|m| m.alive).count() + 1;
     let _ = write!(
@@ -111,6 +120,7 @@ pub fn render(status: &pb::StatusResponse, map: Option<&pb::PartitionMapResponse
             escape(&problem)
         );
     }
+    charts::render(&mut html, samples);
     html.push_str(
         "<h2>Members</h2><table><tr><th>region</th><th>node</th><th>replica</th><th>gRPC address</th>\
          <th>alive</th><th>last sync</th><th>sequence lag</th><th>digest</th><th>protocol</th></tr>",
@@ -236,6 +246,7 @@ fn partition_json(map: &pb::PartitionMapResponse) -> serde_json::Value {
 pub fn to_json(
     status: &pb::StatusResponse,
     map: Option<&pb::PartitionMapResponse>,
+    samples: &[Sample],
 ) -> serde_json::Value {
     let member = |m: &pb::Member| {
         serde_json::json!({
@@ -259,6 +270,7 @@ pub fn to_json(
         "partitions": status.partitions,
         "partition_map": map.map(partition_json),
         "problems": problems(status),
+        "charts": charts::to_json(samples),
         "hot_keys": status.hot_keys.iter().map(|h| serde_json::json!({
             "key": String::from_utf8_lossy(&h.key), "op": h.op, "rate_per_sec": h.rate_per_sec, "count": h.count,
         })).collect::<Vec<_>>(),
@@ -302,13 +314,13 @@ mod tests {
                 count: 50,
             }],
         };
-        let html = render(&status, None);
+        let html = render(&status, None, &[]);
         assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
         assert!(!html.contains("<script>"));
         assert!(html.contains("us-1") && html.contains("down") && html.contains("not converged"));
         assert!(html.contains("cluster version 2") && html.contains("1..=1 refused"));
         assert!(html.contains("64 partitions"));
-        let json = to_json(&status, None);
+        let json = to_json(&status, None, &[]);
         assert_eq!(json["partitions"], 64);
         assert_eq!(json["members"][0]["refused"], true);
         assert_eq!(json["hot_keys"][0]["key"], "<script>x</script>");
@@ -332,8 +344,8 @@ mod tests {
         let found = problems(&status);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("eu-1") && found[0].contains("0000000000000002"));
-        assert!(render(&status, None).contains("badge bad\">problem"));
-        assert_eq!(to_json(&status, None)["problems"][0], found[0]);
+        assert!(render(&status, None, &[]).contains("badge bad\">problem"));
+        assert_eq!(to_json(&status, None, &[])["problems"][0], found[0]);
         status.members[0].alive = false;
         assert!(
             problems(&status).is_empty(),
@@ -365,18 +377,18 @@ mod tests {
             ..Default::default()
         };
         let status = pb::StatusResponse::default();
-        let html = render(&status, Some(&map));
+        let html = render(&status, Some(&map), &[]);
         assert!(html.contains("Partitions of region eu"), "{html}");
         assert!(html.contains("replication factor 3 (in effect 2)"));
         assert!(html.contains("10 under-replicated"));
         assert!(html.contains("eu-&lt;2&gt;") && html.contains(">down<"));
         assert!(html.contains("<td>11</td>"));
-        let json = to_json(&status, Some(&map));
+        let json = to_json(&status, Some(&map), &[]);
         assert_eq!(json["partition_map"]["under_replicated"], 10);
         assert_eq!(json["partition_map"]["nodes"][1]["partitions_owned"], 10);
         map.under_replicated = 0;
         map.nodes[1].gone = true;
-        let html = render(&status, Some(&map));
+        let html = render(&status, Some(&map), &[]);
         assert!(html.contains("fully replicated") && html.contains("gone (past --dead-after)"));
     }
 }

@@ -225,12 +225,24 @@ pub struct Event {
 }
 
 impl Event {
-    /// The `value` of a `value` event's data.
+    /// The field `name` of the data of an event of kind `name`.
+    #[track_caller]
+    fn data_field(&self, name: &str) -> serde_json::Value {
+        assert_eq!(self.event, name, "{self:?}");
+        let data: serde_json::Value = serde_json::from_str(&self.data).expect("JSON data");
+        data[name].clone()
+    }
+
+    /// The `value` of a counter's `value` event.
     #[track_caller]
     pub fn value(&self) -> i64 {
-        assert_eq!(self.event, "value", "{self:?}");
-        let data: serde_json::Value = serde_json::from_str(&self.data).expect("JSON data");
-        data["value"].as_i64().expect("a value")
+        self.data_field("value").as_i64().expect("a value")
+    }
+
+    /// The `count` of a like set's `count` event.
+    #[track_caller]
+    pub fn count(&self) -> u64 {
+        self.data_field("count").as_u64().expect("a count")
     }
 }
 

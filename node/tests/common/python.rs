@@ -7,7 +7,8 @@
 //! Selenium into), else `python3`.
 
 use std::io::Write;
-use std::process::Command;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 /// The Python interpreter named by `$env_var`, or `python3`.
 pub fn python(env_var: &str) -> String {
@@ -44,4 +45,47 @@ pub fn can_run(test: &str, why_not: Option<String>, require: &str) -> bool {
     let bar = "!".repeat(72);
     let _ = writeln!(std::io::stderr(), "\n{bar}\nSKIPPED: {message}\n{bar}\n");
     false
+}
+
+/// Why headless Chromium and Selenium cannot run here (`python` lacks
+/// Selenium, or Debian's `chromium` or `chromium-driver` is missing), or `None`.
+pub fn browser_missing(python: &str) -> Option<String> {
+    for tool in ["chromium", "chromedriver"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|out| out.status.success());
+        if !found {
+            return Some(format!(
+                "{tool} is not installed (Debian: apt-get install chromium chromium-driver)"
+            ));
+        }
+    }
+    unavailable(
+        python,
+        "import selenium",
+        "install it with `python3 -m pip install selenium` (or set TALLY_HTTP_PYTHON)",
+    )
+}
+
+/// Runs `node/tests/python/{script}` with `args`; fails with its output
+/// when it fails.
+pub fn run_script(python: &str, script: &str, args: &[String]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/python")
+        .join(script);
+    let out = Command::new(python)
+        .arg(&path)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", path.display()));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{script} stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        out.status.success(),
+        "{script} exited with {}:\n{stdout}\n{stderr}",
+        out.status
+    );
 }
