@@ -409,7 +409,7 @@ pub fn deltas_after(
 /// The puts that write the batch's like sets, uniques and delta
 /// watermarks: each set's changed members (or registers), its count, and
 /// one delta-log record; and the deletes of the sets the batch purges.
-/// Uniques are written in record format `format` (see [`uniques_ops`]).
+/// Uniques are written in record format `format` (see `uniques_ops`).
 pub fn set_ops(batch: &CommitBatch, format: u32, ops: &mut Vec<Op>) {
     for write in &batch.likes {
         for (member, length) in &write.members {
