@@ -10,7 +10,7 @@
 //! counter ends with three slots; each pass visits the keys in a random
 //! order, and a flush follows every 25,000 writes (about a second of a
 //! node's checkpoints at the million-key rate). Records are Tally's own
-//! (`store/encoding.rs`): the key with its one-byte prefix, and the counter
+//! (`tally-core`'s `storage/encoding.rs`): the key with its one-byte prefix, and the counter
 //! record of format 2, 14 bytes with three slots. It prints the data
 //! directory's size per counter after the load and after a reopen, the
 //! bytes handed to sled per counter, and the time per write.
@@ -53,7 +53,7 @@ impl Rng {
     }
 }
 
-/// A counter record as Tally writes it (`store/encoding.rs`, format 2): one
+/// A counter record as Tally writes it (`tally-core`'s `storage/encoding.rs`, format 2): one
 /// add in each of the first `regions` replicas' slots, written by commit
 /// `seq`, replicas numbered by ordinals 1, 2, 3.
 fn counter_record(seq: u64, regions: u64) -> Vec<u8> {

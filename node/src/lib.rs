@@ -2,9 +2,10 @@
 //!
 //! - [`crdt`], [`replica`] and [`partition`] are the pure core: no tokio, sled, tonic or prost.
 //!   The node's runtime and the simulator (`tally-sim`) drive the same code.
-//!   [`crdt`] and [`partition`] live in the crate `tally-core` (node/core),
-//!   re-exported here; [`replica`] is still part of this crate.
-//! - [`store`] keeps counters on disk behind the narrow [`store::Store`] trait.
+//!   They live in the crate `tally-core` (node/core), re-exported here.
+//! - [`store`] keeps counters on disk behind the narrow [`store::Store`] trait:
+//!   the trait, the key layout and the in-memory store are `tally-core`'s
+//!   `storage` (re-exported by [`store`]); the sled store is this crate's.
 //! - the rest is the runtime: group commit, the gRPC services, membership and
 //!   the anti-entropy loop, the HTTP endpoints; [`restore`] makes a new
 //!   replica from a backup.
@@ -22,16 +23,15 @@ pub mod http;
 pub mod lifecycle_file;
 pub mod log_flood;
 pub mod metrics;
-pub mod replica;
 pub mod restore;
 pub mod server;
 pub mod store;
 pub mod upgrade;
 
 // The pure core lives in its own crate (node/core, `tally-core`); these
-// re-exports keep every `crate::crdt::...` and `tally_node::partition::...`
-// path working.
-pub use tally_core::{crdt, partition};
+// re-exports keep every `crate::crdt::...`, `crate::replica::...` and
+// `tally_node::partition::...` path working.
+pub use tally_core::{crdt, partition, replica};
 
 /// Ctrl-C and SIGTERM, caught from the moment [`ShutdownSignal::install`]
 /// returns. Install it before the node starts: a SIGTERM that arrives while

@@ -237,13 +237,16 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     {
         let saved = crate::store::take_saved_partition_digests(&settings.data_dir);
         let store = Arc::clone(engine.store());
-        let used = engine
-            .core()
-            .set_partition_count(cluster.partitions, &*store, saved.as_deref())
-            .map_err(|error| StartError::Recover {
-                dir: settings.data_dir.clone(),
-                error,
-            })?;
+        let used = crate::store::set_partition_count(
+            &mut engine.core(),
+            cluster.partitions,
+            &*store,
+            saved.as_deref(),
+        )
+        .map_err(|error| StartError::Recover {
+            dir: settings.data_dir.clone(),
+            error,
+        })?;
         let elapsed_ms = started.elapsed().as_millis() as u64;
         match used {
             true => tracing::debug!(
@@ -569,7 +572,7 @@ impl NodeHandle {
         if !matches!(self.engine.store_health(), StoreHealth::Failed(_)) {
             // Saved before the store closes: the next start reads them
             // instead of every counter (only if nothing was committed since).
-            let saved = self.engine.core().saved_partition_digests();
+            let saved = crate::store::saved_partition_digests(&self.engine.core());
             if let Some(bytes) = saved {
                 let dir = self.settings.data_dir.clone();
                 let written = tokio::task::spawn_blocking(move || {

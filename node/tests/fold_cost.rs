@@ -80,7 +80,7 @@ fn fold_cost(partitions: Option<PartitionCount>) {
         // What a start after a crash does (a clean stop saves them).
         let scan = Instant::now();
         assert!(
-            !core.set_partition_count(count, &store, None).unwrap(),
+            !tally_node::store::set_partition_count(&mut core, count, &store, None).unwrap(),
             "computed, not saved"
         );
         core.set_folds_by_partition(true);

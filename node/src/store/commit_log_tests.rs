@@ -204,7 +204,7 @@ fn below_the_log_format_a_commit_says_durable_once_sled_is_flushed() {
 
 #[test]
 fn a_batch_written_key_by_key_holds_its_sequence_last() {
-    let ordinals = super::ordinals::Ordinals::new();
+    let ordinals = super::Ordinals::new();
     let batch = batch(9, "a");
     let new = ordinals.plan(&batch);
     let ops = super::batch_ops(&batch, &ordinals, &new, NEWEST);

@@ -56,6 +56,8 @@ impl<S: Store> DurableState for FaultyStore<S> {
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
         self.inner.scan_records(from, to, limit)
     }
+
+    tally_core::durable_layout_reads!();
 }
 
 impl<S: Store> Store for FaultyStore<S> {

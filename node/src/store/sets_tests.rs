@@ -1,8 +1,11 @@
 //! Tests of the like-set, uniques and delta-log records, against both stores.
 
-use super::*;
+use crate::crdt::HyperLogLog;
 use crate::crdt::ReplicaId;
 use crate::replica::{CommitBatch, Identity, LikeWrite, UniqueWrite};
+use crate::replica::{DeltaCursor, SetDelta};
+use crate::store::encoding::VERSION;
+use crate::store::sets::*;
 use crate::store::{MemoryStore, SledStore, Store};
 
 fn batch(seq: u64, likes: Vec<LikeWrite>, uniques: Vec<UniqueWrite>) -> CommitBatch {

@@ -766,6 +766,8 @@ impl DurableState for SledStore {
                 .collect()
         })
     }
+
+    tally_core::durable_layout_reads!();
 }
 
 impl Store for SledStore {

@@ -2,8 +2,14 @@
 //! commit writes, what a read puts back together over both stores and over
 //! a whole dense record of an older format, deletion, and damage.
 
-use super::*;
+use crate::crdt::hll::{DENSE_BYTES, SPARSE_LIMIT};
+use crate::crdt::{register_digest, HyperLogLog, SetsDigest};
+use crate::replica::version::CHUNKED_UNIQUES;
 use crate::replica::{CommitBatch, Identity, SetDeletion, UniqueWrite};
+use crate::replica::{DurableState, SetKind};
+use crate::store::encoding::VERSION;
+use crate::store::sets::*;
+use crate::store::Op;
 use crate::store::{MemoryStore, SledStore, Store};
 
 fn identity() -> Identity {

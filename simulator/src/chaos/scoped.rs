@@ -1,5 +1,5 @@
 //! Live replicas whose slot of a key was partly folded (cluster version 12,
-//! `node/src/replica/fold_scoped.rs`): when the key's partition moved away
+//! `node/core/src/replica/fold_scoped.rs`): when the key's partition moved away
 //! from a node that lives on and stayed away for `--retire-after`, that
 //! node's slots there were folded into the counters' bases; if the
 //! partition came back, the node writes it again from a fresh slot.

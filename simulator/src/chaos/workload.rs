@@ -95,7 +95,7 @@ pub enum Failure {
 /// The messages of the refusals that come as `UNAVAILABLE` (another node
 /// may take the add, so a caller may try elsewhere) but mean "not applied":
 /// `AddRefused::NotServed`, `WriteGate::Retired`, `WriteGate::NotApplied`
-/// (node/src/replica/mod.rs and fold_scoped.rs; `workload_tests.rs` checks
+/// (node/core/src/replica/mod.rs and fold_scoped.rs; `workload_tests.rs` checks
 /// them against the node's own errors).
 const NOT_APPLIED_UNAVAILABLE: [&str; 3] = [
     "does not serve partition",

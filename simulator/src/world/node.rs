@@ -245,8 +245,7 @@ fn fold_by_partition(options: &SimOptions, replica: &mut Replica, store: &Memory
     let Some(count) = options.fold_partition_count() else {
         return;
     };
-    replica
-        .set_partition_count(count, store, None)
+    tally_node::store::set_partition_count(replica, count, store, None)
         .expect("the memory store always reads");
     replica.set_folds_by_partition(true);
 }

@@ -6,7 +6,7 @@ use super::*;
 use crate::crdt::{FoldedBase, PnCounter, Slot};
 use crate::replica::tests::Node;
 use crate::replica::{Identity, ReplicaConfig};
-use crate::store::{MemoryStore, Store};
+use crate::storage::{MemoryStore, Store};
 
 const CLUSTER: &str = "test";
 

@@ -310,13 +310,17 @@ pub type Record = (Vec<u8>, Vec<u8>);
 /// The read side of durable storage that the core needs. The store writes only
 /// what [`CommitBatch`]es say, so what it returns for a counter that is not in
 /// a batch being committed is durable.
+///
+/// The first four reads are raw; the rest depend on the store's key layout,
+/// which is `storage`'s business, not the replica's: a store of that layout
+/// writes them with [`crate::durable_layout_reads!`].
 pub trait DurableState {
     /// The stored record of one counter.
     fn load_counter(&self, key: &str) -> Result<Option<StoredCounter>, StorageError>;
     /// Change-log entries strictly after `after`, in order, at most `limit`.
     fn changes_after(&self, after: &Cursor, limit: usize) -> Result<Vec<Change>, StorageError>;
     /// One stored record by its store key (like sets and uniques are read
-    /// through this and [`Self::scan_records`]; see `store/sets.rs`).
+    /// through this and [`Self::scan_records`]; see `storage/sets.rs`).
     fn get_record(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
     /// Stored records with keys in `from..to` (`from` included), in key
     /// order, at most `limit`.
@@ -328,17 +332,11 @@ pub trait DurableState {
     ) -> Result<Vec<Record>, StorageError>;
 
     /// The stored causal length of a like set's member (0 when never stored).
-    fn load_member(&self, key: &str, member: &str) -> Result<u64, StorageError> {
-        crate::store::sets::load_member(self, key, member)
-    }
+    fn load_member(&self, key: &str, member: &str) -> Result<u64, StorageError>;
     /// The stored derived count of a like set (0 when never stored).
-    fn load_like_count(&self, key: &str) -> Result<u64, StorageError> {
-        crate::store::sets::load_like_count(self, key).map(|(count, _)| count)
-    }
+    fn load_like_count(&self, key: &str) -> Result<u64, StorageError>;
     /// The stored registers of a uniques key.
-    fn load_uniques(&self, key: &str) -> Result<Option<HyperLogLog>, StorageError> {
-        crate::store::sets::load_uniques(self, key)
-    }
+    fn load_uniques(&self, key: &str) -> Result<Option<HyperLogLog>, StorageError>;
     /// The stored like sets (or uniques keys) strictly after `after`, in
     /// key order, at most `limit`.
     fn set_keys_after(
@@ -346,9 +344,7 @@ pub trait DurableState {
         kind: SetKind,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<String>, StorageError> {
-        crate::store::sets::set_keys_after(self, kind, after, limit)
-    }
+    ) -> Result<Vec<String>, StorageError>;
     /// A like set's stored members strictly after `after` (all when
     /// `None`), in member order, with their lengths; at most `limit`.
     fn like_members_after(
@@ -356,25 +352,19 @@ pub trait DurableState {
         key: &str,
         after: Option<&str>,
         limit: usize,
-    ) -> Result<Vec<(String, u64)>, StorageError> {
-        crate::store::sets::scan_members(self, key, after, limit)
-    }
+    ) -> Result<Vec<(String, u64)>, StorageError>;
     /// Idempotency segments written by commits after `after`, in order, at
     /// most `limit`, each with its records.
     fn idempotency_segments_after(
         &self,
         after: u64,
         limit: usize,
-    ) -> Result<Vec<(u64, Vec<IdempotencyRecord>)>, StorageError> {
-        crate::store::idempotency_segments_after(self, after, limit)
-    }
+    ) -> Result<Vec<(u64, Vec<IdempotencyRecord>)>, StorageError>;
     /// Delta-log records strictly after `after`, in order, at most `limit`,
     /// each with its cursor.
     fn deltas_after(
         &self,
         after: &DeltaCursor,
         limit: usize,
-    ) -> Result<Vec<(DeltaCursor, SetDelta)>, StorageError> {
-        crate::store::sets::deltas_after(self, after, limit)
-    }
+    ) -> Result<Vec<(DeltaCursor, SetDelta)>, StorageError>;
 }

@@ -7,7 +7,7 @@ use crate::crdt::{counter_digest, ReplicaId, StateDigest};
 use crate::partition::{Partition, PartitionCount};
 use crate::replica::tests::{Node, CLUSTER};
 use crate::replica::{Cursor, DurableState, PullRequest};
-use crate::store::{compute_partition_digests, compute_writer_digests, Store};
+use crate::storage::{compute_partition_digests, compute_writer_digests, Store};
 
 fn count() -> PartitionCount {
     PartitionCount::new(16).unwrap()
@@ -115,9 +115,7 @@ fn copy_from_scratch(node: &mut Node, source: &Node) {
 /// A node that keeps the writers' digests by partition (as a node does).
 fn tracking(id: u64, region: &str) -> Node {
     let mut node = Node::new(id, region);
-    node.replica
-        .set_partition_count(count(), &node.store, None)
-        .unwrap();
+    crate::storage::set_partition_count(&mut node.replica, count(), &node.store, None).unwrap();
     node
 }
 
@@ -149,9 +147,7 @@ fn a_purge_deletes_what_is_not_kept_but_this_replica_s_own_slot() {
     // A second pass finds nothing more to do, and a restart agrees.
     purge(&mut a, kept(&[1]), 1);
     let mut a = a.restart();
-    a.replica
-        .set_partition_count(count(), &a.store, None)
-        .unwrap();
+    crate::storage::set_partition_count(&mut a.replica, count(), &a.store, None).unwrap();
     assert_eq!(stored_keys(&a), expected);
 
     // Taken back: copied again from scratch (as a copy session does), and

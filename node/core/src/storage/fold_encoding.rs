@@ -5,6 +5,9 @@
 
 use crate::crdt::{FoldRecord, PartitionDigests, ReplicaId, WriterDigest};
 use crate::replica::fold_partitions::DigestsByPartition;
+// Defined by the replica (what it saves), encoded here; re-exported so
+// `encoding::SavedDigests` keeps naming it.
+pub use crate::replica::fold_partitions::SavedDigests;
 use crate::replica::folds::{RetireReason, ScopedRetirement};
 use crate::replica::StorageError;
 
@@ -249,21 +252,6 @@ pub fn decode_fold_record(key: &[u8], value: &[u8]) -> Result<FoldRecord, Storag
 pub const SAVED_PARTITION_DIGESTS: &str = "partition-digests.saved";
 
 const SAVED_DIGESTS_SEED: u64 = 0x7061_7274_6467_7374;
-
-/// What a clean stop saves of the digests by partition: the writers'
-/// ([`DigestsByPartition`]) and the like sets and uniques' (one per
-/// partition).
-#[derive(Clone, PartialEq, Eq, Debug, Default)]
-pub struct SavedDigests {
-    /// The durable sequence they are current at.
-    pub durable_seq: u64,
-    /// The partition count they are drawn over.
-    pub partitions: u32,
-    /// Each writer's digest per partition.
-    pub writers: DigestsByPartition,
-    /// Each partition's sets digest.
-    pub sets: Vec<u64>,
-}
 
 /// Encodes [`SavedDigests`], with a checksum: a torn, stale or foreign file
 /// is detected and ignored.

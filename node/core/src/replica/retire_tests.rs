@@ -7,7 +7,7 @@ use super::*;
 use crate::crdt::{FoldedBase, WriterDigest};
 use crate::replica::folds::{FoldReport, FoldWait};
 use crate::replica::{AddAccepted, AddRefused, AddRequest};
-use crate::store::{compute_writer_digests, Store};
+use crate::storage::{compute_writer_digests, Store};
 
 const W: ReplicaId = ReplicaId(3);
 
@@ -529,16 +529,14 @@ fn digests_by_partition_are_kept_by_commits_and_read_back_only_when_current() {
     let mut a = Node::new(1, "eu");
     a.add(&keys[0], 2);
     a.commit();
-    assert!(!a
-        .replica
-        .set_partition_count(count, &a.store, None)
-        .unwrap());
+    assert!(!crate::storage::set_partition_count(&mut a.replica, count, &a.store, None).unwrap());
     for (i, key) in keys.iter().enumerate() {
         a.add(key, i as i64 + 1);
     }
     a.commit();
     let (computed, later) =
-        crate::store::compute_partition_digests(&a.store, count, a.replica.folds().book()).unwrap();
+        crate::storage::compute_partition_digests(&a.store, count, a.replica.folds().book())
+            .unwrap();
     assert!(later.is_empty(), "no fold of a live writer, no later phase");
     let (_, kept, _) = a.replica.folds().partition_digests().unwrap();
     assert_eq!(kept, &computed, "commits keep what a computation finds");
@@ -550,56 +548,61 @@ fn digests_by_partition_are_kept_by_commits_and_read_back_only_when_current() {
 
     // Saved at a clean stop, read back at the next start (not recomputed:
     // a doctored copy with the same sequence is taken as it is).
-    let saved = a.replica.saved_partition_digests().unwrap();
+    let saved = crate::storage::saved_partition_digests(&a.replica).unwrap();
     let mut doctored = computed.clone();
     doctored
         .get_mut(&ReplicaId(1))
         .unwrap()
         .remove(&keys_partition(&keys[3], count));
-    let doctored =
-        crate::store::encoding::encode_partition_digests(&crate::store::encoding::SavedDigests {
+    let doctored = crate::storage::encoding::encode_partition_digests(
+        &crate::storage::encoding::SavedDigests {
             durable_seq: a.replica.durable_seq(),
             partitions: count.get(),
             writers: doctored,
             sets: vec![0; 16],
-        });
+        },
+    );
     let mut b = a.restart();
-    assert!(b
-        .replica
-        .set_partition_count(count, &b.store, Some(&doctored))
-        .unwrap());
+    assert!(
+        crate::storage::set_partition_count(&mut b.replica, count, &b.store, Some(&doctored))
+            .unwrap()
+    );
     assert_eq!(
         b.replica.folds().partition_digests().unwrap().1[&ReplicaId(1)].len(),
         3
     );
     // The true copy, after a restart: used.
     let mut c = b.restart();
-    assert!(c
-        .replica
-        .set_partition_count(count, &c.store, Some(&saved))
-        .unwrap());
+    assert!(
+        crate::storage::set_partition_count(&mut c.replica, count, &c.store, Some(&saved)).unwrap()
+    );
     assert_eq!(c.replica.folds().partition_digests().unwrap().1, &computed);
     // A commit since the save: the copy is stale and is computed instead;
     // so is a damaged one, or one of another partition count.
     c.add(&keys[1], 5);
     c.commit();
     let (now, _) =
-        crate::store::compute_partition_digests(&c.store, count, c.replica.folds().book()).unwrap();
+        crate::storage::compute_partition_digests(&c.store, count, c.replica.folds().book())
+            .unwrap();
     let mut damaged = saved.clone();
     damaged[3] ^= 1;
-    let other =
-        crate::store::encoding::encode_partition_digests(&crate::store::encoding::SavedDigests {
+    let other = crate::storage::encoding::encode_partition_digests(
+        &crate::storage::encoding::SavedDigests {
             durable_seq: c.replica.durable_seq(),
             partitions: 8,
             writers: now.clone(),
             sets: vec![0; 8],
-        });
+        },
+    );
     for stale in [saved, damaged, other] {
         c = c.restart();
-        assert!(!c
-            .replica
-            .set_partition_count(count, &c.store, Some(&stale))
-            .unwrap());
+        assert!(!crate::storage::set_partition_count(
+            &mut c.replica,
+            count,
+            &c.store,
+            Some(&stale)
+        )
+        .unwrap());
         assert_eq!(c.replica.folds().partition_digests().unwrap().1, &now);
     }
 }

@@ -28,9 +28,7 @@ fn partitioned(id: u64, region: &str, kept: &[u32]) -> Node {
 /// `node` as the runtime sets it up at a start: 16 partitions, folds by
 /// partition and scoped, serving and keeping `kept` (every one if empty).
 fn configured(mut node: Node, kept: &[u32]) -> Node {
-    node.replica
-        .set_partition_count(sixteen(), &node.store, None)
-        .unwrap();
+    crate::storage::set_partition_count(&mut node.replica, sixteen(), &node.store, None).unwrap();
     node.replica.set_folds_by_partition(true);
     node.replica.set_scoped_folds(true);
     if !kept.is_empty() {

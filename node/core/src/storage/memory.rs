@@ -104,9 +104,8 @@ impl MemoryStore {
     }
 
     /// Writes `ops` as they are, durable at once, outside any batch: what a
-    /// test plants as damage.
-    #[cfg(test)]
-    pub(crate) fn plant(&self, ops: &[Op]) {
+    /// test plants as damage (public for tally-node's store tests).
+    pub fn plant(&self, ops: &[Op]) {
         let mut layers = self.layers();
         apply(&mut layers.visible, ops);
         apply(&mut layers.durable, ops);
@@ -149,6 +148,8 @@ impl DurableState for MemoryStore {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
+
+    crate::durable_layout_reads!();
 }
 
 impl Store for MemoryStore {

@@ -13,6 +13,7 @@
 
 use crate::crdt::{FoldBook, FoldError, FoldRecord, PnCounter, ReplicaId, Slot, WriterDigest};
 
+use super::fold_partitions::{ComputedDigests, SavedDigests};
 use super::folds::{FoldMember, Folds, RetireRefused};
 use super::types::{Cursor, DurableState, StorageError};
 use super::{AddRefused, Replica};
@@ -147,30 +148,27 @@ impl Replica {
     /// keeping fold state by partition: each writer's digest per partition
     /// (`fold_partitions.rs`), maintained by every commit after. They come
     /// from `saved` (what [`Self::saved_partition_digests`] gave at the last
-    /// clean stop) when it is current, and are otherwise computed here by
-    /// reading every stored counter once. Returns whether `saved` was used.
-    pub fn set_partition_count(
+    /// clean stop) when it is current, and are otherwise computed by
+    /// `compute`, which reads every stored counter once (given this node's
+    /// fold book). Returns whether `saved` was used. The store's side
+    /// (decoding `saved`, the reads) is `storage::set_partition_count`.
+    pub fn set_partition_count_with(
         &mut self,
         count: crate::partition::PartitionCount,
-        store: &(impl DurableState + ?Sized),
-        saved: Option<&[u8]>,
+        saved: Option<SavedDigests>,
+        compute: impl FnOnce(&FoldBook) -> Result<ComputedDigests, StorageError>,
     ) -> Result<bool, StorageError> {
         self.peers.set_own_partitions(count.get());
         if self.folds.partition_count() == Some(count) {
             return Ok(false);
         }
-        let current = saved
-            .and_then(|bytes| crate::store::encoding::decode_partition_digests(bytes).ok())
-            .filter(|saved| {
-                saved.durable_seq == self.durable_seq && saved.partitions == count.get()
-            });
+        let current = saved.filter(|saved| {
+            saved.durable_seq == self.durable_seq && saved.partitions == count.get()
+        });
         let used = current.is_some();
         let (writers, sets) = match current {
             Some(saved) => ((saved.writers, Default::default()), saved.sets),
-            None => (
-                crate::store::compute_partition_digests(store, count, self.folds.book())?,
-                crate::store::sets::compute_digests_by_partition(store, count)?,
-            ),
+            None => compute(self.folds.book())?,
         };
         self.folds.track_partitions(count, writers);
         self.folds.set_kept(self.kept().cloned());
@@ -178,10 +176,11 @@ impl Replica {
         Ok(used)
     }
 
-    /// The writers' digests by partition of the durable state, encoded for
-    /// the next start (a clean stop saves them once nothing is committing;
-    /// `None` when partitions are not tracked or a commit is in flight).
-    pub fn saved_partition_digests(&self) -> Option<Vec<u8>> {
+    /// The writers' digests by partition of the durable state, for the next
+    /// start (a clean stop saves them once nothing is committing; `None`
+    /// when partitions are not tracked or a commit is in flight). The store
+    /// encodes them (`storage::saved_partition_digests`).
+    pub fn saved_partition_digests(&self) -> Option<SavedDigests> {
         if self.in_flight.is_some() {
             return None;
         }
@@ -190,14 +189,12 @@ impl Replica {
             // The saved form has no phases: computed again at the start.
             return None;
         }
-        Some(crate::store::encoding::encode_partition_digests(
-            &crate::store::encoding::SavedDigests {
-                durable_seq: self.durable_seq,
-                partitions: count.get(),
-                writers: digests.clone(),
-                sets: self.sets.partition_digests()?.to_vec(),
-            },
-        ))
+        Some(SavedDigests {
+            durable_seq: self.durable_seq,
+            partitions: count.get(),
+            writers: digests.clone(),
+            sets: self.sets.partition_digests()?.to_vec(),
+        })
     }
 
     /// Folds agree partition by partition from now on, once the cluster

@@ -8,7 +8,7 @@ use super::super::sets::{LikeAccepted, LikeRequest};
 use super::super::*;
 use super::Node;
 use crate::crdt::HyperLogLog;
-use crate::store::Store;
+use crate::storage::Store;
 
 impl Node {
     #[track_caller]
@@ -278,7 +278,7 @@ fn a_keyed_retry_of_a_like_is_applied_once_even_after_an_unlike() {
 /// The sets digest the node's store holds, computed from every record.
 #[track_caller]
 fn stored_digest(node: &Node) -> crate::crdt::SetsDigest {
-    crate::store::sets::compute_digest(&node.store).unwrap()
+    crate::storage::sets::compute_digest(&node.store).unwrap()
 }
 
 #[test]
@@ -338,6 +338,7 @@ fn the_sets_digest_is_the_durable_states_and_equal_iff_the_states_are() {
     let [a, _, c] = nodes;
     let c = c.restart();
     assert_eq!(c.replica.sets_digest(), stored_digest(&c));
-    let stale = crate::store::sets::recover_digest(&a.store, a.replica.durable_seq() + 1).unwrap();
+    let stale =
+        crate::storage::sets::recover_digest(&a.store, a.replica.durable_seq() + 1).unwrap();
     assert_eq!(stale, converged);
 }

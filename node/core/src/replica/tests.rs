@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::crdt::Slot;
-use crate::store::{MemoryStore, Store};
+use crate::storage::{MemoryStore, Store};
 use version::ProtocolWindow;
 
 pub(super) struct Node {

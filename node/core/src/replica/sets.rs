@@ -25,7 +25,7 @@
 //! which is then exactly the digest of the state that commit makes durable
 //! (it writes every member and register changed up to that moment). Nothing
 //! is ever rescanned to compute it, except once when a store written by a
-//! build that kept no sets digest opens (`store/sets.rs`).
+//! build that kept no sets digest opens (`storage/sets.rs`).
 
 use std::collections::{BTreeSet, HashMap};
 

@@ -45,6 +45,27 @@ pub type DigestsByPartition = HashMap<ReplicaId, BTreeMap<u32, WriterDigest>>;
 /// application compare a writer's *current* phase only.
 pub type LaterPhases = BTreeMap<(ReplicaId, u32, u32), WriterDigest>;
 
+/// What [`set_partition_count_with`](super::Replica::set_partition_count_with)
+/// computes when no current [`SavedDigests`] are given: each writer's
+/// digests by partition (of phase 0, and of later phases), and each
+/// partition's sets digest.
+pub type ComputedDigests = ((DigestsByPartition, LaterPhases), Vec<u64>);
+
+/// What a clean stop saves of the digests by partition: the writers'
+/// ([`DigestsByPartition`]) and the like sets and uniques' (one per
+/// partition).
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct SavedDigests {
+    /// The durable sequence they are current at.
+    pub durable_seq: u64,
+    /// The partition count they are drawn over.
+    pub partitions: u32,
+    /// Each writer's digest per partition.
+    pub writers: DigestsByPartition,
+    /// Each partition's sets digest.
+    pub sets: Vec<u64>,
+}
+
 /// What a member reports by partition (cluster version 10 on).
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct PartitionReport {

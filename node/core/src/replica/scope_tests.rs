@@ -11,7 +11,7 @@ use crate::replica::version::ProtocolWindow;
 use crate::replica::{
     AddRefused, AddRequest, Cursor, PullChunk, PullRefused, PullRequest, MAX_CHUNK_COUNTERS,
 };
-use crate::store::Store;
+use crate::storage::Store;
 
 fn count() -> PartitionCount {
     PartitionCount::new(16).unwrap()

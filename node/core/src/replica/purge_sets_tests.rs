@@ -9,15 +9,13 @@ use crate::partition::PartitionSet;
 use crate::replica::sets::{LikeRequest, SetDelta};
 use crate::replica::tests::{key_in, partitions_of, sixteen, Node};
 use crate::replica::{ChunkRefused, DeltaCursor, DurableState, PullChunk};
-use crate::store::Store;
+use crate::storage::Store;
 
 use super::MEMBERS_PER_DELETION;
 
 fn node() -> Node {
     let mut node = Node::new(1, "eu");
-    node.replica
-        .set_partition_count(sixteen(), &node.store, None)
-        .unwrap();
+    crate::storage::set_partition_count(&mut node.replica, sixteen(), &node.store, None).unwrap();
     node
 }
 
@@ -27,12 +25,12 @@ fn node() -> Node {
 fn check_digests(node: &Node) {
     assert_eq!(
         node.replica.sets_digest(),
-        crate::store::sets::compute_digest(&node.store).unwrap(),
+        crate::storage::sets::compute_digest(&node.store).unwrap(),
         "the digest the commits wrote is the store's"
     );
     assert_eq!(
         node.replica.sets.partition_digests().unwrap(),
-        &crate::store::sets::compute_digests_by_partition(&node.store, sixteen()).unwrap()[..],
+        &crate::storage::sets::compute_digests_by_partition(&node.store, sixteen()).unwrap()[..],
         "per partition too"
     );
 }

@@ -62,10 +62,10 @@ pub const CHUNK_REGISTERS: usize = 256;
 /// Chunk records of a dense uniques key.
 pub const CHUNKS: usize = REGISTERS / CHUNK_REGISTERS;
 /// Bytes of one chunk's packed registers (6 bits each).
-const CHUNK_BYTES: usize = DENSE_BYTES / CHUNKS;
+pub const CHUNK_BYTES: usize = DENSE_BYTES / CHUNKS;
 /// The register form, in an `h` record, of dense registers kept in chunks
 /// (forms 0 and 1 are [`HyperLogLog::to_bytes`]'s sparse and dense).
-const FORM_CHUNKED: u8 = 2;
+pub const FORM_CHUNKED: u8 = 2;
 /// The form byte of [`HyperLogLog::to_bytes`]'s dense registers.
 const FORM_DENSE: u8 = 1;
 /// Delta-log prefix.
@@ -94,7 +94,8 @@ pub fn member_key(key: &str, member: &str) -> Vec<u8> {
     out
 }
 
-fn keyed(prefix: u8, key: &str) -> Vec<u8> {
+/// The store key of `key` under record `prefix` (a like count, uniques).
+pub fn keyed(prefix: u8, key: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(1 + key.len());
     out.push(prefix);
     out.extend_from_slice(key.as_bytes());
@@ -190,7 +191,7 @@ fn decode_uniques(
 }
 
 /// The store-key prefix of a uniques key's chunk records.
-fn chunk_prefix(key: &str) -> Vec<u8> {
+pub fn chunk_prefix(key: &str) -> Vec<u8> {
     debug_assert!(!key.is_empty() && key.len() <= 256);
     let mut out = Vec::with_capacity(3 + key.len());
     out.push(UNIQUES_CHUNK);
@@ -199,7 +200,8 @@ fn chunk_prefix(key: &str) -> Vec<u8> {
     out
 }
 
-fn chunk_key(key: &str, chunk: usize) -> Vec<u8> {
+/// The store key of chunk `chunk` of a uniques key.
+pub fn chunk_key(key: &str, chunk: usize) -> Vec<u8> {
     let mut out = chunk_prefix(key);
     out.push(chunk as u8);
     out
@@ -407,7 +409,7 @@ pub fn deltas_after(
 /// The puts that write the batch's like sets, uniques and delta
 /// watermarks: each set's changed members (or registers), its count, and
 /// one delta-log record; and the deletes of the sets the batch purges.
-/// Uniques are written in record format `format` (see [`uniques_ops`]).
+/// Uniques are written in record format `format` (see `uniques_ops`).
 pub fn set_ops(batch: &CommitBatch, format: u32, ops: &mut Vec<Op>) {
     for write in &batch.likes {
         for (member, length) in &write.members {
@@ -574,11 +576,3 @@ pub fn decode_delta_watermark(bytes: &[u8]) -> Result<DeltaCursor, StorageError>
     let reader = Reader::versioned(bytes, "delta watermark")?;
     Ok(DeltaCursor(reader.rest().to_vec()))
 }
-
-#[cfg(test)]
-#[path = "sets_tests.rs"]
-mod tests;
-
-#[cfg(test)]
-#[path = "uniques_chunks_tests.rs"]
-mod chunk_tests;
