@@ -83,7 +83,6 @@ fn fold_cost(partitions: Option<PartitionCount>) {
             !core.set_partition_count(count, &store, None).unwrap(),
             "computed, not saved"
         );
-        core.set_folds_by_partition(true);
         println!(
             "digests by partition of {counters} counters computed in {:?}",
             scan.elapsed()

@@ -31,8 +31,6 @@ fn configured(mut node: Node, kept: &[u32]) -> Node {
     node.replica
         .set_partition_count(sixteen(), &node.store, None)
         .unwrap();
-    node.replica.set_folds_by_partition(true);
-    node.replica.set_scoped_folds(true);
     if !kept.is_empty() {
         node.replica.set_serving(Some(partitions_of(kept)));
         node.replica.set_kept(Some(partitions_of(kept)));

@@ -248,5 +248,4 @@ fn fold_by_partition(options: &SimOptions, replica: &mut Replica, store: &Memory
     replica
         .set_partition_count(count, store, None)
         .expect("the memory store always reads");
-    replica.set_folds_by_partition(true);
 }
