@@ -137,16 +137,6 @@ pub enum ConfigError {
         /// What is wrong with it, and what to give.
         problem: String,
     },
-    /// A test-only protocol version outside what this build speaks.
-    #[error("--test-announce-protocol-version {version} is not a version this build speaks: use {oldest} to {newest}")]
-    TestProtocolVersion {
-        /// The version asked for.
-        version: u32,
-        /// The oldest this build speaks.
-        oldest: u32,
-        /// The newest this build speaks.
-        newest: u32,
-    },
     /// A `--write-copies` outside 2 to [`crate::engine::MAX_WRITE_COPIES`].
     #[error("{setting} {copies} is not valid: replicated durability keeps an add on the node that takes it and on at least one more node of its region, so give 2 to {max} (nodes, this one included; at most the nodes of the region)", max = crate::engine::MAX_WRITE_COPIES)]
     WriteCopies {
@@ -371,10 +361,6 @@ pub struct RunArgs {
     /// Tests only: a file whose content (`fail`, `hang`) makes the store's flushes fail or hang.
     #[arg(long, hide = true)]
     pub test_store_fault_file: Option<PathBuf>,
-    /// For tests only: pose as a build whose newest protocol version is this
-    /// (announce it, write no newer format, refuse a newer data directory).
-    #[arg(long, hide = true)]
-    pub test_announce_protocol_version: Option<u32>,
     /// How the cluster version moves once every member speaks a newer one:
     /// `manual` waits for `tally admin finalize` (rollback stays possible until
     /// then), `auto` moves by itself. [default: manual]
@@ -554,9 +540,6 @@ pub struct Settings {
     pub shutdown_grace: Duration,
     /// See [`RunArgs`] (tests only).
     pub test_store_fault_file: Option<PathBuf>,
-    /// The newest protocol version the node speaks and writes: this build's
-    /// own, unless a test makes it pose as an older build.
-    pub protocol_newest: u32,
     /// See [`RunArgs`].
     pub cluster_version_upgrade: ClusterVersionUpgrade,
 }
@@ -597,7 +580,6 @@ impl Settings {
             min_free_disk: FreeSpaceFloor::Default,
             shutdown_grace: Duration::from_secs(10),
             test_store_fault_file: None,
-            protocol_newest: crate::replica::version::NEWEST,
             cluster_version_upgrade: ClusterVersionUpgrade::Manual,
         }
     }
@@ -837,17 +819,6 @@ impl Settings {
             settings.shutdown_grace = parse_duration(&grace_source, &text)?;
         }
         settings.test_store_fault_file = args.test_store_fault_file;
-        if let Some(version) = args.test_announce_protocol_version {
-            use crate::replica::version::{NEWEST, OLDEST};
-            if !(OLDEST..=NEWEST).contains(&version) {
-                return Err(ConfigError::TestProtocolVersion {
-                    version,
-                    oldest: OLDEST,
-                    newest: NEWEST,
-                });
-            }
-            settings.protocol_newest = version;
-        }
         if settings.sync_interval.is_zero() || settings.gossip_interval.is_zero() {
             return Err(ConfigError::ZeroInterval);
         }

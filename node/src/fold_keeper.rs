@@ -6,10 +6,10 @@
 //! state and metric series, publishes this node's report, and keeps the
 //! fold metrics.
 //!
-//! Folds are a format of cluster version [`FOLD_VERSION`]: below it nothing
-//! is folded (an older member could not read a folded base), only an
-//! operator's retirement is recorded and gossiped. A node whose own id is
-//! retired is fenced: the core refuses its adds, and this keeper says so.
+//! Every cluster this build opens folds, by partition, with scoped folds
+//! (cluster version 12; the gates of versions 4, 10 and 12 went with the
+//! version window). A node whose own id is retired is fenced: the core
+//! refuses its adds, and this keeper says so.
 //!
 //! A node restarted on its old directory holds adds (the core refuses them
 //! with UNAVAILABLE) until a round ran on a live peer's report, so that it
@@ -32,8 +32,6 @@ use crate::gossip::membership::MembershipHandle;
 use crate::replica::folds::FoldMember;
 use crate::replica::Replica;
 
-/// The cluster version from which writers are folded.
-pub const FOLD_VERSION: u32 = 4;
 /// Stored counters the sweep folds per period (bounded work under the core lock).
 const SWEEP_PER_TICK: usize = 2_000;
 
@@ -61,7 +59,6 @@ pub fn spawn_fold_keeper(
         let mut fenced_logged = false;
         loop {
             ticker.tick().await;
-            let folding = engine.store().format() >= FOLD_VERSION;
             let store = Arc::clone(engine.store());
             // Read before the core lock: the partitioning takes its own lock
             // and then the core's (the other order deadlocks).
@@ -74,53 +71,42 @@ pub fn spawn_fold_keeper(
                 let heard_peer = members
                     .iter()
                     .any(|m| m.alive && m.replica != own && m.report.is_some());
-                let mut round_ran = !folding;
-                // Before the cluster folds too: an incarnation wiped in a new
+                let mut round_ran = false;
+                // Before the round: an incarnation wiped in a new
                 // cluster's first seconds is dropped from the member list
                 // once its successor appears, and would never be retired.
                 core.note_node_names(&members);
-                core.set_folds_by_partition(
-                    store.format() >= crate::replica::version::FOLDS_BY_PARTITION,
-                );
-                core.set_scoped_folds(store.format() >= crate::replica::version::SCOPED_FOLDS);
-                if folding {
-                    retire_removed(&mut core, &removed, &members);
-                    let retire_after = config.retire_after.as_millis() as u64;
-                    let now = now_ms();
-                    match core.handle_fold_round(
-                        now,
-                        &config.node_name,
-                        &members,
-                        Some(retire_after),
-                    ) {
-                        Ok(committed) => {
-                            round_ran = true;
-                            for record in committed {
-                                let writers: Vec<String> =
-                                    record.writers.iter().map(|(w, _)| w.to_string()).collect();
-                                let scoped: Vec<String> = record
-                                    .scoped
-                                    .iter()
-                                    .map(|(w, parts)| {
-                                        let parts: Vec<String> =
-                                            parts.iter().map(|(p, _)| p.to_string()).collect();
-                                        format!("{w} in {}", parts.join("+"))
-                                    })
-                                    .collect();
-                                tracing::info!(epoch = record.epoch, writers = %writers.join(","), scoped = %scoped.join(","), "fold record committed: these retired writers' slots (and live writers' slots in the partitions named) move into each counter's folded base");
-                            }
+                retire_removed(&mut core, &removed, &members);
+                let retire_after = config.retire_after.as_millis() as u64;
+                let now = now_ms();
+                match core.handle_fold_round(now, &config.node_name, &members, Some(retire_after)) {
+                    Ok(committed) => {
+                        round_ran = true;
+                        for record in committed {
+                            let writers: Vec<String> =
+                                record.writers.iter().map(|(w, _)| w.to_string()).collect();
+                            let scoped: Vec<String> = record
+                                .scoped
+                                .iter()
+                                .map(|(w, parts)| {
+                                    let parts: Vec<String> =
+                                        parts.iter().map(|(p, _)| p.to_string()).collect();
+                                    format!("{w} in {}", parts.join("+"))
+                                })
+                                .collect();
+                            tracing::info!(epoch = record.epoch, writers = %writers.join(","), scoped = %scoped.join(","), "fold record committed: these retired writers' slots (and live writers' slots in the partitions named) move into each counter's folded base");
                         }
-                        Err(error) => tracing::warn!(%error, "a member's fold record was refused"),
                     }
-                    if let Err(error) = core.poll_fold_sweep(now, &*store, SWEEP_PER_TICK) {
-                        tracing::warn!(%error, "the fold sweep could not read a counter; it tries again");
-                    }
-                    for (writer, region) in core.prune_folded() {
-                        engine
-                            .metrics()
-                            .forget_peer(&writer.to_string(), region.as_deref());
-                        tracing::info!(%writer, "folded writer pruned: its directory entry, pull watermarks and metric series are gone");
-                    }
+                    Err(error) => tracing::warn!(%error, "a member's fold record was refused"),
+                }
+                if let Err(error) = core.poll_fold_sweep(now, &*store, SWEEP_PER_TICK) {
+                    tracing::warn!(%error, "the fold sweep could not read a counter; it tries again");
+                }
+                for (writer, region) in core.prune_folded() {
+                    engine
+                        .metrics()
+                        .forget_peer(&writer.to_string(), region.as_deref());
+                    tracing::info!(%writer, "folded writer pruned: its directory entry, pull watermarks and metric series are gone");
                 }
                 if heard_peer && round_ran && core.release_restart_hold() {
                     tracing::info!("a peer's fold report arrived: the restart hold ends and adds are taken (unless this replica turned out to be retired)");

@@ -76,6 +76,7 @@ pub const REFUSAL_REASONS: &[&str] = &[
     "not_a_node",
     "oversized",
     "partition_count",
+    "protocol_too_old",
     "region_conflict",
     "set_being_deleted",
     "storage",
@@ -746,6 +747,28 @@ mod tests {
         );
         assert!(
             !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_refused_peer_window_is_counted_under_a_listed_reason() {
+        use crate::replica::version::{ProtocolWindow, NEWEST, OLDEST};
+        let behind = ProtocolWindow {
+            oldest: 1,
+            newest: OLDEST - 1,
+        };
+        let newer = ProtocolWindow::at(NEWEST + 1, NEWEST + 1);
+        let reasons = [behind, newer].map(|theirs| ProtocolWindow::refusal_reason(&theirs));
+        assert_eq!(reasons, ["protocol_too_old", "incompatible_protocol"]);
+        let metrics = Metrics::new();
+        for reason in reasons {
+            assert!(REFUSAL_REASONS.contains(&reason), "{reason}");
+            metrics.refused(reason);
+        }
+        let text = metrics.encode_text();
+        assert!(
+            text.contains("tally_refused_messages_total{reason=\"protocol_too_old\"} 1"),
             "{text}"
         );
     }

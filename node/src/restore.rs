@@ -15,9 +15,8 @@
 //! uniques) must equal the trailer's, or the restore fails and says the
 //! backup is damaged. Like sets and uniques (backup format 2)
 //! enter the same way, as the old replica's delta-log records merged by max;
-//! their count is checked against the trailer's, and the new directory is
-//! moved to the format that holds them (cluster version 3) first, as the
-//! source's was. Idempotency records are not in a backup:
+//! their count is checked against the trailer's (every directory this build
+//! creates holds them). Idempotency records are not in a backup:
 //! a client's retry of an add made before the backup is applied again on the
 //! new replica (document the recovery point to clients as "the backup's
 //! sequence").
@@ -199,9 +198,6 @@ async fn restore_into(
             "--data-dir {} already held a replica; a restore needs a new directory",
             args.data_dir.display()
         );
-    }
-    if checked.trailer.set_deltas > 0 {
-        store.raise_format(crate::replica::version::SETS)?;
     }
     let store: Arc<dyn Store> = Arc::new(store);
     let defaults = Settings::defaults(args.data_dir.clone());

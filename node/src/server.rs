@@ -169,16 +169,9 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     let region = settings.region.clone();
     let on_corrupt = settings.on_corrupt;
     let cache_bytes = settings.store_cache_bytes;
-    let newest = settings.protocol_newest;
+    let newest = crate::replica::version::NEWEST;
     let store = tokio::task::spawn_blocking(move || {
-        SledStore::open_versioned(
-            &data_dir,
-            &region,
-            rand::random(),
-            on_corrupt,
-            cache_bytes,
-            newest,
-        )
+        SledStore::open_with_cache(&data_dir, &region, rand::random(), on_corrupt, cache_bytes)
     })
     .await
     .map_err(StartError::StoreOpenerDied)??;

@@ -121,9 +121,9 @@ pub fn spawn_upgrade_keeper(
                         grpc = %member.grpc_addr,
                         theirs = %member.protocol,
                         ours = %own,
+                        advice = %own.refusal_advice(&member.protocol),
                         "refusing a peer that shares no protocol version with this node: \
-                         no state is exchanged with it until the older of the two is upgraded \
-                         (see \"Upgrading\" in the README)"
+                         no state is exchanged with it until it is upgraded as the advice says"
                     );
                 }
             }

@@ -83,7 +83,6 @@ fn fold_cost(partitions: Option<PartitionCount>) {
             !tally_node::store::set_partition_count(&mut core, count, &store, None).unwrap(),
             "computed, not saved"
         );
-        core.set_folds_by_partition(true);
         println!(
             "digests by partition of {counters} counters computed in {:?}",
             scan.elapsed()

@@ -800,25 +800,10 @@ fn bad_http_settings_stop_the_start_naming_the_flag() {
 }
 
 /// Like sets and uniques over JSON (issue 14's types): the same rules as
-/// the gRPC `Likes` service, including its refusal before cluster version 3.
+/// the gRPC `Likes` service.
 #[test]
 fn like_sets_and_uniques_over_json() {
-    // A directory of a build before like sets, upgraded in place: in manual
-    // upgrade mode it is not at version 3 until finalized.
-    let (_root, node, api) = start_node_with(&[], NodeProcess::start_on_old_directory);
-    let early = api
-        .call("PUT", "/v1/likes/p/members/sam", &[], None)
-        .problem(422, "FAILED_PRECONDITION");
-    assert!(
-        early["detail"]
-            .as_str()
-            .unwrap()
-            .contains("cluster version 3"),
-        "{early}"
-    );
-    drop(node);
-
-    let (_root, node, api) = start_node(&["--cluster-version-upgrade", "auto"]);
+    let (_root, node, api) = start_node(&[]);
     let like = |member: &str, idempotency_key: Option<&str>| {
         let headers: Vec<(&str, &str)> = idempotency_key
             .map(|k| vec![("idempotency-key", k)])

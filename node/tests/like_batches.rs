@@ -19,22 +19,10 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{cli, http_get, wait_until, NodeProcess, NodeSpec};
+use common::{http_get, NodeProcess, NodeSpec};
 use tally_client::{Client, ClientConfig};
 use tally_proto::v1::likes_client::LikesClient;
 use tally_proto::v1::{like_result, LikeBatchRequest, LikeItem};
-
-/// Finalizes the cluster version (like sets need 3) and waits for likes.
-fn finalize(node: &NodeProcess) {
-    wait_until(Duration::from_secs(30), "finalize", || {
-        let (code, _, _) = cli(&node.endpoint(), &["admin", "finalize"]);
-        (code == 0).then_some(())
-    });
-    wait_until(Duration::from_secs(30), "likes accepted", || {
-        let (code, _, _) = cli(&node.endpoint(), &["like", "warm-up", "x"]);
-        (code == 0).then_some(())
-    });
-}
 
 /// The `sum` and `count` of the `tally_like_batch_items` histogram.
 fn batch_items(node: &NodeProcess) -> (f64, f64) {
@@ -74,7 +62,6 @@ async fn coalesced_likes_from_many_callers_with_a_kill_9_come_out_exact() {
     let mut node = tokio::task::block_in_place(|| {
         NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"))
     });
-    tokio::task::block_in_place(|| finalize(&node));
     let client = ClientConfig::new()
         .with_deadline(Duration::from_secs(3))
         .connect(node.endpoint())
@@ -203,7 +190,6 @@ async fn coalesced_liked_and_observe_callers_each_get_their_own_answers() {
     let mut node = tokio::task::block_in_place(|| {
         NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"))
     });
-    tokio::task::block_in_place(|| finalize(&node));
     let client = ClientConfig::new()
         .with_deadline(Duration::from_secs(10))
         .connect(node.endpoint())
@@ -274,28 +260,13 @@ fn item(key: &str, member: &[u8], idempotency_key: &str, unlike: bool) -> LikeIt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_item_gets_its_own_error_and_the_rest_are_applied() {
     let root = tempfile::tempdir().unwrap();
-    // A directory of a build before like sets, upgraded in place: the
-    // cluster version waits for finalize (a new cluster's moves by itself).
     let mut node = tokio::task::block_in_place(|| {
-        NodeProcess::start_on_old_directory(NodeSpec::new(root.path(), "eu", "eu-1"))
+        NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"))
     });
     let mut raw = LikesClient::connect(node.endpoint())
         .await
         .unwrap()
         .max_encoding_message_size(64 << 20);
-    // Before cluster version 3 the whole batch is refused.
-    let status = raw
-        .like_batch(LikeBatchRequest {
-            items: vec![item("post", b"ann", "", false)],
-        })
-        .await
-        .unwrap_err();
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition);
-    assert!(
-        status.message().contains("tally admin finalize"),
-        "{status:?}"
-    );
-    tokio::task::block_in_place(|| finalize(&node));
 
     let batch = LikeBatchRequest {
         items: vec![

@@ -34,13 +34,8 @@ fn start_regions(root: &std::path::Path) -> Vec<NodeProcess> {
     nodes
 }
 
-/// Finalizes the cluster version (a new cluster starts at 1) and waits until
-/// every node takes likes.
-fn finalize(nodes: &[NodeProcess]) {
-    wait_until(Duration::from_secs(30), "finalize", || {
-        let (code, _, _) = cli(&nodes[0].endpoint(), &["admin", "finalize"]);
-        (code == 0).then_some(())
-    });
+/// Waits until every node takes likes.
+fn wait_for_likes(nodes: &[NodeProcess]) {
     for node in nodes {
         wait_until(Duration::from_secs(30), "likes accepted", || {
             let (code, _, _) = cli(&node.endpoint(), &["like", "warm-up", "x"]);
@@ -88,7 +83,7 @@ async fn wait_count(clients: &[Client], key: &str, count: u64) {
 async fn three_regions_agree_on_every_member_the_count_and_the_uniques() {
     let root = tempfile::tempdir().unwrap();
     let mut nodes = tokio::task::block_in_place(|| start_regions(root.path()));
-    tokio::task::block_in_place(|| finalize(&nodes));
+    tokio::task::block_in_place(|| wait_for_likes(&nodes));
     let mut regions = clients(&nodes).await;
 
     // The same member likes in all three regions at once.
@@ -248,19 +243,9 @@ async fn wait_sets_digests(clients: &[Client], not: Option<u64>) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_refused_and_changes_nothing() {
     let root = tempfile::tempdir().unwrap();
-    // A directory of a build before like sets, upgraded in place: the
-    // cluster version waits for finalize (a new cluster's moves by itself).
     let mut node = tokio::task::block_in_place(|| {
-        NodeProcess::start_on_old_directory(NodeSpec::new(root.path(), "eu", "eu-1"))
+        NodeProcess::start(NodeSpec::new(root.path(), "eu", "eu-1"))
     });
-    // Before cluster version 3: writes are refused, naming the fix.
-    let (code, _, stderr) = cli(&node.endpoint(), &["like", "post", "sam"]);
-    assert_ne!(code, 0);
-    assert!(
-        stderr.contains("cluster version 3") && stderr.contains("tally admin finalize"),
-        "{stderr}"
-    );
-    tokio::task::block_in_place(|| finalize(std::slice::from_ref(&node)));
     let client = client(&node).await;
 
     let mut raw = LikesClient::connect(node.endpoint())

@@ -50,7 +50,6 @@ pub fn code_of(error: &EngineError) -> Code {
                     Code::InvalidArgument
                 }
                 SetError::PageToken(_) => Code::InvalidArgument,
-                SetError::ClusterVersion { .. } => Code::FailedPrecondition,
                 SetError::Like(LikeRefused::Overflow(_)) => Code::OutOfRange,
                 SetError::Like(LikeRefused::Add(add)) => code_of(&EngineError::Add(add.clone())),
             }

@@ -110,7 +110,9 @@ pub fn copy_status(refused: &CopyRefused) -> Status {
 pub fn copy_refusal_reason(refused: &CopyRefused) -> &'static str {
     match refused {
         CopyRefused::WrongCluster { .. } => "wrong_cluster",
-        CopyRefused::IncompatibleProtocol { .. } => "incompatible_protocol",
+        CopyRefused::IncompatibleProtocol { theirs, .. } => {
+            crate::replica::version::ProtocolWindow::refusal_reason(theirs)
+        }
         CopyRefused::FromItself(_) | CopyRefused::OtherRegion { .. } => "wrong_copy",
         CopyRefused::RegionConflict { .. } => "region_conflict",
         CopyRefused::Oversized(_) | CopyRefused::OversizedRecords(_) => "oversized",

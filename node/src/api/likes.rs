@@ -1,7 +1,7 @@
 //! The public `Likes` gRPC service (like sets and uniques): a thin shell
 //! over the engine's functions in `engine/sets.rs`, which validate every
-//! request; a bad one gets `INVALID_ARGUMENT` (or `FAILED_PRECONDITION`
-//! before cluster version 3) with a message, and changes nothing. In a
+//! request; a bad one gets `INVALID_ARGUMENT` with a message, and changes
+//! nothing. In a
 //! `LikeBatch` each item is validated on its own: a bad item gets its own
 //! error in its result and the others are applied.
 //!

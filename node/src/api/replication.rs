@@ -307,7 +307,9 @@ fn refusal_reason(refused: &crate::replica::PullRefused) -> &'static str {
     match refused {
         crate::replica::PullRefused::WrongCluster { .. } => "wrong_cluster",
         crate::replica::PullRefused::WrongReplica { .. } => "wrong_replica",
-        crate::replica::PullRefused::IncompatibleProtocol { .. } => "incompatible_protocol",
+        crate::replica::PullRefused::IncompatibleProtocol { theirs, .. } => {
+            crate::replica::version::ProtocolWindow::refusal_reason(theirs)
+        }
         crate::replica::PullRefused::PartitionCount { .. } => "partition_count",
         crate::replica::PullRefused::Storage(_) => "storage",
     }

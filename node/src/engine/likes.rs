@@ -39,7 +39,7 @@ impl Engine {
         like: bool,
         idempotency_key: Option<&str>,
     ) -> Result<LikeAccepted, EngineError> {
-        self.check_set_writes()?;
+        self.check_adds()?;
         let item = LikeItem {
             key,
             member,
@@ -68,7 +68,7 @@ impl Engine {
             }
             .into());
         }
-        self.check_set_writes()?;
+        self.check_adds()?;
         let mut results = Vec::with_capacity(items.len());
         // In slices, so that a large batch lets other requests take the
         // core lock in between.

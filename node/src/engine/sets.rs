@@ -17,7 +17,6 @@
 
 use crate::crdt::causal_length::is_liked;
 use crate::crdt::{check_member, stable_hash, MemberError};
-use crate::replica::version::SETS;
 use crate::replica::{
     check_key, AddRefused, LikeRefused, ObserveAccepted, MAX_KEYS_PER_CALL, MAX_MEMBERS_PER_CALL,
 };
@@ -50,12 +49,6 @@ pub enum SetError {
     /// No key at all.
     #[error("name at least one key")]
     NoKeys,
-    /// The cluster version is below the one that brought like sets.
-    #[error("like sets and uniques need cluster version {SETS}; this node is at cluster version {current}: finish the upgrade with `tally admin finalize` (see \"Upgrading\" in the README)")]
-    ClusterVersion {
-        /// The node's cluster version.
-        current: u32,
-    },
     /// A page token that is not one of ours for this key.
     #[error("the page token {0}; start again without a token")]
     PageToken(&'static str),
@@ -149,15 +142,6 @@ fn resume_after<'a>(key: &str, token: &'a [u8]) -> Result<Option<&'a str>, SetEr
 }
 
 impl Engine {
-    pub(super) fn check_set_writes(&self) -> Result<(), EngineError> {
-        self.check_adds()?;
-        let current = self.store.format();
-        if current < SETS {
-            return Err(SetError::ClusterVersion { current }.into());
-        }
-        Ok(())
-    }
-
     pub(super) fn count_set_op(&self, op: &str) {
         self.metrics
             .set_ops
@@ -274,7 +258,7 @@ impl Engine {
         key: &[u8],
         members: &[&[u8]],
     ) -> Result<(ObserveAccepted, f64), EngineError> {
-        self.check_set_writes()?;
+        self.check_adds()?;
         let key = check_key(key)?;
         let members = check_members(members)?;
         let (accepted, estimate) = {

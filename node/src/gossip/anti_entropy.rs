@@ -149,7 +149,7 @@ pub fn spawn_anti_entropy(
                     max_bytes: config.max_bytes,
                     directory_digest: plan.directory_digest,
                     protocol,
-                    deltas_after: plan.deltas_after.clone(),
+                    deltas_after: Some(plan.deltas_after.clone()),
                     records_from: plan.records_from,
                     scope: None,
                 };

@@ -249,48 +249,20 @@ impl Partitioning {
     }
 
     /// What to pull from the node named `peer` now: the partitions it
-    /// serves that this node keeps; for a node of this region that serves
-    /// none and runs a build before protocol version 9, an empty scope (such
-    /// a build takes set writes of any key, and sends every set delta, of
-    /// which this node keeps those of its partitions); `None` for any other
-    /// node that serves none.
+    /// serves that this node keeps; `None` for a node that serves none.
     pub fn pull_scope(&self, peer: &str) -> Option<PullScope> {
-        let inner = self.lock();
-        inner
-            .holdings
-            .poll_pull_scope(peer)
-            .or_else(|| self.sets_only_scope(&inner, peer))
-    }
-
-    fn sets_only_scope(&self, inner: &Inner, peer: &str) -> Option<PullScope> {
-        let representatives = inner.lifecycle.representatives();
-        let member = representatives.get(peer)?;
-        if member.region != self.region || member.sets_by_partition {
-            return None;
-        }
-        let none = PartitionSet::empty(self.settings.partitions);
-        Some(PullScope {
-            peer: peer.to_string(),
-            partitions: none.clone(),
-            from_scratch: none.clone(),
-            copy: none,
-            epoch: 0,
-        })
+        self.lock().holdings.poll_pull_scope(peer)
     }
 
     /// The names of the nodes worth pulling from now: those that serve a
-    /// partition this node keeps, and every node of this region before
-    /// protocol version 9 (see [`Self::pull_scope`]).
+    /// partition this node keeps (see [`Self::pull_scope`]).
     pub fn pull_sources(&self) -> BTreeSet<String> {
         let inner = self.lock();
         inner
             .lifecycle
             .representatives()
             .into_iter()
-            .filter(|(name, member)| {
-                (member.region == self.region && !member.sets_by_partition)
-                    || inner.holdings.poll_pull_scope(name).is_some()
-            })
+            .filter(|(name, _)| inner.holdings.poll_pull_scope(name).is_some())
             .map(|(name, _)| name.to_string())
             .collect()
     }

@@ -717,7 +717,6 @@ fn parse_lifecycle<'a>(member: &Member, get: impl Fn(&str) -> Option<&'a str>) -
         drain_requests: list(KEY_DRAIN),
         holding: partitions(KEY_HOLDING),
         releasing: partitions(KEY_RELEASING),
-        sets_by_partition: member.protocol.newest >= crate::replica::version::SETS_BY_PARTITION,
     }
 }
 

@@ -81,7 +81,11 @@ fn parses_published_values() {
     assert_eq!(member.gossip_addr, "127.0.0.1:7000");
     assert_eq!((member.durable_seq, member.digest), (7, 0xabc));
     assert!(member.alive);
-    assert_eq!(member.protocol, ProtocolWindow::default(), "announces none");
+    assert_eq!(
+        member.protocol,
+        ProtocolWindow::announced(0, 0),
+        "announces none: a build before versions"
+    );
 }
 
 #[test]

@@ -34,11 +34,6 @@ use super::encoding::{decode_u64, META_DURABLE_SEQ};
 use super::Op;
 use crate::replica::StorageError;
 
-/// The first format (cluster version, see [`crate::replica::version`]) whose
-/// data directories use the commit log: a build that does not know the log
-/// refuses such a directory rather than miss the commits in it.
-pub const COMMIT_LOG_FORMAT: u32 = 7;
-
 /// The log's file name in the data directory.
 pub const COMMIT_LOG_FILE: &str = "commit.log";
 /// Space written (zeros) and synced when the log is created.

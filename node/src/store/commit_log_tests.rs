@@ -1,4 +1,4 @@
-//! Tests of the sled store with its commit log (format 7 and up): commits
+//! Tests of the sled store with its commit log (every directory has one): commits
 //! go through the log, a copy of the directory taken between checkpoints
 //! (what a crash leaves) opens with every commit, replay skips what sled
 //! already holds, and a flush starts the log over.
@@ -8,24 +8,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::crdt::{PnCounter, ReplicaId, Slot, StateDigest};
-use crate::replica::version::NEWEST;
 use crate::replica::{CommitBatch, DurableState};
 
-use super::commit_log::{self, COMMIT_LOG_FILE, COMMIT_LOG_FORMAT};
+use super::commit_log::{self, COMMIT_LOG_FILE};
 use super::encoding::{counter_key, encode_u64, META_DURABLE_SEQ};
 use super::{OnCorrupt, Op, SledStore, Store, DEFAULT_CACHE_BYTES};
 
 pub(super) fn open(path: &Path) -> SledStore {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match SledStore::open_versioned(
-            path,
-            "eu",
-            7,
-            OnCorrupt::Refuse,
-            DEFAULT_CACHE_BYTES,
-            NEWEST,
-        ) {
+        match SledStore::open_with_cache(path, "eu", 7, OnCorrupt::Refuse, DEFAULT_CACHE_BYTES) {
             Err(super::OpenError::Locked(_)) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20))
             }
@@ -79,13 +71,8 @@ fn a_crash_between_checkpoints_loses_no_commit() {
     let path = dir.path().join("data");
     let store = open(&path);
     assert!(
-        !path.join(COMMIT_LOG_FILE).exists(),
-        "no log below format 7"
-    );
-    store.raise_format(COMMIT_LOG_FORMAT).unwrap();
-    assert!(
         path.join(COMMIT_LOG_FILE).exists(),
-        "created with the format"
+        "created with the directory"
     );
     store.commit(&batch(1, "a")).unwrap();
     store.flush().unwrap();
@@ -140,7 +127,6 @@ fn a_flush_starts_the_log_over_and_a_clean_stop_replays_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     let store = open(&path);
-    store.raise_format(NEWEST).unwrap();
     for seq in 1..=3 {
         store.commit(&batch(seq, "a")).unwrap();
     }
@@ -161,7 +147,6 @@ fn a_commit_says_durable_once_its_log_record_is_written_and_before_sled_holds_it
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
     let store = open(&path);
-    store.raise_format(COMMIT_LOG_FORMAT).unwrap();
     store.commit(&batch(1, "a")).unwrap();
     store.flush().unwrap();
     let crashed = dir.path().join("crashed");
@@ -184,30 +169,11 @@ fn a_commit_says_durable_once_its_log_record_is_written_and_before_sled_holds_it
 }
 
 #[test]
-fn below_the_log_format_a_commit_says_durable_once_sled_is_flushed() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data");
-    let store = open(&path);
-    let crashed = dir.path().join("crashed");
-    let told = std::cell::Cell::new(0);
-    store
-        .commit_then(&batch(1, "a"), &|| {
-            told.set(told.get() + 1);
-            copy_tree(&path, &crashed);
-        })
-        .unwrap();
-    assert_eq!(told.get(), 1);
-    drop(store);
-    let reopened = open(&crashed);
-    assert_eq!(reopened.load_counter("a").unwrap().unwrap().seq, 1);
-}
-
-#[test]
 fn a_batch_written_key_by_key_holds_its_sequence_last() {
     let ordinals = super::Ordinals::new();
     let batch = batch(9, "a");
     let new = ordinals.plan(&batch);
-    let ops = super::batch_ops(&batch, &ordinals, &new, NEWEST);
+    let ops = super::batch_ops(&batch, &ordinals, &new);
     assert!(ops.len() > 2);
     match ops.last() {
         Some(Op::Put(key, value)) => {

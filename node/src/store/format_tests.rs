@@ -1,8 +1,9 @@
 //! Tests of the data directory's format (the persisted cluster version): a
-//! new directory writes format 1, a raised one format 2 and says so in its
-//! marker first, idempotency records keep their partitions from version 8,
-//! and a build that writes only older formats refuses it without calling it
-//! corrupt.
+//! new directory is at this build's oldest version and writes only this
+//! build's record formats; the format never goes back and never passes what
+//! this build writes; a directory of a newer build is refused without being
+//! called corrupt, and one older than the window is refused naming the
+//! release to upgrade through; both are left untouched.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,22 +11,15 @@ use std::time::{Duration, Instant};
 
 use crate::crdt::{PnCounter, ReplicaId, Slot, StateDigest};
 use crate::partition::Partition;
-use crate::replica::version::{NEWEST, OLDEST};
+use crate::replica::version::{NEWEST, OLDEST, UPGRADE_THROUGH};
 use crate::replica::{CommitBatch, DurableState, IdempotencyRecord};
 
 use super::{OnCorrupt, OpenError, SledStore, Store, DEFAULT_CACHE_BYTES};
 
-fn open(path: &Path, newest: u32) -> Result<SledStore, OpenError> {
+fn open(path: &Path) -> Result<SledStore, OpenError> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match SledStore::open_versioned(
-            path,
-            "eu",
-            7,
-            OnCorrupt::MoveAside,
-            DEFAULT_CACHE_BYTES,
-            newest,
-        ) {
+        match SledStore::open_with_cache(path, "eu", 7, OnCorrupt::MoveAside, DEFAULT_CACHE_BYTES) {
             Err(OpenError::Locked(_)) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(20))
             }
@@ -88,106 +82,123 @@ fn marker(path: &Path) -> String {
     std::fs::read_to_string(path.join(super::sled_store::MARKER_FILE)).unwrap()
 }
 
-#[test]
-fn a_new_directory_writes_format_1_until_the_format_is_raised() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("data");
-    let store = open(&path, NEWEST).unwrap();
-    assert_eq!(store.format(), OLDEST);
-    assert!(marker(&path).ends_with("format 1\n"), "{}", marker(&path));
-    commit(&store, 1, "a");
-    store.raise_format(2).unwrap();
-    assert!(marker(&path).ends_with("format 2\n"), "persisted first");
-    commit(&store, 2, "b");
-    drop(store);
-    assert_eq!(record_versions(&path), (vec![1, 2], vec![1, 2]));
+/// A data directory whose marker says `format`, and nothing else: what a
+/// build of another window left, as far as the refusals below look.
+fn directory_at(path: &Path, format: u32) {
+    std::fs::create_dir_all(path).unwrap();
+    std::fs::write(
+        path.join(super::sled_store::MARKER_FILE),
+        format!("tally data directory, format {format}\n"),
+    )
+    .unwrap();
+}
 
-    let store = open(&path, NEWEST).unwrap();
-    assert_eq!(store.format(), 2, "the raised format survives a restart");
-    assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
-    assert_eq!(store.load_counter("b").unwrap().unwrap().seq, 2);
-    store.raise_format(1).unwrap();
-    assert_eq!(store.format(), 2, "the format never goes back");
+/// The names of the files in `path`.
+fn listing(path: &Path) -> Vec<std::ffi::OsString> {
+    let mut names: Vec<_> = std::fs::read_dir(path)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    names.sort();
+    names
 }
 
 #[test]
-fn record_partitions_are_written_from_version_8_on() {
-    use crate::replica::version::RECORD_PARTITIONS;
+fn a_new_directory_is_at_the_oldest_version_and_writes_this_builds_formats() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    let store = open(&path, NEWEST).unwrap();
-    store.raise_format(RECORD_PARTITIONS - 1).unwrap();
-    store.write(&keyed_batch(1, Some(Partition(5)))).unwrap();
-    store.raise_format(RECORD_PARTITIONS).unwrap();
+    let store = open(&path).unwrap();
+    assert_eq!(store.format(), OLDEST);
+    assert!(
+        marker(&path).ends_with(&format!("format {OLDEST}\n")),
+        "{}",
+        marker(&path)
+    );
+    commit(&store, 1, "a");
     store.write(&keyed_batch(2, Some(Partition(5)))).unwrap();
     store.flush().unwrap();
-    let partitions: Vec<(u64, Option<Partition>)> = store
+    let partitions: Vec<Option<Partition>> = store
         .idempotency_segments_after(0, 10)
         .unwrap()
         .into_iter()
-        .map(|(seq, records)| (seq, records[0].partition))
+        .map(|(_, records)| records[0].partition)
         .collect();
     assert_eq!(
         partitions,
-        [(1, None), (2, Some(Partition(5)))],
-        "before version 8 a segment is written in format 2, which has no partitions"
+        [None, Some(Partition(5))],
+        "partitions are kept"
     );
+    store.raise_format(OLDEST - 1).unwrap();
+    assert_eq!(store.format(), OLDEST, "the format never goes back");
+    assert!(store.raise_format(NEWEST + 1).is_err());
+    assert_eq!(store.format(), NEWEST);
     drop(store);
-    assert_eq!(record_versions(&path).1, [2, 3]);
+    // Counter records v2, idempotency segments v3: no older writer is left.
+    assert_eq!(record_versions(&path), (vec![2], vec![3, 3]));
+    let store = open(&path).unwrap();
+    assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
 }
 
 #[test]
-fn a_build_that_writes_only_older_formats_refuses_the_directory_without_calling_it_corrupt() {
+fn a_directory_of_a_newer_build_is_refused_without_calling_it_corrupt() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    let store = open(&path, NEWEST).unwrap();
-    store.raise_format(2).unwrap();
-    drop(store);
+    directory_at(&path, NEWEST + 1);
     // Even with --on-corrupt move-aside, nothing is moved.
-    let error = open(&path, 1).unwrap_err();
+    let error = open(&path).unwrap_err();
     assert!(
-        matches!(
-            error,
-            OpenError::NewerFormat {
-                found: 2,
-                newest: 1,
-                ..
-            }
-        ),
+        matches!(error, OpenError::NewerFormat { found, newest, .. } if found == NEWEST + 1 && newest == NEWEST),
         "{error}"
     );
     let message = error.to_string();
     assert!(
-        message.contains("format 2") && message.contains("up to 1"),
+        message.contains(&format!("format {}", NEWEST + 1))
+            && message.contains(&format!("up to {NEWEST}")),
         "{message}"
     );
     assert!(
         !message.contains("corrupt") && !message.contains("move-aside"),
         "{message}"
     );
-    assert!(marker(&path).ends_with("format 2\n"));
-    // A build posing as version 1 cannot be asked to write format 2 either.
-    let old = open(&dir.path().join("old"), 1).unwrap();
-    assert!(old.raise_format(2).is_err());
-    assert_eq!(old.format(), 1);
+    assert!(marker(&path).ends_with(&format!("format {}\n", NEWEST + 1)));
+    assert_eq!(listing(&path), [super::sled_store::MARKER_FILE]);
+}
+
+#[test]
+fn a_directory_older_than_the_window_is_refused_naming_the_release_to_upgrade_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("data");
+    directory_at(&path, OLDEST - 1);
+    let error = open(&path).unwrap_err();
+    assert!(
+        matches!(error, OpenError::OlderFormat { found, .. } if found == OLDEST - 1),
+        "{error}"
+    );
+    let message = error.to_string();
+    for words in [
+        UPGRADE_THROUGH,
+        "--data-dir",
+        &format!("cluster version {}", OLDEST - 1),
+        "tally admin finalize",
+    ] {
+        assert!(message.contains(words), "{words:?} in {message}");
+    }
+    assert!(
+        !message.contains("corrupt") && !message.contains("move-aside"),
+        "{message}"
+    );
+    // Nothing was created or moved, even with --on-corrupt move-aside.
+    assert!(marker(&path).ends_with(&format!("format {}\n", OLDEST - 1)));
+    assert_eq!(listing(&path), [super::sled_store::MARKER_FILE]);
+    assert_eq!(listing(dir.path()), ["data"]);
 }
 
 #[test]
 fn a_directory_remembers_the_version_of_the_build_that_created_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("data");
-    let store = open(&path, OLDEST).unwrap();
-    assert_eq!(store.born_at(), OLDEST);
-    drop(store);
-    // Opened (and raised) by a newer build, it stays born at the old one:
-    // its cluster once ran that build, so a rollback must still be possible.
-    let store = open(&path, NEWEST).unwrap();
-    assert_eq!(store.born_at(), OLDEST);
-    store.raise_format(NEWEST).unwrap();
-    drop(store);
-    assert_eq!(open(&path, NEWEST).unwrap().born_at(), OLDEST);
-
-    let fresh = tempfile::tempdir().unwrap();
-    let store = open(&fresh.path().join("data"), NEWEST).unwrap();
+    let store = open(&path).unwrap();
     assert_eq!(store.born_at(), NEWEST);
+    drop(store);
+    assert_eq!(open(&path).unwrap().born_at(), NEWEST);
 }

@@ -23,19 +23,24 @@
 //! The marker file also records the directory's format: the cluster version
 //! ([`crate::replica::version`]) as last persisted. A build that cannot write
 //! that format refuses to open the directory ([`OpenError::NewerFormat`]),
-//! and [`Store::raise_format`] rewrites the marker durably before the first
-//! record of a newer format is written.
+//! so does a build whose window starts after it ([`OpenError::OlderFormat`]:
+//! the directory must go through [`UPGRADE_THROUGH`] first), both before
+//! anything in the directory is touched; and [`Store::raise_format`]
+//! rewrites the marker durably before the first record of a newer format is
+//! written. Every directory this build opens is at cluster version 7 or
+//! later, so it always has a commit log.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 
+use crate::replica::version::{NEWEST, OLDEST, UPGRADE_THROUGH};
 use crate::replica::{
     establish, Change, CommitBatch, Cursor, DurableState, Identity, IdentityError, Recovered,
     StorageError, StoredCounter,
 };
 
-use super::commit_log::{self, CommitLog, COMMIT_LOG_FORMAT};
+use super::commit_log::{self, CommitLog};
 use super::disk_sync::{sync_dir, DiskSync};
 use super::encoding::{self, COUNTER, META_DURABLE_SEQ, META_IDENTITY, ORDINAL, RETIRED_CHANGE};
 use super::sled_apply::Applier;
@@ -69,7 +74,7 @@ pub enum OpenError {
     NotTally(PathBuf),
     /// The directory is in a newer format than this build writes: a newer
     /// build wrote it after its upgrade was finalized.
-    #[error("the data directory {path} is in format {found}, written by a newer Tally build after the cluster's upgrade was finalized; this build writes formats up to {newest}. Run a build that speaks protocol version {found} or later (see \"Upgrading\" in the README); rolling back past a finalized upgrade needs a backup taken before it")]
+    #[error("the data directory {path} is in format {found}, written by a newer Tally build after the cluster's upgrade was finalized; this build writes formats up to {newest}. Run a build that speaks protocol version {found} or later (see \"Upgrading\" in the operations guide); rolling back past a finalized upgrade needs a backup taken before it")]
     NewerFormat {
         /// The data directory.
         path: PathBuf,
@@ -77,6 +82,15 @@ pub enum OpenError {
         found: u32,
         /// The newest this build writes.
         newest: u32,
+    },
+    /// The directory is in a format older than this build's window: its
+    /// cluster was never finalized at [`OLDEST`].
+    #[error("the data directory {path} (the --data-dir setting) is at cluster version {found}, older than this release can open (it opens {OLDEST} to {NEWEST}); nothing in it was changed. Upgrade its node through {UPGRADE_THROUGH} first: run that release on this data directory, finalize the cluster there (`tally admin finalize`) until `tally status` says cluster version {OLDEST}, then start this release (see \"Upgrading\" in the operations guide)")]
+    OlderFormat {
+        /// The data directory.
+        path: PathBuf,
+        /// The format its marker records.
+        found: u32,
     },
     /// Another process has the store open.
     #[error("the data directory {0} is in use by another process (is another tally-node running on it?)")]
@@ -178,14 +192,11 @@ pub struct SledStore {
     path: PathBuf,
     /// The record format written now (the persisted cluster version).
     format: AtomicU32,
-    /// The newest format this build may write.
-    newest_format: u32,
     /// The newest version of the build that created the directory (0: a
     /// build that did not record it).
     born_at: u32,
-    /// The commit log, from format [`COMMIT_LOG_FORMAT`] on (see
-    /// `commit_log`); `None` below it, where each commit flushes sled.
-    log: Mutex<Option<CommitLog>>,
+    /// The commit log (see `commit_log`).
+    log: Mutex<CommitLog>,
     /// Writes logged batches into sled's tree behind the committer, and
     /// answers reads of what it has not written yet (`sled_apply.rs`).
     applier: Applier,
@@ -243,22 +254,7 @@ impl SledStore {
         on_corrupt: OnCorrupt,
         cache_bytes: u64,
     ) -> Result<SledStore, OpenError> {
-        let newest = crate::replica::version::NEWEST;
-        Self::open_versioned(dir, region, fresh_id, on_corrupt, cache_bytes, newest)
-    }
-
-    /// [`SledStore::open_with_cache`] by a build that writes formats up to
-    /// `newest_format` (lower than this build's own only when a test makes
-    /// the node pose as an older build).
-    pub fn open_versioned(
-        dir: &Path,
-        region: &str,
-        fresh_id: u64,
-        on_corrupt: OnCorrupt,
-        cache_bytes: u64,
-        newest_format: u32,
-    ) -> Result<SledStore, OpenError> {
-        let open_once = |dir| Self::open_once(dir, region, fresh_id, cache_bytes, newest_format);
+        let open_once = |dir| Self::open_once(dir, region, fresh_id, cache_bytes);
         match open_once(dir) {
             Err(OpenError::Corrupt { path, reason }) if on_corrupt == OnCorrupt::MoveAside => {
                 let aside = aside_path(dir);
@@ -280,19 +276,24 @@ impl SledStore {
         region: &str,
         fresh_id: u64,
         cache_bytes: u64,
-        newest_format: u32,
     ) -> Result<SledStore, OpenError> {
         let initialised = prepare_dir(dir)?;
         let format = if initialised {
             read_format(dir)?
         } else {
-            crate::replica::version::OLDEST
+            OLDEST
         };
-        if format > newest_format {
+        if format > NEWEST {
             return Err(OpenError::NewerFormat {
                 path: dir.to_path_buf(),
                 found: format,
-                newest: newest_format,
+                newest: NEWEST,
+            });
+        }
+        if format < OLDEST {
+            return Err(OpenError::OlderFormat {
+                path: dir.to_path_buf(),
+                found: format,
             });
         }
         let db_path = dir.join("db");
@@ -332,19 +333,14 @@ impl SledStore {
         };
         // Commits acknowledged through the commit log and not yet in sled's
         // durable state go back in before anything reads the store.
-        let mut log = commit_log::open_existing(dir).map_err(io_error(dir))?;
-        if let Some((_, logged)) = &log {
-            if commit_log::replay(&db, logged).map_err(|e| corrupt(e.0))? {
-                flush(&db)?;
-            }
+        let (mut log, logged) = match commit_log::open_existing(dir).map_err(io_error(dir))? {
+            Some(existing) => existing,
+            None => commit_log::create(dir).map_err(io_error(dir))?,
+        };
+        if commit_log::replay(&db, &logged).map_err(|e| corrupt(e.0))? {
+            flush(&db)?;
         }
-        if log.is_none() && format >= COMMIT_LOG_FORMAT {
-            log = Some(commit_log::create(dir).map_err(io_error(dir))?);
-        }
-        let mut log = log.map(|(log, _)| log);
-        if let Some(log) = &mut log {
-            log.start_over();
-        }
+        log.start_over();
         let stored = db.get(META_IDENTITY).map_err(|e| classify(dir, e))?;
         let stored = stored_identity(stored.as_deref()).map_err(|e| corrupt(e.0))?;
         if stored.is_none() && initialised {
@@ -363,7 +359,7 @@ impl SledStore {
                 .map_err(|e| classify(dir, e))?;
             db.insert(
                 encoding::META_BORN_AT,
-                encoding::encode_u64(u64::from(newest_format)),
+                encoding::encode_u64(u64::from(NEWEST)),
             )
             .map_err(|e| classify(dir, e))?;
             flush(&db)?;
@@ -396,7 +392,6 @@ impl SledStore {
             identity,
             path: dir.to_path_buf(),
             format: AtomicU32::new(format),
-            newest_format,
             born_at,
             log: Mutex::new(log),
             applier,
@@ -418,14 +413,14 @@ impl SledStore {
     /// The commit log, locked (held through a whole commit or flush, so the
     /// two never interleave). A poisoned lock is taken as is: the log's own
     /// state records a failed sync.
-    fn log(&self) -> MutexGuard<'_, Option<CommitLog>> {
+    fn log(&self) -> MutexGuard<'_, CommitLog> {
         self.log.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Writes `batch` to sled as one sled batch, which sled recovers whole
-    /// or not at all (visible to reads, durable at the next flush): the way
-    /// below the commit log's format. With the log, batches go to sled
-    /// through the applier instead (`sled_apply.rs`).
+    /// or not at all (visible to reads, durable at the next flush): what
+    /// [`DurableState::write`] does. Commits go to sled through the commit
+    /// log and the applier instead (`sled_apply.rs`).
     fn write_atomic(&self, batch: &CommitBatch) -> Result<(), StorageError> {
         // The write lock is held until the new numbers are taken, so a
         // reader never meets a record it cannot name.
@@ -434,9 +429,8 @@ impl SledStore {
             .write()
             .unwrap_or_else(PoisonError::into_inner);
         let new = ordinals.plan(batch);
-        let format = self.format.load(Ordering::Acquire);
         let mut sled_batch = sled::Batch::default();
-        for op in batch_ops(batch, &ordinals, &new, format) {
+        for op in batch_ops(batch, &ordinals, &new) {
             match op {
                 Op::Put(key, value) => sled_batch.insert(key, value),
                 Op::Delete(key) => sled_batch.remove(key),
@@ -806,9 +800,7 @@ impl Store for SledStore {
     fn flush(&self) -> Result<(), StorageError> {
         let mut log = self.log();
         self.flush_sled()?;
-        if let Some(log) = log.as_mut() {
-            log.start_over();
-        }
+        log.start_over();
         Ok(())
     }
 
@@ -818,21 +810,13 @@ impl Store for SledStore {
 
     fn commit_then(&self, batch: &CommitBatch, on_durable: &dyn Fn()) -> Result<(), StorageError> {
         let mut log = self.log();
-        let Some(log) = log.as_mut() else {
-            drop(log);
-            self.write(batch)?;
-            self.flush()?;
-            on_durable();
-            return Ok(());
-        };
         // Planned under the ordinals' lock, which is not held through the
         // log's sync: new numbers are taken only once the log holds the
         // batch that writes them, and before any read can meet them.
         let (ops, new) = {
             let ordinals = self.ordinals.read().unwrap_or_else(PoisonError::into_inner);
             let new = ordinals.plan(batch);
-            let format = self.format.load(Ordering::Acquire);
-            (batch_ops(batch, &ordinals, &new, format), new)
+            (batch_ops(batch, &ordinals, &new), new)
         };
         log.append(batch.seq, &ops)
             .map_err(|error| StorageError(error.to_string()))?;
@@ -881,10 +865,9 @@ impl Store for SledStore {
         if format <= self.format() {
             return Ok(());
         }
-        if format > self.newest_format {
+        if format > NEWEST {
             return Err(StorageError(format!(
-                "cannot move the data directory to format {format}: this build writes formats up to {}",
-                self.newest_format
+                "cannot move the data directory to format {format}: this build writes formats up to {NEWEST}"
             )));
         }
         // Persisted before acted on: once the marker says `format`, an
@@ -896,15 +879,6 @@ impl Store for SledStore {
                 ))
             },
         )?;
-        if format >= COMMIT_LOG_FORMAT {
-            let mut log = self.log();
-            if log.is_none() {
-                let (created, _) = commit_log::create(&self.path).map_err(|error| {
-                    StorageError(format!("cannot create the commit log: {error}"))
-                })?;
-                *log = Some(created);
-            }
-        }
         self.format.store(format, Ordering::Release);
         Ok(())
     }

@@ -180,23 +180,6 @@ impl NodeProcess {
         NodeProcess::launched(spec, None)
     }
 
-    /// Starts the node on a data directory created by a build of protocol
-    /// version 1 (a first start, alone, posing as one), as a cluster that was
-    /// upgraded in place has it: its cluster version then waits for `tally
-    /// admin finalize`, where a new cluster's moves to the newest by itself.
-    pub fn start_on_old_directory(spec: NodeSpec) -> NodeProcess {
-        let mut first = spec.clone();
-        first.seeds.clear();
-        first
-            .extra
-            .extend(["--test-announce-protocol-version", "1"].map(String::from));
-        let mut node = NodeProcess::start(first);
-        node.stop();
-        node.spec = spec;
-        node.restart();
-        node
-    }
-
     /// [`NodeProcess::start`] with another readiness check (e.g. over HTTPS).
     pub fn start_with_probe(
         spec: NodeSpec,

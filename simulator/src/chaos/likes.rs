@@ -138,7 +138,7 @@ impl Default for LikeShared {
 }
 
 /// True for an error after which the same request may be sent again: the
-/// node is down, cut off, or not yet at the cluster version of like sets.
+/// node is down, cut off, or not ready for it yet.
 fn transient(status: &tonic::Status) -> bool {
     use tonic::Code;
     matches!(

@@ -122,8 +122,7 @@ pub struct ChaosArgs {
     #[arg(long, default_value_t = 2)]
     write_copies: usize,
     /// Also drive like sets and uniques (one task per node: likes, unlikes
-    /// with idempotent retries, observes) and check them after the heal;
-    /// the nodes then upgrade their cluster version on their own.
+    /// with idempotent retries, observes) and check them after the heal.
     #[arg(long)]
     likes: bool,
     /// Partitioned regions: each key is held by this many nodes of its

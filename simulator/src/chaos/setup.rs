@@ -214,11 +214,6 @@ pub(super) async fn start_cluster(
         .chain(mode.into_iter().filter(|_| settings.replicated))
         .chain(partitioning.into_iter().filter(|_| settings.partitioned))
         .chain(
-            [("--cluster-version-upgrade", "auto".to_string())]
-                .into_iter()
-                .filter(|_| args.likes),
-        )
-        .chain(
             [("--retire-after", super::folds::RETIRE_AFTER.to_string())]
                 .into_iter()
                 .filter(|_| args.retire),

@@ -247,5 +247,4 @@ fn fold_by_partition(options: &SimOptions, replica: &mut Replica, store: &Memory
     };
     tally_node::store::set_partition_count(replica, count, store, None)
         .expect("the memory store always reads");
-    replica.set_folds_by_partition(true);
 }

@@ -173,7 +173,7 @@ impl World<'_> {
                 max_bytes: self.options.pull_budget_bytes,
                 directory_digest: plan.directory_digest,
                 protocol: self.nodes[node].replica.peers().own_protocol(),
-                deltas_after: plan.deltas_after,
+                deltas_after: Some(plan.deltas_after),
                 records_from: plan.records_from,
                 scope: None,
             };

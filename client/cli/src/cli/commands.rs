@@ -450,10 +450,21 @@ fn version_problems(status: &ClusterStatus) -> Vec<String> {
                     own.partitions
                 );
             }
+            let advice = if member.protocol_version < own.protocol_oldest {
+                format!(
+                    "it runs a release older than this node can talk to: upgrade it first to \
+                     the release that speaks protocol version {} and finalize there, then to \
+                     this node's release",
+                    own.protocol_oldest
+                )
+            } else if member.protocol_oldest > own.protocol_version {
+                "it runs a newer release whose upgrade was finalized: upgrade this node".into()
+            } else {
+                "upgrade the older of the two".into()
+            };
             format!(
                 "problem: {} ({}, replica {}) is refused: it speaks protocol versions {}..={}, \
-                 this node {}..={}; no state is exchanged with it until the older of the two \
-                 is upgraded",
+                 this node {}..={}; no state is exchanged with it: {advice}",
                 member.node_name,
                 member.region,
                 member.replica_hex(),
@@ -577,9 +588,16 @@ mod tests {
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
             problems[0].starts_with("problem: n2 (eu-west")
-                && problems[0].contains("versions 1..=1, this node 2..=2"),
+                && problems[0].contains("versions 1..=1, this node 2..=2")
+                && problems[0]
+                    .contains("upgrade it first to the release that speaks protocol version 2"),
             "{problems:?}"
         );
+        // A newer release that finalized: this node is the one to upgrade.
+        cluster.members[0].protocol_oldest = 3;
+        cluster.members[0].protocol_version = 3;
+        let problems = version_problems(&cluster);
+        assert!(problems[0].contains("upgrade this node"), "{problems:?}");
     }
 
     #[test]

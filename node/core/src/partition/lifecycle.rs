@@ -59,10 +59,6 @@ pub struct MemberFacts {
     pub holding: Option<PartitionSet>,
     /// Those of `holding` it is handing away.
     pub releasing: Option<PartitionSet>,
-    /// Whether it keeps like sets and uniques by partition (protocol
-    /// version 9): a build before takes set writes of any key, so every
-    /// node of its region pulls their deltas from it.
-    pub sets_by_partition: bool,
 }
 
 /// The settings every view is built with.

@@ -34,7 +34,6 @@ fn facts(n: u64, region: &str, state: NodeState) -> MemberFacts {
         drain_requests: BTreeSet::new(),
         holding: None,
         releasing: None,
-        sets_by_partition: true,
     }
 }
 

@@ -47,10 +47,6 @@ use super::types::{DurableState, IdempotencyRecord, Key, StorageError};
 use super::version::ProtocolWindow;
 use super::{AddAccepted, AddRefused, AddRequest, Replica};
 
-/// The protocol version from which a node takes copy pushes (VERSIONS.md:
-/// 6). A push is sent only to a member that announces it.
-pub const COPY_VERSION: u32 = 6;
-
 /// The most counters one push may carry (a copy refuses more).
 pub const MAX_PUSH_COUNTERS: usize = 16_384;
 
@@ -102,12 +98,14 @@ pub enum CopyRefused {
         theirs: String,
     },
     /// The sender and this node share no protocol version.
-    #[error("copy push refused: the sender speaks protocol versions {theirs}, this node speaks {ours}; upgrade the older of the two (see \"Upgrading\" in the README)")]
+    #[error("copy push refused: the sender speaks protocol versions {theirs}, this node speaks {ours}; {advice}")]
     IncompatibleProtocol {
         /// Ours.
         ours: ProtocolWindow,
         /// The sender's.
         theirs: ProtocolWindow,
+        /// What to do ([`ProtocolWindow::refusal_advice`]).
+        advice: String,
     },
     /// A node is never its own copy.
     #[error("copy push from this very replica ({0}) refused")]
@@ -380,6 +378,7 @@ impl Replica {
             return Err(CopyRefused::IncompatibleProtocol {
                 ours,
                 theirs: push.protocol,
+                advice: ours.refusal_advice(&push.protocol),
             });
         }
         if push.source == self.identity.replica {

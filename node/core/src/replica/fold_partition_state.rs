@@ -36,6 +36,15 @@ impl Folds {
             &parts,
             &self.book,
         ));
+        // A candidate proposed before partitions were tracked names whole
+        // writers: it gives way to one by partition.
+        if self
+            .candidate
+            .as_ref()
+            .is_some_and(|candidate| candidate.by_partition.is_none())
+        {
+            self.candidate = None;
+        }
         self.advance_applied();
     }
 
@@ -56,26 +65,11 @@ impl Folds {
         self.by_partition.as_ref().map(ByPartition::count)
     }
 
-    /// Whether folds agree and are recorded partition by partition (cluster
-    /// version 10, on a node that tracks partitions).
+    /// Whether folds agree and are recorded partition by partition: on a
+    /// node that tracks partitions (every cluster this build opens is at
+    /// version 10 or later).
     pub fn agrees_by_partition(&self) -> bool {
-        self.by_partition.as_ref().is_some_and(|bp| bp.agree)
-    }
-
-    /// Folds agree partition by partition from now on (the cluster version
-    /// reached 10). A candidate of the other kind gives way.
-    pub fn set_agree_by_partition(&mut self, agree: bool) {
-        let Some(bp) = self.by_partition.as_mut() else {
-            return;
-        };
-        bp.agree = agree;
-        if self
-            .candidate
-            .as_ref()
-            .is_some_and(|candidate| candidate.by_partition.is_some() != agree)
-        {
-            self.candidate = None;
-        }
+        self.by_partition.is_some()
     }
 
     /// The partitions this node keeps from now on (`None`: every one).

@@ -155,8 +155,6 @@ pub struct ByPartition {
     applied: Vec<u64>,
     /// The applied epochs changed since they were last handed to a commit.
     applied_dirty: bool,
-    /// Folds agree and are recorded by partition (cluster version 10).
-    pub(super) agree: bool,
 }
 
 impl ByPartition {
@@ -188,7 +186,6 @@ impl ByPartition {
             kept: None,
             applied: epochs,
             applied_dirty: false,
-            agree: false,
         }
     }
 

@@ -42,7 +42,6 @@ fn node(kept: &[u32]) -> Folds {
     let mut folds = Folds::default();
     folds.track_partitions(count(), Default::default());
     folds.set_kept(Some(set_of(kept)));
-    folds.set_agree_by_partition(true);
     for partition in kept {
         let slot = Slot {
             p: 10 + u64::from(*partition),
@@ -105,20 +104,6 @@ fn members_keeping_different_partitions_fold_a_writer_partition_by_partition() {
         }
         assert_eq!(folds.folds_done(None), 1);
     }
-
-    // The same members comparing whole digests never agree.
-    let mut whole = three();
-    for (_, folds) in whole.iter_mut() {
-        folds.set_agree_by_partition(false);
-    }
-    for _ in 0..4 {
-        round(&mut whole);
-    }
-    assert_eq!(whole[0].1.book().epoch(), 0);
-    assert!(matches!(
-        whole[0].1.waits().get(&W),
-        Some(FoldWait::Differs { .. })
-    ));
 }
 
 fn folds_keeps(id: ReplicaId, partition: u32) -> bool {
@@ -201,7 +186,6 @@ fn a_node_applies_a_record_only_where_it_keeps_and_holds_the_final_state() {
     let mut late = Folds::default();
     late.track_partitions(count(), Default::default());
     late.set_kept(Some(set_of(&[0, 1])));
-    late.set_agree_by_partition(true);
     late.note_slot(&keys()[0], W, Slot::default(), Slot { p: 10, n: 0 });
     let members: Vec<FoldMember> = nodes
         .iter()
@@ -242,7 +226,6 @@ fn a_node_that_copied_its_partitions_already_folded_is_done_with_the_fold() {
     let mut late = Folds::default();
     late.track_partitions(count(), Default::default());
     late.set_kept(Some(set_of(&[0, 1])));
-    late.set_agree_by_partition(true);
     late.handle_reports(&[], &members).unwrap();
     assert_eq!(late.applied_for(&keys()[0]), 0);
     assert_eq!(late.folds_done(Some(&set_of(&[0, 1]))), 1);
@@ -259,7 +242,6 @@ fn a_node_that_copied_its_partitions_already_folded_is_done_with_the_fold() {
     let mut drained = Folds::default();
     drained.track_partitions(count(), Default::default());
     drained.set_kept(Some(set_of(&[])));
-    drained.set_agree_by_partition(true);
     drained.handle_reports(&[], &members).unwrap();
     assert_eq!(drained.folds_done(Some(&set_of(&[]))), 1);
 }

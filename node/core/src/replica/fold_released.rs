@@ -47,14 +47,8 @@ impl Folds {
         self.released.iter().map(|(p, since)| (*p, *since))
     }
 
-    /// Whether live writers' slots are retired and folded partition by
-    /// partition (the cluster version reached `version::SCOPED_FOLDS`).
-    pub fn set_scoped_folds(&mut self, on: bool) {
-        self.scoped_folds = on;
-    }
-
     /// One round of the trigger at `now_ms`: stamps the partitions released
-    /// since the last round, and, once scoped folds are on, retires this
+    /// since the last round, and, once partitions are tracked, retires this
     /// node's (`own`) slots in each released for `retire_after_ms`.
     /// Returns the partitions retired now.
     pub fn retire_released(
@@ -63,7 +57,7 @@ impl Folds {
         now_ms: u64,
         retire_after_ms: u64,
     ) -> Vec<u32> {
-        let allowed = self.scoped_folds && self.agrees_by_partition();
+        let allowed = self.agrees_by_partition();
         let mut due = Vec::new();
         for (partition, since) in self.released.iter_mut() {
             let since = *since.get_or_insert_with(|| {

@@ -326,12 +326,13 @@ impl Folds {
         let ScopedRetirement {
             writer, partition, ..
         } = retirement;
-        let bp = self.by_partition.as_ref().filter(|bp| bp.agree).ok_or(
-            FoldWait::NotReportedByPartition {
+        let bp = self
+            .by_partition
+            .as_ref()
+            .ok_or(FoldWait::NotReportedByPartition {
                 member: writer,
                 writer,
-            },
-        )?;
+            })?;
         let mut agreed = bp
             .keeps(partition)
             .then(|| bp.digest_at(writer, partition, retirement.phase));

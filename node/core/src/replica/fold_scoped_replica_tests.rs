@@ -29,8 +29,6 @@ fn partitioned(id: u64, region: &str, kept: &[u32]) -> Node {
 /// partition and scoped, serving and keeping `kept` (every one if empty).
 fn configured(mut node: Node, kept: &[u32]) -> Node {
     crate::storage::set_partition_count(&mut node.replica, sixteen(), &node.store, None).unwrap();
-    node.replica.set_folds_by_partition(true);
-    node.replica.set_scoped_folds(true);
     if !kept.is_empty() {
         node.replica.set_serving(Some(partitions_of(kept)));
         node.replica.set_kept(Some(partitions_of(kept)));

@@ -42,7 +42,6 @@ fn node(kept: &[u32]) -> Folds {
         set.insert(Partition(*partition));
     }
     folds.set_kept(Some(set));
-    folds.set_agree_by_partition(true);
     folds
 }
 

@@ -156,9 +156,6 @@ pub struct Folds {
     released: BTreeMap<u32, Option<u64>>,
     /// Release times set or cleared since the last commit.
     pending_released: Vec<(u32, Option<u64>)>,
-    /// Live writers' slots are retired partition by partition (cluster
-    /// version 12).
-    scoped_folds: bool,
     /// When each named replica, down now, was first seen down (persisted,
     /// so a restart does not start `--retire-after` over).
     dead_since_ms: HashMap<ReplicaId, u64>,
@@ -311,11 +308,9 @@ impl Folds {
                 .collect(),
             records: self.book.records().to_vec(),
             candidate: self.candidate.clone(),
-            partitions: self.by_partition.as_ref().filter(|bp| bp.agree).map(|bp| {
-                PartitionReport {
-                    scoped: scoped_digests,
-                    ..bp.report(self.unfolded_retired())
-                }
+            partitions: self.by_partition.as_ref().map(|bp| PartitionReport {
+                scoped: scoped_digests,
+                ..bp.report(self.unfolded_retired())
             }),
             retired_scoped,
         }
@@ -512,7 +507,7 @@ impl Folds {
         counted: &[ReplicaId],
         reports: &HashMap<ReplicaId, &FoldReport>,
     ) -> Result<Final, FoldWait> {
-        if let Some(bp) = self.by_partition.as_ref().filter(|bp| bp.agree) {
+        if let Some(bp) = self.by_partition.as_ref() {
             return bp
                 .agreement(writer, counted, |member| {
                     reports.get(&member)?.partitions.as_ref()

@@ -43,7 +43,7 @@ use crate::partition::Partition;
 use directory::Directory;
 use folds::Folds;
 
-pub use copies::{CopyAccepted, CopyPush, CopyRefused, COPY_VERSION, MAX_PUSH_COUNTERS};
+pub use copies::{CopyAccepted, CopyPush, CopyRefused, MAX_PUSH_COUNTERS};
 pub use idempotency::{legacy_idempotency_id, request_fingerprint, IdHasher, IdempotencyTable};
 pub use idempotency_sync::{RecordsCursor, RecordsRead, MAX_CHUNK_RECORDS, RECORD_BYTES};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};

@@ -141,12 +141,14 @@ pub enum PullRefused {
         actual: ReplicaId,
     },
     /// The caller and this node share no protocol version.
-    #[error("pull refused: the caller speaks protocol versions {theirs}, this node speaks {ours}; upgrade the older of the two (see \"Upgrading\" in the README)")]
+    #[error("pull refused: the caller speaks protocol versions {theirs}, this node speaks {ours}; {advice}")]
     IncompatibleProtocol {
         /// Ours.
         ours: ProtocolWindow,
         /// The caller's.
         theirs: ProtocolWindow,
+        /// What to do ([`ProtocolWindow::refusal_advice`]).
+        advice: String,
     },
     /// The caller announces another partition count than this node's.
     #[error("pull refused: the caller announces {theirs} partitions, this node {ours}; a cluster's partition count is fixed: restart the caller with --partitions {ours} and a new --data-dir")]
@@ -269,6 +271,7 @@ impl Replica {
             return Err(PullRefused::IncompatibleProtocol {
                 ours,
                 theirs: request.protocol,
+                advice: ours.refusal_advice(&request.protocol),
             });
         }
         if let Some(caller) = self
@@ -316,13 +319,8 @@ impl Replica {
                 .saturating_sub(bytes)
                 .max(request.max_bytes / 4)
                 .max(1);
-            // Like sets and uniques follow their key's partition for a
-            // caller that speaks it; an older caller, which keeps every
-            // set, gets every record.
-            let sets_in_scope = |key: &str| {
-                request.protocol.newest < super::version::SETS_BY_PARTITION || in_scope(key)
-            };
-            let deltas = self.handle_pull_deltas(store, after, budget, &sets_in_scope)?;
+            // Like sets and uniques follow their key's partition.
+            let deltas = self.handle_pull_deltas(store, after, budget, &in_scope)?;
             chunk.deltas = deltas.deltas;
             chunk.deltas_next = Some(deltas.next);
             chunk.deltas_complete = deltas.complete;

@@ -197,13 +197,6 @@ impl Replica {
         })
     }
 
-    /// Folds agree partition by partition from now on, once the cluster
-    /// version reached `version::FOLDS_BY_PARTITION` (see
-    /// `fold_partitions.rs`).
-    pub fn set_folds_by_partition(&mut self, on: bool) {
-        self.folds.set_agree_by_partition(on);
-    }
-
     /// What this node publishes of retirements and folds: its fold report,
     /// with (once folds go by partition) its digest of the partitions it
     /// shares with each other member whose kept partitions it knows.
@@ -338,13 +331,6 @@ impl Replica {
         let epoch = self.folds.raise_copied(partition.0);
         self.fold_cached();
         epoch
-    }
-
-    /// Whether live writers' slots are folded partition by partition from
-    /// now on: the cluster version reached `version::SCOPED_FOLDS`, so every
-    /// member reads the records and reports they need.
-    pub fn set_scoped_folds(&mut self, on: bool) {
-        self.folds.set_scoped_folds(on);
     }
 
     /// `tally admin retire`: retires `writer` (persisted with the next

@@ -1,7 +1,5 @@
-//! Tests of like sets and uniques in partitioned regions (protocol version
-//! 9): a scoped pull carries only the set deltas of its partitions to a
-//! caller that keeps sets by partition, and every delta to an older caller;
-//! a chunk's deltas of partitions not kept here are skipped unmerged; a
+//! Tests of like sets and uniques in partitioned regions: a scoped pull
+//! carries only the set deltas of its partitions; a chunk's deltas of partitions not kept here are skipped unmerged; a
 //! like of a partition not served is refused and changes nothing, a retry
 //! of an applied one is still recognised, and the record keeps the set's
 //! partition.
@@ -10,7 +8,7 @@ use super::super::sets::{LikeRequest, SetDelta};
 use super::super::*;
 use super::{key_in, partitions_of, sixteen, Node, CLUSTER};
 use crate::partition::PartitionSet;
-use crate::replica::version::{ProtocolWindow, SETS_BY_PARTITION};
+use crate::replica::version::ProtocolWindow;
 
 fn node(id: u64) -> Node {
     let mut node = Node::new(id, "eu");
@@ -28,9 +26,8 @@ fn like(node: &mut Node, key: &str, idempotency_key: Option<&str>) -> Result<u64
     Ok(node.replica.handle_like(1, &node.store, request)?.count)
 }
 
-/// The set deltas a pull of `scope` from a caller speaking up to `newest`
-/// gets, by key.
-fn pulled_set_keys(source: &Node, scope: PartitionSet, newest: u32) -> Vec<String> {
+/// The set deltas a pull of `scope` gets, by key.
+fn pulled_set_keys(source: &Node, scope: PartitionSet) -> Vec<String> {
     let request = PullRequest {
         cluster_id: CLUSTER.into(),
         caller: ReplicaId(2),
@@ -38,7 +35,7 @@ fn pulled_set_keys(source: &Node, scope: PartitionSet, newest: u32) -> Vec<Strin
         after: Cursor::default(),
         max_bytes: 1 << 20,
         directory_digest: None,
-        protocol: ProtocolWindow::at(1, newest),
+        protocol: ProtocolWindow::default(),
         deltas_after: Some(DeltaCursor::default()),
         records_from: None,
         scope: Some(scope),
@@ -51,7 +48,7 @@ fn pulled_set_keys(source: &Node, scope: PartitionSet, newest: u32) -> Vec<Strin
 }
 
 #[test]
-fn a_scoped_pull_carries_the_set_deltas_of_its_partitions_to_a_caller_that_keeps_them_so() {
+fn a_scoped_pull_carries_the_set_deltas_of_its_partitions() {
     let mut a = node(1);
     let (likes_1, likes_2) = (key_in("post", 1), key_in("post", 2));
     let seen_3 = key_in("seen", 3);
@@ -63,21 +60,14 @@ fn a_scoped_pull_carries_the_set_deltas_of_its_partitions_to_a_caller_that_keeps
     a.commit();
     let mut in_scope = vec![likes_1.clone(), seen_3.clone()];
     in_scope.sort();
-    assert_eq!(
-        pulled_set_keys(&a, partitions_of(&[1, 3]), SETS_BY_PARTITION),
-        in_scope
-    );
-    // An older caller keeps every set: it gets every delta.
+    assert_eq!(pulled_set_keys(&a, partitions_of(&[1, 3])), in_scope);
     let mut every = vec![likes_1, likes_2, seen_3];
     every.sort();
-    assert_eq!(
-        pulled_set_keys(&a, partitions_of(&[1, 3]), SETS_BY_PARTITION - 1),
-        every
-    );
+    assert_eq!(pulled_set_keys(&a, partitions_of(&[1, 2, 3])), every);
     // A partition this node does not serve is not sent, sets included.
     a.replica.set_serving(Some(partitions_of(&[3])));
     assert_eq!(
-        pulled_set_keys(&a, partitions_of(&[1, 3]), SETS_BY_PARTITION),
+        pulled_set_keys(&a, partitions_of(&[1, 3])),
         vec![key_in("seen", 3)]
     );
 }
@@ -91,7 +81,8 @@ fn a_pulled_delta_of_a_partition_not_kept_here_is_skipped() {
     a.commit();
     let mut b = node(2);
     b.replica.set_kept(Some(partitions_of(&[1])));
-    // An older source sends every delta; what b does not keep stays out.
+    // A source may send deltas of partitions b does not keep (its view of
+    // b's scope is behind); what b does not keep stays out.
     let chunk = PullChunk {
         source: ReplicaId(1),
         deltas: vec![

@@ -17,7 +17,7 @@ use crate::crdt::ReplicaId;
 use super::idempotency_sync::RecordsCursor;
 use super::sets_sync::DeltaCursor;
 use super::types::Cursor;
-use super::version::{ProtocolWindow, NEWEST, OLDEST};
+use super::version::ProtocolWindow;
 
 /// Another node as membership sees it.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
@@ -67,9 +67,8 @@ pub struct PullPlan {
     pub after: Cursor,
     /// The peer's directory digest as last received from it, if ever.
     pub directory_digest: Option<u64>,
-    /// Pull the delta log (like sets, uniques) after this cursor too; `None`
-    /// when the peer's build has no delta log (protocol version < 3).
-    pub deltas_after: Option<DeltaCursor>,
+    /// Pull the delta log (like sets, uniques) after this cursor too.
+    pub deltas_after: DeltaCursor,
     /// Pull the peer's idempotency records from this position too
     /// (`idempotency_sync.rs`); `None` for a peer of another region.
     pub records_from: Option<RecordsCursor>,
@@ -182,12 +181,11 @@ impl PeerBook {
     /// The protocol versions this node speaks now (by default, every
     /// version of this build).
     pub fn own_protocol(&self) -> ProtocolWindow {
-        self.own_protocol
-            .unwrap_or(ProtocolWindow::at(OLDEST, NEWEST))
+        self.own_protocol.unwrap_or_default()
     }
 
     /// Sets the protocol versions this node speaks (when the cluster version
-    /// moves, or when the node poses as an older build in a test).
+    /// moves).
     pub fn set_own_protocol(&mut self, window: ProtocolWindow) {
         self.own_protocol = Some(window);
     }
@@ -281,8 +279,7 @@ impl PeerBook {
                     grpc_addr: peer.member.grpc_addr.clone(),
                     after: self.watermark(peer.member.replica),
                     directory_digest: self.directories.get(&peer.member.replica).copied(),
-                    deltas_after: (peer.member.protocol.newest >= super::version::SETS)
-                        .then(|| self.delta_watermark(peer.member.replica)),
+                    deltas_after: self.delta_watermark(peer.member.replica),
                     // Retries fail over within a region only.
                     records_from: (region == own_region)
                         .then(|| self.records_watermark(peer.member.replica)),
@@ -323,17 +320,14 @@ impl PeerBook {
     }
 
     /// Members of `own_region` that could be copies, alive or not: a node
-    /// that shares a protocol version with this one and announces
-    /// [`super::COPY_VERSION`] (an older one is never sent a push).
+    /// that shares a protocol version with this one.
     pub fn copy_candidates<'a>(&'a self, own_region: &'a str) -> impl Iterator<Item = &'a Member> {
         let own_protocol = self.own_protocol();
         self.peers
             .values()
             .map(|peer| &peer.member)
             .filter(move |member| {
-                member.region == own_region
-                    && member.protocol.newest >= super::COPY_VERSION
-                    && own_protocol.talks_with(&member.protocol)
+                member.region == own_region && own_protocol.talks_with(&member.protocol)
             })
     }
 
@@ -512,7 +506,8 @@ mod tests {
     fn a_peer_outside_the_protocol_window_is_never_pulled_from() {
         let mut book = PeerBook::default();
         book.set_own_protocol(ProtocolWindow::at(2, 2));
-        let old = member(1, "us"); // announces nothing: version 1 only
+        let mut old = member(1, "us");
+        old.protocol = ProtocolWindow::announced(0, 0); // version 1 only
         let mut current = member(2, "ap");
         current.protocol = ProtocolWindow::at(1, 2);
         book.handle_membership(vec![old.clone(), current]);
@@ -534,19 +529,17 @@ mod tests {
     #[test]
     fn copies_are_live_nodes_of_the_region_that_take_pushes_in_rotation() {
         let mut book = PeerBook::default();
-        let new = |id, region: &str| Member {
-            protocol: ProtocolWindow::at(1, super::super::COPY_VERSION),
-            ..member(id, region)
-        };
-        let mut dead = new(4, "eu");
+        let mut dead = member(4, "eu");
         dead.alive = false;
-        // 5 is an older build: never a copy.
+        // 5 is a build behind this one's window: never a copy.
+        let mut old = member(5, "eu");
+        old.protocol = ProtocolWindow::announced(0, 0);
         book.handle_membership(vec![
-            new(1, "eu"),
-            new(2, "eu"),
-            new(3, "us"),
+            member(1, "eu"),
+            member(2, "eu"),
+            member(3, "us"),
             dead,
-            member(5, "eu"),
+            old,
         ]);
         let chosen = |turn| -> Vec<u64> {
             book.choose_copies("eu", 1, turn)

@@ -439,19 +439,31 @@ fn pulls_from_a_member_with_another_partition_count_are_refused() {
 
 #[test]
 fn pulls_from_a_node_without_a_shared_protocol_version_are_refused() {
-    let mut node = Node::new(1, "eu");
+    use crate::replica::version::{NEWEST, OLDEST, UPGRADE_THROUGH};
+    let node = Node::new(1, "eu");
     let mut request = pull_from_2();
     assert!(node.replica.handle_pull(&node.store, &request).is_ok());
-    // The cluster version moved to 2: a version-1 caller is refused...
-    node.replica
-        .peers_mut()
-        .set_own_protocol(ProtocolWindow::at(2, 2));
-    assert!(matches!(
-        node.replica.handle_pull(&node.store, &request),
-        Err(PullRefused::IncompatibleProtocol { .. })
-    ));
-    // ...and one that speaks 2 is served.
-    request.protocol = ProtocolWindow::at(1, 2);
+    // A caller behind this build's window is told the release to upgrade
+    // it through.
+    request.protocol = ProtocolWindow {
+        oldest: 1,
+        newest: OLDEST - 1,
+    };
+    let refused = node.replica.handle_pull(&node.store, &request).unwrap_err();
+    assert!(
+        matches!(refused, PullRefused::IncompatibleProtocol { .. }),
+        "{refused}"
+    );
+    assert!(refused.to_string().contains(UPGRADE_THROUGH), "{refused}");
+    // A newer release that finalized: this node is the one to upgrade.
+    request.protocol = ProtocolWindow::at(NEWEST + 1, NEWEST + 1);
+    let refused = node.replica.handle_pull(&node.store, &request).unwrap_err();
+    assert!(
+        refused.to_string().contains("upgrade this node"),
+        "{refused}"
+    );
+    // The next release before it finalizes shares a version: served.
+    request.protocol = ProtocolWindow::at(NEWEST, NEWEST + 1);
     assert!(node.replica.handle_pull(&node.store, &request).is_ok());
 }
 

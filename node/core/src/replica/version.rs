@@ -1,40 +1,21 @@
-//! Protocol versions and the cluster version: what lets a cluster be
-//! upgraded one node (one region) at a time and rolled back before the
-//! upgrade is finalized. Pure: membership comes in as [`Member`]s.
+//! Protocol versions, the cluster version and the [`Feature`] list: what
+//! lets a cluster be upgraded one node (one region) at a time and rolled
+//! back before the upgrade is finalized. Pure: membership comes in as
+//! [`Member`]s.
 //!
 //! - Each build speaks a window of protocol versions, [`OLDEST`] to
 //!   [`NEWEST`]. A version names on-disk record formats and wire formats
-//!   together: version 1 is what every build wrote before versions existed
-//!   (counter records and idempotency segments in their format 1); version 2
-//!   writes both in format 2 (replica ordinals, varints); version 3 adds like
-//!   sets and uniques (member, count, register and delta-log records, and
-//!   the delta log in pulls); version 4 folds retired writers (fold
-//!   records, counters with a folded base, `fold_keeper.rs`); version 5 is
-//!   set aside, unused (`CHANGELOG.md` lists every version); version 6 takes copy pushes (the `Copy` RPC of
-//!   replicated durability), sent only to a member that announces it,
-//!   whatever the cluster version (it writes no new format, so it needs no
-//!   finalize); version 7 adds the store's commit log (`store::commit_log`:
-//!   a local change, versioned so that a build without it refuses a
-//!   directory whose log holds commits); version 8 writes idempotency
-//!   segments in format 3, with each record's partition, so that a pull
-//!   scoped to some partitions carries only their records
-//!   (`idempotency_sync.rs`; on the wire the partition is an added field,
-//!   which needs no version); version 9 keeps like sets and uniques with
-//!   their key's partition, as counters are kept: such a node takes and
-//!   answers them only for partitions it serves (others are forwarded to
-//!   an owner), and answers a caller that announces 9 with only the set
-//!   deltas of the pull's scope (it writes no new format, so it needs no
-//!   finalize); version 10 folds retired writers partition by partition
-//!   (`fold_partitions.rs`): fold records carry each writer's digest per
-//!   partition, in the store and in gossip reports, so a partitioned region
-//!   whose nodes keep only some partitions can fold; version 11 stores a
-//!   dense uniques key's registers in 64 chunk records and rewrites only the
-//!   chunks a commit changed (`store/sets.rs`; a local format, which older
-//!   builds cannot read); version 12 folds a live node's slots of a
-//!   partition that moved away from it (`fold_scoped.rs`: scoped
-//!   retirements, and fold records and gossip reports that name them,
-//!   which older builds refuse). A node that announces nothing (a build
-//!   before versions) counts as `1..=1`.
+//!   together. A release talks to the release before it and after it, no
+//!   further: this release's window is `12..=12`. Versions 1 to 11 (every
+//!   format and protocol change up to scoped folds, listed in
+//!   `CHANGELOG.md`) are behind it: a data directory or a peer older than
+//!   the window is refused with a message naming [`UPGRADE_THROUGH`], the
+//!   release to upgrade through first.
+//! - Every change of an encoding or a protocol is one [`Feature`], written
+//!   only when [`ClusterVersion::supports`] it (and, where a feature is
+//!   asked of one peer, sent to that peer only when its
+//!   [`ProtocolWindow::supports`] it). A node that announces nothing (a
+//!   build before versions) counts as `1..=1`.
 //! - The **cluster version** is the newest version this node may *write*. It
 //!   starts at [`OLDEST`] in a new data directory, is persisted in the data
 //!   directory before anything of it is written, and only rises: to the
@@ -50,6 +31,18 @@
 //!   `tally admin finalize` to wait for. A directory created before builds
 //!   recorded it counts as born at 0, and holds its cluster to the old rules.
 //!
+//! **Adding a feature**: raise [`NEWEST`] by one, add a [`Feature`] variant
+//! whose [`Feature::introduced_in`] is the new `NEWEST`, and gate its writes
+//! on `cluster.supports(Feature::…)` (its reads need no gate: a build reads
+//! every format of its window). **Moving the window** (a release that drops
+//! the release before it): raise [`OLDEST`] to the previous release's
+//! `NEWEST`, set [`UPGRADE_THROUGH`] to that release, delete every variant
+//! introduced at or below the new `OLDEST` together with its gates (the
+//! feature is on in every cluster this build opens), and delete the
+//! writers of formats older than it. Readers of old *record* formats stay
+//! as long as such records can remain in a data directory (records are
+//! rewritten only when they change; see `store/encoding.rs`).
+//!
 //! Invariant: two nodes exchange state only when their windows overlap
 //! ([`ProtocolWindow::talks_with`]), and a node never writes a format newer
 //! than a member it knows can read, so a half-upgraded cluster keeps working
@@ -58,34 +51,52 @@
 use super::Member;
 
 /// The oldest protocol version this build speaks (and the cluster version of
-/// a new data directory).
-pub const OLDEST: u32 = 1;
+/// a new data directory). Anything older is refused.
+pub const OLDEST: u32 = 12;
 /// The newest protocol version this build speaks and can write.
 pub const NEWEST: u32 = 12;
-/// The cluster version from which a node retires its slots of a partition
-/// that moved away from it for good, and they are folded while it lives on
-/// (`replica/fold_scoped.rs`; fold records and reports older builds refuse).
-pub const SCOPED_FOLDS: u32 = 12;
-/// The version from which a dense uniques key's registers are written in
-/// chunk records (`store/sets.rs`), so a commit rewrites 192 bytes per
-/// changed chunk instead of the whole 12 KB.
-pub const CHUNKED_UNIQUES: u32 = 11;
-/// The cluster version from which folds agree and are recorded partition
-/// by partition (`replica/fold_partitions.rs`; fold records in a format
-/// older builds refuse).
-pub const FOLDS_BY_PARTITION: u32 = 10;
-/// The version from which idempotency segments keep each record's
-/// partition (segment format 3).
-pub const RECORD_PARTITIONS: u32 = 8;
-/// The version from which like sets and uniques follow their key's
-/// partition: a pull from a caller that announces it carries only the set
-/// deltas of its scope, and a peer that announces it takes no set writes
-/// for partitions it does not serve.
-pub const SETS_BY_PARTITION: u32 = 9;
-/// The version that brought like sets and uniques (their records and the
-/// delta log): writes of them wait for this cluster version, and only a peer
-/// that speaks it is asked for its delta log.
-pub const SETS: u32 = 3;
+/// The release a data directory or a node older than [`OLDEST`] must be
+/// upgraded through first: the last release whose window reaches back to
+/// the versions behind ours, and that finalizes at [`OLDEST`].
+pub const UPGRADE_THROUGH: &str = "Tally 0.1 (protocol 12)";
+/// The window of a build before protocol versions existed: it announced
+/// nothing, which counts as version 1.
+const BEFORE_VERSIONS: u32 = 1;
+
+/// A change of an encoding or a protocol since [`OLDEST`]: the one place
+/// new features go (see "Adding a feature" above). Every feature up to
+/// [`OLDEST`] is on in every cluster this build opens, so it has no
+/// variant and no gate.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Feature {
+    /// A feature of the version after [`NEWEST`], for the mechanism's tests.
+    #[cfg(test)]
+    NextVersion,
+}
+
+impl Feature {
+    /// The protocol version that brought the feature: a cluster writes it
+    /// from this cluster version on, and a peer speaks it when its window
+    /// reaches this version.
+    pub const fn introduced_in(self) -> u32 {
+        match self {
+            #[cfg(test)]
+            Feature::NextVersion => NEWEST + 1,
+        }
+    }
+}
+
+/// A node's cluster version (the persisted record format): what it may
+/// write.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct ClusterVersion(pub u32);
+
+impl ClusterVersion {
+    /// Whether a cluster at this version writes `feature`'s formats.
+    pub fn supports(self, feature: Feature) -> bool {
+        self.0 >= feature.introduced_in()
+    }
+}
 
 /// The protocol versions a node speaks, oldest to newest (inclusive).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -97,19 +108,20 @@ pub struct ProtocolWindow {
 }
 
 impl Default for ProtocolWindow {
-    /// The window of a node that announces none: a build before versions.
+    /// This build's window, [`OLDEST`] to [`NEWEST`] (a node that announces
+    /// no window is [`ProtocolWindow::announced`]`(0, 0)`, version 1).
     fn default() -> Self {
         ProtocolWindow {
             oldest: OLDEST,
-            newest: OLDEST,
+            newest: NEWEST,
         }
     }
 }
 
 impl ProtocolWindow {
     /// This build's window at cluster version `cluster_version`, when it
-    /// speaks versions up to `newest` (this build's [`NEWEST`], or lower when
-    /// told to pose as an older build in a test).
+    /// speaks versions up to `newest` (this build's [`NEWEST`]; other values
+    /// in tests of the mechanism).
     pub fn at(cluster_version: u32, newest: u32) -> Self {
         ProtocolWindow {
             oldest: cluster_version.min(newest),
@@ -120,9 +132,9 @@ impl ProtocolWindow {
     /// A window as announced on the wire or in gossip, where 0 (a field a
     /// build before versions does not send) means version 1.
     pub fn announced(oldest: u32, newest: u32) -> Self {
-        let newest = newest.max(OLDEST);
+        let newest = newest.max(BEFORE_VERSIONS);
         ProtocolWindow {
-            oldest: oldest.clamp(OLDEST, newest),
+            oldest: oldest.clamp(BEFORE_VERSIONS, newest),
             newest,
         }
     }
@@ -130,6 +142,44 @@ impl ProtocolWindow {
     /// Whether a node with this window and one with `other` share a version.
     pub fn talks_with(&self, other: &ProtocolWindow) -> bool {
         self.oldest <= other.newest && other.oldest <= self.newest
+    }
+
+    /// Whether a node with this window speaks `feature` (may be sent it).
+    pub fn supports(&self, feature: Feature) -> bool {
+        self.newest >= feature.introduced_in()
+    }
+
+    /// Whether a node with this window runs a release behind this build's
+    /// window: it must be upgraded through [`UPGRADE_THROUGH`] first.
+    pub fn is_behind_this_release(&self) -> bool {
+        self.newest < OLDEST
+    }
+
+    /// What to do about a peer with window `theirs` that this node (with
+    /// this window) refuses: which of the two to upgrade, and through which
+    /// release.
+    pub fn refusal_advice(&self, theirs: &ProtocolWindow) -> String {
+        if theirs.is_behind_this_release() {
+            format!(
+                "it runs a release older than this one can talk to: upgrade it to \
+                 {UPGRADE_THROUGH} first (and finalize there), then to this release"
+            )
+        } else if theirs.oldest > self.newest {
+            "it runs a newer release whose upgrade was finalized: upgrade this node".into()
+        } else {
+            "upgrade the older of the two (see \"Upgrading\" in the operations guide)".into()
+        }
+    }
+
+    /// The reason a refusal of a peer with window `theirs` is counted under
+    /// (`tally_refused_messages_total`; both are in
+    /// `metrics::REFUSAL_REASONS`).
+    pub fn refusal_reason(theirs: &ProtocolWindow) -> &'static str {
+        if theirs.is_behind_this_release() {
+            "protocol_too_old"
+        } else {
+            "incompatible_protocol"
+        }
     }
 }
 
@@ -272,6 +322,42 @@ mod tests {
     }
 
     #[test]
+    fn a_feature_is_written_from_its_version_and_sent_to_peers_that_speak_it() {
+        let feature = Feature::NextVersion;
+        assert_eq!(feature.introduced_in(), NEWEST + 1);
+        assert!(!ClusterVersion(NEWEST).supports(feature));
+        assert!(ClusterVersion(NEWEST + 1).supports(feature));
+        let this_release = ProtocolWindow::at(OLDEST, NEWEST);
+        let next_release = ProtocolWindow::at(NEWEST, NEWEST + 1);
+        assert!(!this_release.supports(feature));
+        assert!(next_release.supports(feature));
+        // The next release talks with this one until it finalizes.
+        assert!(next_release.talks_with(&this_release));
+        assert!(!ProtocolWindow::at(NEWEST + 1, NEWEST + 1).talks_with(&this_release));
+    }
+
+    #[test]
+    fn a_peer_behind_the_window_is_told_the_release_to_upgrade_through() {
+        assert!(UPGRADE_THROUGH.contains(&format!("protocol {OLDEST}")));
+        let ours = ProtocolWindow::at(OLDEST, NEWEST);
+        let behind = ProtocolWindow {
+            oldest: 1,
+            newest: OLDEST - 1,
+        };
+        for old in [behind, ProtocolWindow::announced(0, 0)] {
+            assert!(!ours.talks_with(&old), "{old}");
+            assert!(ours.refusal_advice(&old).contains(UPGRADE_THROUGH), "{old}");
+            assert_eq!(ProtocolWindow::refusal_reason(&old), "protocol_too_old");
+        }
+        let newer = ProtocolWindow::at(NEWEST + 1, NEWEST + 1);
+        assert!(ours.refusal_advice(&newer).contains("upgrade this node"));
+        assert_eq!(
+            ProtocolWindow::refusal_reason(&newer),
+            "incompatible_protocol"
+        );
+    }
+
+    #[test]
     fn a_cluster_whose_every_directory_was_born_at_the_newest_version_starts_there() {
         let members = [born(1, 3, 3), born(1, 3, 3)];
         assert_eq!(new_cluster_version(1, 3, 3, &members), 3);
@@ -302,17 +388,29 @@ mod tests {
 
     #[test]
     fn windows_talk_when_they_share_a_version() {
+        let before_versions = ProtocolWindow::announced(0, 0);
         let this = ProtocolWindow::at(1, 2);
-        assert!(this.talks_with(&ProtocolWindow::default()));
+        assert!(this.talks_with(&before_versions));
         assert!(this.talks_with(&ProtocolWindow::at(2, 3)));
         assert!(!this.talks_with(&ProtocolWindow::at(3, 4)));
         let finalized = ProtocolWindow::at(2, 2);
-        assert!(!finalized.talks_with(&ProtocolWindow::default()));
+        assert!(!finalized.talks_with(&before_versions));
+        assert_eq!(
+            ProtocolWindow::default(),
+            ProtocolWindow::at(OLDEST, NEWEST),
+            "this build's own"
+        );
     }
 
     #[test]
     fn a_window_that_announces_nothing_is_version_one() {
-        assert_eq!(ProtocolWindow::announced(0, 0), ProtocolWindow::default());
+        assert_eq!(
+            ProtocolWindow::announced(0, 0),
+            ProtocolWindow {
+                oldest: 1,
+                newest: 1
+            }
+        );
         assert_eq!(
             ProtocolWindow::announced(0, 2),
             ProtocolWindow {

@@ -11,7 +11,7 @@
 //! | `c`    | counter key (UTF-8)      | v2, seq, slots (replica ordinal, p, n) (v1: the 8-byte replica id, still read) |
 //! | `r`    | ordinal (BE u32)         | v1, replica id (see [`super::Ordinals`]) |
 //! | `l`    | seq (BE u64) + counter key | retired: the change log of older builds, removed at open |
-//! | `i`    | commit seq (BE u64)      | v2, count, base expiry, (id, fingerprint, value, seq - segment, expiry - base)* (v1: fixed 8-byte fields, still read) |
+//! | `i`    | commit seq (BE u64)      | v3, count, base expiry, (id, fingerprint, value, seq - segment, expiry - base, partition + 1)* (v2: no partition; v1: fixed 8-byte fields; both still read) |
 //! | `d`    | replica (BE u64)         | v1, region                              |
 //! | `w`    | replica (BE u64)         | v1, cursor seq, cursor key              |
 //! | `m`    | meta name                | v1, payload                             |
@@ -28,6 +28,18 @@
 //! A counter with a folded base is written as record v3 (v2 plus the base's
 //! epoch, p and n); one without a base is written exactly as before, so the
 //! format changes only once a fold happened (cluster version 4).
+//!
+//! Old record formats: since the version window closed at 12, this build
+//! writes only its own formats (the writers of counter records v1 and
+//! idempotency segments v1 and v2 are gone), and still **reads** every
+//! format an older build wrote. A data directory at cluster version 12 may
+//! hold records from long before it, because a record is rewritten only
+//! when it changes: a counter written once at version 1 and never since is
+//! still a v1 record, an idempotency segment lives until its records
+//! expire, a whole dense uniques record until its key takes a new register,
+//! and a fold record is kept forever. No migration rewrites them, so
+//! nothing shows they cannot remain, and the readers stay (tested with
+//! fixed bytes in `encoding_tests.rs`).
 
 use crate::crdt::{stable_hash, FoldedBase, PnCounter, ReplicaId, Slot};
 use crate::partition::Partition;
@@ -169,21 +181,6 @@ pub fn encode_counter(
     out
 }
 
-/// Encodes a counter record in format 1 (each slot's replica id inline),
-/// which every build reads: written until the cluster version reaches 2.
-pub fn encode_counter_v1(seq: u64, state: &PnCounter) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + state.slots().len() * 14);
-    out.push(1);
-    put_varint(&mut out, seq);
-    put_varint(&mut out, state.slots().len() as u64);
-    for (replica, slot) in state.slots() {
-        out.extend_from_slice(&replica.0.to_le_bytes());
-        put_varint(&mut out, slot.p);
-        put_varint(&mut out, slot.n);
-    }
-    out
-}
-
 /// The commit that wrote a counter record, read without the slots.
 pub fn decode_counter_seq(bytes: &[u8]) -> Result<u64, StorageError> {
     let (_, mut reader) = Reader::any_version(bytes, "counter record", COUNTER_VERSIONS)?;
@@ -253,32 +250,21 @@ pub fn decode_ordinal(key: &[u8], value: &[u8]) -> Result<(u32, ReplicaId), Stor
     ))
 }
 
-/// The idempotency segment format written by this build from cluster
-/// version 8 ([`crate::replica::version::RECORD_PARTITIONS`]): format 2,
-/// and after each record its partition as a varint, plus one (0: unknown),
+/// The idempotency segment format written by this build: format 2, and
+/// after each record its partition as a varint, plus one (0: unknown),
 /// 28 to about 36 bytes a record.
 pub const IDEMPOTENCY_VERSION: u8 = 3;
 
 /// Format 2: records of 27 to about 34 bytes (48 in format 1), the sequence
 /// and the expiry as varints relative to the segment, no partition. Written
-/// from cluster version 2 until version 8.
+/// from cluster version 2 until version 8; read still.
 pub const IDEMPOTENCY_VERSION_2: u8 = 2;
 
 /// Encodes the idempotency records of commit (segment) `segment` in this
 /// build's format (with each record's partition).
 pub fn encode_idempotency(segment: u64, records: &[IdempotencyRecord]) -> Vec<u8> {
-    encode_idempotency_as(IDEMPOTENCY_VERSION, segment, records)
-}
-
-/// Encodes the idempotency records of segment `segment` in format 2 (their
-/// partitions left out), which builds before record partitions read.
-pub fn encode_idempotency_v2(segment: u64, records: &[IdempotencyRecord]) -> Vec<u8> {
-    encode_idempotency_as(IDEMPOTENCY_VERSION_2, segment, records)
-}
-
-fn encode_idempotency_as(version: u8, segment: u64, records: &[IdempotencyRecord]) -> Vec<u8> {
     let mut out = Vec::with_capacity(12 + records.len() * 36);
-    out.push(version);
+    out.push(IDEMPOTENCY_VERSION);
     put_varint(&mut out, records.len() as u64);
     let base_expiry = records.iter().map(|r| r.expires_at_ms).min().unwrap_or(0);
     put_varint(&mut out, base_expiry);
@@ -288,25 +274,7 @@ fn encode_idempotency_as(version: u8, segment: u64, records: &[IdempotencyRecord
         put_varint(&mut out, zigzag(record.value));
         put_varint(&mut out, zigzag(record.seq.wrapping_sub(segment) as i64));
         put_varint(&mut out, record.expires_at_ms - base_expiry);
-        if version >= 3 {
-            put_varint(&mut out, record.partition.map_or(0, |p| u64::from(p.0) + 1));
-        }
-    }
-    out
-}
-
-/// Encodes idempotency records in format 1 (fixed 8-byte fields), which
-/// every build reads: written until the cluster version reaches 2.
-pub fn encode_idempotency_v1(records: &[IdempotencyRecord]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(2 + records.len() * 48);
-    out.push(1);
-    put_varint(&mut out, records.len() as u64);
-    for record in records {
-        out.extend_from_slice(&record.id.to_be_bytes());
-        out.extend_from_slice(&record.fingerprint.to_le_bytes());
-        out.extend_from_slice(&(record.value as u64).to_le_bytes());
-        out.extend_from_slice(&record.seq.to_le_bytes());
-        out.extend_from_slice(&record.expires_at_ms.to_le_bytes());
+        put_varint(&mut out, record.partition.map_or(0, |p| u64::from(p.0) + 1));
     }
     out
 }

@@ -183,12 +183,7 @@ impl Store for MemoryStore {
     fn write(&self, batch: &CommitBatch) -> Result<(), StorageError> {
         let mut layers = self.layers();
         let new = layers.ordinals.plan(batch);
-        let ops = batch_ops(
-            batch,
-            &layers.ordinals,
-            &new,
-            crate::replica::version::NEWEST,
-        );
+        let ops = batch_ops(batch, &layers.ordinals, &new);
         layers.ordinals.extend(&new);
         apply(&mut layers.visible, &ops);
         layers.pending.push(ops);

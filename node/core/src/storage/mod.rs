@@ -86,6 +86,11 @@ pub trait Store: DurableState + Send + Sync + 'static {
     fn format(&self) -> u32 {
         crate::replica::version::NEWEST
     }
+    /// The cluster version: the record format, as what the
+    /// [`crate::replica::version::Feature`]s written are asked of.
+    fn cluster_version(&self) -> crate::replica::version::ClusterVersion {
+        crate::replica::version::ClusterVersion(self.format())
+    }
     /// The newest protocol version of the build that created the store (0
     /// when it was created by a build that did not record it).
     fn born_at(&self) -> u32 {
@@ -110,16 +115,11 @@ pub enum Op {
 
 /// The puts and deletes that write `batch`, in order, with the replica
 /// numbers in `ordinals` and the batch's `new` ones (from [`Ordinals::plan`]),
-/// in record format `format` (the cluster version: 1 writes counter records
-/// and idempotency segments in format 1, which every build reads; 2 and up
-/// in format 2; from 8 idempotency segments in format 3, with partitions). Replica numbers are written in every format, so that a
-/// later format-2 record never names a number the store has not kept.
-pub fn batch_ops(
-    batch: &CommitBatch,
-    ordinals: &Ordinals,
-    new: &[(u32, ReplicaId)],
-    format: u32,
-) -> Vec<Op> {
+/// in this build's record formats (cluster version 12: counters with replica
+/// ordinals, idempotency segments with partitions, dense uniques in chunks).
+/// The writers of older formats were deleted when the version window closed
+/// at 12; their readers stay (`encoding.rs`).
+pub fn batch_ops(batch: &CommitBatch, ordinals: &Ordinals, new: &[(u32, ReplicaId)]) -> Vec<Op> {
     use encoding::*;
     let mut ops = Vec::with_capacity(batch.counters.len() + new.len() + 8);
     for (ordinal, replica) in new {
@@ -127,26 +127,14 @@ pub fn batch_ops(
     }
     for (key, state) in &batch.counters {
         let ordinal_of = |replica| ordinals::ordinal_in(ordinals, new, replica);
-        // A folded base exists only from cluster version 4 on; such a
-        // counter is written in the folded format whatever `format` says.
-        let value = if format < 2 && state.folded() == crate::crdt::FoldedBase::default() {
-            encode_counter_v1(batch.seq, state)
-        } else {
-            encode_counter(batch.seq, state, ordinal_of)
-        };
+        let value = encode_counter(batch.seq, state, ordinal_of);
         ops.push(Op::Put(counter_key(key), value));
     }
     for key in &batch.deleted {
         ops.push(Op::Delete(counter_key(key)));
     }
     if !batch.idempotency_put.is_empty() {
-        let value = if format < 2 {
-            encode_idempotency_v1(&batch.idempotency_put)
-        } else if format < crate::replica::version::RECORD_PARTITIONS {
-            encode_idempotency_v2(batch.seq, &batch.idempotency_put)
-        } else {
-            encode_idempotency(batch.seq, &batch.idempotency_put)
-        };
+        let value = encode_idempotency(batch.seq, &batch.idempotency_put);
         ops.push(Op::Put(idempotency_key(batch.seq), value));
     }
     for segment in &batch.idempotency_delete {
@@ -236,7 +224,7 @@ pub fn batch_ops(
         META_WRITER_DIGESTS_AT.to_vec(),
         encode_u64(batch.seq),
     ));
-    sets::set_ops(batch, format, &mut ops);
+    sets::set_ops(batch, &mut ops);
     ops.push(Op::Put(META_DIGEST.to_vec(), encode_u64(batch.digest.0)));
     // Last: a store that writes the operations one by one (sled with its
     // commit log) has written the whole batch once it holds this sequence.

@@ -1,5 +1,4 @@
-//! Records of like sets and uniques, and the delta log (cluster version 3,
-//! see `replica/version.rs`): their keys, values and reads, over any store's
+//! Records of like sets and uniques, and the delta log: their keys, values and reads, over any store's
 //! [`DurableState::get_record`] and [`DurableState::scan_records`].
 //!
 //! - member `s` + (key length - 1) as a byte + key + member → v1, length
@@ -11,9 +10,9 @@
 //!   wrote it (varint): `tally admin verify` compares it with a recount and
 //!   uses the seq to see that no commit landed during the recount.
 //! - uniques `h` + key → v1, registers ([`HyperLogLog::to_bytes`]: sparse,
-//!   or whole dense as written before cluster version 11), or v1 + form 2:
-//!   dense, in chunk records (from version 11,
-//!   [`crate::replica::version::CHUNKED_UNIQUES`]).
+//!   or whole dense as written before cluster version 11: read, never
+//!   written any more, and kept because a key no commit raised since stays
+//!   in it), or v1 + form 2: dense, in chunk records.
 //! - uniques chunk `j` + (key length - 1) as a byte + key + chunk (u8, 0 to
 //!   63) → v1, registers `256 * chunk ..` packed as in the dense form (192
 //!   bytes). A commit writes only the chunks holding a register it raised
@@ -41,7 +40,6 @@
 use crate::crdt::hll::check_register;
 use crate::crdt::hll::{DENSE_BYTES, REGISTERS, SPARSE_LIMIT};
 use crate::crdt::{member_digest, register_digest, HyperLogLog, SetsDigest};
-use crate::replica::version::CHUNKED_UNIQUES;
 use crate::replica::{
     CommitBatch, DeltaCursor, DurableState, Key, SetDelta, SetKind, StorageError, UniqueWrite,
 };
@@ -207,16 +205,15 @@ pub fn chunk_key(key: &str, chunk: usize) -> Vec<u8> {
     out
 }
 
-/// The writes of one uniques key's registers in record format `format`:
-/// the whole registers in the `h` record (sparse, or any key before version
-/// 11), or the chunks holding a raised register. Every chunk, and the `h`
+/// The writes of one uniques key's registers: the whole registers in the
+/// `h` record (sparse), or the chunks holding a raised register. Every chunk, and the `h`
 /// record saying the registers are in chunks, when the key may have been
 /// sparse before this commit (it then had no chunk records): at most
 /// `SPARSE_LIMIT` registers were set before unless more are set now than
 /// this commit raised.
-fn uniques_ops(write: &UniqueWrite, format: u32, ops: &mut Vec<Op>) {
+fn uniques_ops(write: &UniqueWrite, ops: &mut Vec<Op>) {
     let whole = write.state.to_bytes();
-    if format < CHUNKED_UNIQUES || !write.state.is_dense() {
+    if !write.state.is_dense() {
         let mut value = vec![VERSION];
         value.extend_from_slice(&whole);
         ops.push(Op::Put(keyed(UNIQUES, &write.key), value));
@@ -409,8 +406,8 @@ pub fn deltas_after(
 /// The puts that write the batch's like sets, uniques and delta
 /// watermarks: each set's changed members (or registers), its count, and
 /// one delta-log record; and the deletes of the sets the batch purges.
-/// Uniques are written in record format `format` (see `uniques_ops`).
-pub fn set_ops(batch: &CommitBatch, format: u32, ops: &mut Vec<Op>) {
+/// Uniques are written as [`uniques_ops`] says.
+pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
     for write in &batch.likes {
         for (member, length) in &write.members {
             ops.push(Op::Put(
@@ -428,7 +425,7 @@ pub fn set_ops(batch: &CommitBatch, format: u32, ops: &mut Vec<Op>) {
         ));
     }
     for write in &batch.uniques {
-        uniques_ops(write, format, ops);
+        uniques_ops(write, ops);
         ops.push(Op::Put(
             delta_key(batch.seq, SetKind::Uniques, &write.key),
             encode_uniques_delta(&write.registers),
