@@ -4,7 +4,6 @@
 
 use crate::crdt::hll::{DENSE_BYTES, SPARSE_LIMIT};
 use crate::crdt::{register_digest, HyperLogLog, SetsDigest};
-use crate::replica::version::CHUNKED_UNIQUES;
 use crate::replica::{CommitBatch, Identity, SetDeletion, UniqueWrite};
 use crate::replica::{DurableState, SetKind};
 use crate::store::encoding::VERSION;
