@@ -3,7 +3,7 @@ Chromium (Debian's chromium and chromium-driver, through Selenium): person A
 on region 1's page and person B on region 2's page. A likes, B likes, A
 unlikes, A likes again; a double tap on the post and a double-clicked heart
 change the count by at most one; a page whose person changes shows that
-person's heart. After each step both pages show the same exact count (in
+person's heart, and a tap the node refuses (a name too long) is undone. After each step both pages show the same exact count (in
 compact form, "40.2K") and each heart shows its own person's state; "seen
 by" counts both people on both pages. Saves a screenshot of A's page.
 
@@ -112,6 +112,15 @@ def main():
         # B's page changes person: the heart is the new person's, then B's again.
         choose_person(b, "cy")
         wait_for(b, "B (as cy)", start + 2, False, "B's page as cy, who never liked it")
+        # A name the node refuses (130 bytes; a member is at most 128): the
+        # tap is refused, the page says why, and the heart and count go back.
+        choose_person(b, "\u00e9" * 65)
+        heart_b.click()
+        wait_for(b, "B (as a refused name)", start + 2, False, "a refused tap is undone")
+        refusal = b.find_element(By.ID, "status").text
+        if "128" not in refusal:
+            raise SystemExit(f"FAIL the refusal is not explained: {refusal!r}")
+        print(f"ok   the page says: {refusal}", flush=True)
         choose_person(b, "bo")
         wait_for(b, "B (as bo again)", start + 2, True, "B's page as bo again")
 
