@@ -406,7 +406,7 @@ pub fn deltas_after(
 /// The puts that write the batch's like sets, uniques and delta
 /// watermarks: each set's changed members (or registers), its count, and
 /// one delta-log record; and the deletes of the sets the batch purges.
-/// Uniques are written as [`uniques_ops`] says.
+/// Uniques are written as `uniques_ops` says.
 pub fn set_ops(batch: &CommitBatch, ops: &mut Vec<Op>) {
     for write in &batch.likes {
         for (member, length) in &write.members {
