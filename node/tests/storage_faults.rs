@@ -337,7 +337,12 @@ async fn a_real_full_disk_without_a_floor_makes_the_node_fail_stop_and_a_restart
     let Some(tmpfs) = Tmpfs::mount(&root.path().join("full-disk"), "40m", test) else {
         return;
     };
-    let mut spec = NodeSpec::new(&tmpfs.0, "eu", "full");
+    // The data directory is on the small tmpfs through a link, so the
+    // node's log (beside the link) stays off the full disk: a log on it
+    // loses the node's last message with the space.
+    let mut spec = NodeSpec::new(root.path(), "eu", "full");
+    std::fs::create_dir_all(tmpfs.0.join("full")).unwrap();
+    std::os::unix::fs::symlink(tmpfs.0.join("full"), &spec.data_dir).unwrap();
     spec.extra = vec!["--min-free-disk".into(), "0".into()];
     let mut node = NodeProcess::start(spec);
     let mut raw = connect(&node).await;
@@ -388,7 +393,7 @@ async fn a_real_full_disk_without_a_floor_makes_the_node_fail_stop_and_a_restart
     assert!(
         last.starts_with("error: the store failed and the node stopped: ")
             && last.contains("No space left on device"),
-        "one clear last message naming the cause: {last:?}"
+        "one clear last message naming the cause: {last:?}\n{log}"
     );
     // Writers answered before the process went away were told why; the
     // others saw the connection drop.
