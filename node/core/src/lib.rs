@@ -5,7 +5,9 @@
 //! partition handoff), the replica state machine ([`replica`]: adds, sync,
 //! folds, copies, purges, idempotency, version rules) and the pure half of
 //! storage ([`storage`]: the store trait, the key layout and encodings, and
-//! the in-memory store).
+//! the in-memory store), and the pure half of the node's runtime
+//! ([`runtime`]: copy sessions, copy plans, the fold report's gossip
+//! text).
 //!
 //! Nothing here does IO: no sockets, disks, clocks, threads or randomness.
 //! Time and membership come in as arguments, decisions go out as values; the
@@ -17,12 +19,13 @@
 //! `tests/pure.rs` walks Cargo.lock to fail `cargo test` if one appears.
 //! The modules form no circle: `crdt` and `partition` at the bottom,
 //! `replica` on them (it defines the storage trait, [`replica::DurableState`],
-//! and never calls into `storage`), `storage` on top; `tests/module_graph.rs`
-//! fails if a `use` closes a circle.
+//! and never calls into `storage`), `storage` and `runtime` on top;
+//! `tests/module_graph.rs` fails if a `use` closes a circle.
 
 #![deny(missing_docs)]
 
 pub mod crdt;
 pub mod partition;
 pub mod replica;
+pub mod runtime;
 pub mod storage;

@@ -25,7 +25,8 @@
 //! Counters with the same copies form a group; each node is sent one call
 //! with the counters of every group it is a copy for, and a group is
 //! confirmed when `needed` of its copies answered. The plan is pure: the
-//! copier ([`super::copier`]) feeds it the routes and the live candidates.
+//! copier (`tally-node`'s `gossip/copier.rs`) feeds it the routes and the
+//! live candidates.
 
 use std::collections::BTreeMap;
 
