@@ -6,8 +6,8 @@
 //! folds, copies, purges, idempotency, version rules) and the pure half of
 //! storage ([`storage`]: the store trait, the key layout and encodings, and
 //! the in-memory store), and the pure half of the node's runtime
-//! ([`runtime`]: copy sessions, copy plans, the fold report's gossip
-//! text).
+//! ([`runtime`]: a node's lifecycle round and partition holdings, copy
+//! sessions, copy plans, the fold report's gossip text).
 //!
 //! Nothing here does IO: no sockets, disks, clocks, threads or randomness.
 //! Time and membership come in as arguments, decisions go out as values; the

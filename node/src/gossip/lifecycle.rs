@@ -1,29 +1,32 @@
 //! The runtime shell of the node's lifecycle and partition map (DESIGN.md
 //! "Partitioned regions"): once per gossip round, [`spawn_lifecycle_keeper`]
 //! feeds the members' gossiped lifecycle facts to the pure
-//! [`Lifecycle`], persists its record in the
-//! data directory's `LIFECYCLE` file when it changes (before publishing it),
-//! publishes the node's state, removals and drain requests, and sets the
-//! partition metrics. [`Partitioning`] is what the Admin RPCs use: the
-//! current [`ClusterView`], `drain` and `remove`.
+//! [`NodePartitions`] (tally-core's `runtime`, which decides), persists the
+//! lifecycle record in the data directory's `LIFECYCLE` file when it
+//! changes (before publishing it), publishes the node's state, removals,
+//! drain requests and holdings in chitchat, and sets the partition metrics.
+//! [`Partitioning`] is what the Admin RPCs use: the current
+//! [`ClusterView`], `drain` and `remove`.
 //!
 //! Invariants: a lifecycle change is on disk before any peer can see it (so
 //! a crash never makes a node take back what it announced); a change that
 //! cannot be persisted is not made (the operator's call fails, or the round
-//! is retried). The owners come from the pure core only: every node with
-//! the same membership facts serves the same map.
+//! is retried): the core computes each change as a pending one, committed
+//! here only once its record is stored. The owners come from the pure core
+//! only: every node with the same membership facts serves the same map.
 //!
-//! It also drives the node's [`Holdings`] (which partitions it receives,
-//! serves and releases): each round after the node has heard the cluster
-//! (see [`Partitioning::has_view`]) the view goes in, the served partitions
-//! are persisted (in `LIFECYCLE`), then handed to the replica (which refuses
-//! adds of others), then published in gossip, in that order, so that no
-//! peer routes a key here before this node takes it, and a restart resumes
-//! serving every partition that took adds here. The anti-entropy loop asks
-//! it what to pull from whom ([`Partitioning::pull_scope`]) and reports
-//! complete pulls ([`Partitioning::handle_pulled`]). A joining node becomes
-//! active once it receives nothing. Releasing partitions are kept and served
-//! until every owner confirmed holding this node's changes of them
+//! The core's round drives the node's [`Holdings`](crate::partition::Holdings)
+//! (which partitions it receives, serves and releases): each round after
+//! the node has heard the cluster (see [`Partitioning::has_view`]) the view
+//! goes in, the served partitions are persisted (in `LIFECYCLE`), then
+//! handed to the replica (which refuses adds of others), then published in
+//! gossip, in that order, so that no peer routes a key here before this
+//! node takes it, and a restart resumes serving every partition that took
+//! adds here. The anti-entropy loop asks it what to pull from whom
+//! ([`Partitioning::pull_scope`]) and reports complete pulls
+//! ([`Partitioning::handle_pulled`]). A joining node becomes active once it
+//! receives nothing. Releasing partitions are kept and served until every
+//! owner confirmed holding this node's changes of them
 //! ([`Partitioning::confirm_requests`], asked by `release.rs`); then each
 //! round stops serving them (under the core's lock, so no add slips in),
 //! persists and publishes that, and starts the purge of what is stored of
@@ -32,6 +35,8 @@
 //! It also keeps the node's [`RouteTable`] ([`Partitioning::routes`]),
 //! rebuilt when membership, liveness, an address or what a node holds
 //! changes, which the `Counters` service forwards by.
+//!
+//! Lock order: this module's lock, then the core's (the engine's replica).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -46,10 +51,12 @@ use crate::crdt::ReplicaId;
 use crate::engine::{now_ms, Engine};
 use crate::lifecycle_file::{self, LifecycleFileError};
 use crate::partition::{
-    AdminRefusal, ClusterView, DrainStep, Holdings, Lifecycle, LifecycleRecord, MemberFacts,
-    NodeState, Partition, PartitionSet, PullScope, RouteTable, ViewSettings,
+    AdminRefusal, ClusterView, DrainStep, LifecycleRecord, MemberFacts, NodeState, Partition,
+    PartitionSet, PullScope, RouteTable, ViewSettings,
 };
 use crate::replica::PurgeStep;
+pub use tally_core::runtime::recovered_serving;
+use tally_core::runtime::{NodePartitions, PendingChange, Publication};
 
 /// Why an operator's drain or removal failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,55 +86,10 @@ fn ownership_input(view: &ClusterView, node: &crate::partition::NodeInfo) -> Own
 /// alive, its gRPC address, and the partitions it holds.
 type RouteInput = (OwnershipInput, bool, String, PartitionSet);
 
-struct Inner {
-    lifecycle: Lifecycle,
-    holdings: Holdings,
-    /// Whether `holdings` has had a view of the cluster: until then this
-    /// node serves only what it recovered, and knows no route.
-    has_view: bool,
-    /// What the replica was last told to serve, and to keep. `holdings`
-    /// changes between rounds too (a pull completes a copy), and only a
-    /// round persists, applies and publishes what it serves.
-    replica_scope: Option<ReplicaScope>,
-}
-
-/// The partitions a replica serves, and those it keeps (served, being
-/// copied in, or being handed away).
-type ReplicaScope = (PartitionSet, PartitionSet);
-
-/// Tells the replica what `holdings` serve and keep; returns it.
-fn scope_replica(core: &mut crate::replica::Replica, holdings: &Holdings) -> ReplicaScope {
-    let scope = (holdings.serving(), holdings.kept());
-    core.set_serving(Some(scope.0.clone()));
-    core.set_kept(Some(scope.1.clone()));
-    scope
-}
-
-/// The partitions a node recovers as served from its `LIFECYCLE` record:
-/// those the record names; every one for a directory of a build before
-/// handoff (the record names none, or there is no record but the store
-/// holds data: such a node stored every counter and may hold adds no other
-/// node has); none for a new directory.
-pub fn recovered_serving(
-    record: Option<&LifecycleRecord>,
-    partitions: crate::partition::PartitionCount,
-    store_has_data: bool,
-) -> PartitionSet {
-    match record {
-        Some(LifecycleRecord {
-            serving: Some(serving),
-            ..
-        }) => serving.clone(),
-        Some(_) => PartitionSet::full(partitions),
-        None if store_has_data => PartitionSet::full(partitions),
-        None => PartitionSet::empty(partitions),
-    }
-}
-
 /// The node's lifecycle and partition map, shared by the keeper and the
 /// Admin RPCs.
 pub struct Partitioning {
-    inner: Mutex<Inner>,
+    inner: Mutex<NodePartitions>,
     settings: ViewSettings,
     data_dir: PathBuf,
     node_name: String,
@@ -165,16 +127,16 @@ impl Partitioning {
         settings: ViewSettings,
         membership: Arc<MembershipHandle>,
     ) -> Arc<Partitioning> {
-        let mut lifecycle = Lifecycle::new(replica, node_name, region, record);
-        let holdings = Holdings::recover(
+        let partitions = NodePartitions::new(
+            replica,
             node_name,
             region,
-            settings.partitions,
+            record,
             serving,
             recovered_seq,
+            settings,
         );
-        lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
-        if lifecycle.state() == NodeState::Left {
+        if partitions.state() == NodeState::Left {
             tracing::error!(
                 replica = %replica,
                 "this node has left the cluster (drained, or removed by tally admin remove): it owns and holds no partition; \
@@ -182,12 +144,7 @@ impl Partitioning {
             );
         }
         let partitioning = Arc::new(Partitioning {
-            inner: Mutex::new(Inner {
-                lifecycle,
-                holdings,
-                has_view: false,
-                replica_scope: None,
-            }),
+            inner: Mutex::new(partitions),
             settings,
             data_dir,
             node_name: node_name.to_string(),
@@ -202,7 +159,7 @@ impl Partitioning {
         });
         {
             let inner = partitioning.lock();
-            partitioning.publish(&inner.lifecycle, &inner.holdings);
+            partitioning.publish(&inner.publication());
         }
         partitioning
     }
@@ -212,18 +169,14 @@ impl Partitioning {
     /// (it waited for its name's holders), so that a node that is alone, or
     /// whose seeds answered, is ready with its routes.
     pub fn start(&self, engine: &Engine) {
-        {
-            let mut inner = self.lock();
-            let scope = scope_replica(&mut engine.core(), &inner.holdings);
-            inner.replica_scope = Some(scope);
-        }
+        self.lock().start(&mut engine.core());
         self.handle_round(engine, self.membership.member_lifecycles());
     }
 
     /// Whether this node has had a view of the cluster to decide what it
     /// holds and where keys go (`/readyz` waits for it).
     pub fn has_view(&self) -> bool {
-        self.lock().has_view
+        self.lock().has_view()
     }
 
     /// The replicas removed from the cluster (`tally admin remove`, here
@@ -231,40 +184,33 @@ impl Partitioning {
     /// for good, so the fold keeper retires them. Takes this module's lock,
     /// which is taken before the core's: never call it holding the core.
     pub fn removed(&self) -> Vec<ReplicaId> {
-        self.lock().lifecycle.removed().iter().copied().collect()
+        self.lock().removed().iter().copied().collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, NodePartitions> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn publish(&self, lifecycle: &Lifecycle, holdings: &Holdings) {
+    fn publish(&self, publication: &Publication) {
         self.membership.publish_lifecycle(
-            lifecycle.state(),
-            lifecycle.removed(),
-            lifecycle.drain_requests(),
+            publication.state,
+            &publication.removed,
+            &publication.drain_requests,
         );
         self.membership
-            .publish_holding(&holdings.serving(), &holdings.releasing());
+            .publish_holding(&publication.serving, &publication.releasing);
     }
 
     /// What to pull from the node named `peer` now: the partitions it
     /// serves that this node keeps; `None` for a node that serves none.
     pub fn pull_scope(&self, peer: &str) -> Option<PullScope> {
-        self.lock().holdings.poll_pull_scope(peer)
+        self.lock().pull_scope(peer)
     }
 
     /// The names of the nodes worth pulling from now: those that serve a
     /// partition this node keeps (see [`Self::pull_scope`]).
     pub fn pull_sources(&self) -> BTreeSet<String> {
-        let inner = self.lock();
-        inner
-            .lifecycle
-            .representatives()
-            .into_iter()
-            .filter(|(name, _)| inner.holdings.poll_pull_scope(name).is_some())
-            .map(|(name, _)| name.to_string())
-            .collect()
+        self.lock().pull_sources()
     }
 
     /// A pull planned by [`Self::pull_scope`] (or a series of pulls that
@@ -279,97 +225,25 @@ impl Partitioning {
         read_from_scratch: &PartitionSet,
     ) {
         self.lock()
-            .holdings
             .handle_pulled(scope, served, through_seq, read_from_scratch);
-    }
-
-    /// Decides which released partitions go now (see
-    /// [`Holdings::poll_deletions`]), and stops serving them, under the
-    /// core's lock: their latest changes and quietness are read there, and
-    /// no add can land in a partition between the check and the replica's
-    /// refusal of it. Tracking each partition's latest change starts with
-    /// the first release (commits before count as changing every partition).
-    fn delete_released(&self, engine: &Engine, holdings: &mut Holdings) -> Vec<Partition> {
-        let releasing = holdings.releasing();
-        let receiving = holdings.receiving();
-        if releasing.is_empty() && receiving.is_empty() {
-            return Vec::new();
-        }
-        let count = self.settings.partitions;
-        let mut core = engine.core();
-        if !releasing.is_empty() {
-            let since = core.changes_durable_at();
-            core.track_partition_changes(count, since);
-        }
-        for partition in releasing.iter() {
-            if let Some(seq) = core.latest_change(partition) {
-                holdings.handle_change(partition, seq);
-            }
-        }
-        holdings.handle_durable(core.durable_seq());
-        let deleted = holdings.poll_deletions(|partition| core.partition_quiet(count, partition));
-        if !deleted.is_empty() {
-            scope_replica(&mut core, holdings);
-        }
-        deleted
-    }
-
-    /// Holds back from serving the partitions this node may not write yet
-    /// (its slots there wait for a fold, `replica/fold_scoped.rs`): caught
-    /// up, they stay receiving and the other owners serve them. With
-    /// `raise`, each caught up and held back first raises its applied fold
-    /// epoch past the records it holds no slot of (it was copied folded),
-    /// which opens the gate once the fold of its own slots is behind it.
-    fn hold_back_gated(&self, engine: &Engine, holdings: &mut Holdings, raise: bool) {
-        let all = PartitionSet::full(self.settings.partitions);
-        let mut core = engine.core();
-        if raise {
-            for partition in holdings.caught_up_held_back() {
-                let epoch = core.raise_copied(partition);
-                tracing::debug!(
-                    partition = partition.0,
-                    epoch,
-                    "a partition copied in waits for this node's write gate"
-                );
-            }
-        }
-        holdings.set_held_back(core.write_gated(&all));
     }
 
     /// The confirmations to ask for now: per owner, the partitions this
     /// node releases that it has not confirmed through their latest change.
     pub fn confirm_requests(&self) -> BTreeMap<String, PartitionSet> {
-        let inner = self.lock();
-        let mut requests: BTreeMap<String, PartitionSet> = BTreeMap::new();
-        for request in inner.holdings.poll_confirm_requests() {
-            requests
-                .entry(request.owner)
-                .or_insert_with(|| PartitionSet::empty(self.settings.partitions))
-                .insert(request.partition);
-        }
-        requests
+        self.lock().confirm_requests()
     }
 
     /// Answers node `asker`, which releases `partitions`: for each that this
     /// node holds up to date and has pulled from the asker, the asker's
     /// sequence it pulled through.
     pub fn answer_confirms(&self, asker: &str, partitions: &PartitionSet) -> Vec<(Partition, u64)> {
-        let inner = self.lock();
-        partitions
-            .iter()
-            .filter_map(|partition| {
-                let seq = inner.holdings.answer_confirm(partition, asker)?;
-                Some((partition, seq))
-            })
-            .collect()
+        self.lock().answer_confirms(asker, partitions)
     }
 
     /// Owner `owner`'s answers (partitions it left out are not confirmed).
     pub fn handle_confirms(&self, owner: &str, answers: &[(Partition, u64)]) {
-        let mut inner = self.lock();
-        for (partition, seq) in answers {
-            inner.holdings.handle_confirm(*partition, owner, Some(*seq));
-        }
+        self.lock().handle_confirms(owner, answers);
     }
 
     /// One bounded step of the purge of partitions no longer kept (see
@@ -382,31 +256,17 @@ impl Partitioning {
         limit: usize,
     ) -> Result<Option<PurgeStep>, crate::replica::StorageError> {
         let inner = self.lock();
-        if !inner.has_view {
+        if !inner.has_view() {
             return Ok(None);
         }
-        let kept = inner.holdings.kept();
-        let count = self.settings.partitions;
         let store = engine.store().clone();
         let mut core = engine.core();
-        if !core.purging() {
-            return Ok(None);
-        }
-        core.poll_purge(now_ms(), &*store, limit, |key| {
-            kept.contains(count.of_key(key.as_bytes()))
-        })
-        .map(Some)
+        inner.purge_step(now_ms(), &mut core, &*store, limit)
     }
 
     /// Partitions held here per state, for status: (serving, receiving, releasing).
     pub fn holdings(&self) -> (PartitionSet, PartitionSet, PartitionSet) {
-        let inner = self.lock();
-        let holdings = &inner.holdings;
-        (
-            holdings.serving(),
-            holdings.receiving(),
-            holdings.releasing(),
-        )
+        self.lock().holdings()
     }
 
     /// The settings views are built with.
@@ -426,20 +286,15 @@ impl Partitioning {
 
     /// This node's state.
     pub fn state(&self) -> NodeState {
-        self.lock().lifecycle.state()
+        self.lock().state()
     }
 
     /// The cluster as this node sees it now, with each node's replica id and
     /// gRPC address (this node's included), by name.
     pub fn view(&self) -> (ClusterView, BTreeMap<String, (ReplicaId, String)>) {
         let inner = self.lock();
-        let view = inner.lifecycle.view(now_ms(), self.settings);
-        let mut endpoints: BTreeMap<String, (ReplicaId, String)> = inner
-            .lifecycle
-            .representatives()
-            .into_iter()
-            .map(|(name, member)| (name.to_string(), (member.replica, member.grpc_addr.clone())))
-            .collect();
+        let view = inner.view(now_ms());
+        let mut endpoints = inner.endpoints();
         endpoints.insert(
             self.node_name.clone(),
             (self.replica, self.grpc_addr.clone()),
@@ -447,31 +302,25 @@ impl Partitioning {
         (view, endpoints)
     }
 
-    /// Applies `change` to a copy of the lifecycle, persists the copy's
-    /// record if it changed, then keeps and publishes it: a change that
-    /// cannot be persisted is not made.
+    /// Persists the record of the core's pending `change` if it changed,
+    /// then publishes and commits it: a change that cannot be persisted is
+    /// not made (dropping a pending change changes nothing).
     fn change<T>(
         &self,
-        change: impl FnOnce(&mut Lifecycle) -> Result<T, LifecycleError>,
+        change: impl FnOnce(&mut NodePartitions) -> Result<PendingChange<'_, T>, AdminRefusal>,
     ) -> Result<T, LifecycleError> {
         let mut inner = self.lock();
-        let mut next = inner.lifecycle.clone();
-        let outcome = change(&mut next)?;
-        if next.record() != inner.lifecycle.record() {
-            lifecycle_file::store(&self.data_dir, &next.record())?;
+        let pending = change(&mut inner)?;
+        if let Some(record) = pending.record_to_persist() {
+            lifecycle_file::store(&self.data_dir, &record)?;
         }
-        self.publish(&next, &inner.holdings);
-        inner.lifecycle = next;
-        Ok(outcome)
+        self.publish(&pending.publication());
+        Ok(pending.commit())
     }
 
     /// `tally admin drain NODE`.
     pub fn drain(&self, node: &str) -> Result<DrainStep, LifecycleError> {
-        let settings = self.settings;
-        let step = self.change(|lifecycle| {
-            let view = lifecycle.view(now_ms(), settings);
-            Ok(lifecycle.handle_drain(node, &view)?)
-        })?;
+        let step = self.change(|partitions| partitions.drain(now_ms(), node))?;
         if step == DrainStep::DrainingNow {
             tracing::info!(node = %node, "draining: this node owns no partition from now on");
         }
@@ -480,11 +329,7 @@ impl Partitioning {
 
     /// `tally admin remove NODE`: returns the replicas newly removed.
     pub fn remove(&self, node: &str) -> Result<Vec<ReplicaId>, LifecycleError> {
-        let settings = self.settings;
-        let removed = self.change(|lifecycle| {
-            let view = lifecycle.view(now_ms(), settings);
-            Ok(lifecycle.handle_remove(node, &view)?)
-        })?;
+        let removed = self.change(|partitions| partitions.remove(now_ms(), node))?;
         for replica in &removed {
             tracing::info!(node = %node, %replica, "node removed by an operator: it owns no partition from now on");
         }
@@ -554,77 +399,36 @@ impl Partitioning {
 
     /// The state `node` publishes, as this node last heard it.
     pub fn published_state(&self, replica: ReplicaId) -> Option<NodeState> {
-        self.lock()
-            .lifecycle
-            .members()
-            .iter()
-            .find(|member| member.replica == replica)
-            .map(|member| member.state)
+        self.lock().published_state(replica)
     }
 
-    /// One round: the members' facts in; once the node has heard the
-    /// cluster, the view to the holdings; the record persisted if it
-    /// changed, the served partitions handed to the replica, the lifecycle
-    /// and holdings published; the routes and metrics updated.
+    /// One round: the members' facts to the core's round; its record
+    /// persisted if it changed (or nothing changes: the next round retries),
+    /// then the round committed (the replica told what it serves), the
+    /// lifecycle and holdings published; the routes and metrics updated.
     fn handle_round(&self, engine: &Engine, members: Vec<MemberFacts>) {
         let heard = self.membership.has_heard_the_cluster();
         let durable_seq = *engine.durable_seq().borrow();
-        let (before, after, deleted) = {
+        let outcome = {
             let mut inner = self.lock();
-            let before = inner.lifecycle.state();
-            let now = now_ms();
-            let mut lifecycle = inner.lifecycle.clone();
-            let mut holdings = inner.holdings.clone();
-            // A joining node is caught up once it receives nothing more.
-            let caught_up = inner.has_view && holdings.receiving().is_empty();
-            lifecycle.handle_members(now, members, caught_up);
-            let mut deleted = Vec::new();
-            if heard {
-                holdings.handle_durable(durable_seq);
-                // Against the last round's view, which the routes in use
-                // were built from: a partition goes only once they send
-                // its keys to owners that hold it (see `poll_deletions`).
-                deleted = self.delete_released(engine, &mut holdings);
-                if !deleted.is_empty() {
-                    // The replica was told at once (see `delete_released`).
-                    inner.replica_scope = Some((holdings.serving(), holdings.kept()));
-                }
-                self.hold_back_gated(engine, &mut holdings, false);
-                holdings.handle_view(&lifecycle.view(now, self.settings));
-                self.hold_back_gated(engine, &mut holdings, true);
-                lifecycle.set_own_holding(holdings.serving(), holdings.releasing());
-                lifecycle.handle_drained(inner.has_view && holdings.kept().is_empty());
-            }
-            if lifecycle.record() != inner.lifecycle.record() {
-                if let Err(error) = lifecycle_file::store(&self.data_dir, &lifecycle.record()) {
+            let pending =
+                inner.handle_round(now_ms(), members, heard, durable_seq, &mut engine.core());
+            if let Some(record) = pending.record_to_persist() {
+                if let Err(error) = lifecycle_file::store(&self.data_dir, &record) {
                     tracing::error!(%error, "cannot persist this node's lifecycle; retrying next round");
                     return;
                 }
             }
-            let scope = (holdings.serving(), holdings.kept());
-            if inner.replica_scope.as_ref() != Some(&scope) {
-                inner.replica_scope = Some(scope_replica(&mut engine.core(), &holdings));
-            }
-            self.publish(&lifecycle, &holdings);
-            let after = lifecycle.state();
-            // What is stored of a partition goes only once the record no
-            // longer names it as served: a restart never serves a
-            // partition half purged. The first view purges what a crash
-            // left of partitions no longer kept.
-            let first_view = heard && !inner.has_view;
-            if !deleted.is_empty() || (first_view && !holdings.kept().is_full()) {
-                engine.core().start_purge();
-            }
-            inner.lifecycle = lifecycle;
-            inner.holdings = holdings;
-            inner.has_view |= heard;
-            (before, after, deleted)
+            let outcome = pending.commit(&mut engine.core());
+            self.publish(&outcome.publication);
+            outcome
         };
+        let deleted = &outcome.deleted;
         if !deleted.is_empty() {
             let deleted: Vec<String> = deleted.iter().map(|p| p.0.to_string()).collect();
             tracing::info!(partitions = %deleted.join(","), "partitions handed off: every owner confirmed holding this node's changes of them (or they were copies only); no longer served here, their counters are being deleted");
         }
-        if before != after {
+        if let Some((before, after)) = outcome.state_change {
             tracing::info!(from = %before, to = %after, "lifecycle state changed");
         }
         let (serving, receiving, releasing) = self.holdings();
@@ -698,34 +502,4 @@ pub fn spawn_lifecycle_keeper(
             partitioning.handle_round(&engine, members);
         }
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::partition::{Partition, PartitionCount};
-
-    #[test]
-    fn a_directory_serves_what_its_record_names_or_everything_it_held_before_handoff() {
-        let count = PartitionCount::new(8).unwrap();
-        let mut named = PartitionSet::empty(count);
-        named.insert(Partition(5));
-        let record = |serving: Option<PartitionSet>| LifecycleRecord {
-            state: NodeState::Active,
-            removed: Default::default(),
-            serving,
-        };
-        let with = record(Some(named.clone()));
-        assert_eq!(recovered_serving(Some(&with), count, true), named);
-        let before_handoff = record(None);
-        assert!(recovered_serving(Some(&before_handoff), count, false).is_full());
-        assert!(
-            recovered_serving(None, count, true).is_full(),
-            "data, no record"
-        );
-        assert!(
-            recovered_serving(None, count, false).is_empty(),
-            "a new directory"
-        );
-    }
 }
