@@ -27,6 +27,7 @@ mod clients;
 mod events;
 mod node;
 pub mod plan;
+pub mod scoped;
 mod sync;
 mod world;
 

@@ -1,0 +1,253 @@
+//! The node's model of a partitioned node, for the simulator to drive
+//! (issue 42, item 2): one scoped `Replica` on one `MemoryStore`, the
+//! partitions it receives, serves and releases decided by tally-core's
+//! [`NodePartitions`] round, its `LIFECYCLE` record kept as the node keeps
+//! it, pulls shaped by [`CopySessions`] and reported once what they merged
+//! is durable, confirmations asked and answered, and the purge of what is
+//! no longer kept, in the order `tally-node`'s shell does each.
+//!
+//! Not wired into the partitioned world yet: `world.rs` still runs one
+//! replica per held partition (`node.rs`). This is the node it is to run
+//! instead; the tests below drive a few of them over instant messages.
+//!
+//! Invariants (the shell's, kept here): a round's record is stored before
+//! the round is committed, and a round whose record cannot be stored
+//! changes nothing; a pull is reported to the partitions only once every
+//! change it merged is durable here; a released partition goes only once
+//! every owner confirmed it.
+
+use tally_core::runtime::copy_sessions::{CopySessions, PullOutcome};
+use tally_core::runtime::{recovered_serving, NodePartitions, RoundOutcome};
+use tally_node::crdt::ReplicaId;
+use tally_node::partition::{LifecycleRecord, MemberFacts, ViewSettings};
+use tally_node::replica::{establish, PullRequest, Replica, ReplicaConfig};
+use tally_node::store::{MemoryStore, Store};
+
+use crate::world::CLUSTER;
+
+/// The most bytes one chunk of a pull carries.
+const CHUNK_BYTES: usize = 64 << 10;
+
+/// One node as `tally-node` runs it (see the module documentation).
+pub struct ScopedNode {
+    /// Its node name.
+    pub name: String,
+    /// Its replica: the one core of the node, scoped by partition.
+    pub core: Replica,
+    /// Its disk.
+    pub store: MemoryStore,
+    /// Its lifecycle and holdings.
+    pub partitions: NodePartitions,
+    /// Its copy sessions, one per peer.
+    pub sessions: CopySessions,
+    /// Its `LIFECYCLE` file (`None`: a new directory).
+    pub record: Option<LifecycleRecord>,
+    /// Whether storing the record fails (a full or broken disk).
+    pub record_fails: bool,
+    settings: ViewSettings,
+}
+
+fn config() -> ReplicaConfig {
+    ReplicaConfig {
+        cluster_id: CLUSTER.into(),
+        ..Default::default()
+    }
+}
+
+impl ScopedNode {
+    /// A node on a new data directory: it joins.
+    pub fn new(name: &str, region: &str, id: u64, settings: ViewSettings, now: u64) -> Self {
+        let identity = establish(None, region, id).expect("simulated region names are valid");
+        let store = MemoryStore::new(identity.clone());
+        let recovered = store.recover(now).expect("a new memory store recovers");
+        let core = Replica::open(identity, config(), recovered, now);
+        Self::start(name, core, store, None, settings)
+    }
+
+    fn start(
+        name: &str,
+        mut core: Replica,
+        store: MemoryStore,
+        record: Option<LifecycleRecord>,
+        settings: ViewSettings,
+    ) -> Self {
+        core.peers_mut()
+            .set_own_partitions(settings.partitions.get());
+        let identity = core.identity().clone();
+        let serving = recovered_serving(record.as_ref(), settings.partitions, false);
+        let mut partitions = NodePartitions::new(
+            identity.replica,
+            name,
+            &identity.region,
+            record.clone(),
+            &serving,
+            core.durable_seq(),
+            settings,
+        );
+        partitions.start(&mut core);
+        ScopedNode {
+            name: name.to_string(),
+            core,
+            store,
+            partitions,
+            sessions: CopySessions::default(),
+            record,
+            record_fails: false,
+            settings,
+        }
+    }
+
+    /// Kills the node and starts it again on what its disk flushed, with
+    /// its stored record.
+    pub fn restart(self, now: u64) -> Self {
+        self.store.crash();
+        let recovered = self.store.recover(now).expect("the memory store recovers");
+        let core = Replica::open(self.store.identity().clone(), config(), recovered, now);
+        Self::start(&self.name, core, self.store, self.record, self.settings)
+    }
+
+    /// Its replica id.
+    pub fn id(&self) -> ReplicaId {
+        self.core.identity().replica
+    }
+
+    /// What gossip says of it, as the others hear it.
+    pub fn facts(&self) -> MemberFacts {
+        let publication = self.partitions.publication();
+        MemberFacts {
+            replica: self.id(),
+            name: self.name.clone(),
+            region: self.core.identity().region.clone(),
+            grpc_addr: self.name.clone(),
+            alive: true,
+            state: publication.state,
+            removed: publication.removed,
+            drain_requests: publication.drain_requests,
+            holding: Some(publication.serving),
+            releasing: Some(publication.releasing),
+        }
+    }
+
+    /// One lifecycle round, as the shell runs it: the record stored if it
+    /// changed (`None`, and nothing changed, when that fails), then the
+    /// round committed.
+    pub fn round(&mut self, now: u64, members: Vec<MemberFacts>) -> Option<RoundOutcome> {
+        let durable_seq = self.core.durable_seq();
+        let pending = self
+            .partitions
+            .handle_round(now, members, true, durable_seq, &mut self.core);
+        if let Some(record) = pending.record_to_persist() {
+            if self.record_fails {
+                return None;
+            }
+            self.record = Some(record);
+        }
+        Some(pending.commit(&mut self.core))
+    }
+
+    /// Writes and flushes one group commit; returns its sequence.
+    pub fn commit(&mut self) -> Option<u64> {
+        let batch = self.core.poll_commit()?;
+        self.store.write(&batch).expect("the memory store writes");
+        self.store.flush().expect("the memory store flushes");
+        self.core.handle_commit_done(batch.seq);
+        Some(batch.seq)
+    }
+
+    /// Commits until nothing waits.
+    pub fn commit_all(&mut self) {
+        while self.commit().is_some() {}
+    }
+
+    /// Runs the purge of what is no longer kept to its end; returns the
+    /// stored counters it looked at (0: no purge ran).
+    pub fn purge(&mut self, now: u64) -> usize {
+        let mut visited = 0;
+        while let Some(step) = self
+            .partitions
+            .purge_step(now, &mut self.core, &self.store, 256)
+            .expect("the memory store reads")
+        {
+            visited += step.visited;
+            self.commit_all();
+            if step.done {
+                break;
+            }
+        }
+        visited
+    }
+}
+
+/// One pull of `puller` from `source`, as the anti-entropy loop makes it:
+/// the scope the partitions ask for, fitted by the copy sessions, chunk by
+/// chunk to the source's durable sequence; reported once what it merged is
+/// durable. Returns whether it was reported.
+pub fn pull(now: u64, puller: &mut ScopedNode, source: &ScopedNode) -> bool {
+    let Some(scope) = puller.partitions.pull_scope(&source.name) else {
+        return false;
+    };
+    let peer = source.id();
+    let book = puller.core.peers();
+    let mut request = PullRequest {
+        cluster_id: CLUSTER.into(),
+        caller: puller.id(),
+        expected: Some(peer),
+        after: book.watermark(peer),
+        max_bytes: CHUNK_BYTES,
+        directory_digest: book.directory_digest(peer),
+        protocol: book.own_protocol(),
+        deltas_after: Some(book.delta_watermark(peer)),
+        records_from: Some(book.records_watermark(peer)),
+        scope: None,
+    };
+    let scope = puller.sessions.prepare(now, peer, &scope, &mut request);
+    let mut outcome = PullOutcome::default();
+    loop {
+        let chunk = source
+            .core
+            .handle_pull(&source.store, &request)
+            .expect("a member's pull is served");
+        let (served, through, last) = (chunk.served.clone(), chunk.next.seq, chunk.is_last());
+        request.after = chunk.next.clone();
+        request.deltas_after = chunk.deltas_next.clone();
+        request.records_from = chunk.records_next;
+        puller
+            .core
+            .handle_pull_chunk(now, &puller.store, peer, chunk)
+            .expect("a member's chunk merges");
+        outcome.add_chunk(served.as_ref(), through, last);
+        if last {
+            break;
+        }
+    }
+    let Some((scope, served, through, read_from_scratch)) =
+        puller.sessions.finish(peer, &scope, &outcome)
+    else {
+        return false;
+    };
+    // What it merged is durable before the partitions hear of it.
+    puller.commit_all();
+    puller
+        .partitions
+        .handle_pulled(&scope, &served, through, &read_from_scratch);
+    true
+}
+
+/// `asker` asks each owner to confirm what it releases, as `release.rs`
+/// does; returns the confirmations it got.
+pub fn confirm(asker: &mut ScopedNode, owners: &[&ScopedNode]) -> usize {
+    let mut confirmed = 0;
+    for (owner, partitions) in asker.partitions.confirm_requests() {
+        let Some(node) = owners.iter().find(|node| node.name == owner) else {
+            continue;
+        };
+        let answers = node.partitions.answer_confirms(&asker.name, &partitions);
+        confirmed += answers.len();
+        asker.partitions.handle_confirms(&owner, &answers);
+    }
+    confirmed
+}
+
+#[cfg(test)]
+#[path = "scoped_tests.rs"]
+mod tests;
