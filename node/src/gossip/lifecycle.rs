@@ -612,7 +612,12 @@ impl Partitioning {
             // partition half purged. The first view purges what a crash
             // left of partitions no longer kept.
             let first_view = heard && !inner.has_view;
-            if !deleted.is_empty() || (first_view && !holdings.kept().is_full()) {
+            // A node that drains or has left never owns a partition again:
+            // its purge drops its own slots too, those kept before included.
+            let departing = engine
+                .core()
+                .set_departing(!lifecycle.state().takes_ownership());
+            if !deleted.is_empty() || departing || (first_view && !holdings.kept().is_full()) {
                 engine.core().start_purge();
             }
             inner.lifecycle = lifecycle;
