@@ -82,6 +82,19 @@ impl<'a> Comments<'a> {
         paragraphs
     }
 
+    /// The comment of child `number` (a field, an enum value, a method) of
+    /// the element at `parent`, as one table cell.
+    fn of_child(
+        &self,
+        parent: &[i32],
+        number: usize,
+        what: &str,
+        problems: &mut Vec<String>,
+    ) -> String {
+        let path = [parent, &[CHILD, number as i32]].concat();
+        cell(&self.of_element(&path, what, problems))
+    }
+
     /// The file's header: the comments above its `syntax` line (attached
     /// to it or apart from it by a blank line).
     fn header(&self, problems: &mut Vec<String>) -> Vec<String> {
@@ -99,6 +112,19 @@ impl<'a> Comments<'a> {
             problems.push(format!("{}: no comment above `syntax`", self.file));
         }
         paragraphs
+    }
+}
+
+/// A heading (`###`), the element's comment and the head of its table
+/// (none when empty).
+fn open_section(out: &mut String, heading: &str, about: &[String], table_head: &str) {
+    out.push_str(&format!("### {heading}\n\n"));
+    for paragraph in about {
+        out.push_str(&format!("{paragraph}\n\n"));
+    }
+    if !table_head.is_empty() {
+        out.push_str(table_head);
+        out.push('\n');
     }
 }
 
@@ -146,27 +172,25 @@ fn render_files(files: &[FileDescriptorProto]) -> Result<String, Undocumented> {
         for (index, service) in file.service.iter().enumerate() {
             let path = [FILE_SERVICE, index as i32];
             let name = service.name();
-            out.push_str(&format!("### Service `tally.v1.{name}`\n\n"));
-            for paragraph in comments.of_element(&path, &format!("service {name}"), &mut problems) {
-                out.push_str(&format!("{paragraph}\n\n"));
-            }
-            out.push_str("| RPC | request | answer | what it does |\n|---|---|---|---|\n");
+            let about = comments.of_element(&path, &format!("service {name}"), &mut problems);
+            let head = "| RPC | request | answer | what it does |\n|---|---|---|---|";
+            open_section(
+                &mut out,
+                &format!("Service `tally.v1.{name}`"),
+                &about,
+                head,
+            );
             for (number, method) in service.method.iter().enumerate() {
                 let what = format!("rpc {name}.{}", method.name());
-                let text = comments.of_element(
-                    &[&path[..], &[CHILD, number as i32]].concat(),
-                    &what,
-                    &mut problems,
-                );
+                let text = comments.of_child(&path, number, &what, &mut problems);
                 let stream = |streaming: bool| if streaming { "stream " } else { "" };
                 out.push_str(&format!(
-                    "| `{}` | {}{} | {}{} | {} |\n",
+                    "| `{}` | {}{} | {}{} | {text} |\n",
                     method.name(),
                     stream(method.client_streaming()),
                     type_link(method.input_type()),
                     stream(method.server_streaming()),
                     type_link(method.output_type()),
-                    cell(&text)
                 ));
             }
             out.push('\n');
@@ -177,23 +201,16 @@ fn render_files(files: &[FileDescriptorProto]) -> Result<String, Undocumented> {
         for (index, enumeration) in file.enum_type.iter().enumerate() {
             let path = [FILE_ENUM, index as i32];
             let name = enumeration.name();
-            out.push_str(&format!("### `{name}`\n\n"));
-            for paragraph in comments.of_element(&path, &format!("enum {name}"), &mut problems) {
-                out.push_str(&format!("{paragraph}\n\n"));
-            }
-            out.push_str("| value | number | meaning |\n|---|--:|---|\n");
+            let about = comments.of_element(&path, &format!("enum {name}"), &mut problems);
+            let head = "| value | number | meaning |\n|---|--:|---|";
+            open_section(&mut out, &format!("`{name}`"), &about, head);
             for (number, value) in enumeration.value.iter().enumerate() {
                 let what = format!("enum value {name}.{}", value.name());
-                let text = comments.of_element(
-                    &[&path[..], &[CHILD, number as i32]].concat(),
-                    &what,
-                    &mut problems,
-                );
+                let text = comments.of_child(&path, number, &what, &mut problems);
                 out.push_str(&format!(
-                    "| `{}` | {} | {} |\n",
+                    "| `{}` | {} | {text} |\n",
                     value.name(),
-                    value.number(),
-                    cell(&text)
+                    value.number()
                 ));
             }
             out.push('\n');
@@ -229,26 +246,20 @@ fn render_message(
             nested.name()
         ));
     }
-    out.push_str(&format!("### `{name}`\n\n"));
-    for paragraph in comments.of_element(&path, &format!("message {name}"), problems) {
-        out.push_str(&format!("{paragraph}\n\n"));
-    }
-    if !message.field.is_empty() {
-        out.push_str("| field | number | type | meaning |\n|---|--:|---|---|\n");
-    }
+    let about = comments.of_element(&path, &format!("message {name}"), problems);
+    let head = match message.field.is_empty() {
+        true => "",
+        false => "| field | number | type | meaning |\n|---|--:|---|---|",
+    };
+    open_section(out, &format!("`{name}`"), &about, head);
     for (number, field) in message.field.iter().enumerate() {
         let what = format!("field {name}.{}", field.name());
-        let text = comments.of_element(
-            &[&path[..], &[CHILD, number as i32]].concat(),
-            &what,
-            problems,
-        );
+        let text = comments.of_child(&path, number, &what, problems);
         out.push_str(&format!(
-            "| `{}` | {} | {} | {} |\n",
+            "| `{}` | {} | {} | {text} |\n",
             field.name(),
             field.number(),
             field_type(message, field),
-            cell(&text)
         ));
     }
     let reserved: Vec<String> = message
@@ -303,11 +314,11 @@ mod tests {
     #[test]
     fn the_checked_in_page_is_what_the_protos_render() {
         let rendered = render().unwrap_or_else(|error| panic!("{error}"));
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/src/reference/grpc.md");
-        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(
-            checked_in == rendered,
-            "{PAGE} differs from proto/tally/v1/*.proto; regenerate it from the repository root with:\n    {REGENERATE}"
+        crate::config_reference::tests::assert_checked_in(
+            PAGE,
+            &rendered,
+            "proto/tally/v1/*.proto",
+            REGENERATE,
         );
     }
 
