@@ -13,6 +13,10 @@
 3. No page but the benchmarks pages and the changelog names a commit hash
    (7 or 40 hex digits), a date, a session, a stop or an issue number: those
    are history, which lives in CHANGELOG.md and on the benchmarks pages.
+4. The benchmarks page's generated section (between `<!-- compare:begin -->`
+   and `<!-- compare:end -->`) is exactly what `deploy/bench/compare
+   --write-docs` wrote (deploy/bench/docs_section.py: its header line holds a
+   checksum of the section), so a hand edit there fails.
 
 Exits 1 and prints one line per problem. Run from anywhere:
 `python3 docs/check_links.py`.
@@ -24,6 +28,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "docs" / "src"
+
+# The generated section's format has one home, beside the script that writes it.
+sys.dont_write_bytecode = True
+sys.path.insert(0, str(ROOT / "deploy" / "bench"))
+import docs_section  # noqa: E402
 
 # Pages (relative to the repository) allowed to hold history.
 HISTORY_ALLOWED = ("docs/src/benchmarks/", "docs/src/changelog.md", "CHANGELOG.md")
@@ -170,6 +179,7 @@ def main():
     for page in sorted(SRC.rglob("*.md")):
         if page.name != "SUMMARY.md" and page.resolve() not in listed:
             problems.append(f"{rel(page)}: not listed in docs/src/SUMMARY.md")
+    problems += docs_section.problems((ROOT / docs_section.PAGE).read_text(encoding="utf-8"))
     for problem in problems:
         print(problem)
     if problems:

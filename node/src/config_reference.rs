@@ -199,20 +199,32 @@ fn page(sections: &[(String, Vec<Row>)]) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// Fails, saying how to regenerate it, when the checked-in `page` (a
+    /// path in the repository) is not `rendered` from `source`. The gRPC
+    /// reference's test uses it too.
+    #[track_caller]
+    pub(crate) fn assert_checked_in(page: &str, rendered: &str, source: &str, regenerate: &str) {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(page);
+        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            checked_in == rendered,
+            "{page} differs from {source}; regenerate it from the repository root with:\n    {regenerate}"
+        );
+    }
 
     #[test]
     fn the_checked_in_page_is_what_the_code_renders() {
         let rendered = render().unwrap_or_else(|error| panic!("{error}"));
-        let path = concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../docs/src/reference/configuration.md"
-        );
-        let checked_in = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(
-            checked_in == rendered,
-            "{PAGE} differs from the settings in node/src/config.rs; regenerate it from the repository root with:\n    {REGENERATE}"
+        assert_checked_in(
+            PAGE,
+            &rendered,
+            "the settings in node/src/config.rs",
+            REGENERATE,
         );
     }
 

@@ -2,6 +2,7 @@
 //! for trying Tally out. Each node is a full node (its own sled store, gRPC and
 //! HTTP servers, gossip and anti-entropy), with its data under one folder.
 
+use crate::http::index::DEMO_KEY;
 use std::path::PathBuf;
 
 use crate::config::{parse_duration, Settings};
@@ -143,8 +144,10 @@ pub struct BannerNode {
     pub http_addr: std::net::SocketAddr,
 }
 
-/// The counter the banner's examples use (the demo page shows it too).
-const EXAMPLE_KEY: &str = "post:1:likes";
+/// The counter the banner's examples add to (a post's views). The demo
+/// page shows the post's like set, [`DEMO_KEY`], which the README's first
+/// like (`tally like post:1 sam`) fills.
+const EXAMPLE_KEY: &str = "post:1:views";
 
 /// What `tally-node dev` prints once every node serves: per node, its gRPC
 /// endpoint (the CLI's and the client library's) and what its HTTP port
@@ -167,7 +170,7 @@ pub fn banner(regions: u16, dir: &std::path::Path, nodes: &[BannerNode]) -> Stri
         let _ = writeln!(text, "    http api  {http}/v1/");
         let _ = writeln!(text, "    openapi   {http}/v1/openapi.json");
         let _ = writeln!(text, "    status    {http}/status");
-        let _ = writeln!(text, "    demo      {http}/demo/{EXAMPLE_KEY}");
+        let _ = writeln!(text, "    demo      {http}/demo/{DEMO_KEY}");
         let _ = writeln!(text, "    metrics   {http}/metrics");
     }
     if let (Some(first), Some(last)) = (nodes.first(), nodes.last()) {
@@ -180,6 +183,11 @@ pub fn banner(regions: u16, dir: &std::path::Path, nodes: &[BannerNode]) -> Stri
             text,
             "      tally --endpoint http://{} get {EXAMPLE_KEY} --breakdown",
             last.grpc_addr
+        );
+        let _ = writeln!(
+            text,
+            "      tally --endpoint http://{} like {DEMO_KEY} sam   # the heart on the demo page fills",
+            first.grpc_addr
         );
         let _ = writeln!(
             text,

@@ -18,6 +18,7 @@ pub mod dev;
 pub mod engine;
 pub mod fold_keeper;
 pub mod gossip;
+pub mod grpc_reference;
 pub mod hex;
 pub mod http;
 pub mod lifecycle_file;

@@ -33,6 +33,10 @@ enum Command {
     /// docs/src/reference/configuration.md holds.
     #[command(hide = true)]
     ConfigReference,
+    /// Prints the gRPC API reference (every service, RPC, message and enum of
+    /// proto/tally/v1, with its comments, as Markdown) that docs/src/reference/grpc.md holds.
+    #[command(hide = true)]
+    GrpcReference,
 }
 
 #[derive(clap::Args, Debug)]
@@ -97,6 +101,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Healthcheck(args)) => healthcheck(&args),
         Some(Command::ConfigReference) => {
             print!("{}", tally_node::config_reference::render()?);
+            Ok(())
+        }
+        Some(Command::GrpcReference) => {
+            print!("{}", tally_node::grpc_reference::render()?);
             Ok(())
         }
         Some(Command::Restore(args)) => {

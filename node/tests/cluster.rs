@@ -527,7 +527,7 @@ async fn the_dev_cluster_runs_three_regions_from_one_command() {
             ("http api", "/v1/"),
             ("openapi", "/v1/openapi.json"),
             ("status", "/status"),
-            ("demo", "/demo/post:1:likes"),
+            ("demo", "/demo/post:1"),
             ("metrics", "/metrics"),
         ] {
             let url = format!("{http}{path}");

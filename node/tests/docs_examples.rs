@@ -10,7 +10,10 @@
 //! `localhost:71NN` of an example becomes the cluster's base port plus NN,
 //! and `TALLY_ENDPOINT` (which `tally` reads when no `--endpoint` is given)
 //! names the first node. `curl` fails on an HTTP error (`--fail-with-body`)
-//! so an example that is refused fails here. Unmarked shell blocks (hosts,
+//! so an example that is refused fails here, and ends each answer with a
+//! newline (the JSON API's answers have none), as pages show them one a
+//! line. An example whose page shows its output (a ```` ```text ```` block
+//! below it) must print that output. Unmarked shell blocks (hosts,
 //! containers, synopses with placeholders, the cluster itself) are counted
 //! and listed as skipped.
 
@@ -23,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use blocks::{shell_blocks, Run};
+use blocks::{output_matches, shell_blocks, Block, Run};
 
 /// The longest one example may run before it is stopped and fails.
 const EXAMPLE_LIMIT: Duration = Duration::from_secs(120);
@@ -36,7 +39,7 @@ fn every_marked_shell_example_of_the_docs_runs_against_a_dev_cluster() {
     let cluster = DevCluster::start(scratch.path(), base);
     let shell = Shell::new(scratch.path(), base);
 
-    let (mut ran, mut skipped) = (Vec::new(), Vec::new());
+    let (mut ran, mut skipped, mut checked) = (Vec::new(), Vec::new(), 0);
     for page in blocks::pages(&root) {
         let name = page.strip_prefix(&root).unwrap().display().to_string();
         let text = std::fs::read_to_string(&page).unwrap();
@@ -47,7 +50,8 @@ fn every_marked_shell_example_of_the_docs_runs_against_a_dev_cluster() {
             match block.run {
                 Run::Skipped => skipped.push(block.place),
                 Run::ToTheEnd => {
-                    shell.run_to_the_end(&block.place, &script, &cluster);
+                    shell.run_to_the_end(&block, &script, &cluster);
+                    checked += usize::from(block.output.is_some());
                     ran.push(block.place);
                 }
                 Run::Background => {
@@ -58,7 +62,10 @@ fn every_marked_shell_example_of_the_docs_runs_against_a_dev_cluster() {
         }
         drop(background);
     }
-    println!("ran {} shell example(s):", ran.len());
+    println!(
+        "ran {} shell example(s), {checked} of them with the output their page shows:",
+        ran.len()
+    );
     for place in &ran {
         println!("  ran      {place}");
     }
@@ -83,6 +90,10 @@ fn every_marked_shell_example_of_the_docs_runs_against_a_dev_cluster() {
             "no example of {page} ran: mark its runnable examples with <!-- doc-test -->"
         );
     }
+    assert!(
+        checked >= 3,
+        "only {checked} example(s) show their output: the README's should"
+    );
 }
 
 /// `tally-node dev` as the quick start runs it, on `base` and the ports above.
@@ -181,7 +192,9 @@ impl Shell {
         let shim = shims.join("curl");
         std::fs::write(
             &shim,
-            format!("#!/bin/sh\nexec {real_curl} --silent --show-error --fail-with-body \"$@\"\n"),
+            format!(
+                "#!/bin/sh\nexec {real_curl} --silent --show-error --fail-with-body --write-out '\\n' \"$@\"\n"
+            ),
         )
         .unwrap();
         use std::os::unix::fs::PermissionsExt;
@@ -213,8 +226,10 @@ impl Shell {
         command
     }
 
-    /// Runs `script` to the end and fails the test unless it exits 0.
-    fn run_to_the_end(&self, place: &str, script: &str, cluster: &DevCluster) {
+    /// Runs `script` (`block`'s, its ports moved) to the end and fails the
+    /// test unless it exits 0 and prints the output its page shows.
+    fn run_to_the_end(&self, block: &Block, script: &str, cluster: &DevCluster) {
+        let place = &block.place;
         let mut child = self
             .command(script)
             .stdout(Stdio::piped())
@@ -239,6 +254,14 @@ impl Shell {
             out.status,
             cluster.log_text()
         );
+        if let Some(shown) = &block.output {
+            assert!(
+                output_matches(shown, &stdout),
+                "the example at {place} does not print the output its page shows below it \
+                 (`...` stands for any text in a line, a line of `...` for any lines):\n\
+                 {script}\nshown:\n{shown}\nprinted:\n{stdout}"
+            );
+        }
     }
 
     /// Starts `script` in its own process group and waits for its first line.

@@ -91,12 +91,15 @@ fn the_readmes_quick_start_works_and_leaves_screenshots() {
     );
 
     // "add in one region and read in another"
-    let (code, out, err) = cli(&grpc[0], &["add", "post:1:likes"]);
+    let (code, out, err) = cli(&grpc[0], &["add", "post:1:views"]);
     assert_eq!((code, out.trim()), (0, "1"), "{err}");
     wait_until(LIMIT, "the add in the last region", || {
-        let (code, out, _) = cli(&grpc[2], &["get", "post:1:likes", "--breakdown"]);
+        let (code, out, _) = cli(&grpc[2], &["get", "post:1:views", "--breakdown"]);
         (code == 0 && out.lines().next() == Some("1")).then_some(())
     });
+    // The README's first like is on the like set the demo page shows.
+    let key = demo[0].rsplit("/demo/").next().unwrap().to_string();
+    assert_eq!(key, "post:1", "the banner's demo page: {banner:#?}");
 
     let python = python("TALLY_HTTP_PYTHON");
     if !can_run(
@@ -108,6 +111,9 @@ fn the_readmes_quick_start_works_and_leaves_screenshots() {
     }
     // Likes need the cluster version a dev cluster reaches once its nodes met.
     wait_cluster_version(&grpc, 3, LIMIT);
+    // "tally like post:1 sam": sam's heart on the demo page is filled.
+    let (code, out, err) = cli(&grpc[0], &["like", &key, "sam"]);
+    assert_eq!(code, 0, "{out}{err}");
     std::fs::create_dir_all(&artifacts).unwrap();
     run_script(
         &python,
@@ -118,8 +124,7 @@ fn the_readmes_quick_start_works_and_leaves_screenshots() {
             artifacts.display().to_string(),
         ],
     );
-    // The like made on the first region's page is sam's, in every region.
-    let key = demo[0].rsplit("/demo/").next().unwrap().to_string();
+    // The like the page left (sam's, made again) is in every region.
     wait_until(LIMIT, "sam's like in the last region", || {
         let (code, out, _) = cli(&grpc[2], &["liked", &key, "sam"]);
         (code == 0 && out.trim() == "liked").then_some(())

@@ -6,9 +6,10 @@
 //! hold it, keeping only their own slot of what they wrote; every key keeps
 //! its exact value through every node; a restart resumes serving what the
 //! node held (its `LIFECYCLE` names it) without copying again; and a
-//! drained node hands everything off and leaves (like sets and uniques move
-//! with their partitions too: `partitioned_likes.rs`). P = 16, RF = 2, one
-//! region: eu-1 alone first, then eu-2 and eu-3 join.
+//! drained node hands everything off, leaves and stores no counter, its own
+//! slots included (like sets and uniques move with their partitions too:
+//! `partitioned_likes.rs`). P = 16, RF = 2, one region: eu-1 alone first,
+//! then eu-2 and eu-3 join.
 
 mod common;
 
@@ -254,11 +255,100 @@ async fn a_joining_node_copies_its_partitions_before_serving_them_and_stores_not
     }
     let lifecycle = std::fs::read_to_string(nodes[0].spec.data_dir.join("LIFECYCLE")).unwrap();
     assert!(lifecycle.contains("left"), "{lifecycle}");
-    let (own, counters) = stored_slots(&nodes[0].endpoint()).await;
-    for (key, slots) in &counters {
-        assert_eq!(slots.keys().collect::<Vec<_>>(), vec![&own], "{key}");
+    // A drained node holds nothing, its own slots included: it never owns
+    // a partition again, and its slots live on with the new owners.
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let (_, counters) = stored_slots(&nodes[0].endpoint()).await;
+        if counters.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the drained eu-1 still stores {} counters, e.g. {:?}",
+            counters.len(),
+            counters.iter().next()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for endpoint in endpoints(&nodes) {
         check_values(&endpoint, &expected).await;
+    }
+}
+
+/// A region of four nodes with RF 2 over 64 partitions: each node stores
+/// about half of the counters (exactly those of the partitions it owns),
+/// and once one of them is drained it stores none while the three others
+/// hold every key, exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_nodes_of_rf_2_store_about_half_each_and_a_drained_one_stores_nothing() {
+    const WIDE: u32 = 64;
+    const COUNTERS: usize = 400;
+    let partition = |key: &str| {
+        PartitionCount::new(u64::from(WIDE))
+            .unwrap()
+            .of_key(key.as_bytes())
+            .0
+    };
+    let root = tempfile::tempdir().unwrap();
+    let first = common::partitioned_spec(root.path(), "eu", "eu-1", WIDE, RF);
+    let seed = first.gossip;
+    let mut nodes = vec![NodeProcess::start_async(first).await];
+    for name in ["eu-2", "eu-3", "eu-4"] {
+        let mut joiner = common::partitioned_spec(root.path(), "eu", name, WIDE, RF);
+        joiner.seeds = vec![seed];
+        nodes.push(NodeProcess::start_async(joiner).await);
+    }
+    let endpoints: Vec<String> = nodes.iter().map(NodeProcess::endpoint).collect();
+    common::settled_region_map(&endpoints, 4).await;
+    let client = common::load::quick_client(&endpoints[0]).await;
+    for i in 0..COUNTERS {
+        client.add(&key(i), 1).await.unwrap();
+    }
+    let map = common::settled_region_map(&endpoints, 4).await;
+
+    // Each node stores exactly the counters of the partitions it owns
+    // (once its co-owners' adds reached it), about half of them.
+    for (index, endpoint) in endpoints.iter().enumerate() {
+        let name = format!("eu-{}", index + 1);
+        let owned = (0..COUNTERS)
+            .filter(|i| map.owners_of(partition(&key(*i))).contains(&name.as_str()))
+            .count();
+        let deadline = tokio::time::Instant::now() + LIMIT;
+        let stored = loop {
+            let stored = common::stored_counters_of(endpoint).await.1.len();
+            if stored == owned || tokio::time::Instant::now() > deadline {
+                break stored;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(stored, owned, "{name} stores what it owns");
+        let share = stored as f64 / COUNTERS as f64;
+        assert!(
+            (0.3..=0.7).contains(&share),
+            "{name} stores {stored} of {COUNTERS} counters"
+        );
+    }
+
+    // Drained, eu-4 hands its partitions to the others and stores nothing.
+    client.drain("eu-4").await.unwrap();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    loop {
+        let left = map_of(&endpoints[0]).await.is_some_and(|map| {
+            map.nodes.iter().any(|node| {
+                node.node_name == "eu-4" && node.state == "left" && node.partitions_held == 0
+            })
+        });
+        if left && common::stored_counters_of(&endpoints[3]).await.1.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "eu-4 never left with nothing stored"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for endpoint in &endpoints[..3] {
+        check_values(endpoint, &[1; COUNTERS]).await;
     }
 }

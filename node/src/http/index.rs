@@ -11,8 +11,10 @@ use crate::api::NodeInfo;
 
 use super::status_page::escape;
 
-/// The counter the demo link shows (the quick start's example key).
-pub const DEMO_KEY: &str = "post:1:likes";
+/// The like set the demo link shows: the README's first like
+/// (`tally like post:1 sam`) is on it, and its "seen by" is the uniques key
+/// `post:1:seen`.
+pub const DEMO_KEY: &str = "post:1";
 
 /// The index page of a node.
 pub fn render(info: &NodeInfo) -> String {
@@ -37,7 +39,7 @@ pub fn render(info: &NodeInfo) -> String {
 <ul>
   <li><a href="/status">/status</a>: members, sync, convergence, partitions, hot keys (<a href="/status.json">/status.json</a>)</li>
   <li><a href="/v1/openapi.json">/v1/openapi.json</a>: the JSON API, as an OpenAPI document</li>
-  <li><a href="/demo/{DEMO_KEY}">/demo/{DEMO_KEY}</a>: a live like button for the counter <code>{DEMO_KEY}</code></li>
+  <li><a href="/demo/{DEMO_KEY}">/demo/{DEMO_KEY}</a>: a live like button for the like set <code>{DEMO_KEY}</code></li>
   <li><a href="/metrics">/metrics</a>: Prometheus metrics</li>
   <li><a href="/healthz">/healthz</a> and <a href="/readyz">/readyz</a>: probes</li>
 </ul>
@@ -65,7 +67,7 @@ mod tests {
         for link in [
             "href=\"/status\"",
             "href=\"/v1/openapi.json\"",
-            "href=\"/demo/post:1:likes\"",
+            "href=\"/demo/post:1\"",
             "href=\"/metrics\"",
         ] {
             assert!(page.contains(link), "{link} missing");

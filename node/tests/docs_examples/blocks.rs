@@ -10,8 +10,21 @@
 //!   event stream): start it, wait for its first line of output, and stop it
 //!   when the page is done.
 //!
+//! The output an example shows is a ```` ```text ```` block right below a
+//! `<!-- doc-test -->` block (blank lines may part them): what the reader
+//! sees is what the test checks. The example's standard output must match
+//! it line by line, from the first line to the last, trailing spaces
+//! aside, where
+//!
+//! - `...` inside a line stands for any text (a digest, a time), and
+//! - a line that is only `...` stands for any number of lines (those the
+//!   page leaves out).
+//!
+//! So a page shows the lines that matter and says where it leaves some out.
+//!
 //! Invariant: a marker that is not followed by a shell block, or that says
-//! anything else, is an error, so a typo cannot turn an example off quietly.
+//! anything else, is an error, so a typo cannot turn an example off quietly;
+//! and an example's shown output that it does not print fails the test.
 
 use std::path::Path;
 
@@ -37,6 +50,9 @@ pub struct Block {
     pub script: String,
     /// Whether and how it runs.
     pub run: Run,
+    /// The output the page shows below it (a ```` ```text ```` block), which
+    /// the example must print ([`output_matches`]); only for [`Run::ToTheEnd`].
+    pub output: Option<String>,
 }
 
 const SHELLS: [&str; 4] = ["sh", "bash", "shell", "console"];
@@ -70,7 +86,21 @@ pub fn shell_blocks(name: &str, text: &str) -> Result<Vec<Block>, String> {
                     index + 1
                 ));
             }
-            let (block, next) = read_block(name, &lines, index + 1, run)?;
+            let (mut block, mut next) = read_block(name, &lines, index + 1, run)?;
+            let below = (next..lines.len()).find(|&at| !lines[at].trim().is_empty());
+            if let Some(open) = below.filter(|&at| fence_language(lines[at].trim()) == Some("text"))
+            {
+                if run != Run::ToTheEnd {
+                    return Err(format!(
+                        "{name}:{}: a background example's output cannot be checked; \
+                         leave out the ```text block or run it to the end",
+                        open + 1
+                    ));
+                }
+                let (shown, after) = read_block(name, &lines, open, Run::Skipped)?;
+                block.output = Some(shown.script);
+                next = after;
+            }
             blocks.push(block);
             index = next;
             continue;
@@ -105,6 +135,7 @@ fn read_block(name: &str, lines: &[&str], open: usize, run: Run) -> Result<(Bloc
         place: format!("{name}:{}", open + 1),
         script,
         run,
+        output: None,
     };
     Ok((block, close + 1))
 }
@@ -114,6 +145,48 @@ fn skip_block(lines: &[&str], open: usize) -> usize {
     (open + 1..lines.len())
         .find(|&at| lines[at].trim().starts_with("```"))
         .map_or(lines.len(), |close| close + 1)
+}
+
+/// Whether `actual` (an example's standard output) matches `shown` (the
+/// output its page shows): line by line, where `...` inside a line stands
+/// for any text and a line of only `...` for any number of lines.
+pub fn output_matches(shown: &str, actual: &str) -> bool {
+    let shown: Vec<&str> = shown.lines().map(str::trim_end).collect();
+    let actual: Vec<&str> = actual.lines().map(str::trim_end).collect();
+    lines_match(&shown, &actual)
+}
+
+fn lines_match(shown: &[&str], actual: &[&str]) -> bool {
+    match shown.split_first() {
+        None => actual.is_empty(),
+        Some((&"...", rest)) => (0..=actual.len()).any(|skip| lines_match(rest, &actual[skip..])),
+        Some((line, rest)) => {
+            actual
+                .first()
+                .is_some_and(|first| line_matches(line, first))
+                && lines_match(rest, &actual[1..])
+        }
+    }
+}
+
+/// One line against a shown line whose `...`s stand for any text.
+fn line_matches(shown: &str, actual: &str) -> bool {
+    let mut parts = shown.split("...");
+    let first = parts.next().unwrap_or_default();
+    let Some(mut rest) = actual.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty();
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(at) => rest = &rest[at + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 /// The pages whose examples the test reads: README.md first, then every
@@ -152,4 +225,48 @@ fn markers_pick_blocks_and_a_stray_marker_is_an_error() {
     let typo =
         shell_blocks("page.md", "<!-- doc-test: backgroud -->\n```sh\nx\n```\n").unwrap_err();
     assert!(typo.contains("unknown doc-test marker"), "{typo}");
+}
+
+#[test]
+fn a_text_block_below_an_example_is_the_output_it_must_print() {
+    let page = "<!-- doc-test -->\n```sh\ntally add k\n```\n\n```text\n1\n```\n\
+                <!-- doc-test -->\n```sh\ntally get k\n```\nprose\n```text\nnot its output\n```\n";
+    let blocks = shell_blocks("page.md", page).unwrap();
+    assert_eq!(blocks.len(), 2);
+    assert_eq!(blocks[0].output.as_deref(), Some("1"));
+    assert_eq!(
+        blocks[1].output, None,
+        "prose parts a block from the text below it"
+    );
+    let background = "<!-- doc-test: background -->\n```sh\ntally watch k\n```\n```text\n1\n```\n";
+    let refused = shell_blocks("page.md", background).unwrap_err();
+    assert!(refused.contains("background"), "{refused}");
+}
+
+#[test]
+fn shown_output_matches_line_by_line_with_ellipses() {
+    let status =
+        "cluster: dev\nmember eu 1a2b\nmember us 3c4d\nconverged: yes (all 3 live members)\n";
+    assert!(output_matches(
+        "cluster: dev\n...\nconverged: yes (...)",
+        status
+    ));
+    assert!(output_matches("...\nconverged: yes ...", status));
+    assert!(output_matches(
+        "cluster: ...\nmember eu ...\nmember us ...\nconverged: ...",
+        status
+    ));
+    // A wrong value, a missing line or lines left out without `...` fail.
+    assert!(!output_matches("...\nconverged: no ...", status));
+    assert!(!output_matches(
+        "cluster: dev\nconverged: yes (...)",
+        status
+    ));
+    assert!(!output_matches("cluster: dev", status));
+    assert!(!output_matches("1", "12"));
+    assert!(output_matches("liked; 1 likes\n", "liked; 1 likes  \n"));
+    assert!(
+        !output_matches("a...a", "a"),
+        "the two ends may not overlap"
+    );
 }

@@ -1,7 +1,9 @@
 """The browser half of the README's first hour (node/tests/first_hour.rs):
-on the dev cluster's demo page (the URL its banner prints), the person taps
-the heart and sees it filled and the count at 1; then the status page's
-charts are drawn. Saves demo.png and status.png into ARTIFACT_DIR.
+on the dev cluster's demo page (the URL its banner prints), the person who
+liked the post from the command line (`tally like post:1 sam`) sees the
+heart filled and the count at 1; a tap unlikes (0), another likes again (1).
+Then the status page's charts are drawn. Saves demo.png and status.png into
+ARTIFACT_DIR.
 
 Usage: first_hour.py DEMO_URL STATUS_URL ARTIFACT_DIR
 Exits 0 when every step passed; prints each step.
@@ -31,14 +33,18 @@ def main():
             return lambda _: (count.get_attribute("data-value") == value
                               and heart.get_attribute("aria-pressed") == pressed
                               and heart.get_attribute("data-settled") == "true")
-        try:
-            WebDriverWait(page, WAIT_SECONDS).until(showing("0", "false"))
-            heart.click()
-            WebDriverWait(page, WAIT_SECONDS).until(showing("1", "true"))
-        except Exception:
-            raise SystemExit(f"FAIL the like on the demo page: it shows {count.text!r}, "
-                             f"heart pressed {heart.get_attribute('aria-pressed')}")
-        print("ok   a tap on the demo page: the heart is filled, the count is 1", flush=True)
+        steps = (("the like from the command line: the heart is filled, the count is 1", "1", "true"),
+                 ("a tap unlikes: the heart is empty, the count is 0", "0", "false"),
+                 ("a tap likes again: the heart is filled, the count is 1", "1", "true"))
+        for number, (step, value, pressed) in enumerate(steps):
+            if number:
+                heart.click()
+            try:
+                WebDriverWait(page, WAIT_SECONDS).until(showing(value, pressed))
+            except Exception:
+                raise SystemExit(f"FAIL {step}: the page shows {count.text!r}, "
+                                 f"heart pressed {heart.get_attribute('aria-pressed')}")
+            print(f"ok   {step}", flush=True)
         demo = os.path.join(artifacts, "demo.png")
         page.save_screenshot(demo)
         print(f"ok   screenshot {demo}", flush=True)

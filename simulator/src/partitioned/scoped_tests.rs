@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use tally_node::partition::{NodeState, PartitionCount, PartitionSet, ViewSettings};
-use tally_node::replica::AddRequest;
+use tally_node::replica::{AddRequest, DurableState};
 
 use super::*;
 
@@ -215,6 +215,12 @@ fn a_drained_node_leaves_holding_nothing_and_loses_no_add() {
     assert!(region.kept()[a].is_empty());
     assert!(region.kept()[1 - a].is_full());
     region.check_values();
+    // Departing, its purge deleted its own slots too: it stores nothing.
+    let drained = &region.nodes[a];
+    for key in keys() {
+        let stored = drained.store.load_counter(&key).unwrap();
+        assert!(stored.is_none(), "{key} is still stored at a");
+    }
 }
 
 #[test]

@@ -276,9 +276,18 @@ pub async fn retire(target: &Target, replica: &str, json: bool) -> anyhow::Resul
     Ok(())
 }
 
-pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
+pub async fn status(target: &Target, args: &super::StatusArgs, json: bool) -> anyhow::Result<()> {
     let client = target.connect().await?;
-    let status = client.status().await?;
+    let mut status = client.status().await?;
+    // --wait: ask again until the members agree, or the time is up (then
+    // the status is printed all the same, and the command fails after it).
+    if let Some(limit) = args.wait {
+        let deadline = std::time::Instant::now() + limit;
+        while !status.converged && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            status = client.status().await?;
+        }
+    }
     // A node from before partition maps answers UNIMPLEMENTED: no summary.
     let map = match client.partition_map(None).await {
         Ok(map) => Some(map),
@@ -288,7 +297,8 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     if json {
         let mut value = serde_json::to_value(&status)?;
         value["partition_map"] = serde_json::to_value(&map)?;
-        return print_json(&value);
+        print_json(&value)?;
+        return waited_in_vain(args, &status);
     }
     print_line(cluster_line(&status))?;
     print_line(format_args!(
@@ -354,7 +364,18 @@ pub async fn status(target: &Target, json: bool) -> anyhow::Result<()> {
     if let Some(map) = &map {
         print_line(super::partitions::summary(map))?;
     }
-    Ok(())
+    waited_in_vain(args, &status)
+}
+
+/// The error of a `status --wait` whose members did not converge in time.
+fn waited_in_vain(args: &super::StatusArgs, status: &ClusterStatus) -> anyhow::Result<()> {
+    match args.wait {
+        Some(limit) if !status.converged => anyhow::bail!(
+            "the members have not converged within {limit:?} (see the convergence line above); \
+             wait longer with --wait DURATION, or look at the members that lag"
+        ),
+        _ => Ok(()),
+    }
 }
 
 fn members_table(status: &ClusterStatus) -> String {

@@ -218,7 +218,7 @@ pub enum Command {
     /// Print a counter's value each time it changes, until Ctrl-C.
     Watch(WatchArgs),
     /// Print the cluster's members and whether they have converged.
-    Status,
+    Status(StatusArgs),
     /// Load-test a node with a closed loop of adds and/or gets.
     Bench(BenchArgs),
     /// Like MEMBER in the like set KEY (a double like changes nothing).
@@ -405,6 +405,20 @@ pub struct WatchArgs {
     pub key: String,
 }
 
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Wait until the members have converged (at most DURATION; 30s when
+    /// --wait has no value), then print; fail if they have not by then.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        num_args = 0..=1,
+        default_missing_value = "30s",
+        value_parser = duration::parse_positive_duration
+    )]
+    pub wait: Option<std::time::Duration>,
+}
+
 /// Runs the command the command line names.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let Cli {
@@ -440,7 +454,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Add(args) => commands::add(&target, &args, json).await,
         Command::Get(args) => commands::get(&target, &args, json).await,
         Command::Watch(args) => commands::watch(&target, &args, json).await,
-        Command::Status => commands::status(&target, json).await,
+        Command::Status(args) => commands::status(&target, &args, json).await,
         Command::Bench(args) => bench::run(&target, &args, json).await,
         Command::Admin(AdminCommand::Backup { to }) => backup::backup(&target, &to, json).await,
         Command::Admin(AdminCommand::Finalize) => commands::finalize(&target, json).await,
@@ -562,7 +576,15 @@ mod tests {
         assert!(cli.json);
         assert_eq!(cli.endpoint, "10.0.0.1:7100");
         let cli = parse(&["--json", "status"]);
-        assert!(cli.json && matches!(cli.command, Command::Status));
+        assert!(cli.json && matches!(cli.command, Command::Status(StatusArgs { wait: None })));
+        let Command::Status(args) = parse(&["status", "--wait"]).command else {
+            panic!("not status")
+        };
+        assert_eq!(args.wait, Some(std::time::Duration::from_secs(30)));
+        let Command::Status(args) = parse(&["status", "--wait", "2m"]).command else {
+            panic!("not status")
+        };
+        assert_eq!(args.wait, Some(std::time::Duration::from_secs(120)));
     }
 
     #[test]

@@ -1,10 +1,12 @@
 //! Pure conflict-free replicated data types: the `Crdt` trait, the PN-counter
 //! and its folded base (retired writers, `fold.rs`), the causal-length set
-//! (like sets) and HyperLogLog (uniques).
+//! (like sets), HyperLogLog (uniques) and the bounded counter (stock that
+//! is never oversold).
 //!
 //! Nothing here does IO or reads a clock. Every implementation obeys the laws
 //! stated on [`Crdt`], and the tests check them with proptest.
 
+pub mod bounded;
 pub mod causal_length;
 mod digest;
 mod fold;
@@ -13,6 +15,7 @@ pub mod hll;
 mod laws;
 mod pn_counter;
 
+pub use bounded::{BoundConflict, BoundedCounter, BoundedRefused, RightsRow};
 pub use causal_length::{check_member, CausalLengthSet, LengthOverflow, MemberError};
 pub use digest::{
     counter_digest, member_digest, register_digest, stable_hash, SetsDigest, StateDigest,

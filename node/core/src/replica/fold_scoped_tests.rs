@@ -240,6 +240,65 @@ fn keepers_that_differ_hold_the_fold_back_and_a_writer_up_must_promise() {
     }
 }
 
+/// The runbook's way out of a partition held back for a fold ("A
+/// partition held back for a fold"): a keeper down for good holds the fold
+/// back however long the others wait, and once it is removed (retired, so
+/// no longer counted) the fold commits without it.
+#[test]
+fn a_partition_fold_waiting_for_a_keeper_gone_for_good_commits_once_it_is_removed() {
+    let mut nodes = cluster();
+    nodes.get_mut(&W).unwrap().retire_partition(W, 0);
+    for _ in 0..20 {
+        round(&mut nodes, &[B]);
+    }
+    let retirement = ScopedRetirement {
+        writer: W,
+        partition: 0,
+        phase: 0,
+    };
+    for id in [W, A] {
+        assert_eq!(nodes[&id].book().epoch(), 0, "node {id}");
+        assert!(
+            matches!(
+                nodes[&id].scoped_waits().get(&retirement),
+                Some(
+                    FoldWait::NotAgreed { member: B, .. }
+                        | FoldWait::NotReportedByPartition { member: B, .. }
+                )
+            ),
+            "node {id} waits for B: {:?}",
+            nodes[&id].scoped_waits()
+        );
+    }
+    // `tally admin remove B`: B is retired wherever the removal is heard.
+    let down = FoldMember {
+        replica: B,
+        alive: false,
+        node_name: "n3".into(),
+        report: None,
+    };
+    nodes
+        .get_mut(&A)
+        .unwrap()
+        .retire(B, A, true, std::slice::from_ref(&down))
+        .unwrap();
+    for _ in 0..4 {
+        round(&mut nodes, &[B]);
+    }
+    for id in [W, A] {
+        let folds = &nodes[&id];
+        assert_eq!(folds.unfolded_scoped().count(), 0, "node {id}");
+        assert!(
+            (1..=folds.book().epoch())
+                .filter_map(|epoch| folds.book().record(epoch))
+                .any(|record| record.scoped.iter().any(|(writer, _)| *writer == W)),
+            "node {id} holds the fold of W's slots in partition 0"
+        );
+    }
+    // A keeps partition 0 and holds W's final state there: it applies.
+    assert!(nodes[&A].applied_for(&key0()) >= 1);
+}
+
 #[test]
 fn a_second_fold_of_the_pair_tells_the_phases_apart_when_their_values_are_equal() {
     let mut nodes = cluster();

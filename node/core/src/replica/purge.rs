@@ -29,7 +29,9 @@
 //!   partition stayed away for `--retire-after`), the slot is in every
 //!   keeper's base and this replica writes the partition again only from a
 //!   fresh slot: the counter is deleted, and a pass runs when such a fold
-//!   is committed.
+//!   is committed. A departing replica (its node drains or has left:
+//!   [`Replica::set_departing`]) never takes a partition again, so its
+//!   slot goes too and a drained node holds nothing.
 //! - **Only clean counters.** A counter with a change waiting for a commit,
 //!   being committed or waiting for a push to the copies is left for the
 //!   next pass (a pull planned before the deletion may still merge into
@@ -242,7 +244,7 @@ impl Replica {
             let epoch = stored.state.folded().epoch;
             (book.phase(own, Some(p), epoch) as usize) < book.scoped_epochs(own, p).len()
         });
-        let slot = match folded_since {
+        let slot = match folded_since || self.departing() {
             true => Slot::default(),
             false => stored.state.slot(own),
         };

@@ -161,6 +161,56 @@ fn a_purge_deletes_what_is_not_kept_but_this_replica_s_own_slot() {
     assert_eq!(a.value(&three), 100);
 }
 
+/// Commits what waits for a housekeeping tick too (the change-log entries
+/// a commit superseded ride along with the next commit).
+fn settle(node: &mut Node) {
+    node.replica.tick(2);
+    node.commit();
+}
+
+#[test]
+fn a_departing_replica_s_purge_deletes_its_own_slots_too() {
+    let mut a = tracking(1, "eu");
+    let mut b = Node::new(2, "us");
+    let (one, two) = (key_of(1), key_of(2));
+    a.add(&one, 5);
+    a.add(&two, 7);
+    a.commit();
+    b.pull_from(&a, usize::MAX / 2);
+    b.add(&two, 100);
+    b.commit();
+    a.pull_from(&b, usize::MAX / 2);
+    a.commit();
+
+    // Partition 2 was handed away while a was active: its own slot stays.
+    purge(&mut a, kept(&[1]), 1);
+    settle(&mut a);
+    let mut expected = vec![one.clone(), two.clone()];
+    expected.sort();
+    assert_eq!(stored_keys(&a), expected);
+
+    // Its node drains: turning departing on asks for a pass, which drops
+    // the slot kept before; what a still keeps is untouched.
+    assert!(a.replica.set_departing(true), "turned on");
+    assert!(!a.replica.set_departing(true), "already on");
+    purge(&mut a, kept(&[1]), 1);
+    settle(&mut a);
+    assert_eq!(stored_keys(&a), vec![one.clone()]);
+    assert_eq!(a.value(&one), 5);
+
+    // Once nothing is kept, nothing is stored, and a restart agrees.
+    purge(&mut a, kept(&[]), 1);
+    settle(&mut a);
+    assert_eq!(stored_keys(&a), Vec::<String>::new());
+    let mut a = a.restart();
+    crate::storage::set_partition_count(&mut a.replica, count(), &a.store, None).unwrap();
+    assert_eq!(stored_keys(&a), Vec::<String>::new());
+
+    // Its slots live on where the partitions went.
+    assert_eq!(b.value(&one), 5);
+    assert_eq!(b.value(&two), 107);
+}
+
 /// Node 1 holding a copy of node 2's counter `two` (partition 2).
 fn holding_a_copy(two: &str) -> (Node, Node) {
     let mut a = tracking(1, "eu");

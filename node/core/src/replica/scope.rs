@@ -27,6 +27,11 @@
 //!   for a commit. Off until the node first releases a partition (the
 //!   lifecycle keeper turns it on then): hashing every committed key would
 //!   cost the single-node path for nothing.
+//! - **Departing.** Once its node drains or has left
+//!   ([`Replica::set_departing`]), this replica never takes a partition
+//!   again, so it needs no slot of its own in the partitions it no longer
+//!   keeps: their purge deletes its counters whole instead of keeping its
+//!   slot to continue from (`purge.rs`), and a drained node holds nothing.
 
 use crate::partition::{Partition, PartitionCount, PartitionSet};
 
@@ -44,6 +49,9 @@ pub(super) struct Scope {
     /// Per partition, the sequence of the latest commit that changed it,
     /// while tracking is on.
     latest_change: Option<(PartitionCount, Vec<u64>)>,
+    /// This replica never takes a partition again (its node drains or
+    /// has left).
+    departing: bool,
 }
 
 impl Scope {
@@ -79,6 +87,23 @@ impl Replica {
         self.scope.kept = kept.filter(|set| !set.is_full());
         let own = self.identity.replica;
         self.folds.set_kept_by(own, self.scope.kept.clone());
+    }
+
+    /// Whether this replica's node drains or has left: it never owns a
+    /// partition again (a drain is not undone, and a node that left is
+    /// started again only on a wiped data directory, as a new replica), so
+    /// the purge drops its own slots too (see the module documentation).
+    /// Returns true when this turns it on: start a purge pass then, for
+    /// the counters already cut down to this replica's slot.
+    pub fn set_departing(&mut self, departing: bool) -> bool {
+        let started = departing && !self.scope.departing;
+        self.scope.departing = departing;
+        started
+    }
+
+    /// Whether this replica is departing (see [`Self::set_departing`]).
+    pub fn departing(&self) -> bool {
+        self.scope.departing
     }
 
     /// The partitions this replica keeps (`None`: every one).

@@ -111,7 +111,8 @@ impl PendingRound<'_> {
     }
 
     /// Makes the round's changes (its record is stored): the replica is
-    /// told what the holdings serve and keep, a purge starts if one is due.
+    /// told what the holdings serve and keep, and whether its node departs
+    /// (drains or has left); a purge starts if one is due.
     pub fn commit(self, core: &mut Replica) -> RoundOutcome {
         let PendingRound {
             partitions,
@@ -132,7 +133,11 @@ impl PendingRound<'_> {
         // partition half purged. The first view purges what a crash
         // left of partitions no longer kept.
         let first_view = heard && !partitions.has_view;
-        let purge_started = !deleted.is_empty() || (first_view && !holdings.kept().is_full());
+        // A node that drains or has left never owns a partition again:
+        // its purge drops its own slots too, those kept before included.
+        let departing = core.set_departing(!lifecycle.state().takes_ownership());
+        let purge_started =
+            !deleted.is_empty() || departing || (first_view && !holdings.kept().is_full());
         if purge_started {
             core.start_purge();
         }

@@ -234,6 +234,9 @@ fn a_draining_node_leaves_once_it_keeps_nothing() {
     let all = PartitionSet::full(count());
     let mut a = Node::new("a", 1, record(NodeState::Draining, &all), &all, 1);
     let members = [member("b", 2, NodeState::Active, &all)];
+    let first = a.round(&members);
+    assert!(first.purge_started, "a departing node purges its own slots");
+    assert!(a.core.departing());
     for _ in 0..3 {
         assert_eq!(a.round(&members).state_change, None);
     }

@@ -519,6 +519,22 @@ impl<'a> Reader<'a> {
         Self::any_version(bytes, what, &[VERSION]).map(|(_, reader)| reader)
     }
 
+    /// A reader of a value in `version` of a format of its own (a block's,
+    /// `block.rs`), not the records' [`VERSION`].
+    pub(super) fn versioned_as(
+        bytes: &'a [u8],
+        what: &'a str,
+        version: u8,
+    ) -> Result<Self, StorageError> {
+        Self::any_version(bytes, what, &[version]).map(|(_, reader)| reader)
+    }
+
+    /// A reader of bytes with no version byte of their own (inside a
+    /// versioned value).
+    pub(super) fn raw(bytes: &'a [u8], what: &'a str) -> Self {
+        Reader { bytes, what }
+    }
+
     /// A reader of a value in one of `versions`, and the version it is in.
     fn any_version(
         bytes: &'a [u8],

@@ -19,6 +19,7 @@
 //! `storage` depends on `replica` and never the other way round
 //! (`tests/module_graph.rs` fails on a circle).
 
+pub mod block;
 mod change_index;
 pub mod encoding;
 mod layout_reads;
