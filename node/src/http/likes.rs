@@ -65,9 +65,12 @@ pub struct LikeCount {
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PageQuery {
-    /// At most this many members (0 or absent: 1,000, the most).
+    /// At most this many members (0 or absent: 1,000, the most; a larger
+    /// number means 1,000). Any 32-bit unsigned number is accepted, so the
+    /// schema says int64 with its range (utoipa's `u32` would say int32,
+    /// which stops at 2^31 - 1).
     #[serde(default)]
-    #[param(minimum = 0, maximum = 4294967295_i64)]
+    #[param(value_type = u64, minimum = 0, maximum = 4294967295_i64)]
     pub limit: u32,
     /// `next_token` of the previous page, as it came (absent or empty: the
     /// first page). Opaque: the node refuses with 400 a token it did not give.
