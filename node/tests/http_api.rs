@@ -271,6 +271,21 @@ fn an_http_request_on_the_grpc_port_is_told_where_http_is() {
         body.contains("Tally's gRPC port") && body.contains(&node.spec.http.port().to_string()),
         "{body}"
     );
+    // A client that writes its request in pieces gets the answer too (it
+    // used to be answered and closed after the first bytes: a broken pipe).
+    {
+        use std::io::{Read, Write};
+        let mut tcp = std::net::TcpStream::connect(node.spec.grpc).unwrap();
+        tcp.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        tcp.write_all(b"GET /status HTTP/1.1\r\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        tcp.write_all(b"Host: tally\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    }
     let (code, stdout, stderr) = common::cli(&node.endpoint(), &["add", "right:port"]);
     assert_eq!((code, stdout.trim()), (0, "1"), "{stderr}");
     assert_eq!(api.value("right%3Aport"), 1);

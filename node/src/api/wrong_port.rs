@@ -10,13 +10,17 @@
 //! screening is bounded like the rest of the port: at most
 //! [`MAX_SCREENING`] connections at a time (more pass on unscreened), each
 //! for at most [`SCREEN_TIMEOUT`] (then it passes on too), and the answer
-//! is one small write.
+//! is one small write. An HTTP/1 request's head (at most [`HEAD_LIMIT`]
+//! bytes) is read before the answer: answering while the client still
+//! writes it would close the connection under its writes (a broken pipe)
+//! or reset it over the unread bytes, and the client would never see the
+//! answer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
@@ -26,6 +30,8 @@ use tokio_stream::wrappers::ReceiverStream;
 pub const MAX_SCREENING: usize = 256;
 /// The longest a connection's first bytes are waited for.
 pub const SCREEN_TIMEOUT: Duration = Duration::from_secs(2);
+/// The most bytes of an HTTP/1 request's head read before the answer.
+pub const HEAD_LIMIT: usize = 8 * 1024;
 
 /// The methods an HTTP/1 request line starts with (`PRI` is HTTP/2's preface).
 const METHODS: [&[u8]; 8] = [
@@ -99,6 +105,19 @@ async fn first_bytes(tcp: &TcpStream) -> FirstBytes {
     looked.unwrap_or(FirstBytes::Other)
 }
 
+/// Reads an HTTP/1 request's head (to its blank line, at most
+/// [`HEAD_LIMIT`] bytes, or until the client stops writing), and drops it.
+async fn read_head(tcp: &mut TcpStream) {
+    let mut head = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while head.len() < HEAD_LIMIT && !head.windows(4).any(|window| window == b"\r\n\r\n") {
+        match tcp.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(read) => head.extend_from_slice(&buffer[..read]),
+        }
+    }
+}
+
 /// Screens the accepted connections of `incoming`: HTTP/1 clients get
 /// [`answer`] and are closed, the others go on to the gRPC server, in the
 /// stream returned. The task ends when either side does.
@@ -139,6 +158,7 @@ pub fn screen_http1(
                     let mut tcp = tcp;
                     tracing::debug!(peer = ?tcp.peer_addr().ok(), "an HTTP/1 request on the gRPC port");
                     let _ = tokio::time::timeout(SCREEN_TIMEOUT, async {
+                        read_head(&mut tcp).await;
                         let _ = tcp.write_all(answer.as_bytes()).await;
                         let _ = tcp.shutdown().await;
                     })

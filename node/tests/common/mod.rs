@@ -398,10 +398,10 @@ pub fn http_get_with(
     let header = authorization
         .map(|value| format!("Authorization: {value}\r\n"))
         .unwrap_or_default();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{header}Connection: close\r\n\r\n"
-    )?;
+    // One write, as curl sends a request (`write!` writes piece by piece).
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\n{header}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes())?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let code = response
