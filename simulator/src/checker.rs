@@ -332,6 +332,22 @@ impl Checker {
         self.bury(writer);
     }
 
+    /// Node `node` no longer holds `key` whole (a purge deleted it, or
+    /// trimmed it to the node's own slot): what it held is not compared
+    /// with what it holds next, but its own slot's durable high mark stays
+    /// (the others may hold it, and never more).
+    pub fn forget(&mut self, node: usize, key: usize) {
+        let index = node * self.keys + key;
+        let own = self.node_ids[node];
+        let slot = self.durable[index].slot(own);
+        self.durable[index] = PnCounter::from_slots(
+            [(own, slot)]
+                .into_iter()
+                .filter(|_| slot != Slot::default()),
+        );
+        self.views[index] = PnCounter::new();
+    }
+
     /// Node `node` restarted on its kept disk; `loaded(key)` reads its store.
     pub fn restarted(
         &mut self,
@@ -339,6 +355,19 @@ impl Checker {
         node: usize,
         replica: ReplicaId,
         mut loaded: impl FnMut(usize) -> PnCounter,
+    ) {
+        self.restarted_holding(now, node, replica, |key| Some(loaded(key)));
+    }
+
+    /// [`Self::restarted`] for a node that holds only some keys whole:
+    /// `loaded(key)` is `None` for the others (their stored state, a purged
+    /// or trimmed one, is not checked, and is forgotten).
+    pub fn restarted_holding(
+        &mut self,
+        now: u64,
+        node: usize,
+        replica: ReplicaId,
+        mut loaded: impl FnMut(usize) -> Option<PnCounter>,
     ) {
         if replica != self.node_ids[node] {
             self.violate(
@@ -353,7 +382,10 @@ impl Checker {
         let nodes = self.node_ids.len();
         for key in 0..self.keys {
             let index = node * self.keys + key;
-            let state = loaded(key);
+            let Some(state) = loaded(key) else {
+                self.forget(node, key);
+                continue;
+            };
             if !self.durable[index].is_covered_by(&state) {
                 self.violate(
                     now,

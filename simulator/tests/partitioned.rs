@@ -1,10 +1,10 @@
-//! The partitioned world (issue 11) over the real partition core: sweeps
+//! The partitioned world over the code a partitioned node runs: sweeps
 //! with joins, drains, removals and crashes past dead-after settle with
 //! every partition kept by exactly its owners and the exact slot accounting
 //! holding; a run is a function of its seed; a scripted drain and join end
 //! with the data spread as RF/N; and planted bugs are caught: an owner
 //! confirming a release before it caught up (invariant 8), and released
-//! partitions never deleted (the placement check after the heal).
+//! partitions never purged (the placement check after the heal).
 
 use tally_sim::partitioned::cli::sweep;
 use tally_sim::partitioned::{
@@ -135,5 +135,5 @@ fn partitions_left_on_former_owners_are_caught_after_the_heal() {
     let result = run(1, &options, Some(plan));
     assert_eq!(result.failure_kind(), Some("never settled"), "{result:?}");
     let detail = &result.violations[0].detail;
-    assert!(detail.contains("is kept by"), "{detail}");
+    assert!(detail.contains("still stores others' slots"), "{detail}");
 }

@@ -212,14 +212,14 @@ pub fn render_run(
     );
     let _ = writeln!(
         out,
-        "membership: {} joined, {} drained ({} drains refused), {} removed",
-        s.joined, s.drained, s.drains_refused, s.removed
+        "membership: {} joined, {} drained ({} drains refused), {} removed ({} refused)",
+        s.joined, s.drained, s.drains_refused, s.removed, s.removals_refused
     );
     let _ = writeln!(
         out,
         "handoff: {} pulls, {} partitions streamed from scratch, {} confirmations asked, \
-         {} releases deleted, {} partial copies dropped",
-        s.pulls, s.from_scratch, s.confirms, s.released, s.dropped
+         {} partitions handed off, {} stored counters purged",
+        s.pulls, s.from_scratch, s.confirms, s.released, s.purged
     );
     let held: Vec<String> = result
         .held
@@ -294,7 +294,7 @@ pub fn render_sweep(
     let _ = writeln!(
         out,
         "{} seeds: {} adds, {} acked; {} joins, {} drains, {} removals completed; \
-         {} partitions streamed from scratch, {} releases deleted",
+         {} partitions streamed from scratch, {} handed off",
         results.len(),
         total(|r| r.workload.adds),
         total(|r| r.workload.acked),

@@ -6,13 +6,15 @@
 //! once that commit is durable. A node that does not serve the key refuses,
 //! and the client retries.
 //!
-//! Invariant: an attempt is applied only by a node that serves the key's
-//! partition (`Holdings::serves`), and answered only after the commit that
-//! holds it completed. A keyed add keeps its idempotency key on every
-//! retry; a retry that reaches another owner than the first attempt is
-//! recognised only if the records travel (they do not yet: the checker
-//! reports such adds as applied twice, and `docs/src/simulator.md`
-//! documents the window).
+//! Invariant: an attempt is applied only by a node whose replica serves the
+//! key's partition (the replica refuses it otherwise: `NotServed`), and
+//! answered only after the commit that holds it completed. A refusal that
+//! means "not applied" is answered as one, and the exact check counts it
+//! so. A keyed add keeps its idempotency key on every retry; the records
+//! travel with the region's pulls, so a retry that reaches another owner
+//! is recognised once that owner has pulled the record (before that, the
+//! checker reports such an add as applied twice, and
+//! `docs/src/simulator.md` documents the window).
 //!
 //! The ledger's lanes (see `crate::ledger`) stay held until no attempt of
 //! an add can be applied any more: attempts may reach different owners, so
@@ -21,10 +23,9 @@
 //! lane reused earlier could give one slot two unknown adds of one lane.
 
 use tally_node::crdt::ReplicaId;
-use tally_node::replica::AddRequest;
+use tally_node::replica::{AddRefused, AddRequest};
 
-use super::node::PartNode;
-use super::world::{Ev, Msg, PWorld};
+use super::world::{local_now, Ev, Msg, PWorld};
 use crate::ledger::Outcome;
 use crate::rng::{between, chance, exponential};
 
@@ -64,7 +65,7 @@ impl PWorld<'_> {
             .filter(|node| {
                 node.exists && !node.removed && self.options.region_of(node.index) == region
             })
-            .filter(|node| node.state != tally_node::partition::NodeState::Left)
+            .filter(|node| node.state() != tally_node::partition::NodeState::Left)
             .map(|node| node.index)
             .collect();
         if self.attempts.len() <= add as usize {
@@ -184,22 +185,14 @@ impl PWorld<'_> {
     pub(super) fn add_at_owner(&mut self, node: usize, client: u32, add: u32, attempt: u8) {
         let entry = &self.ledger.adds[add as usize];
         let key = entry.key as usize;
-        let partition = self.key_partition[key];
         let delta = entry.delta();
         let idempotency_key = entry.keyed.then(|| format!("c{client}-a{add}"));
-        if !self.nodes[node].holdings.serves(partition) {
-            self.refuse(client, add, attempt);
-            return;
-        }
-        let now = PartNode::local_now(self.now);
+        let now = local_now(self.now);
         let state = &mut self.nodes[node];
-        let part = state
-            .parts
-            .get_mut(&partition)
-            .expect("a served partition is kept");
-        let result = part.replica.handle_add(
+        let scoped = state.scoped_mut();
+        let result = scoped.core.handle_add(
             now,
-            &part.store,
+            &scoped.store,
             AddRequest {
                 key: &self.key_names[key],
                 delta,
@@ -210,6 +203,15 @@ impl PWorld<'_> {
             .mix_all(&[node as u64, add as u64, attempt as u64]);
         let accepted = match result {
             Ok(accepted) => accepted,
+            Err(
+                AddRefused::NotServed { .. }
+                | AddRefused::WriteGated(_)
+                | AddRefused::HeldAfterRestart { .. },
+            ) => {
+                // Not applied: the caller retries elsewhere.
+                self.refuse(client, add, attempt);
+                return;
+            }
             Err(refused) => {
                 self.checker.violate(
                     self.now,
@@ -221,30 +223,29 @@ impl PWorld<'_> {
                 return;
             }
         };
-        let replica = part.id();
-        let writer = part.writer;
-        let durable = part.replica.durable_seq();
-        let live = part.replica.cached_state(&self.key_names[key]).cloned();
+        let replica = scoped.id();
+        let durable = scoped.core.durable_seq();
+        let live = scoped.core.cached_state(&self.key_names[key]).cloned();
+        let writer = state.writer;
         if let Some(live) = live {
             self.checker.observe(self.now, writer, key, &live);
         }
         self.ledger.delivered(add, replica);
         if accepted.duplicate {
             self.ledger.stats.duplicates += 1;
-        } else {
-            state.changed(partition);
         }
         let ticket = accepted.durable_at_seq;
         if ticket <= durable {
             self.reply(client, add, attempt, replica, ticket);
         } else {
-            let part = self.nodes[node].parts.get_mut(&partition).expect("kept");
-            part.waiting
+            let state = &mut self.nodes[node];
+            state
+                .waiting
                 .entry(ticket)
                 .or_default()
                 .push((client, add, attempt));
         }
-        self.wake_commit(node, partition);
+        self.wake_commit(node);
     }
 
     pub(super) fn reply(

@@ -7,8 +7,8 @@
 //! nothing of a crashed incarnation runs after its restart.
 
 use tally_node::crdt::ReplicaId;
-use tally_node::partition::{Partition, PartitionSet, PullScope};
-use tally_node::replica::{Cursor, PullChunk};
+use tally_node::partition::{Partition, PartitionSet};
+use tally_node::replica::{PullChunk, PullRequest};
 
 use super::plan::PartitionedPlan;
 use crate::checker::{SlotStats, Violation};
@@ -27,41 +27,34 @@ pub enum Msg {
         /// The attempt.
         attempt: u8,
     },
-    /// "Send me these partitions."
+    /// A pull, as the peer book planned it and the copy sessions fitted it.
     Pull {
         /// The puller's pull id.
         pull: u64,
-        /// What the puller's `Holdings` planned.
-        scope: PullScope,
-        /// Per partition, the replica pulled from last and how far.
-        after: Vec<(Partition, ReplicaId, Cursor)>,
+        /// The first request.
+        request: PullRequest,
     },
-    /// The answer: every served partition's changes after the cursor.
+    /// The answer: every chunk the peer streamed, or why it refused.
     Pulled {
         /// The pull.
         pull: u64,
-        /// The partitions the peer served.
-        served: PartitionSet,
-        /// The peer's durable change sequence when it answered.
-        through: u64,
-        /// Per partition: the peer's replica and its chunks.
-        parts: Vec<(Partition, ReplicaId, Vec<PullChunk>)>,
+        /// The chunks.
+        chunks: Result<Vec<PullChunk>, String>,
     },
-    /// A releasing node asks an owner to confirm it holds the partition.
+    /// A releasing node asks an owner to confirm it holds these partitions.
     Confirm {
-        /// The partition.
-        partition: Partition,
         /// The releasing node.
         asker: String,
+        /// The partitions.
+        partitions: PartitionSet,
     },
-    /// The owner's answer.
+    /// The owner's answer: per partition it confirms, through which
+    /// sequence of the asker it pulled it.
     Confirmed {
-        /// The partition.
-        partition: Partition,
         /// The owner.
         owner: String,
-        /// Through which sequence of the asker it pulled it (none: not ready).
-        answer: Option<u64>,
+        /// Its answers.
+        answers: Vec<(Partition, u64)>,
     },
 }
 
@@ -92,11 +85,11 @@ pub enum Ev {
         /// none when refused (no owner serves the key at that node).
         answer: Option<(ReplicaId, u64)>,
     },
-    /// A partition replica's commit completed: (node, epoch, partition, replica, seq).
-    FsyncDone(u16, u32, Partition, ReplicaId, u64),
+    /// A node's group commit is flushed: (node, epoch, seq).
+    FsyncDone(u16, u32, u64),
     /// A node's sync round: (node, epoch).
     SyncRound(u16, u32),
-    /// A node rebuilds its view: (node, epoch).
+    /// A node's lifecycle round over what gossip tells it: (node, epoch).
     ViewRefresh(u16, u32),
     /// A message arrives.
     Deliver {
@@ -164,11 +157,13 @@ pub struct PartitionStats {
     pub from_scratch: u64,
     /// Confirmation requests sent.
     pub confirms: u64,
-    /// Released partitions deleted after every owner confirmed.
+    /// Partitions handed off (no longer served nor kept) after every owner
+    /// confirmed, or dropped before they were copied in.
     pub released: u64,
-    /// Partially copied partitions dropped (no longer owned).
-    pub dropped: u64,
-    /// Joins that completed (the node became active).
+    /// Stored counters the purges looked at.
+    pub purged: u64,
+    /// Joins of spare slots that completed (the node became active; the
+    /// initial nodes join a new cluster too, and are not counted).
     pub joined: u64,
     /// Drains that completed (the node left).
     pub drained: u64,
@@ -176,6 +171,8 @@ pub struct PartitionStats {
     pub drains_refused: u64,
     /// Nodes removed.
     pub removed: u64,
+    /// Removals refused by the asked node's check.
+    pub removals_refused: u64,
 }
 
 /// What a run produced.

@@ -1,25 +1,25 @@
-//! Partitioned regions in simulation (issue 11): R regions of several nodes,
-//! each key in one of P partitions held by RF owners per region, over the
-//! node's real pure partition core (`tally_node::partition`: `ClusterView`,
-//! `Holdings`, the key hash) and the real replica core.
+//! Partitioned regions in simulation: R regions of several nodes, each key
+//! in one of P partitions held by RF owners per region, over the code a
+//! partitioned node runs.
 //!
-//! Each node holds only the partitions its `Holdings` keep, one real
-//! `Replica` on a `MemoryStore` per held partition (so that deleting a
-//! partition is dropping that replica and its disk, which the replica core
-//! cannot do yet for part of its keys; a partition taken up again is a new
-//! replica id, as a wiped disk is). Adds go to a node of the client's region,
-//! which routes them by its own (stale) view to the key's first live owner;
-//! owners pull partitions from each other and from an owner in every other
-//! region with the replica's delta protocol, from scratch when `Holdings`
-//! says so; a releasing node asks the owners to confirm and deletes only
-//! what `Holdings::poll_deletions` returns. Membership changes (join, drain,
-//! remove, a crash past `dead_after`) are plan operations.
+//! Each node is a [`scoped::ScopedNode`]: one scoped `Replica` on one
+//! `MemoryStore`, whose lifecycle and holdings move by tally-core's
+//! `NodePartitions` round (members' facts in, the `LIFECYCLE` record
+//! stored, then committed), with its commits, pulls (planned by the peer
+//! book, fitted by the copy sessions), confirmations and purge as timed
+//! events over the simulated network (`sync.rs`). Adds go to a node of the
+//! client's region, which routes them by its own (stale) view to the key's
+//! first live owner; a replica that does not serve the key refuses it.
+//! Membership changes (join, drain, remove, a crash past `dead_after`) are
+//! plan operations; drains and removals are asked of a node, as an
+//! operator does.
 //!
 //! The checker keeps the simulator's exact per-slot accounting (every
-//! partition replica is a writer of the checker), checks invariant 8 at each
-//! deletion (the deleted state is held by another node of the region), and
-//! after the heal checks that every partition is kept by exactly its RF
-//! owners per region, all ready and equal.
+//! node's replica is a writer of the checker), checks invariant 8 when a
+//! node hands a partition off (what it stored is held by another node of
+//! the region), and after the heal checks that every partition is kept by
+//! exactly its RF owners per region, all ready and equal, and that no other
+//! node stores more than its own slots of it.
 
 mod check;
 pub mod cli;
@@ -45,7 +45,7 @@ pub enum PartitionBug {
     /// An owner confirms a release without having pulled the partition: the
     /// releasing node deletes it before the new owner caught up.
     ConfirmBeforeCaughtUp,
-    /// A releasing node never deletes: partitions stay on former owners.
+    /// The purge never runs: released partitions stay stored on former owners.
     KeepReleased,
 }
 

@@ -6,9 +6,10 @@
 //! is durable, confirmations asked and answered, and the purge of what is
 //! no longer kept, in the order `tally-node`'s shell does each.
 //!
-//! Not wired into the partitioned world yet: `world.rs` still runs one
-//! replica per held partition (`node.rs`). This is the node it is to run
-//! instead; the tests below drive a few of them over instant messages.
+//! The partitioned world (`world.rs`) runs one per node slot, with its
+//! commits, pulls and confirmations as timed events over the simulated
+//! network (`node.rs`, `sync.rs`); the helpers below (`commit_all`, `pull`,
+//! `confirm`) drive a few of them over instant messages in the tests.
 //!
 //! Invariants (the shell's, kept here): a round's record is stored before
 //! the round is committed, and a round whose record cannot be stored
@@ -16,11 +17,16 @@
 //! change it merged is durable here; a released partition goes only once
 //! every owner confirmed it.
 
+use std::sync::Arc;
+
 use tally_core::runtime::copy_sessions::{CopySessions, PullOutcome};
 use tally_core::runtime::{recovered_serving, NodePartitions, RoundOutcome};
-use tally_node::crdt::ReplicaId;
+use tally_node::crdt::{PnCounter, ReplicaId};
 use tally_node::partition::{LifecycleRecord, MemberFacts, ViewSettings};
-use tally_node::replica::{establish, PullRequest, Replica, ReplicaConfig};
+use tally_node::replica::{
+    establish, CommitBatch, Key, PullChunk, PullPlan, PullRequest, PurgeStep, Replica,
+    ReplicaConfig,
+};
 use tally_node::store::{MemoryStore, Store};
 
 use crate::world::CLUSTER;
@@ -145,13 +151,25 @@ impl ScopedNode {
         Some(pending.commit(&mut self.core))
     }
 
-    /// Writes and flushes one group commit; returns its sequence.
-    pub fn commit(&mut self) -> Option<u64> {
+    /// Hands out the next group commit and writes it, not flushed yet
+    /// (a crash before [`Self::finish_commit`] loses it).
+    pub fn start_commit(&mut self) -> Option<Arc<CommitBatch>> {
         let batch = self.core.poll_commit()?;
         self.store.write(&batch).expect("the memory store writes");
+        Some(batch)
+    }
+
+    /// The commit `seq` handed out by [`Self::start_commit`] is flushed.
+    pub fn finish_commit(&mut self, seq: u64) {
         self.store.flush().expect("the memory store flushes");
-        self.core.handle_commit_done(batch.seq);
-        Some(batch.seq)
+        self.core.handle_commit_done(seq);
+    }
+
+    /// Writes and flushes one group commit; returns its sequence.
+    pub fn commit(&mut self) -> Option<u64> {
+        let seq = self.start_commit()?.seq;
+        self.finish_commit(seq);
+        Some(seq)
     }
 
     /// Commits until nothing waits.
@@ -159,15 +177,20 @@ impl ScopedNode {
         while self.commit().is_some() {}
     }
 
+    /// One step of the purge of what is no longer kept, over at most
+    /// `limit` stored counters (`None`: no purge runs); its deletions wait
+    /// for the next commit.
+    pub fn purge_step(&mut self, now: u64, limit: usize) -> Option<PurgeStep> {
+        self.partitions
+            .purge_step(now, &mut self.core, &self.store, limit)
+            .expect("the memory store reads")
+    }
+
     /// Runs the purge of what is no longer kept to its end; returns the
     /// stored counters it looked at (0: no purge ran).
     pub fn purge(&mut self, now: u64) -> usize {
         let mut visited = 0;
-        while let Some(step) = self
-            .partitions
-            .purge_step(now, &mut self.core, &self.store, 256)
-            .expect("the memory store reads")
-        {
+        while let Some(step) = self.purge_step(now, 256) {
             visited += step.visited;
             self.commit_all();
             if step.done {
@@ -178,9 +201,69 @@ impl ScopedNode {
     }
 }
 
-/// One pull of `puller` from `source`, as the anti-entropy loop makes it:
-/// the scope the partitions ask for, fitted by the copy sessions, chunk by
-/// chunk to the source's durable sequence; reported once what it merged is
+/// The first request of a pull planned by the peer book (`plan`), as the
+/// anti-entropy loop makes it, before the copy sessions fit it.
+pub fn pull_request(puller: &ScopedNode, plan: &PullPlan) -> PullRequest {
+    PullRequest {
+        cluster_id: CLUSTER.into(),
+        caller: puller.id(),
+        expected: Some(plan.peer),
+        after: plan.after.clone(),
+        max_bytes: CHUNK_BYTES,
+        directory_digest: plan.directory_digest,
+        protocol: puller.core.peers().own_protocol(),
+        deltas_after: Some(plan.deltas_after.clone()),
+        records_from: plan.records_from,
+        scope: None,
+    }
+}
+
+/// `source` answers a pull: every chunk from `request` on, as the server
+/// streams them; a refusal ends the stream.
+pub fn serve_pull(source: &ScopedNode, mut request: PullRequest) -> Result<Vec<PullChunk>, String> {
+    let mut chunks = Vec::new();
+    loop {
+        let chunk = source
+            .core
+            .handle_pull(&source.store, &request)
+            .map_err(|refused| refused.to_string())?;
+        let last = chunk.is_last();
+        request.after = chunk.next.clone();
+        request.deltas_after = chunk.deltas_next.clone();
+        request.records_from = chunk.records_next;
+        chunks.push(chunk);
+        if last {
+            return Ok(chunks);
+        }
+    }
+}
+
+/// `puller` merges the chunks `peer` streamed, in order, until one is
+/// refused (what was merged before it stays); returns what they covered
+/// and the changed counters.
+pub fn merge_pulled(
+    now: u64,
+    puller: &mut ScopedNode,
+    peer: ReplicaId,
+    chunks: Vec<PullChunk>,
+) -> Result<(PullOutcome, Vec<(Key, PnCounter)>), String> {
+    let mut outcome = PullOutcome::default();
+    let mut changed = Vec::new();
+    for chunk in chunks {
+        let (served, through, last) = (chunk.served.clone(), chunk.next.seq, chunk.is_last());
+        let report = puller
+            .core
+            .handle_pull_chunk(now, &puller.store, peer, chunk)
+            .map_err(|refused| refused.to_string())?;
+        changed.extend(report.changed);
+        outcome.add_chunk(served.as_ref(), through, last);
+    }
+    Ok((outcome, changed))
+}
+
+/// One pull of `puller` from `source` over instant messages: the scope
+/// the partitions ask for, fitted by the copy sessions, chunk by chunk to
+/// the source's durable sequence; reported once what it merged is
 /// durable. Returns whether it was reported.
 pub fn pull(now: u64, puller: &mut ScopedNode, source: &ScopedNode) -> bool {
     let Some(scope) = puller.partitions.pull_scope(&source.name) else {
@@ -188,38 +271,18 @@ pub fn pull(now: u64, puller: &mut ScopedNode, source: &ScopedNode) -> bool {
     };
     let peer = source.id();
     let book = puller.core.peers();
-    let mut request = PullRequest {
-        cluster_id: CLUSTER.into(),
-        caller: puller.id(),
-        expected: Some(peer),
+    let plan = PullPlan {
+        peer,
+        grpc_addr: source.name.clone(),
         after: book.watermark(peer),
-        max_bytes: CHUNK_BYTES,
         directory_digest: book.directory_digest(peer),
-        protocol: book.own_protocol(),
-        deltas_after: Some(book.delta_watermark(peer)),
+        deltas_after: book.delta_watermark(peer),
         records_from: Some(book.records_watermark(peer)),
-        scope: None,
     };
+    let mut request = pull_request(puller, &plan);
     let scope = puller.sessions.prepare(now, peer, &scope, &mut request);
-    let mut outcome = PullOutcome::default();
-    loop {
-        let chunk = source
-            .core
-            .handle_pull(&source.store, &request)
-            .expect("a member's pull is served");
-        let (served, through, last) = (chunk.served.clone(), chunk.next.seq, chunk.is_last());
-        request.after = chunk.next.clone();
-        request.deltas_after = chunk.deltas_next.clone();
-        request.records_from = chunk.records_next;
-        puller
-            .core
-            .handle_pull_chunk(now, &puller.store, peer, chunk)
-            .expect("a member's chunk merges");
-        outcome.add_chunk(served.as_ref(), through, last);
-        if last {
-            break;
-        }
-    }
+    let chunks = serve_pull(source, request).expect("a member's pull is served");
+    let (outcome, _) = merge_pulled(now, puller, peer, chunks).expect("a member's chunks merge");
     let Some((scope, served, through, read_from_scratch)) =
         puller.sessions.finish(peer, &scope, &outcome)
     else {

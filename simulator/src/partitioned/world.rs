@@ -5,18 +5,20 @@
 //! Invariant: a run is a pure function of (seed, options, plan). Events are
 //! ordered by (time, insertion number), random draws come from per-subsystem
 //! streams of the seed, and every handled event is folded into a trace hash.
-//! A node's view is rebuilt from what the other nodes publish (state, the
-//! partitions they serve and release) and what it can reach, at its own
-//! refresh times, so views are stale and disagree while faults last.
+//! A node's lifecycle round takes what the other nodes publish (state,
+//! removals, drain requests, the partitions they serve and release) and
+//! whether it can reach them, at its own round times, so views are stale
+//! and disagree while faults last.
 
 use tally_node::partition::{
-    ClusterView, Holdings, NodeInfo, NodeState, Partition, PartitionCount, PartitionSet,
+    ClusterView, MemberFacts, NodeInfo, NodeState, Partition, PartitionCount, ViewSettings,
 };
-use tally_node::replica::DurableState;
+use tally_node::replica::{DurableState, Member};
 
 pub use super::events::{Ev, Msg, PartitionStats, PartitionedResult};
-use super::node::{PartNode, PartReplica};
+use super::node::PartNode;
 use super::plan::{MemberOp, PartitionedPlan, PlanOp};
+use super::scoped::ScopedNode;
 use super::PartitionedOptions;
 use crate::checker::Checker;
 use crate::faults::Op;
@@ -25,6 +27,7 @@ use crate::network::{LatencyMatrix, Network};
 use crate::options::SimOptions;
 use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
+use crate::world::EPOCH_MS;
 
 /// Time between two settle probes after the heal (ms).
 pub const PROBE_MS: u64 = 50;
@@ -38,6 +41,7 @@ pub struct PWorld<'a> {
     pub(super) now: u64,
     queue: EventQueue<Ev>,
     pub(super) count: PartitionCount,
+    pub(super) settings: ViewSettings,
     pub(super) nodes: Vec<PartNode>,
     /// Per client: its region and the add it waits for.
     pub(super) clients: Vec<(usize, Option<u32>)>,
@@ -79,10 +83,7 @@ impl<'a> PWorld<'a> {
         let matrix = LatencyMatrix::generate(seed, &net_options);
         let count = PartitionCount::new(u64::from(options.partitions)).expect("validated");
         let nodes = (0..options.slot_count())
-            .map(|i| {
-                let region = net_options.region_name(options.region_of(i));
-                PartNode::new(i, region, count, options.is_initial(i))
-            })
+            .map(|i| PartNode::new(i, net_options.region_name(options.region_of(i))))
             .collect();
         let key_names = crate::world::key_names(options.keys);
         let key_partition = key_names
@@ -101,6 +102,11 @@ impl<'a> PWorld<'a> {
             now: 0,
             queue: EventQueue::default(),
             count,
+            settings: ViewSettings {
+                partitions: count,
+                replication_factor: options.replication,
+                dead_after_ms: options.dead_after_ms,
+            },
             nodes,
             clients,
             attempts: Vec::new(),
@@ -133,17 +139,11 @@ impl<'a> PWorld<'a> {
     }
 
     fn start(&mut self) {
+        // Every node starts on a new data directory and joins; a partition
+        // nobody serves yet is ready at once (nothing to copy).
         for node in 0..self.nodes.len() {
-            if self.nodes[node].exists {
-                self.start_timers(node);
-            }
-        }
-        // The first node's partitions are ready at once (nobody serves them
-        // yet: nothing to copy); the others copy theirs from it, as `Holdings`
-        // decides.
-        for node in 0..self.nodes.len() {
-            if self.nodes[node].exists {
-                self.refresh_view(node);
+            if self.options.is_initial(node) {
+                self.start_node(node);
             }
         }
         for client in 0..self.clients.len() {
@@ -161,6 +161,19 @@ impl<'a> PWorld<'a> {
             }
         }
         self.schedule(duration, Ev::HealAll);
+    }
+
+    /// Starts slot `node` on a new data directory, as a new replica.
+    fn start_node(&mut self, node: usize) {
+        let id = self.fresh_id();
+        let now = local_now(self.now);
+        let state = &mut self.nodes[node];
+        let scoped = ScopedNode::new(&state.name, &state.region, id, self.settings, now);
+        state.writer = self.checker.add_writer(self.now, scoped.id());
+        state.node = Some(scoped);
+        state.exists = true;
+        state.up = true;
+        self.start_timers(node);
     }
 
     fn start_timers(&mut self, node: usize) {
@@ -211,20 +224,16 @@ impl<'a> PWorld<'a> {
                 attempt,
                 answer,
             } => self.add_reply(client, add, attempt, answer),
-            Ev::FsyncDone(node, _, partition, replica, seq) => {
-                self.fsync_done(node as usize, partition, replica, seq)
-            }
+            Ev::FsyncDone(node, _, seq) => self.fsync_done(node as usize, seq),
             Ev::SyncRound(node, _) => self.sync_round(node as usize),
             Ev::ViewRefresh(node, _) => {
-                self.refresh_view(node as usize);
+                self.lifecycle_round(node as usize);
                 let epoch = self.nodes[node as usize].epoch;
                 let delay = between(&mut self.disk_rng, 100, 300);
                 self.schedule(delay, Ev::ViewRefresh(node, epoch));
             }
             Ev::Deliver { to, from, msg } => self.deliver(to as usize, from as usize, *msg),
-            Ev::PullTimeout(node, _, pull) => {
-                self.nodes[node as usize].pulls.remove(&pull);
-            }
+            Ev::PullTimeout(node, _, pull) => self.pull_timed_out(node as usize, pull),
             Ev::Answered(add, replica, ticket) => {
                 self.ledger.answered(add, replica, ticket, false);
             }
@@ -236,61 +245,49 @@ impl<'a> PWorld<'a> {
         rand::Rng::random(&mut self.id_rng)
     }
 
-    /// What node `index` publishes, as `observer` sees it.
-    fn info(&mut self, observer: usize, index: usize) -> NodeInfo {
-        let alive = index == observer
+    /// Whether `observer` hears from `index` now.
+    fn hears(&self, observer: usize, index: usize) -> bool {
+        index == observer
             || (self.nodes[index].up
                 && !self.net.is_blocked(observer, index)
-                && !self.net.is_blocked(index, observer));
-        let now = self.now;
-        let node = &self.nodes[index];
-        let name = node.name.clone();
-        let down_since_ms = self.nodes[observer].down_clock.observe(&name, alive, now);
-        let node = &self.nodes[index];
-        NodeInfo {
-            name,
-            region: node.region.clone(),
-            state: node.state,
-            alive,
-            down_since_ms,
-            holding: node.holdings.serving(),
-            releasing: node.holdings.releasing(),
-        }
+                && !self.net.is_blocked(index, observer))
     }
 
-    /// The view of node `observer` now.
-    fn view_for(&mut self, observer: usize) -> ClusterView {
-        let existing: Vec<usize> = (0..self.nodes.len())
-            .filter(|index| self.nodes[*index].exists)
+    /// What gossip and membership tell node `observer` of the others.
+    fn members_for(&self, observer: usize) -> (Vec<MemberFacts>, Vec<Member>) {
+        let others: Vec<(usize, bool)> = (0..self.nodes.len())
+            .filter(|index| *index != observer && self.nodes[*index].exists)
+            .map(|index| (index, self.hears(observer, index)))
             .collect();
-        let infos: Vec<NodeInfo> = existing
-            .into_iter()
-            .map(|index| self.info(observer, index))
+        let facts = others
+            .iter()
+            .map(|(index, alive)| self.nodes[*index].facts(*alive))
             .collect();
-        ClusterView::new(
-            self.count,
-            self.options.replication,
-            self.options.dead_after_ms,
-            self.now,
-            infos,
-        )
+        let members = others
+            .iter()
+            .map(|(index, alive)| self.nodes[*index].member(*alive))
+            .collect();
+        (facts, members)
     }
 
     /// The cluster as it is (what an operator's check sees).
     pub(super) fn truth(&self) -> ClusterView {
-        let infos = self
-            .nodes
-            .iter()
-            .filter(|node| node.exists)
-            .map(|node| NodeInfo {
+        let infos = self.nodes.iter().filter(|node| node.exists).map(|node| {
+            let (serving, _, releasing) = node.scoped().partitions.holdings();
+            NodeInfo {
                 name: node.name.clone(),
                 region: node.region.clone(),
-                state: node.state,
+                state: if node.removed {
+                    NodeState::Left
+                } else {
+                    node.state()
+                },
                 alive: node.up,
                 down_since_ms: None,
-                holding: node.holdings.serving(),
-                releasing: node.holdings.releasing(),
-            });
+                holding: serving,
+                releasing,
+            }
+        });
         ClusterView::new(
             self.count,
             self.options.replication,
@@ -300,37 +297,37 @@ impl<'a> PWorld<'a> {
         )
     }
 
-    /// Node `node` rebuilds its view and hands it to its `Holdings`; it
-    /// takes up the partitions it now keeps and moves along its lifecycle
-    /// (joining to active once caught up, draining to left once empty).
-    pub(super) fn refresh_view(&mut self, node: usize) {
-        let view = self.view_for(node);
-        self.nodes[node].holdings.handle_view(&view);
-        let kept = self.nodes[node].holdings.kept();
-        let fresh: Vec<Partition> = kept
-            .iter()
-            .filter(|p| !self.nodes[node].parts.contains_key(p))
-            .collect();
-        for partition in fresh {
-            let id = self.fresh_id();
-            let now = PartNode::local_now(self.now);
-            let part = PartReplica::fresh(&self.nodes[node].region, id, now, 0);
-            let writer = self.checker.add_writer(self.now, part.id());
-            let part = PartReplica { writer, ..part };
-            self.nodes[node].parts.insert(partition, part);
-        }
+    /// Node `node`'s lifecycle round, as the node's lifecycle keeper runs
+    /// it: the members' facts in, the record stored, the round committed;
+    /// the partitions it handed off checked against invariant 8.
+    pub(super) fn lifecycle_round(&mut self, node: usize) {
+        let (facts, members) = self.members_for(node);
+        let now = local_now(self.now);
         let state = &mut self.nodes[node];
-        if state.state == NodeState::Joining && state.holdings.receiving().is_empty() {
-            state.state = NodeState::Active;
-            self.stats.joined += 1;
+        let scoped = state.scoped_mut();
+        scoped.core.peers_mut().handle_membership(members);
+        let releasing = scoped.partitions.holdings().2;
+        let Some(outcome) = scoped.round(now, facts) else {
+            return;
+        };
+        state.view = Some(scoped.partitions.view(now));
+        match outcome.state_change {
+            Some((NodeState::Joining, NodeState::Active)) if !self.options.is_initial(node) => {
+                self.stats.joined += 1
+            }
+            Some((_, NodeState::Left)) => self.stats.drained += 1,
+            _ => {}
         }
-        if state.state == NodeState::Draining && state.holdings.kept().is_empty() {
-            state.state = NodeState::Left;
-            self.stats.drained += 1;
+        for partition in outcome.deleted {
+            self.stats.released += 1;
+            if releasing.contains(partition) {
+                self.check_release(node, partition);
+            }
         }
-        state.view = Some(view);
-        state.persist();
-        self.trace.mix(state.holdings.serving().len() as u64);
+        self.finish_pulls(node);
+        self.wake_commit(node);
+        let serving = self.nodes[node].scoped().partitions.holdings().0;
+        self.trace.mix(serving.len() as u64);
     }
 
     fn fault(&mut self, index: usize, starting: bool) {
@@ -346,7 +343,7 @@ impl<'a> PWorld<'a> {
             }
             PlanOp::Fault(Op::Crash { node, .. }) => {
                 if starting {
-                    self.crash(node);
+                    self.nodes[node].crash_if_up();
                 } else {
                     self.restart(node);
                 }
@@ -370,24 +367,25 @@ impl<'a> PWorld<'a> {
 
     fn member(&mut self, op: MemberOp) {
         let node = op.node();
+        let now = local_now(self.now);
         match op {
             MemberOp::Join { .. } => {
-                let state = &mut self.nodes[node];
-                if state.exists {
-                    return;
+                if !self.nodes[node].exists {
+                    self.start_node(node);
                 }
-                state.exists = true;
-                state.up = true;
-                state.state = NodeState::Joining;
-                self.start_timers(node);
             }
             MemberOp::Drain { .. } => {
-                let state = &self.nodes[node];
-                if !state.exists || state.removed || state.state != NodeState::Active {
+                let state = &mut self.nodes[node];
+                if !state.exists || state.removed || !state.up {
                     return;
                 }
-                match self.truth().check_drain(&state.name) {
-                    Ok(()) => self.nodes[node].state = NodeState::Draining,
+                let name = state.name.clone();
+                let scoped = state.scoped_mut();
+                match scoped.partitions.drain(now, &name) {
+                    Ok(pending) => {
+                        scoped.record = pending.record_to_persist().or(scoped.record.take());
+                        pending.commit();
+                    }
                     Err(_) => self.stats.drains_refused += 1,
                 }
             }
@@ -395,31 +393,29 @@ impl<'a> PWorld<'a> {
                 if !self.nodes[node].exists || self.nodes[node].removed {
                     return;
                 }
-                self.crash(node);
+                self.nodes[node].crash_if_up();
+                // An operator asks a node that is up, as `tally admin remove`.
                 let name = self.nodes[node].name.clone();
-                if self.truth().check_remove(&name).is_err() {
+                let Some(asked) = (0..self.nodes.len()).find(|other| {
+                    let other = &self.nodes[*other];
+                    other.exists && other.up && !other.removed
+                }) else {
                     return;
-                }
+                };
+                // It asks once its view shows the node down.
+                self.lifecycle_round(asked);
+                let scoped = self.nodes[asked].scoped_mut();
+                let Ok(pending) = scoped.partitions.remove(now, &name) else {
+                    self.stats.removals_refused += 1;
+                    return;
+                };
+                scoped.record = pending.record_to_persist().or(scoped.record.take());
+                pending.commit();
                 let state = &mut self.nodes[node];
                 state.removed = true;
-                state.state = NodeState::Left;
-                let lost: Vec<usize> = state.parts.values().map(|part| part.writer).collect();
-                state.parts.clear();
-                state.persist();
-                for writer in lost {
-                    self.checker.writer_lost(writer);
-                }
-                let empty = PartitionSet::empty(self.count);
-                let state = &mut self.nodes[node];
-                state.holdings = Holdings::recover(&name, &state.region, self.count, &empty, 0);
+                self.checker.writer_lost(state.writer);
                 self.stats.removed += 1;
             }
-        }
-    }
-
-    fn crash(&mut self, node: usize) {
-        if self.nodes[node].exists && self.nodes[node].up {
-            self.nodes[node].crash();
         }
     }
 
@@ -428,25 +424,24 @@ impl<'a> PWorld<'a> {
         if !state.exists || state.up || state.removed {
             return;
         }
-        let recovered = self.nodes[node].restart(self.count, self.now);
-        for partition in recovered {
-            let part = &self.nodes[node].parts[&partition];
-            let (writer, id) = (part.writer, part.id());
-            let store = &part.store;
-            let names = &self.key_names;
-            let partitions = &self.key_partition;
-            self.checker.restarted(self.now, writer, id, |key| {
-                if partitions[key] != partition {
-                    return Default::default();
-                }
+        self.nodes[node].restart(local_now(self.now));
+        let state = &self.nodes[node];
+        let (writer, id) = (state.writer, state.id());
+        let store = &state.scoped().store;
+        let names = &self.key_names;
+        let partitions = &self.key_partition;
+        // What it keeps comes back whole; of the rest it may hold its own
+        // slots, or nothing (a purge): not checked.
+        self.checker.restarted_holding(self.now, writer, id, |key| {
+            state.keeps(partitions[key]).then(|| {
                 store
                     .load_counter(&names[key])
                     .ok()
                     .flatten()
                     .map(|stored| stored.state)
                     .unwrap_or_default()
-            });
-        }
+            })
+        });
         self.start_timers(node);
     }
 
@@ -488,9 +483,10 @@ impl<'a> PWorld<'a> {
                 let counters = self
                     .key_partition
                     .iter()
-                    .filter(|p| node.parts.contains_key(p))
+                    .filter(|p| node.keeps(**p))
                     .count();
-                (node.name.clone(), node.parts.len(), counters)
+                let kept = self.count.iter().filter(|p| node.keeps(*p)).count();
+                (node.name.clone(), kept, counters)
             })
             .collect();
         PartitionedResult {
@@ -510,4 +506,16 @@ impl<'a> PWorld<'a> {
             held,
         }
     }
+}
+
+/// The time a node's clock shows at simulated time `now`.
+pub(super) fn local_now(now: u64) -> u64 {
+    EPOCH_MS + now
+}
+
+/// The slot of a node name (`n7` is slot 7).
+pub(super) fn slot_of(name: &str) -> usize {
+    name.strip_prefix('n')
+        .and_then(|index| index.parse().ok())
+        .expect("simulated node names are n<slot>")
 }
