@@ -122,6 +122,16 @@ impl BoundedCounter {
         }
     }
 
+    /// A counter of these parts as they were stored or sent (a decoder's
+    /// constructor: it checks nothing, the decoder does).
+    pub(crate) fn from_parts(
+        bound: i64,
+        rows: BTreeMap<ReplicaId, RightsRow>,
+        heirs: BTreeMap<ReplicaId, ReplicaId>,
+    ) -> Self {
+        BoundedCounter { bound, rows, heirs }
+    }
+
     /// The lower bound.
     pub fn bound(&self) -> i64 {
         self.bound
