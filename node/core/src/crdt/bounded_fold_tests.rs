@@ -183,8 +183,8 @@ struct Run {
     history: Vec<Vec<BoundedCounter>>,
     put: i128,
     taken: i128,
-    /// The writer retired, once it is.
-    retired: Option<u64>,
+    /// The writers retired so far.
+    retired: Vec<u64>,
 }
 
 impl Run {
@@ -194,7 +194,7 @@ impl Run {
         let at = writer as usize;
         let replica = &mut self.replicas[at];
         match kind {
-            _ if self.retired == Some(writer) && kind < 4 => {}
+            _ if self.retired.contains(&writer) && kind < 4 => {}
             0 | 1 => {
                 if replica.take(w(writer), amount).is_ok() {
                     self.taken += i128::from(amount);
@@ -233,7 +233,7 @@ impl Run {
         for writer in 0..WRITERS {
             let rights = truth.rights(w(writer));
             prop_assert!(rights >= 0, "writer {} holds {}", writer, rights);
-            if self.retired == Some(writer) {
+            if self.retired.contains(&writer) {
                 continue;
             }
             let own = self.replicas[writer as usize].rights(w(writer));
@@ -252,7 +252,11 @@ impl Run {
 proptest! {
     /// Random takes, puts, transfers and stale merges among four writers;
     /// then one retires and is folded at two replicas (in either order, a
-    /// replica perhaps twice), with more steps and stale merges in between.
+    /// replica perhaps twice), with more steps and stale merges in between;
+    /// then perhaps its heir retires too, folded at one more replica.
+    /// Invariant 10 holds at every step, and after the heal every replica
+    /// holds the same state, whose live writers' rights add up to its
+    /// value less the bound.
     #[test]
     fn a_fold_keeps_every_right_exactly_whatever_the_order(
         stock in 1u64..30,
@@ -261,11 +265,12 @@ proptest! {
         folders in (0..WRITERS, 0..WRITERS),
         after in steps(0..60),
         at in (any::<prop::sample::Index>(), any::<prop::sample::Index>()),
+        chain in prop::option::of((0..WRITERS, steps(0..30))),
     ) {
         let mut replicas = vec![BoundedCounter::new(BOUND); WRITERS as usize];
         replicas[0].put(w(0), stock).unwrap();
         let history = replicas.iter().map(|r| vec![r.clone()]).collect();
-        let mut run = Run { replicas, history, put: i128::from(stock), taken: 0, retired: None };
+        let mut run = Run { replicas, history, put: i128::from(stock), taken: 0, retired: vec![] };
         for step in before {
             run.step(step);
             run.check()?;
@@ -273,7 +278,7 @@ proptest! {
         // Its own replica holds its final row exactly.
         let live: Vec<u64> = (0..WRITERS).filter(|id| *id != retired).collect();
         let fold = fold_of(&run.replicas[retired as usize], retired, &live);
-        run.retired = Some(retired);
+        run.retired.push(retired);
         let fold_at = [
             (at.0.index(after.len() + 1), folders.0),
             (at.1.index(after.len() + 1), folders.1),
@@ -292,6 +297,20 @@ proptest! {
                 run.check()?;
             }
         }
+        let mut holder = fold.heir();
+        if let Some((folder, tail)) = chain {
+            let live: Vec<u64> = live.into_iter().filter(|id| w(*id) != holder).collect();
+            let fold = fold_of(&run.replicas[holder.0 as usize], holder.0, &live);
+            run.retired.push(holder.0);
+            let replica = &mut run.replicas[folder as usize];
+            prop_assert!(replica.fold_retired(&fold).is_ok());
+            run.history[folder as usize].push(replica.clone());
+            for step in tail {
+                run.step(step);
+                run.check()?;
+            }
+            holder = fold.heir();
+        }
         // The heal: every replica merges every other's latest state.
         let latest = run.replicas.clone();
         for replica in &mut run.replicas {
@@ -304,7 +323,8 @@ proptest! {
             prop_assert_eq!(replica, healed);
         }
         prop_assert_eq!(healed.rights(w(retired)), 0);
-        prop_assert_eq!(healed.holder_of(w(retired)), Some(fold.heir()));
+        prop_assert_eq!(healed.holder_of(w(retired)), Some(holder));
+        prop_assert_eq!(live_rights(healed), healed.value() - i128::from(BOUND));
         run.check()?;
     }
 }
