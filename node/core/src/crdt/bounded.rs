@@ -170,7 +170,7 @@ impl BoundedCounter {
 
     /// The rights that `writer`'s row and the transfers to it make, without
     /// folds: `put - took + received - sent`.
-    pub(super) fn row_rights(&self, writer: ReplicaId) -> i128 {
+    fn row_rights(&self, writer: ReplicaId) -> i128 {
         let received: i128 = self
             .rows
             .iter()
