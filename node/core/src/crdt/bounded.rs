@@ -30,11 +30,15 @@
 //!   when the counter is created; [`BoundedCounter::check_merge`] refuses
 //!   states of another).
 //!
-//! Folding a retired writer's row (its rights go to an heir, exactly) and
-//! moving rights with partitions are the protocol's part, not here.
+//! A retired writer's rights go to an heir, exactly ([`super::bounded_fold`]):
+//! the state also maps each retired writer to its heir, and a writer's
+//! rights count those of the retired writers whose heirs lead to it.
+//! Deciding when to fold and moving rights with partitions are the
+//! protocol's part, not here.
 
 use std::collections::BTreeMap;
 
+use super::bounded_fold::BoundedFoldRefused;
 use super::{Crdt, ReplicaId};
 
 /// One writer's row (see the module documentation).
@@ -72,23 +76,40 @@ pub enum BoundedRefused {
     /// A writer cannot send rights to itself.
     #[error("a writer cannot transfer rights to itself")]
     ToItself,
+    /// The writer is retired: it writes no more, and its heir holds its
+    /// rights.
+    #[error("writer {writer} is retired; its rights are its heir's")]
+    Retired {
+        /// The retired writer.
+        writer: ReplicaId,
+    },
 }
 
-/// States of a counter created with another bound.
+/// Why two states of one bounded counter may not be merged; nothing changed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("two states of one bounded counter disagree on its bound ({ours} here, {theirs} there)")]
-pub struct BoundConflict {
-    /// Our bound.
-    pub ours: i64,
-    /// Theirs.
-    pub theirs: i64,
+pub enum MergeRefused {
+    /// States of a counter created with another bound.
+    #[error(
+        "two states of one bounded counter disagree on its bound ({ours} here, {theirs} there)"
+    )]
+    Bound {
+        /// Our bound.
+        ours: i64,
+        /// Theirs.
+        theirs: i64,
+    },
+    /// The states' folds of retired writers disagree.
+    #[error(transparent)]
+    Fold(#[from] BoundedFoldRefused),
 }
 
 /// A bounded counter (see the module documentation).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct BoundedCounter {
     bound: i64,
-    rows: BTreeMap<ReplicaId, RightsRow>,
+    pub(super) rows: BTreeMap<ReplicaId, RightsRow>,
+    /// Each retired writer's heir ([`super::bounded_fold`]).
+    pub(super) heirs: BTreeMap<ReplicaId, ReplicaId>,
 }
 
 impl BoundedCounter {
@@ -97,7 +118,18 @@ impl BoundedCounter {
         BoundedCounter {
             bound,
             rows: BTreeMap::new(),
+            heirs: BTreeMap::new(),
         }
+    }
+
+    /// A counter of these parts as they were stored or sent (a decoder's
+    /// constructor: it checks nothing, the decoder does).
+    pub(crate) fn from_parts(
+        bound: i64,
+        rows: BTreeMap<ReplicaId, RightsRow>,
+        heirs: BTreeMap<ReplicaId, ReplicaId>,
+    ) -> Self {
+        BoundedCounter { bound, rows, heirs }
     }
 
     /// The lower bound.
@@ -120,8 +152,25 @@ impl BoundedCounter {
 
     /// `writer`'s rights as this state sees them: on `writer`'s own replica,
     /// at most its true rights (transfers to it may not have arrived yet);
-    /// elsewhere possibly stale.
+    /// elsewhere possibly stale. They include the rights of the retired
+    /// writers it is the heir of (directly or by a chain of folds); a
+    /// retired writer holds none.
     pub fn rights(&self, writer: ReplicaId) -> i128 {
+        if self.heirs.contains_key(&writer) {
+            return 0;
+        }
+        let inherited: i128 = self
+            .heirs
+            .keys()
+            .filter(|retired| self.holder_of(**retired) == Some(writer))
+            .map(|retired| self.row_rights(*retired))
+            .sum();
+        self.row_rights(writer) + inherited
+    }
+
+    /// The rights that `writer`'s row and the transfers to it make, without
+    /// folds: `put - took + received - sent`.
+    fn row_rights(&self, writer: ReplicaId) -> i128 {
         let received: i128 = self
             .rows
             .iter()
@@ -140,6 +189,7 @@ impl BoundedCounter {
 
     /// `writer` takes `amount`, if its rights cover it.
     pub fn take(&mut self, writer: ReplicaId, amount: u64) -> Result<(), BoundedRefused> {
+        self.live(writer)?;
         self.covered(writer, amount)?;
         let row = self.rows.entry(writer).or_default();
         row.took = row
@@ -155,6 +205,7 @@ impl BoundedCounter {
         if amount == 0 {
             return Err(BoundedRefused::Zero);
         }
+        self.live(writer)?;
         let row = self.rows.entry(writer).or_default();
         row.put = row
             .put
@@ -164,7 +215,9 @@ impl BoundedCounter {
     }
 
     /// `from` sends `amount` of its rights to `to`, if they cover it. `to`
-    /// holds them once it has merged `from`'s row.
+    /// holds them once it has merged `from`'s row. Neither may be retired
+    /// (send to the heir instead; a transfer to a writer retired meanwhile
+    /// reaches its heir).
     pub fn transfer(
         &mut self,
         from: ReplicaId,
@@ -174,11 +227,20 @@ impl BoundedCounter {
         if from == to {
             return Err(BoundedRefused::ToItself);
         }
+        self.live(from)?;
+        self.live(to)?;
         self.covered(from, amount)?;
         let row = self.rows.entry(from).or_default();
         let sent = row.sent.entry(to).or_default();
         *sent = sent.checked_add(amount).ok_or(BoundedRefused::Overflow)?;
         Ok(())
+    }
+
+    fn live(&self, writer: ReplicaId) -> Result<(), BoundedRefused> {
+        match self.heirs.contains_key(&writer) {
+            true => Err(BoundedRefused::Retired { writer }),
+            false => Ok(()),
+        }
     }
 
     fn covered(&self, writer: ReplicaId, amount: u64) -> Result<(), BoundedRefused> {
@@ -197,41 +259,54 @@ impl BoundedCounter {
         Ok(())
     }
 
-    /// Whether `other` may be merged into this state: the same bound.
-    pub fn check_merge(&self, other: &BoundedCounter) -> Result<(), BoundConflict> {
+    /// Whether `other` may be merged into this state: the same bound, and
+    /// folds that agree (each retired writer has one heir, and no chain of
+    /// heirs is a circle).
+    pub fn check_merge(&self, other: &BoundedCounter) -> Result<(), MergeRefused> {
         if self.bound != other.bound {
-            return Err(BoundConflict {
+            return Err(MergeRefused::Bound {
                 ours: self.bound,
                 theirs: other.bound,
             });
         }
+        self.check_fold_merge(other)?;
         Ok(())
     }
 }
 
 impl Crdt for BoundedCounter {
-    /// Row-wise, field-wise max, for two states with one bound
-    /// ([`BoundedCounter::check_merge`] first where they may differ).
+    /// Row-wise, field-wise max, and the union of the heirs, for two states
+    /// with one bound and agreeing folds ([`BoundedCounter::check_merge`]
+    /// first where they may differ).
     fn merge(&mut self, other: &Self) -> bool {
         debug_assert_eq!(self.bound, other.bound);
-        let mut changed = false;
+        let mut changed = self.merge_heirs(other);
         for (writer, theirs) in &other.rows {
-            if *theirs == RightsRow::default() {
-                continue;
+            changed |= self.merge_row(*writer, theirs);
+        }
+        changed
+    }
+}
+
+impl BoundedCounter {
+    /// Raises `writer`'s row to the field-wise max of it and `theirs`.
+    pub(super) fn merge_row(&mut self, writer: ReplicaId, theirs: &RightsRow) -> bool {
+        if *theirs == RightsRow::default() {
+            return false;
+        }
+        let row = self.rows.entry(writer).or_default();
+        let mut changed = false;
+        for (mine, theirs) in [(&mut row.put, theirs.put), (&mut row.took, theirs.took)] {
+            if theirs > *mine {
+                *mine = theirs;
+                changed = true;
             }
-            let row = self.rows.entry(*writer).or_default();
-            for (mine, theirs) in [(&mut row.put, theirs.put), (&mut row.took, theirs.took)] {
-                if theirs > *mine {
-                    *mine = theirs;
-                    changed = true;
-                }
-            }
-            for (to, sent) in theirs.sent.iter().filter(|(_, sent)| **sent > 0) {
-                let mine = row.sent.entry(*to).or_default();
-                if *sent > *mine {
-                    *mine = *sent;
-                    changed = true;
-                }
+        }
+        for (to, sent) in theirs.sent.iter().filter(|(_, sent)| **sent > 0) {
+            let mine = row.sent.entry(*to).or_default();
+            if *sent > *mine {
+                *mine = *sent;
+                changed = true;
             }
         }
         changed

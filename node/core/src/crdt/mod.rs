@@ -7,6 +7,7 @@
 //! stated on [`Crdt`], and the tests check them with proptest.
 
 pub mod bounded;
+pub mod bounded_fold;
 pub mod causal_length;
 mod digest;
 mod fold;
@@ -15,7 +16,8 @@ pub mod hll;
 mod laws;
 mod pn_counter;
 
-pub use bounded::{BoundConflict, BoundedCounter, BoundedRefused, RightsRow};
+pub use bounded::{BoundedCounter, BoundedRefused, MergeRefused, RightsRow};
+pub use bounded_fold::{BoundedFoldRefused, RetiredFold};
 pub use causal_length::{check_member, CausalLengthSet, LengthOverflow, MemberError};
 pub use digest::{
     counter_digest, member_digest, register_digest, stable_hash, SetsDigest, StateDigest,

@@ -16,6 +16,8 @@
 //!   the holdings ask for (partition-scoped pulls over one cursor per peer).
 //! - [`copy_plan`]: which nodes a push of replicated durability goes to.
 //! - [`fold_report`]: the text form of a member's gossiped fold report.
+//! - [`rights_plan`]: where a bounded counter's rights should move, by
+//!   demand and on request.
 //!
 //! Invariants kept here: a change to a node's lifecycle or holdings is made
 //! only through a commit, which the caller makes once the record is
@@ -30,6 +32,7 @@ pub mod copy_plan;
 pub mod copy_sessions;
 pub mod fold_report;
 pub mod partitions;
+pub mod rights_plan;
 pub mod round;
 
 #[cfg(test)]

@@ -25,6 +25,10 @@
 //! | `g`    | writer replica (BE u64)  | v1, digest counters, digest hash        |
 //! | `o`    | replica (BE u64)         | v1, its node's name (until it is retired) |
 //!
+//! A bounded counter's state has its own versioned encoding
+//! ([`encode_bounded`], `bounded_encoding.rs`), for the store and the wire;
+//! no key prefix holds it yet.
+//!
 //! A counter with a folded base is written as record v3 (v2 plus the base's
 //! epoch, p and n); one without a base is written exactly as before, so the
 //! format changes only once a fold happened (cluster version 4).
@@ -634,6 +638,10 @@ impl<'a> Reader<'a> {
 #[path = "fold_encoding.rs"]
 mod fold;
 pub use fold::*;
+
+#[path = "bounded_encoding.rs"]
+mod bounded;
+pub use bounded::*;
 
 #[cfg(test)]
 #[path = "encoding_tests.rs"]
