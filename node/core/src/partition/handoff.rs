@@ -387,8 +387,8 @@ impl Holdings {
     /// durable change, that the view shows every owner holding (so this
     /// node's routes send their keys there, not here), and that are `quiet`
     /// (no change to them waits for a commit, which would raise the latest
-    /// change once stamped), and
-    /// receiving ones this node no longer owns. The runtime stops serving
+    /// change once stamped), and quiet receiving ones this node no longer
+    /// owns. The runtime stops serving
     /// them before anything can change them again, then deletes what it
     /// stores of them; this node no longer serves or keeps them.
     pub fn poll_deletions(&mut self, quiet: impl Fn(Partition) -> bool) -> Vec<Partition> {
@@ -398,7 +398,9 @@ impl Holdings {
         let mut deletions = Vec::new();
         for (partition, holding) in &self.states {
             let delete = match holding {
-                Holding::Receiving => !view.owns(&self.name, *partition),
+                // Not quiet: a merge into it still waits for its commit,
+                // and a purge that starts before that commit misses it.
+                Holding::Receiving => !view.owns(&self.name, *partition) && quiet(*partition),
                 Holding::Ready => false,
                 Holding::Releasing { confirmed } => {
                     let latest = self.latest_change[partition.0 as usize];

@@ -216,6 +216,43 @@ fn a_joiner_waits_for_a_holder_it_does_not_see_alive() {
     assert_eq!(b.state(p), Some(&Holding::Ready), "a is gone");
 }
 
+/// A partition being copied in that this node no longer owns goes only
+/// once it is quiet: a pull merged into it just before may still wait for
+/// its commit, and a purge that started before that commit would never
+/// see the counter (found by the partitioned simulator, seed 80: a stray
+/// copy stayed stored for good).
+#[test]
+fn a_receiving_partition_no_longer_owned_goes_only_once_quiet() {
+    let one = count(1);
+    let none = PartitionSet::empty(one);
+    let p = Partition(0);
+    // b copies p from a, which serves it: receiving.
+    let serving = |b: NodeState| {
+        let nodes = [
+            NodeInfo {
+                holding: PartitionSet::full(one),
+                releasing: none.clone(),
+                ..node("a", NodeState::Active)
+            },
+            NodeInfo {
+                holding: none.clone(),
+                releasing: none.clone(),
+                ..node("b", b)
+            },
+        ];
+        ClusterView::new(one, 2, DEAD_AFTER_MS, 0, nodes)
+    };
+    let mut b = Holdings::recover("b", REGION, one, &none, 0);
+    b.handle_view(&serving(NodeState::Active));
+    assert_eq!(b.state(p), Some(&Holding::Receiving));
+    // b drains before the copy completes: it no longer owns p.
+    b.handle_view(&serving(NodeState::Draining));
+    assert!(b.poll_deletions(|_| false).is_empty(), "a merge waits");
+    assert_eq!(b.state(p), Some(&Holding::Receiving));
+    assert_eq!(b.poll_deletions(|_| true), vec![p]);
+    assert_eq!(b.state(p), None);
+}
+
 /// A partition held back (this node may not write it yet: its slots there
 /// wait for a fold) stays receiving once caught up, so it is not served
 /// and the routes send its keys to the other owners; it is listed as
