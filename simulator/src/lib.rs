@@ -10,6 +10,7 @@
 pub mod checker;
 pub mod faults;
 pub mod fold_check;
+pub mod fold_record;
 pub mod ledger;
 pub mod network;
 pub mod options;

@@ -212,8 +212,15 @@ pub fn render_run(
     );
     let _ = writeln!(
         out,
-        "membership: {} joined, {} drained ({} drains refused), {} removed ({} refused)",
-        s.joined, s.drained, s.drains_refused, s.removed, s.removals_refused
+        "membership: {} joined, {} drained ({} drains refused), {} removed ({} refused); \
+         {} fold epochs ({} rounds refused a record)",
+        s.joined,
+        s.drained,
+        s.drains_refused,
+        s.removed,
+        s.removals_refused,
+        s.fold_epochs,
+        s.fold_errors
     );
     let _ = writeln!(
         out,
@@ -294,7 +301,7 @@ pub fn render_sweep(
     let _ = writeln!(
         out,
         "{} seeds: {} adds, {} acked; {} joins, {} drains, {} removals completed; \
-         {} partitions streamed from scratch, {} handed off",
+         {} partitions streamed from scratch, {} handed off; {} fold epochs",
         results.len(),
         total(|r| r.workload.adds),
         total(|r| r.workload.acked),
@@ -302,7 +309,8 @@ pub fn render_sweep(
         total(|r| r.stats.drained),
         total(|r| r.stats.removed),
         total(|r| r.stats.from_scratch),
-        total(|r| r.stats.released)
+        total(|r| r.stats.released),
+        total(|r| r.stats.fold_epochs)
     );
     let _ = writeln!(
         out,

@@ -100,6 +100,8 @@ pub enum Ev {
         /// The message.
         msg: Box<Msg>,
     },
+    /// A node's fold round: (node, epoch).
+    FoldRound(u16, u32),
     /// A pull's deadline: (node, epoch, pull).
     PullTimeout(u16, u32, u64),
     /// The ledger learns an answer, once no other attempt of the add can
@@ -117,6 +119,7 @@ impl Ev {
             Ev::FsyncDone(node, epoch, ..)
             | Ev::SyncRound(node, epoch)
             | Ev::ViewRefresh(node, epoch)
+            | Ev::FoldRound(node, epoch)
             | Ev::PullTimeout(node, epoch, _) => Some((*node as usize, Some(*epoch))),
             _ => None,
         }
@@ -138,6 +141,7 @@ impl Ev {
             Ev::PullTimeout(..) => 12,
             Ev::Answered(..) => 13,
             Ev::Probe => 14,
+            Ev::FoldRound(..) => 15,
         }
     }
 }
@@ -173,6 +177,10 @@ pub struct PartitionStats {
     pub removed: u64,
     /// Removals refused by the asked node's check.
     pub removals_refused: u64,
+    /// Fold epochs committed (of removed nodes' writers).
+    pub fold_epochs: u64,
+    /// Fold rounds that returned an error (a refused record).
+    pub fold_errors: u64,
 }
 
 /// What a run produced.

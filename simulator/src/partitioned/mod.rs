@@ -25,6 +25,7 @@ mod check;
 pub mod cli;
 mod clients;
 mod events;
+mod folds;
 mod node;
 pub mod plan;
 pub mod scoped;

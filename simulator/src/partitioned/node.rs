@@ -19,6 +19,7 @@ use std::sync::Arc;
 use tally_core::runtime::copy_sessions::PullReport;
 use tally_node::crdt::ReplicaId;
 use tally_node::partition::{ClusterView, MemberFacts, NodeState, Partition, PullScope};
+use tally_node::replica::folds::FoldReport;
 use tally_node::replica::{CommitBatch, Member};
 
 use super::scoped::ScopedNode;
@@ -72,6 +73,8 @@ pub struct PartNode {
     pub pulled: Vec<PulledPending>,
     /// The view of its last lifecycle round, which it routes adds by.
     pub view: Option<ClusterView>,
+    /// The fold report it published last.
+    pub report: Option<FoldReport>,
 }
 
 impl PartNode {
@@ -92,6 +95,7 @@ impl PartNode {
             pulls: BTreeMap::new(),
             pulled: Vec::new(),
             view: None,
+            report: None,
         }
     }
 
@@ -161,7 +165,7 @@ impl PartNode {
             digest: core.digest().0,
             sets_digest: Some(core.sets_digest().0),
             protocol: core.peers().own_protocol(),
-            folds: None,
+            folds: self.report.clone(),
             partitions: core.peers().own_partitions(),
             born_at: tally_node::replica::version::NEWEST,
             counters_stored: None,

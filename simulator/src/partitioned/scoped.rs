@@ -79,6 +79,10 @@ impl ScopedNode {
     ) -> Self {
         core.peers_mut()
             .set_own_partitions(settings.partitions.get());
+        // The writers' digests by partition that folds compare, from every
+        // stored counter (as a node does after an unclean stop).
+        tally_node::store::set_partition_count(&mut core, settings.partitions, &store, None)
+            .expect("the memory store reads");
         let identity = core.identity().clone();
         let serving = recovered_serving(record.as_ref(), settings.partitions, false);
         let mut partitions = NodePartitions::new(

@@ -14,7 +14,7 @@
 //! verifies invariant 8 (every counter of it is held, at least as high, by
 //! another node of the region that keeps it).
 
-use tally_node::crdt::{Crdt, PnCounter};
+use tally_node::crdt::PnCounter;
 use tally_node::partition::Partition;
 use tally_node::replica::DurableState;
 
@@ -297,23 +297,38 @@ impl PWorld<'_> {
         for key in keys {
             let name = &self.key_names[key];
             let mine = stored(&self.nodes[node], name);
-            let mut others = PnCounter::new();
-            for (other, state) in self.nodes.iter().enumerate() {
-                if other != node
-                    && state.exists
-                    && !state.removed
-                    && state.region == region
-                    && state.keeps(partition)
-                {
-                    others.merge(&stored(state, name));
-                }
-            }
-            if !mine.is_covered_by(&others) {
+            let others: Vec<PnCounter> = self
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(other, state)| {
+                    *other != node
+                        && state.exists
+                        && !state.removed
+                        && state.region == region
+                        && state.keeps(partition)
+                })
+                .map(|(_, state)| stored(state, name))
+                .collect();
+            let folds = &self.checker.folds;
+            // Each slot is held as high by another holder, or folded in its
+            // state (then its base holds the writer's final slot).
+            let lacking = mine.slots().iter().find(|(writer, slot)| {
+                let folded = others
+                    .iter()
+                    .any(|state| folds.folded_by(*writer, state.folded().epoch));
+                let (p, n) = others.iter().fold((0, 0), |(p, n), state| {
+                    let theirs = state.slot(*writer);
+                    (p.max(theirs.p), n.max(theirs.n))
+                });
+                !folded && (slot.p > p || slot.n > n)
+            });
+            if let Some((writer, slot)) = lacking {
                 let detail = format!(
-                    "n{node} handed off partition {partition} holding key {name} at {}; \
-                     the other holders of region {region} have {}",
-                    mine.exact_value(),
-                    others.exact_value()
+                    "n{node} handed off partition {partition} holding key {name} with \
+                     slot (p {}, n {}) of {writer}, which no other holder of region \
+                     {region} holds as high",
+                    slot.p, slot.n
                 );
                 self.checker.violate(
                     self.now,

@@ -182,6 +182,7 @@ impl<'a> PWorld<'a> {
         self.schedule(offset, Ev::SyncRound(node as u16, epoch));
         let offset = between(&mut self.disk_rng, 1, 100);
         self.schedule(offset, Ev::ViewRefresh(node as u16, epoch));
+        self.start_fold_rounds(node);
     }
 
     fn run(mut self) -> PartitionedResult {
@@ -225,6 +226,7 @@ impl<'a> PWorld<'a> {
                 answer,
             } => self.add_reply(client, add, attempt, answer),
             Ev::FsyncDone(node, _, seq) => self.fsync_done(node as usize, seq),
+            Ev::FoldRound(node, _) => self.fold_round(node as usize),
             Ev::SyncRound(node, _) => self.sync_round(node as usize),
             Ev::ViewRefresh(node, _) => {
                 self.lifecycle_round(node as usize);
@@ -268,6 +270,13 @@ impl<'a> PWorld<'a> {
             .map(|(index, alive)| self.nodes[*index].member(*alive))
             .collect();
         (facts, members)
+    }
+
+    /// Node `node`'s peer book hears what membership says of the others now.
+    pub(super) fn refresh_peer_book(&mut self, node: usize) {
+        let (_, members) = self.members_for(node);
+        let book = self.nodes[node].scoped_mut().core.peers_mut();
+        book.handle_membership(members);
     }
 
     /// The cluster as it is (what an operator's check sees).

@@ -12,9 +12,10 @@
 //! a writer folded while its node runs with that id is a violation.
 
 use tally_node::crdt::{FoldRecord, ReplicaId, Slot};
-use tally_node::replica::DurableState;
 
+use super::SimNode;
 use super::{Event, World};
+use crate::fold_record::{final_slots, held_states};
 use crate::rng::between;
 
 /// How often a node runs a fold round (the node's keeper runs every gossip
@@ -107,7 +108,6 @@ impl World<'_> {
     /// Node `node` committed or adopted `record`: the checker registers it
     /// (taking the writers' final slots the first time) or compares it.
     fn fold_recorded(&mut self, node: usize, record: &FoldRecord) {
-        let writers: Vec<ReplicaId> = record.writers.iter().map(|(writer, _)| *writer).collect();
         if (self.options.fold_partitions > 0) != record.by_partition.is_some() {
             self.checker.violate(
                 self.now,
@@ -124,26 +124,6 @@ impl World<'_> {
                 ),
             );
         }
-        for writer in &writers {
-            if let Some(owner) = self.checker.live_node_of(*writer) {
-                if self.nodes[owner].up {
-                    self.checker.violate(
-                        self.now,
-                        "live writer folded",
-                        format!(
-                            "n{node} folded {writer} at epoch {}, but n{owner} runs with that id",
-                            record.epoch
-                        ),
-                    );
-                }
-            }
-        }
-        let first = !self.checker.folds.holds(record.epoch, &writers);
-        let finals: Vec<Vec<Slot>> = writers
-            .iter()
-            .filter(|_| first)
-            .map(|writer| self.final_slots(record.epoch, *writer))
-            .collect();
         let holder = self.nodes[node].id();
         // A replica whose disk is lost: wiped, or down with a wipe pending.
         let mut lost = self.checker.dead_ids();
@@ -153,50 +133,13 @@ impl World<'_> {
                 .filter(|node| !node.up && node.wipe_on_restart)
                 .map(|node| node.id()),
         );
-        let gone = |replica: ReplicaId| lost.contains(&replica);
-        let outcome = self
+        let nodes = &self.nodes;
+        let up = |writer: ReplicaId| nodes.iter().any(|node| node.up && node.id() == writer);
+        let finals = |writer| final_slots_in(nodes, &self.key_names, record.epoch, writer);
+        let new = self
             .checker
-            .folds
-            .record(record.epoch, &writers, holder, &gone, |writer| {
-                let index = writers.iter().position(|w| *w == writer);
-                index
-                    .and_then(|index| finals.get(index).cloned())
-                    .unwrap_or_default()
-            });
-        match outcome {
-            Ok(new) => self.fold_stats.epochs += u64::from(new),
-            Err((kind, detail)) => {
-                self.checker
-                    .violate(self.now, kind, format!("n{node}: {detail}"))
-            }
-        }
-    }
-
-    /// The most any replica holds of `writer`'s slot in each counter, on
-    /// disk or in memory, in states folded below `epoch`: what a fold at
-    /// `epoch` must move into the base. A disk the operator wiped and the
-    /// writer's own incarnation do not count (what it never shipped is gone).
-    fn final_slots(&self, epoch: u64, writer: ReplicaId) -> Vec<Slot> {
-        let mut finals = vec![Slot::default(); self.options.keys];
-        for node in &self.nodes {
-            if (!node.up && node.wipe_on_restart) || node.id() == writer {
-                continue;
-            }
-            for (key, last) in finals.iter_mut().enumerate() {
-                let name = &self.key_names[key];
-                let stored = node.store.load_counter(name).ok().flatten();
-                let cached = node.up.then(|| node.replica.cached_state(name)).flatten();
-                let states = stored.map(|stored| stored.state).into_iter();
-                for state in states.chain(cached.cloned()) {
-                    if state.folded().epoch < epoch {
-                        let slot = state.slot(writer);
-                        last.p = last.p.max(slot.p);
-                        last.n = last.n.max(slot.n);
-                    }
-                }
-            }
-        }
-        finals
+            .fold_recorded(self.now, (node, holder), record, up, &lost, finals);
+        self.fold_stats.epochs += u64::from(new);
     }
 
     /// `retire nN`: the operator stops and wipes node `node` as the docs
@@ -250,4 +193,19 @@ impl World<'_> {
             .max()
             .unwrap_or(0);
     }
+}
+
+/// The most any replica holds of `writer`'s slot in each counter, on disk
+/// or in memory, in states folded below `epoch`: what a fold at `epoch`
+/// must move into the base. A disk the operator wiped and the writer's own
+/// incarnation do not count (what it never shipped is gone).
+fn final_slots_in(nodes: &[SimNode], keys: &[String], epoch: u64, writer: ReplicaId) -> Vec<Slot> {
+    let states = nodes
+        .iter()
+        .filter(|node| (node.up || !node.wipe_on_restart) && node.id() != writer)
+        .flat_map(|node| {
+            let core = node.up.then_some(&node.replica);
+            held_states(keys, &node.store, core)
+        });
+    final_slots(keys.len(), epoch, writer, states)
 }
