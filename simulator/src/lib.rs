@@ -17,6 +17,7 @@ pub mod options;
 pub mod partitioned;
 pub mod queue;
 pub mod rng;
+pub mod set_ledger;
 pub mod world;
 
 pub use faults::{FaultPlan, Op, Shape};

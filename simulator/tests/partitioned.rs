@@ -2,9 +2,10 @@
 //! with joins, drains, removals and crashes past dead-after settle with
 //! every partition kept by exactly its owners and the exact slot accounting
 //! holding; a run is a function of its seed; a scripted drain and join end
-//! with the data spread as RF/N; and planted bugs are caught: an owner
-//! confirming a release before it caught up (invariant 8), and released
-//! partitions never purged (the placement check after the heal).
+//! with the data spread as RF/N and the removed node's writer folded; and
+//! planted bugs are caught: an owner confirming a release before it caught
+//! up (invariant 8), and released partitions never purged (the placement
+//! check after the heal).
 
 use tally_sim::partitioned::cli::sweep;
 use tally_sim::partitioned::{
@@ -42,6 +43,11 @@ fn membership_faults_settle_on_the_owners_without_losing_an_add() {
     assert!(total(|r| r.stats.drained) > 0, "no drain completed");
     assert!(total(|r| r.stats.released) > 0, "no release was deleted");
     assert!(total(|r| r.stats.forwarded) > 0, "no add was forwarded");
+    assert!(
+        total(|r| r.stats.set_ops) > 1_000,
+        "too few likes and observes"
+    );
+    assert!(total(|r| r.stats.purged) > 0, "no purge deleted anything");
     assert!(
         total(|r| r.workload.acked) > 1_000,
         "too few adds acknowledged"
@@ -88,6 +94,10 @@ fn a_scripted_drain_and_join_move_partitions_and_spread_counters_as_rf_over_n() 
         (1, 1, 1)
     );
     assert!(result.stats.from_scratch > 0 && result.stats.released > 0);
+    assert_eq!(
+        result.stats.fold_epochs, 1,
+        "the removed node's writer is folded"
+    );
     let held = |name: &str| result.held.iter().find(|(n, ..)| n == name).cloned();
     assert_eq!(
         held("n1").map(|h| h.1),

@@ -207,8 +207,18 @@ pub fn render_run(
     let _ = writeln!(
         out,
         "workload: {} adds, {} acked, {} abandoned, {} retries, {} duplicate answers; \
-         {} taken directly, {} forwarded to the owner, {} refused (no owner in view)",
-        w.adds, w.acked, w.abandoned, w.retries, w.duplicates, s.direct, s.forwarded, s.refused
+         {} taken directly, {} forwarded to the owner, {} refused (no owner in view); \
+         {} likes, unlikes and observes ({} refused)",
+        w.adds,
+        w.acked,
+        w.abandoned,
+        w.retries,
+        w.duplicates,
+        s.direct,
+        s.forwarded,
+        s.refused,
+        s.set_ops,
+        s.set_refused
     );
     let _ = writeln!(
         out,

@@ -100,6 +100,8 @@ pub enum Ev {
         /// The message.
         msg: Box<Msg>,
     },
+    /// The next like, unlike or observe.
+    SetOp,
     /// A node's fold round: (node, epoch).
     FoldRound(u16, u32),
     /// A pull's deadline: (node, epoch, pull).
@@ -142,6 +144,7 @@ impl Ev {
             Ev::Answered(..) => 13,
             Ev::Probe => 14,
             Ev::FoldRound(..) => 15,
+            Ev::SetOp => 16,
         }
     }
 }
@@ -177,6 +180,10 @@ pub struct PartitionStats {
     pub removed: u64,
     /// Removals refused by the asked node's check.
     pub removals_refused: u64,
+    /// Likes, unlikes and observes applied.
+    pub set_ops: u64,
+    /// Those refused (the owner in the entry's view did not serve the key).
+    pub set_refused: u64,
     /// Fold epochs committed (of removed nodes' writers).
     pub fold_epochs: u64,
     /// Fold rounds that returned an error (a refused record).

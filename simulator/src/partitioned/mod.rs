@@ -29,6 +29,7 @@ mod folds;
 mod node;
 pub mod plan;
 pub mod scoped;
+mod sets;
 mod sync;
 mod world;
 

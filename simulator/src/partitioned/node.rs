@@ -187,13 +187,6 @@ impl PartNode {
         self.view = None;
     }
 
-    /// Kills the process if it runs.
-    pub fn crash_if_up(&mut self) {
-        if self.exists && self.up {
-            self.crash();
-        }
-    }
-
     /// Starts again on its disk and its stored record.
     pub fn restart(&mut self, now: u64) {
         let node = self.node.take().expect("a started slot has a node");

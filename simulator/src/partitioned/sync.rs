@@ -70,6 +70,7 @@ impl PWorld<'_> {
         }
         let state = &mut self.nodes[node];
         let durable = state.scoped().core.durable_seq();
+        self.sets.durable(node, durable);
         let later = state.waiting.split_off(&(durable + 1));
         let ready = std::mem::replace(&mut state.waiting, later);
         let id = state.id();

@@ -27,6 +27,7 @@ use crate::network::{LatencyMatrix, Network};
 use crate::options::SimOptions;
 use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
+use crate::set_ledger::SetLedger;
 use crate::world::EPOCH_MS;
 
 /// Time between two settle probes after the heal (ms).
@@ -65,6 +66,8 @@ pub struct PWorld<'a> {
     events: u64,
     pub(super) next_pull: u64,
     pub(super) stats: PartitionStats,
+    /// The like-set and uniques workload.
+    pub(super) sets: SetLedger,
 }
 
 /// Runs one seed (with the seed's plan unless one is given).
@@ -129,6 +132,7 @@ impl<'a> PWorld<'a> {
             events: 0,
             next_pull: 1,
             stats: PartitionStats::default(),
+            sets: SetLedger::new(stream(seed, Subsystem::Sets)),
         };
         world.start();
         world
@@ -160,6 +164,7 @@ impl<'a> PWorld<'a> {
                 self.schedule(op.end_ms().min(duration), Ev::Fault(i, false));
             }
         }
+        self.schedule(1, Ev::SetOp);
         self.schedule(duration, Ev::HealAll);
     }
 
@@ -227,6 +232,7 @@ impl<'a> PWorld<'a> {
             } => self.add_reply(client, add, attempt, answer),
             Ev::FsyncDone(node, _, seq) => self.fsync_done(node as usize, seq),
             Ev::FoldRound(node, _) => self.fold_round(node as usize),
+            Ev::SetOp => self.set_op(),
             Ev::SyncRound(node, _) => self.sync_round(node as usize),
             Ev::ViewRefresh(node, _) => {
                 self.lifecycle_round(node as usize);
@@ -352,7 +358,7 @@ impl<'a> PWorld<'a> {
             }
             PlanOp::Fault(Op::Crash { node, .. }) => {
                 if starting {
-                    self.nodes[node].crash_if_up();
+                    self.crash(node, false);
                 } else {
                     self.restart(node);
                 }
@@ -402,7 +408,7 @@ impl<'a> PWorld<'a> {
                 if !self.nodes[node].exists || self.nodes[node].removed {
                     return;
                 }
-                self.nodes[node].crash_if_up();
+                self.crash(node, false);
                 // An operator asks a node that is up, as `tally admin remove`.
                 let name = self.nodes[node].name.clone();
                 let Some(asked) = (0..self.nodes.len()).find(|other| {
@@ -423,8 +429,21 @@ impl<'a> PWorld<'a> {
                 let state = &mut self.nodes[node];
                 state.removed = true;
                 self.checker.writer_lost(state.writer);
+                let replica = state.id();
+                self.sets.crashed(node, replica, true);
                 self.stats.removed += 1;
             }
+        }
+    }
+
+    /// Kills node `node` if it runs: the set workload's operations it had
+    /// not made durable are lost with it.
+    fn crash(&mut self, node: usize, disk_lost: bool) {
+        let state = &mut self.nodes[node];
+        if state.exists && state.up {
+            state.crash();
+            let replica = state.id();
+            self.sets.crashed(node, replica, disk_lost);
         }
     }
 
@@ -465,8 +484,15 @@ impl<'a> PWorld<'a> {
         self.schedule(PROBE_MS, Ev::Probe);
     }
 
+    /// Why the cluster has not settled yet (counters and partitions first,
+    /// then the set keys), or `None` once it has.
+    fn why_unsettled(&mut self) -> Option<String> {
+        let why = self.unsettled();
+        why.or_else(|| self.sets_unsettled())
+    }
+
     fn probe(&mut self) {
-        if self.unsettled().is_none() {
+        if self.why_unsettled().is_none() {
             self.settled_at = Some(self.now);
         } else {
             self.schedule(PROBE_MS, Ev::Probe);
@@ -476,7 +502,7 @@ impl<'a> PWorld<'a> {
     fn finish(mut self) -> PartitionedResult {
         let heal = self.heal_at.unwrap_or(self.now);
         if self.settled_at.is_none() {
-            let why = self.unsettled().unwrap_or_default();
+            let why = self.why_unsettled().unwrap_or_default();
             self.checker.violate(
                 self.now,
                 "never settled",
@@ -484,6 +510,9 @@ impl<'a> PWorld<'a> {
             );
         }
         let slots = self.final_check();
+        if self.settled_at.is_some() {
+            self.check_sets();
+        }
         let held = self
             .nodes
             .iter()
