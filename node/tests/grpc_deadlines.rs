@@ -1,6 +1,7 @@
 //! A caller's gRPC deadline with a real node: an add whose `grpc-timeout`
 //! passed before the node admitted it is refused with `DEADLINE_EXCEEDED`
-//! and not applied; with time left it is applied. Sent over a raw HTTP/2
+//! (or `CANCELLED`, by tonic's timer, when it passed while the request was
+//! still being read) and not applied; with time left it is applied. Sent over a raw HTTP/2
 //! connection: tonic's own client would enforce a 1 ns deadline itself and
 //! never let the node answer.
 
@@ -60,7 +61,12 @@ async fn an_add_past_its_deadline_before_admission_is_refused_and_not_applied() 
         delta,
         ..Default::default()
     };
-    assert_eq!(add_with_timeout(&node, &add(5), "1n").await, "4");
+    // DEADLINE_EXCEEDED (4) is the node's refusal; CANCELLED (1) is tonic's
+    // own timer, which answers when the deadline passes while the request
+    // is still being read (its body not arrived yet: seen on a loaded
+    // machine). Neither applies the add.
+    let late = add_with_timeout(&node, &add(5), "1n").await;
+    assert!(["4", "1"].contains(&late.as_str()), "grpc-status {late}");
     assert_eq!(add_with_timeout(&node, &add(7), "10S").await, "0");
     let mut client = tally_proto::v1::counters_client::CountersClient::connect(format!(
         "http://{}",

@@ -398,7 +398,9 @@ impl<'a> PWorld<'a> {
                 let scoped = state.scoped_mut();
                 match scoped.partitions.drain(now, &name) {
                     Ok(pending) => {
-                        scoped.record = pending.record_to_persist().or(scoped.record.take());
+                        if let Some(record) = pending.record_to_persist() {
+                            scoped.record = Some(record);
+                        }
                         pending.commit();
                     }
                     Err(_) => self.stats.drains_refused += 1,
@@ -424,7 +426,9 @@ impl<'a> PWorld<'a> {
                     self.stats.removals_refused += 1;
                     return;
                 };
-                scoped.record = pending.record_to_persist().or(scoped.record.take());
+                if let Some(record) = pending.record_to_persist() {
+                    scoped.record = Some(record);
+                }
                 pending.commit();
                 let state = &mut self.nodes[node];
                 state.removed = true;
