@@ -20,7 +20,7 @@ use tally_node::replica::DurableState;
 
 use super::node::{PartNode, PullInFlight, PulledPending};
 use super::scoped::{merge_pulled, pull_request, serve_pull};
-use super::world::{local_now, Ev, Msg, PWorld};
+use super::world::{local_now, slot_of, Ev, Msg, PWorld};
 use super::PartitionBug;
 use crate::rng::between;
 use crate::world::FSYNC_BASE_MAX_MS;
@@ -127,7 +127,7 @@ impl PWorld<'_> {
                 asker: asker.clone(),
                 partitions,
             };
-            self.send(node, super::world::slot_of(&owner), msg);
+            self.send(node, slot_of(&owner), msg);
         }
         let state = &mut self.nodes[node];
         if self.options.bug != Some(PartitionBug::KeepReleased) && state.committing.is_none() {
@@ -170,7 +170,7 @@ impl PWorld<'_> {
             self.next_pull += 1;
             self.stats.pulls += 1;
             self.stats.from_scratch += scope.copy.len() as u64;
-            let peer_slot = super::world::slot_of(&name);
+            let peer_slot = slot_of(&name);
             self.nodes[node].pulls.insert(
                 pull,
                 PullInFlight {

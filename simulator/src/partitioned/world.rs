@@ -11,7 +11,7 @@
 //! and disagree while faults last.
 
 use tally_node::partition::{
-    ClusterView, MemberFacts, NodeInfo, NodeState, Partition, PartitionCount, ViewSettings,
+    ClusterView, NodeInfo, NodeState, Partition, PartitionCount, ViewSettings,
 };
 use tally_node::replica::{DurableState, Member};
 
@@ -261,26 +261,26 @@ impl<'a> PWorld<'a> {
                 && !self.net.is_blocked(index, observer))
     }
 
-    /// What gossip and membership tell node `observer` of the others.
-    fn members_for(&self, observer: usize) -> (Vec<MemberFacts>, Vec<Member>) {
-        let others: Vec<(usize, bool)> = (0..self.nodes.len())
+    /// The other started nodes, each with whether `observer` hears from it.
+    fn others_heard(&self, observer: usize) -> Vec<(usize, bool)> {
+        (0..self.nodes.len())
             .filter(|index| *index != observer && self.nodes[*index].exists)
             .map(|index| (index, self.hears(observer, index)))
-            .collect();
-        let facts = others
-            .iter()
-            .map(|(index, alive)| self.nodes[*index].facts(*alive))
-            .collect();
-        let members = others
+            .collect()
+    }
+
+    /// What membership tells node `observer`'s peer book of the others.
+    fn members_for(&self, observer: usize) -> Vec<Member> {
+        let others = self.others_heard(observer);
+        others
             .iter()
             .map(|(index, alive)| self.nodes[*index].member(*alive))
-            .collect();
-        (facts, members)
+            .collect()
     }
 
     /// Node `node`'s peer book hears what membership says of the others now.
     pub(super) fn refresh_peer_book(&mut self, node: usize) {
-        let (_, members) = self.members_for(node);
+        let members = self.members_for(node);
         let book = self.nodes[node].scoped_mut().core.peers_mut();
         book.handle_membership(members);
     }
@@ -316,11 +316,15 @@ impl<'a> PWorld<'a> {
     /// it: the members' facts in, the record stored, the round committed;
     /// the partitions it handed off checked against invariant 8.
     pub(super) fn lifecycle_round(&mut self, node: usize) {
-        let (facts, members) = self.members_for(node);
+        self.refresh_peer_book(node);
+        let facts = self
+            .others_heard(node)
+            .iter()
+            .map(|(index, alive)| self.nodes[*index].facts(*alive))
+            .collect();
         let now = local_now(self.now);
         let state = &mut self.nodes[node];
         let scoped = state.scoped_mut();
-        scoped.core.peers_mut().handle_membership(members);
         let releasing = scoped.partitions.holdings().2;
         let Some(outcome) = scoped.round(now, facts) else {
             return;
