@@ -224,8 +224,8 @@ impl Checker {
                 continue;
             }
             let durable = match self.owner(*replica) {
-                Some(Owner::Live(owner)) => self.durable[owner * self.keys + key].slot(*replica),
-                Some(Owner::Dead(dead)) => self.dead[dead][key].slot(*replica),
+                Some(Owner::Live(owner)) => &self.durable[owner * self.keys + key],
+                Some(Owner::Dead(dead)) => &self.dead[dead][key],
                 None => {
                     self.violate(
                         now,
@@ -235,6 +235,13 @@ impl Checker {
                     continue;
                 }
             };
+            // A slot of another phase than the owner's durable state's is
+            // checked against its phase's final slot when that phase ends.
+            let epochs = (state.folded().epoch, durable.folded().epoch);
+            if !self.folds.same_phase(*replica, key, epochs.0, epochs.1) {
+                continue;
+            }
+            let durable = durable.slot(*replica);
             if slot.p > durable.p || slot.n > durable.n {
                 self.violate(
                     now,
@@ -395,8 +402,11 @@ impl Checker {
             }
             let own = state.slot(replica);
             for other in (0..nodes).filter(|other| *other != node) {
-                let theirs = self.views[other * self.keys + key].slot(replica);
-                if theirs.p > own.p || theirs.n > own.n {
+                let view = &self.views[other * self.keys + key];
+                let epochs = (view.folded().epoch, state.folded().epoch);
+                let theirs = view.slot(replica);
+                let comparable = self.folds.same_phase(replica, key, epochs.0, epochs.1);
+                if comparable && (theirs.p > own.p || theirs.n > own.n) {
                     self.violate(
                         now,
                         "own slot below a peer's copy",
@@ -434,12 +444,15 @@ impl Checker {
                 }
             }
         }
-        // A folded writer's slot is its final slot, counted in the base.
+        // A writer's adds in a counter: what the base counts of its ended
+        // phases, and its slot in the final state.
         let final_slot = |folds: &FoldAccounting, key: usize, replica: ReplicaId| {
             let state = &finals[key];
-            match folds.folded_by(replica, state.folded().epoch) {
-                true => folds.final_slot(replica, key).unwrap_or_default(),
-                false => state.slot(replica),
+            let counted = folds.counted(replica, key, state.folded().epoch);
+            let slot = state.slot(replica);
+            Slot {
+                p: counted.p + slot.p,
+                n: counted.n + slot.n,
             }
         };
         let mut fold_found = Vec::new();
@@ -449,24 +462,10 @@ impl Checker {
         for (kind, detail) in fold_found {
             self.violate(now, kind, format!("final state: {detail}"));
         }
-        let folded: Vec<(usize, ReplicaId, Slot)> = self
-            .folds
-            .finals()
-            .flat_map(|(writer, slots)| {
-                slots
-                    .iter()
-                    .enumerate()
-                    .map(move |(key, slot)| (key, writer, *slot))
-            })
-            .filter(|(key, writer, _)| self.folds.folded_by(*writer, finals[*key].folded().epoch))
-            .collect();
         for (key, state) in finals.iter().enumerate() {
             let slots = state.slots().iter().copied();
-            let folded = folded
-                .iter()
-                .filter(|(k, _, _)| *k == key)
-                .map(|(_, writer, slot)| (*writer, *slot));
-            for (replica, slot) in slots.chain(folded) {
+            let counted = self.folds.counted_writers(key, state.folded().epoch);
+            for (replica, slot) in slots.chain(counted) {
                 if !groups.contains_key(&(key, replica)) && slot != Slot::default() {
                     self.violate(
                         now,

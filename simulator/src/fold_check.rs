@@ -1,19 +1,32 @@
-//! The checker's exact accounting of folds (`--retire`): which writers each
-//! fold epoch folded, and each folded writer's final slot in every counter.
+//! The checker's exact accounting of folds (`--retire`, and the scoped
+//! folds of partitioned regions): which writers each fold epoch folded,
+//! whole or in some partitions, and each folded writer's final slot there.
 //!
-//! A folded writer's final slot is taken when the first member commits its
-//! fold record, as the most that any replica then holds of it (on disk or in
-//! memory, at a fold epoch below the record's): the writer is retired and
-//! never writes again, so under a correct protocol every member holds that
-//! same state. Invariant 9 (DESIGN.md) then reads, per counter state:
+//! A writer's slots in a counter live in **phases**: the first phase until
+//! the first fold of the writer in that counter's partition, the next one
+//! from that fold's epoch until the next, and so on. A whole fold (a
+//! retired writer) ends its last phase everywhere; a scoped fold (a live
+//! writer whose partition moved away, `replica/fold_scoped.rs`) ends it in
+//! the partitions it names, and the writer's slot there starts again from 0
+//! in the new phase once it writes the partition again. A state at fold
+//! epoch `e` holds the writer's slot of the phase `e` is in; merges never
+//! take an older phase's slot for a newer one's.
+//!
+//! A phase's final slot is taken when the first member commits the record
+//! that ends it, as the most that any replica then holds of it (on disk or
+//! in memory, in a state whose epoch is in that phase): the writer wrote
+//! its last there before the record could be made, so under a correct
+//! protocol every member holds that same state. Invariant 9 (DESIGN.md)
+//! then reads, per counter state:
 //!
 //! - the folded base at epoch `e` is exactly the sum of the final slots of
-//!   the writers folded at epochs `1..=e` (a missing part is a loss, an extra
+//!   the phases ended at epochs `1..=e` (a missing part is a loss, an extra
 //!   part a double count);
-//! - a state at epoch `e` holds no slot of a writer folded at or below `e`
-//!   (that writer would be counted twice);
-//! - moving a state to an epoch that folds a writer never drops more of it
-//!   than its final slot (otherwise the fold lost adds someone held);
+//! - a state at epoch `e` holds no slot of a writer folded whole at or
+//!   below `e` (that writer would be counted twice);
+//! - moving a state across the end of a phase never drops more of the
+//!   writer's slot than that phase's final slot (otherwise the fold lost
+//!   adds someone held), and within a phase no slot goes back;
 //! - epochs never go back, and no state is at an epoch no member committed;
 //! - two members never hold different records of one epoch. One exception
 //!   is no conflict: a record whose every holder lost its disk before any
@@ -22,24 +35,66 @@
 //!   merge (a state at an epoch a member holds no record of is refused);
 //!   the next record of that epoch replaces it.
 //!
-//! The exact slot check at the end counts a folded writer's adds through
-//! its final slot here, once.
+//! The exact slot check at the end counts a writer's adds in a counter as
+//! the final slots of its ended phases plus its slot in the final state.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tally_node::crdt::{PnCounter, ReplicaId, Slot};
+use tally_node::crdt::{FoldRecord, PnCounter, ReplicaId, Slot};
+
+/// What one fold record folds: writers whole, and live writers in some
+/// partitions (sorted, as the record lists them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FoldShape {
+    /// Writers folded whole.
+    pub whole: Vec<ReplicaId>,
+    /// Writers folded in the partitions listed.
+    pub scoped: Vec<(ReplicaId, Vec<u32>)>,
+}
+
+impl FoldShape {
+    /// The shape of `record`.
+    pub fn of(record: &FoldRecord) -> Self {
+        FoldShape {
+            whole: record.writers.iter().map(|(writer, _)| *writer).collect(),
+            scoped: record
+                .scoped
+                .iter()
+                .map(|(writer, parts)| (*writer, parts.iter().map(|(p, _)| *p).collect()))
+                .collect(),
+        }
+    }
+
+    /// Writers folded whole.
+    pub fn whole(writers: &[ReplicaId]) -> Self {
+        FoldShape {
+            whole: writers.to_vec(),
+            scoped: Vec::new(),
+        }
+    }
+
+    /// Every writer the record folds, whole or scoped.
+    pub fn writers(&self) -> impl Iterator<Item = ReplicaId> + '_ {
+        let scoped = self.scoped.iter().map(|(writer, _)| *writer);
+        self.whole.iter().copied().chain(scoped)
+    }
+}
 
 /// See the module documentation.
 #[derive(Debug, Default)]
 pub struct FoldAccounting {
     keys: usize,
-    /// The writers of epoch `e` at index `e - 1`.
-    epochs: Vec<Vec<ReplicaId>>,
+    /// The partition of each counter (empty where no scoped fold can be).
+    partition_of: Vec<u32>,
+    /// What epoch `e` folds, at index `e - 1`.
+    shapes: Vec<FoldShape>,
     /// The replicas that committed or adopted the record of epoch `e`.
     holders: Vec<BTreeSet<ReplicaId>>,
+    /// Writers folded whole, with their epoch.
     folded_at: BTreeMap<ReplicaId, u64>,
-    /// Per folded writer: its final slot in each counter.
-    finals: BTreeMap<ReplicaId, Vec<Slot>>,
+    /// Per writer and counter: the ends of its phases, in epoch order, each
+    /// with the phase's final slot.
+    phases: BTreeMap<(ReplicaId, usize), Vec<(u64, Slot)>>,
     /// Per epoch `e` (index `e - 1`), per counter: the base it must hold.
     bases: Vec<Vec<(u128, u128)>>,
 }
@@ -60,44 +115,111 @@ impl FoldAccounting {
         }
     }
 
-    /// The newest epoch any member committed.
-    pub fn epoch(&self) -> u64 {
-        self.epochs.len() as u64
+    /// Counters live in partitions (`partition_of[key]`), so scoped folds
+    /// can be accounted.
+    pub fn set_partitions(&mut self, partition_of: Vec<u32>) {
+        assert_eq!(partition_of.len(), self.keys, "one partition per counter");
+        self.partition_of = partition_of;
     }
 
-    /// Writers folded so far.
+    /// The newest epoch any member committed.
+    pub fn epoch(&self) -> u64 {
+        self.shapes.len() as u64
+    }
+
+    /// Writers folded whole so far.
     pub fn writers_folded(&self) -> usize {
         self.folded_at.len()
     }
 
-    /// True when `writer` is folded at an epoch up to `epoch`.
+    /// (writer, partition) phases ended by scoped folds so far.
+    pub fn scoped_folded(&self) -> usize {
+        self.shapes
+            .iter()
+            .flat_map(|shape| &shape.scoped)
+            .map(|(_, partitions)| partitions.len())
+            .sum()
+    }
+
+    /// True when `writer` is folded whole at an epoch up to `epoch`.
     pub fn folded_by(&self, writer: ReplicaId, epoch: u64) -> bool {
         self.folded_at.get(&writer).is_some_and(|at| *at <= epoch)
     }
 
-    /// True when `writer` is folded at all.
+    /// True when `writer` is folded whole at all.
     pub fn is_folded(&self, writer: ReplicaId) -> bool {
         self.folded_at.contains_key(&writer)
     }
 
-    /// The final slot of folded `writer` in counter `key`.
-    pub fn final_slot(&self, writer: ReplicaId, key: usize) -> Option<Slot> {
-        self.finals.get(&writer).map(|slots| slots[key])
+    fn ends(&self, writer: ReplicaId, key: usize) -> &[(u64, Slot)] {
+        self.phases
+            .get(&(writer, key))
+            .map_or(&[], |ends| ends.as_slice())
     }
 
-    /// The folded writers with their final slots.
-    pub fn finals(&self) -> impl Iterator<Item = (ReplicaId, &[Slot])> {
-        self.finals
+    /// Which phase of `writer` in counter `key` a state at fold epoch
+    /// `epoch` holds (0 first).
+    pub fn phase(&self, writer: ReplicaId, key: usize, epoch: u64) -> usize {
+        self.ends(writer, key)
             .iter()
-            .map(|(writer, slots)| (*writer, slots.as_slice()))
+            .take_while(|(at, _)| *at <= epoch)
+            .count()
     }
 
-    /// True when the record of `epoch` that folds `writers` is held.
-    pub fn holds(&self, epoch: u64, writers: &[ReplicaId]) -> bool {
+    /// True when states of counter `key` at epochs `a` and `b` hold the
+    /// same phase of `writer`'s slot (so their slots compare).
+    pub fn same_phase(&self, writer: ReplicaId, key: usize, a: u64, b: u64) -> bool {
+        self.phase(writer, key, a) == self.phase(writer, key, b)
+    }
+
+    /// The final slot of the phase a state at `from` holds of `writer` in
+    /// counter `key`, when a fold at an epoch in `from + 1..=to` ended it.
+    pub fn ended_between(&self, writer: ReplicaId, key: usize, from: u64, to: u64) -> Option<Slot> {
+        self.ends(writer, key)
+            .iter()
+            .find(|(at, _)| *at > from)
+            .filter(|(at, _)| *at <= to)
+            .map(|(_, last)| *last)
+    }
+
+    /// Per counter: the epoch the current phase of `writer` began at (0
+    /// for the first): a phase's final slot is taken from states at or
+    /// above it.
+    pub fn phase_floors(&self, writer: ReplicaId) -> Vec<u64> {
+        (0..self.keys)
+            .map(|key| self.ends(writer, key).last().map_or(0, |(at, _)| *at))
+            .collect()
+    }
+
+    /// What the base of counter `key` at `epoch` counts of `writer`: the
+    /// final slots of its phases ended up to `epoch`.
+    pub fn counted(&self, writer: ReplicaId, key: usize, epoch: u64) -> Slot {
+        self.ends(writer, key)
+            .iter()
+            .take_while(|(at, _)| *at <= epoch)
+            .fold(Slot::default(), |sum, (_, last)| Slot {
+                p: sum.p + last.p,
+                n: sum.n + last.n,
+            })
+    }
+
+    /// The writers the base of counter `key` at `epoch` counts, with what
+    /// it counts of each.
+    pub fn counted_writers(&self, key: usize, epoch: u64) -> Vec<(ReplicaId, Slot)> {
+        self.phases
+            .keys()
+            .filter(|(_, k)| *k == key)
+            .map(|(writer, _)| (*writer, self.counted(*writer, key, epoch)))
+            .filter(|(_, slot)| *slot != Slot::default())
+            .collect()
+    }
+
+    /// True when the record of `epoch` that folds `shape` is held.
+    pub fn holds(&self, epoch: u64, shape: &FoldShape) -> bool {
         epoch
             .checked_sub(1)
-            .and_then(|index| self.epochs.get(index as usize))
-            .is_some_and(|held| held == writers)
+            .and_then(|index| self.shapes.get(index as usize))
+            .is_some_and(|held| held == shape)
     }
 
     /// The first epoch whose record holders were all lost (`gone`), and
@@ -110,31 +232,33 @@ impl FoldAccounting {
     }
 
     /// `holder` committed (or adopted) the record of `epoch` folding
-    /// `writers`. The first record of an epoch is registered, with each
-    /// writer's final slots from `final_slots`; a later one must name the
-    /// same writers, unless every holder of the one registered is `gone`
-    /// (its disk lost), which voids it and the epochs after it. Returns
-    /// true when the epoch is new.
+    /// `shape`. The first record of an epoch is registered, with each
+    /// folded writer's final slots from `final_slots` (per counter, the
+    /// most held in its current phase: see [`Self::phase_floors`]; only
+    /// the named partitions' counters are taken of a scoped writer); a
+    /// later one must fold the same, unless every holder of the one
+    /// registered is `gone` (its disk lost), which voids it and the epochs
+    /// after it. Returns true when the epoch is new.
     pub fn record(
         &mut self,
         epoch: u64,
-        writers: &[ReplicaId],
+        shape: &FoldShape,
         holder: ReplicaId,
         gone: &dyn Fn(ReplicaId) -> bool,
         mut final_slots: impl FnMut(ReplicaId) -> Vec<Slot>,
     ) -> Result<bool, FoldViolation> {
         if let Some(held) = epoch
             .checked_sub(1)
-            .and_then(|index| self.epochs.get(index as usize))
+            .and_then(|index| self.shapes.get(index as usize))
         {
-            if held == writers {
+            if held == shape {
                 self.holders[epoch as usize - 1].insert(holder);
                 return Ok(false);
             }
             if !self.lost_from(epoch, gone) {
                 return Err((
                     "fold records conflict",
-                    format!("epoch {epoch} folds {writers:?} here, {held:?} elsewhere"),
+                    format!("epoch {epoch} folds {shape:?} here, {held:?} elsewhere"),
                 ));
             }
             self.truncate(epoch - 1);
@@ -148,13 +272,19 @@ impl FoldAccounting {
                 ),
             ));
         }
-        if let Some(writer) = writers.iter().find(|writer| self.is_folded(**writer)) {
+        if let Some(writer) = shape.writers().find(|writer| self.is_folded(*writer)) {
             return Err((
                 "writer folded twice",
                 format!(
-                    "epoch {epoch} folds {writer} again (folded at epoch {})",
-                    self.folded_at[writer]
+                    "epoch {epoch} folds {writer} again (folded whole at epoch {})",
+                    self.folded_at[&writer]
                 ),
+            ));
+        }
+        if !shape.scoped.is_empty() && self.partition_of.is_empty() {
+            return Err((
+                "scoped fold without partitions",
+                format!("epoch {epoch} folds {:?} by partition", shape.scoped),
             ));
         }
         let mut bases = self
@@ -162,32 +292,45 @@ impl FoldAccounting {
             .last()
             .cloned()
             .unwrap_or_else(|| vec![(0, 0); self.keys]);
-        for writer in writers {
-            let slots = final_slots(*writer);
+        let whole = shape.whole.iter().map(|writer| (*writer, None));
+        let scoped = shape
+            .scoped
+            .iter()
+            .map(|(writer, partitions)| (*writer, Some(partitions)));
+        for (writer, partitions) in whole.chain(scoped).collect::<Vec<_>>() {
+            let slots = final_slots(writer);
             for (key, slot) in slots.iter().enumerate() {
+                let named = partitions.is_none_or(|parts| parts.contains(&self.partition_of[key]));
+                if !named {
+                    continue;
+                }
                 bases[key].0 += u128::from(slot.p);
                 bases[key].1 += u128::from(slot.n);
+                self.phases
+                    .entry((writer, key))
+                    .or_default()
+                    .push((epoch, *slot));
             }
-            self.finals.insert(*writer, slots);
-            self.folded_at.insert(*writer, epoch);
+            if partitions.is_none() {
+                self.folded_at.insert(writer, epoch);
+            }
         }
         self.bases.push(bases);
-        self.epochs.push(writers.to_vec());
+        self.shapes.push(shape.clone());
         self.holders.push(BTreeSet::from([holder]));
         Ok(true)
     }
 
     /// Forgets the records after `epoch`.
     fn truncate(&mut self, epoch: u64) {
-        let keep = epoch as usize;
-        for writers in self.epochs.drain(keep..) {
-            for writer in writers {
-                self.folded_at.remove(&writer);
-                self.finals.remove(&writer);
-            }
+        self.shapes.truncate(epoch as usize);
+        self.folded_at.retain(|_, at| *at <= epoch);
+        for ends in self.phases.values_mut() {
+            ends.retain(|(at, _)| *at <= epoch);
         }
-        self.holders.truncate(keep);
-        self.bases.truncate(keep);
+        self.phases.retain(|_, ends| !ends.is_empty());
+        self.holders.truncate(epoch as usize);
+        self.bases.truncate(epoch as usize);
     }
 
     /// Checks one state of counter `key` on its own: its base is the one of
@@ -247,8 +390,9 @@ impl FoldAccounting {
 
     /// Checks a change of counter `key` from `old` to `new` at one replica
     /// (after `check_state` of `new`): the epoch does not go back, a slot
-    /// the new epoch folds was at most its final slot, and every other slot
-    /// does not go back (reported as "slot went backwards").
+    /// whose phase ended between the two epochs was at most that phase's
+    /// final slot, and every other slot does not go back (reported as "slot
+    /// went backwards").
     pub fn check_change(&self, key: usize, old: &PnCounter, new: &PnCounter) -> Vec<FoldViolation> {
         let mut found = Vec::new();
         let (before, after) = (old.folded().epoch, new.folded().epoch);
@@ -259,15 +403,13 @@ impl FoldAccounting {
             ));
         }
         for (writer, slot) in old.slots() {
-            if self.folded_by(*writer, after) {
-                let last = self.final_slot(*writer, key).unwrap_or_default();
+            if let Some(last) = self.ended_between(*writer, key, before, after) {
                 if slot.p > last.p || slot.n > last.n {
                     found.push((
                         "fold lost adds",
                         format!(
-                            "key {key}: slot {} of {writer} was folded at epoch {} as {}",
+                            "key {key}: slot {} of {writer} was folded by epoch {after} as {}",
                             slot_text(*slot),
-                            self.folded_at[writer],
                             slot_text(last)
                         ),
                     ));
@@ -311,7 +453,9 @@ mod tests {
 
     fn accounting() -> FoldAccounting {
         let mut folds = FoldAccounting::new(1);
-        let record = folds.record(1, &[W], HOLDER, &kept, |_| vec![slot(5, 1)]);
+        let record = folds.record(1, &FoldShape::whole(&[W]), HOLDER, &kept, |_| {
+            vec![slot(5, 1)]
+        });
         assert_eq!(record, Ok(true));
         folds
     }
@@ -399,14 +543,19 @@ mod tests {
         let mut folds = accounting();
         let other = ReplicaId(2);
         let none = |_| -> Vec<Slot> { unreachable!() };
-        assert_eq!(folds.record(1, &[W], other, &kept, none), Ok(false));
-        let conflict = folds.record(1, &[LIVE], other, &kept, none);
+        assert_eq!(
+            folds.record(1, &FoldShape::whole(&[W]), other, &kept, none),
+            Ok(false)
+        );
+        let conflict = folds.record(1, &FoldShape::whole(&[LIVE]), other, &kept, none);
         assert_eq!(conflict.unwrap_err().0, "fold records conflict");
-        let gap = folds.record(3, &[LIVE], other, &kept, none);
+        let gap = folds.record(3, &FoldShape::whole(&[LIVE]), other, &kept, none);
         assert_eq!(gap.unwrap_err().0, "fold records conflict");
-        let again = folds.record(2, &[W], other, &kept, none);
+        let again = folds.record(2, &FoldShape::whole(&[W]), other, &kept, none);
         assert_eq!(again.unwrap_err().0, "writer folded twice");
-        let next = folds.record(2, &[LIVE], other, &kept, |_| vec![slot(1, 0)]);
+        let next = folds.record(2, &FoldShape::whole(&[LIVE]), other, &kept, |_| {
+            vec![slot(1, 0)]
+        });
         assert_eq!(next, Ok(true));
         assert_eq!(folds.check_state(0, &PnCounter::new()), None);
     }
@@ -417,20 +566,156 @@ mod tests {
         // Another holder heard of it: a different record is a conflict.
         let second = ReplicaId(2);
         assert_eq!(
-            folds.record(1, &[W], second, &kept, |_| unreachable!()),
+            folds.record(
+                1,
+                &FoldShape::whole(&[W]),
+                second,
+                &kept,
+                |_| unreachable!()
+            ),
             Ok(false)
         );
         let only_first = |holder: ReplicaId| holder == HOLDER;
-        let conflict = folds.record(1, &[W, LIVE], ReplicaId(3), &only_first, |_| unreachable!());
+        let conflict = folds.record(
+            1,
+            &FoldShape::whole(&[W, LIVE]),
+            ReplicaId(3),
+            &only_first,
+            |_| unreachable!(),
+        );
         assert_eq!(conflict.unwrap_err().0, "fold records conflict");
         // Both holders wiped: the record went with them.
         let everyone = |_| true;
-        let replaced = folds.record(1, &[W, LIVE], ReplicaId(3), &everyone, |writer| {
-            vec![if writer == W { slot(5, 1) } else { slot(2, 0) }]
-        });
+        let replaced = folds.record(
+            1,
+            &FoldShape::whole(&[W, LIVE]),
+            ReplicaId(3),
+            &everyone,
+            |writer| vec![if writer == W { slot(5, 1) } else { slot(2, 0) }],
+        );
         assert_eq!(replaced, Ok(true));
         assert_eq!(folds.epoch(), 1);
         assert!(folds.folded_by(LIVE, 1));
         assert_eq!(folds.check_state(0, &folded((7, 1), &[])), None);
+    }
+
+    /// Writer W folded in partition 0 only (key 0 lives there, key 1 in
+    /// partition 1) at epoch 1 with final slot (5, 1) there; it writes
+    /// partition 0 again from 0 in its next phase.
+    fn scoped() -> FoldAccounting {
+        let mut folds = FoldAccounting::new(2);
+        folds.set_partitions(vec![0, 1]);
+        let shape = FoldShape {
+            whole: Vec::new(),
+            scoped: vec![(W, vec![0])],
+        };
+        let record = folds.record(1, &shape, HOLDER, &kept, |_| vec![slot(5, 1), slot(9, 9)]);
+        assert_eq!(record, Ok(true));
+        folds
+    }
+
+    #[test]
+    fn a_scoped_fold_ends_a_phase_in_its_partition_only() {
+        let folds = scoped();
+        assert_eq!(folds.scoped_folded(), 1);
+        assert_eq!(folds.writers_folded(), 0);
+        assert_eq!((folds.phase(W, 0, 0), folds.phase(W, 0, 1)), (0, 1));
+        assert_eq!(folds.phase(W, 1, 1), 0, "the other partition is untouched");
+        assert_eq!(folds.counted(W, 0, 1), slot(5, 1));
+        assert_eq!(folds.counted(W, 1, 1), slot(0, 0));
+        assert_eq!(folds.phase_floors(W), vec![1, 0]);
+        // The base of key 0 counts the phase; key 1's counts nothing.
+        assert_eq!(
+            folds.check_state(0, &folded((5, 1), &[(W, slot(2, 0))])),
+            None
+        );
+        let wrong = PnCounter::from_parts(
+            [],
+            FoldedBase {
+                epoch: 1,
+                p: 9,
+                n: 9,
+            },
+        );
+        assert_eq!(
+            folds.check_state(1, &wrong).map(|v| v.0),
+            Some("fold base wrong")
+        );
+        // Across the fold, the old phase's slot may be dropped up to its
+        // final slot, and the new phase starts below it.
+        let before = PnCounter::from_slots([(W, slot(5, 1))]);
+        let after = folded((5, 1), &[(W, slot(2, 0))]);
+        assert!(folds.check_change(0, &before, &after).is_empty());
+        let ahead = PnCounter::from_slots([(W, slot(6, 1))]);
+        let found = folds.check_change(0, &ahead, &after);
+        assert_eq!(
+            found.iter().map(|v| v.0).collect::<Vec<_>>(),
+            ["fold lost adds"]
+        );
+        // Within the new phase, and in the other partition, no slot goes back.
+        let later = folded((5, 1), &[(W, slot(1, 0))]);
+        let found = folds.check_change(0, &after, &later);
+        assert_eq!(
+            found.iter().map(|v| v.0).collect::<Vec<_>>(),
+            ["slot went backwards"]
+        );
+        let other = PnCounter::from_parts(
+            [(W, slot(1, 0))],
+            FoldedBase {
+                epoch: 1,
+                p: 0,
+                n: 0,
+            },
+        );
+        let found = folds.check_change(1, &before, &other);
+        assert_eq!(
+            found.iter().map(|v| v.0).collect::<Vec<_>>(),
+            ["slot went backwards"]
+        );
+    }
+
+    #[test]
+    fn a_later_fold_takes_the_next_phase_from_its_floor() {
+        let mut folds = scoped();
+        // W is folded whole at epoch 2: its second phase in partition 0
+        // (final (2, 0)), its first in partition 1 (final (3, 0)).
+        let record = folds.record(2, &FoldShape::whole(&[W]), HOLDER, &kept, |_| {
+            vec![slot(2, 0), slot(3, 0)]
+        });
+        assert_eq!(record, Ok(true));
+        assert_eq!(folds.counted(W, 0, 2), slot(7, 1));
+        assert_eq!(folds.counted(W, 1, 2), slot(3, 0));
+        assert_eq!(folds.counted_writers(0, 1), vec![(W, slot(5, 1))]);
+        let at_two = PnCounter::from_parts(
+            [],
+            FoldedBase {
+                epoch: 2,
+                p: 7,
+                n: 1,
+            },
+        );
+        assert_eq!(folds.check_state(0, &at_two), None);
+        assert_eq!(folds.ended_between(W, 0, 0, 2), Some(slot(5, 1)));
+        assert_eq!(folds.ended_between(W, 0, 1, 2), Some(slot(2, 0)));
+        assert_eq!(folds.ended_between(W, 0, 2, 5), None);
+        let again = folds.record(
+            3,
+            &FoldShape::whole(&[W]),
+            HOLDER,
+            &kept,
+            |_| unreachable!(),
+        );
+        assert_eq!(again.unwrap_err().0, "writer folded twice");
+    }
+
+    #[test]
+    fn a_scoped_record_needs_the_counters_partitions() {
+        let mut folds = FoldAccounting::new(1);
+        let shape = FoldShape {
+            whole: Vec::new(),
+            scoped: vec![(W, vec![0])],
+        };
+        let record = folds.record(1, &shape, HOLDER, &kept, |_| unreachable!());
+        assert_eq!(record.unwrap_err().0, "scoped fold without partitions");
     }
 }

@@ -200,7 +200,14 @@ impl SetLedger {
                 };
                 let accepted = match core.handle_like(now, store, request) {
                     Ok(accepted) => accepted,
-                    Err(LikeRefused::Add(AddRefused::NotServed { .. })) => return None,
+                    // Not applied: the key's partition is not served here,
+                    // or this writer may not write it yet (its slots there
+                    // wait for a fold, or a restart's hold).
+                    Err(LikeRefused::Add(
+                        AddRefused::NotServed { .. }
+                        | AddRefused::WriteGated(_)
+                        | AddRefused::HeldAfterRestart { .. },
+                    )) => return None,
                     Err(refused) => panic!("a like within the model is taken: {refused}"),
                 };
                 let length = core

@@ -95,8 +95,12 @@ fn a_scripted_drain_and_join_move_partitions_and_spread_counters_as_rf_over_n() 
     );
     assert!(result.stats.from_scratch > 0 && result.stats.released > 0);
     assert_eq!(
-        result.stats.fold_epochs, 1,
-        "the removed node's writer is folded"
+        result.stats.writers_folded, 1,
+        "the removed node's writer is folded whole"
+    );
+    assert!(
+        result.stats.scoped_folded > 0,
+        "the slots of the nodes whose partitions moved away are folded there"
     );
     let held = |name: &str| result.held.iter().find(|(n, ..)| n == name).cloned();
     assert_eq!(

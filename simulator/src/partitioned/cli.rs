@@ -53,6 +53,10 @@ pub struct PartitionedArgs {
     /// How long a node is down before its partitions move (ms).
     #[arg(long, default_value_t = 3_000)]
     dead_after_ms: u64,
+    /// How long a partition stays away from a writer before its slots there
+    /// are retired and folded (the node's --retire-after, ms).
+    #[arg(long, default_value_t = 2_000)]
+    retire_after_ms: u64,
     /// No joins, drains or removals in generated plans.
     #[arg(long)]
     no_membership: bool,
@@ -101,6 +105,7 @@ impl PartitionedArgs {
             replication: self.replication_factor,
             partitions: self.partitions,
             dead_after_ms: self.dead_after_ms,
+            retire_after_ms: self.retire_after_ms,
             membership: !self.no_membership,
             faults: self.faults,
             duration_ms: self.duration_ms,
@@ -223,13 +228,15 @@ pub fn render_run(
     let _ = writeln!(
         out,
         "membership: {} joined, {} drained ({} drains refused), {} removed ({} refused); \
-         {} fold epochs ({} rounds refused a record)",
+         {} fold epochs: {} writers folded whole, {} in one partition ({} rounds refused a record)",
         s.joined,
         s.drained,
         s.drains_refused,
         s.removed,
         s.removals_refused,
         s.fold_epochs,
+        s.writers_folded,
+        s.scoped_folded,
         s.fold_errors
     );
     let _ = writeln!(
@@ -311,7 +318,8 @@ pub fn render_sweep(
     let _ = writeln!(
         out,
         "{} seeds: {} adds, {} acked; {} joins, {} drains, {} removals completed; \
-         {} partitions streamed from scratch, {} handed off; {} fold epochs",
+         {} partitions streamed from scratch, {} handed off; {} fold epochs ({} writers folded \
+         whole, {} in one partition)",
         results.len(),
         total(|r| r.workload.adds),
         total(|r| r.workload.acked),
@@ -320,7 +328,9 @@ pub fn render_sweep(
         total(|r| r.stats.removed),
         total(|r| r.stats.from_scratch),
         total(|r| r.stats.released),
-        total(|r| r.stats.fold_epochs)
+        total(|r| r.stats.fold_epochs),
+        total(|r| r.stats.writers_folded),
+        total(|r| r.stats.scoped_folded)
     );
     let _ = writeln!(
         out,

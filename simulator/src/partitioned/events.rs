@@ -184,8 +184,12 @@ pub struct PartitionStats {
     pub set_ops: u64,
     /// Those refused (the owner in the entry's view did not serve the key).
     pub set_refused: u64,
-    /// Fold epochs committed (of removed nodes' writers).
+    /// Fold epochs committed.
     pub fold_epochs: u64,
+    /// Writers folded whole (removed nodes').
+    pub writers_folded: u64,
+    /// Phases of live writers folded in one partition (scoped folds).
+    pub scoped_folded: u64,
     /// Fold rounds that returned an error (a refused record).
     pub fold_errors: u64,
 }

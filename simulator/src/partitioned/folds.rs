@@ -5,10 +5,11 @@
 //! advances the fold sweep by a bounded step, prunes folded writers, and
 //! publishes its report.
 //!
-//! `--retire-after` is the node's default (an hour), past any run: the
-//! writers folded here are those of removed nodes, folded whole (by
-//! partition, as every cluster this build opens does); scoped folds of
-//! released partitions are not driven yet.
+//! Two kinds of fold happen: removed nodes' writers are folded whole (by
+//! partition, as every cluster this build opens does), and a live writer's
+//! slots in a partition that moved away from it for `--retire-after-ms`
+//! are folded there (a scoped fold), after which the writer writes the
+//! partition again in a new phase if it comes back.
 //!
 //! Invariants: the core does all of it (the simulator only carries reports
 //! and calls); every record committed anywhere is shown to the checker
@@ -27,8 +28,6 @@ use crate::rng::between;
 
 /// How often a node runs a fold round.
 pub const FOLD_PERIOD_MS: u64 = 200;
-/// `--retire-after` (the node's default).
-pub const RETIRE_AFTER_MS: u64 = 3_600_000;
 /// Stored counters one round's sweep step folds at most.
 const SWEEP_PER_ROUND: usize = 16;
 
@@ -44,6 +43,7 @@ impl PWorld<'_> {
         self.schedule(FOLD_PERIOD_MS, Ev::FoldRound(node as u16, epoch));
         self.refresh_peer_book(node);
         let now = local_now(self.now);
+        let retire_after = Some(self.options.retire_after_ms);
         let state = &mut self.nodes[node];
         let name = state.name.clone();
         let scoped = state.scoped_mut();
@@ -57,7 +57,7 @@ impl PWorld<'_> {
                 let _ = core.handle_retire(replica, &members);
             }
         }
-        let records = match core.handle_fold_round(now, &name, &members, Some(RETIRE_AFTER_MS)) {
+        let records = match core.handle_fold_round(now, &name, &members, retire_after) {
             Ok(records) => records,
             Err(_) => {
                 self.stats.fold_errors += 1;
@@ -92,20 +92,14 @@ impl PWorld<'_> {
     /// Node `node` committed or adopted `record`: the checker registers it
     /// (taking the writers' final slots the first time) or compares it.
     fn fold_recorded(&mut self, node: usize, record: &FoldRecord) {
-        if !record.scoped.is_empty() {
-            self.checker.violate(
-                self.now,
-                "scoped fold not driven",
-                format!(
-                    "n{node} recorded epoch {} with scoped writers",
-                    record.epoch
-                ),
-            );
-        }
         let holder = self.nodes[node].id();
         let lost: BTreeSet<ReplicaId> = self.checker.dead_ids();
         let nodes = &self.nodes;
-        let finals = |writer| final_slots_in(nodes, &self.key_names, record.epoch, writer);
+        let finals = |writer, floors: &[u64]| {
+            let scoped = record.scoped.iter().any(|(scoped, _)| *scoped == writer);
+            let held = (floors, record.epoch);
+            final_slots_in(nodes, &self.key_names, held, writer, scoped)
+        };
         let up = |writer: ReplicaId| {
             nodes
                 .iter()
@@ -119,16 +113,26 @@ impl PWorld<'_> {
 }
 
 /// The most any node that kept its disk holds of `writer`'s slot in each
-/// counter, stored or cached, below `epoch` (see `final_slots`).
-fn final_slots_in(nodes: &[PartNode], keys: &[String], epoch: u64, writer: ReplicaId) -> Vec<Slot> {
+/// counter, stored or cached, in states below `held.1` and at or above
+/// each counter's phase floor `held.0` (see `final_slots`). The writer's
+/// own states count when it is folded in some partitions only (`scoped`:
+/// it runs, and what it holds of itself must have reached the keepers).
+fn final_slots_in(
+    nodes: &[PartNode],
+    keys: &[String],
+    held: (&[u64], u64),
+    writer: ReplicaId,
+    scoped: bool,
+) -> Vec<Slot> {
+    let (floors, epoch) = held;
     let states = nodes
         .iter()
         .filter(|node| !node.removed)
         .filter_map(|node| node.node.as_ref().map(|scoped| (node.up, scoped)))
-        .filter(|(_, scoped)| scoped.id() != writer)
+        .filter(|(_, node)| scoped || node.id() != writer)
         .flat_map(|(up, scoped)| {
             let core = up.then_some(&scoped.core);
             held_states(keys, &scoped.store, core)
         });
-    final_slots(keys.len(), epoch, writer, states)
+    final_slots(floors, epoch, writer, states)
 }

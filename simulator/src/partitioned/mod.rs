@@ -76,6 +76,10 @@ pub struct PartitionedOptions {
     pub partitions: u32,
     /// How long a node is down before the others take its partitions.
     pub dead_after_ms: u64,
+    /// How long a partition that moved away from a writer stays away before
+    /// the writer retires its slots there and the keepers fold them (the
+    /// node's `--retire-after`; scoped folds).
+    pub retire_after_ms: u64,
     /// Whether plans include joins, drains and removals.
     pub membership: bool,
     /// Network and crash faults switched on (partition, crash, loss, dup,
@@ -112,6 +116,7 @@ impl Default for PartitionedOptions {
             replication: 2,
             partitions: 16,
             dead_after_ms: 3_000,
+            retire_after_ms: 2_000,
             membership: true,
             faults: "partition,crash,wipe,loss,dup,reorder"
                 .parse()
@@ -201,6 +206,7 @@ impl PartitionedOptions {
         flag!(replication, "replication-factor");
         flag!(partitions, "partitions");
         flag!(dead_after_ms, "dead-after-ms");
+        flag!(retire_after_ms, "retire-after-ms");
         if !self.membership {
             args.push("--no-membership".to_string());
         }
@@ -225,13 +231,15 @@ impl fmt::Display for PartitionedOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "topology: {} region(s) x {} node(s) (+{} spare), RF {}, {} partitions, dead-after {} ms",
+            "topology: {} region(s) x {} node(s) (+{} spare), RF {}, {} partitions, dead-after {} ms, \
+             retire-after {} ms",
             self.regions,
             self.nodes_per_region,
             self.spare_per_region,
             self.replication,
             self.partitions,
-            self.dead_after_ms
+            self.dead_after_ms,
+            self.retire_after_ms
         )?;
         writeln!(
             f,

@@ -312,13 +312,19 @@ impl PWorld<'_> {
                 .map(|(_, state)| stored(state, name))
                 .collect();
             let folds = &self.checker.folds;
-            // Each slot is held as high by another holder, or folded in its
-            // state (then its base holds the writer's final slot).
+            let epoch = mine.folded().epoch;
+            // Each slot is held as high by another holder in the same phase,
+            // or its phase was folded there (then the base holds its final
+            // slot).
             let lacking = mine.slots().iter().find(|(writer, slot)| {
-                let folded = others
+                let folded = others.iter().any(|state| {
+                    let to = state.folded().epoch;
+                    folds.ended_between(*writer, key, epoch, to).is_some()
+                });
+                let same_phase = others
                     .iter()
-                    .any(|state| folds.folded_by(*writer, state.folded().epoch));
-                let (p, n) = others.iter().fold((0, 0), |(p, n), state| {
+                    .filter(|state| folds.same_phase(*writer, key, epoch, state.folded().epoch));
+                let (p, n) = same_phase.fold((0, 0), |(p, n), state| {
                     let theirs = state.slot(*writer);
                     (p.max(theirs.p), n.max(theirs.n))
                 });

@@ -134,6 +134,8 @@ impl<'a> PWorld<'a> {
             stats: PartitionStats::default(),
             sets: SetLedger::new(stream(seed, Subsystem::Sets)),
         };
+        let partition_of = world.key_partition.iter().map(|p| p.0).collect();
+        world.checker.folds.set_partitions(partition_of);
         world.start();
         world
     }
@@ -518,6 +520,8 @@ impl<'a> PWorld<'a> {
             );
         }
         let slots = self.final_check();
+        self.stats.writers_folded = self.checker.folds.writers_folded() as u64;
+        self.stats.scoped_folded = self.checker.folds.scoped_folded() as u64;
         if self.settled_at.is_some() {
             self.check_sets();
         }

@@ -135,7 +135,9 @@ impl World<'_> {
         );
         let nodes = &self.nodes;
         let up = |writer: ReplicaId| nodes.iter().any(|node| node.up && node.id() == writer);
-        let finals = |writer| final_slots_in(nodes, &self.key_names, record.epoch, writer);
+        let finals = |writer, floors: &[u64]| {
+            final_slots_in(nodes, &self.key_names, floors, record.epoch, writer)
+        };
         let new = self
             .checker
             .fold_recorded(self.now, (node, holder), record, up, &lost, finals);
@@ -196,10 +198,17 @@ impl World<'_> {
 }
 
 /// The most any replica holds of `writer`'s slot in each counter, on disk
-/// or in memory, in states folded below `epoch`: what a fold at `epoch`
-/// must move into the base. A disk the operator wiped and the writer's own
-/// incarnation do not count (what it never shipped is gone).
-fn final_slots_in(nodes: &[SimNode], keys: &[String], epoch: u64, writer: ReplicaId) -> Vec<Slot> {
+/// or in memory, in states folded below `epoch` and in its current phase
+/// (`floors`): what a fold at `epoch` must move into the base. A disk the
+/// operator wiped and the writer's own incarnation do not count (what it
+/// never shipped is gone).
+fn final_slots_in(
+    nodes: &[SimNode],
+    keys: &[String],
+    floors: &[u64],
+    epoch: u64,
+    writer: ReplicaId,
+) -> Vec<Slot> {
     let states = nodes
         .iter()
         .filter(|node| (node.up || !node.wipe_on_restart) && node.id() != writer)
@@ -207,5 +216,5 @@ fn final_slots_in(nodes: &[SimNode], keys: &[String], epoch: u64, writer: Replic
             let core = node.up.then_some(&node.replica);
             held_states(keys, &node.store, core)
         });
-    final_slots(keys.len(), epoch, writer, states)
+    final_slots(floors, epoch, writer, states)
 }

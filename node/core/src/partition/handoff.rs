@@ -502,11 +502,28 @@ impl Holdings {
     }
 
     /// The partitions caught up on but held back: copied in from every
-    /// up-to-date holder, waiting only for this node's write gate.
+    /// up-to-date holder, waiting only for this node's write gate. One
+    /// that some holder still holds but is out of reach (down past
+    /// `dead_after`, not removed; or across a split of the region) was
+    /// copied from nobody: it is not listed, since this node may lack
+    /// counters of it that fold records counted (the caller raises the
+    /// fold epoch of those listed past the records it holds no slot of).
     pub fn caught_up_held_back(&self) -> Vec<Partition> {
+        let Some(view) = &self.view else {
+            return Vec::new();
+        };
+        let out_of_reach = |partition: Partition| {
+            view.nodes().any(|node| {
+                node.region == self.region
+                    && node.name != self.name
+                    && view.is_gone(node)
+                    && node.holding.contains(partition)
+            })
+        };
         self.caught_up()
             .into_iter()
             .filter(|partition| self.held_back.contains(*partition))
+            .filter(|partition| !out_of_reach(*partition))
             .collect()
     }
 }

@@ -746,3 +746,58 @@ proptest! {
         region.check_settled();
     }
 }
+
+/// A partition taken over while its only holder is out of reach (down
+/// past `dead_after`, not removed: a split in the region looks the same)
+/// is caught up on at once, copied from nobody. It may be served, but it
+/// is not listed as caught up and held back: raising its fold epoch past
+/// the records this node holds no slot of would give every counter it
+/// lacks that epoch with a base of 0, which the holder's copies (with the
+/// folded writers' slots in their base) then refuse to merge with, and
+/// the folded writer would write the partition again in a counter that
+/// does not count its earlier adds.
+#[test]
+fn a_partition_copied_from_nobody_while_its_holder_is_away_is_not_raised() {
+    let one = count(1);
+    let (none, all) = (PartitionSet::empty(one), PartitionSet::full(one));
+    let p = Partition(0);
+    let now = 10 * DEAD_AFTER_MS;
+    let holder_away = NodeInfo {
+        alive: false,
+        down_since_ms: Some(0),
+        holding: all.clone(),
+        releasing: none.clone(),
+        ..node("a", NodeState::Active)
+    };
+    let me = NodeInfo {
+        holding: none.clone(),
+        releasing: none.clone(),
+        ..node("b", NodeState::Active)
+    };
+    let view = ClusterView::new(one, 2, DEAD_AFTER_MS, now, vec![holder_away, me]);
+    let mut b = Holdings::recover("b", REGION, one, &none, 0);
+    b.set_held_back(all.clone());
+    b.handle_view(&view);
+    assert_eq!(b.state(p), Some(&Holding::Receiving), "held back");
+    assert!(
+        b.caught_up_held_back().is_empty(),
+        "copied from nobody while its holder is away"
+    );
+    // Nobody else ever held it (a new partition): nothing to copy, so
+    // nothing was folded there that this node could lack.
+    let view = ClusterView::new(
+        one,
+        2,
+        DEAD_AFTER_MS,
+        now,
+        vec![NodeInfo {
+            holding: none.clone(),
+            releasing: none.clone(),
+            ..node("b", NodeState::Active)
+        }],
+    );
+    let mut fresh = Holdings::recover("b", REGION, one, &none, 0);
+    fresh.set_held_back(all.clone());
+    fresh.handle_view(&view);
+    assert_eq!(fresh.caught_up_held_back(), vec![p]);
+}
