@@ -355,6 +355,23 @@ impl Checker {
         self.views[index] = PnCounter::new();
     }
 
+    /// Node `node` trims `key` to its own slot (a purge of a partition it no
+    /// longer keeps): what it held of the others is not compared with what
+    /// it holds next, but its own slot and the state's fold epoch and base
+    /// stay, and the trimmed state must keep them (the epoch names the
+    /// slot's phase).
+    pub fn trimmed(&mut self, node: usize, key: usize) {
+        let index = node * self.keys + key;
+        let own = self.node_ids[node];
+        let held = &self.durable[index];
+        let slot = held.slot(own);
+        let slots = [(own, slot)]
+            .into_iter()
+            .filter(|_| slot != Slot::default());
+        self.durable[index] = PnCounter::from_parts(slots, held.folded());
+        self.views[index] = PnCounter::new();
+    }
+
     /// Node `node` restarted on its kept disk; `loaded(key)` reads its store.
     pub fn restarted(
         &mut self,

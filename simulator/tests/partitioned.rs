@@ -2,10 +2,11 @@
 //! with joins, drains, removals and crashes past dead-after settle with
 //! every partition kept by exactly its owners and the exact slot accounting
 //! holding; a run is a function of its seed; a scripted drain and join end
-//! with the data spread as RF/N and the removed node's writer folded; and
-//! planted bugs are caught: an owner confirming a release before it caught
-//! up (invariant 8), and released partitions never purged (the placement
-//! check after the heal).
+//! with the data spread as RF/N, the removed node's writer folded whole and
+//! the moved partitions' writers folded there; and planted bugs are caught:
+//! an owner confirming a release before it caught up (invariant 8),
+//! released partitions never purged (the placement check after the heal),
+//! and a purge trim that drops its counter's fold epoch (invariant 9).
 
 use tally_sim::partitioned::cli::sweep;
 use tally_sim::partitioned::{
@@ -150,4 +151,24 @@ fn partitions_left_on_former_owners_are_caught_after_the_heal() {
     assert_eq!(result.failure_kind(), Some("never settled"), "{result:?}");
     let detail = &result.violations[0].detail;
     assert!(detail.contains("still stores others' slots"), "{detail}");
+}
+
+/// The purge trim of issue 42's second defect, planted in the core: a
+/// counter trimmed to the node's own slot at fold epoch 0 reads a slot
+/// written after a fold of its slots there as the folded phase.
+#[test]
+fn a_purge_trim_that_drops_the_fold_epoch_is_caught() {
+    let options = PartitionedOptions {
+        bug: Some(PartitionBug::TrimToEpochZero),
+        ..scenario()
+    };
+    let mut kinds = Vec::new();
+    for seed in 0..20 {
+        let result = run(seed, &options, None);
+        if result.failure_kind() == Some("fold epoch went backwards") {
+            return;
+        }
+        kinds.push(result.failure_kind());
+    }
+    panic!("the planted bug went unnoticed over 20 seeds: {kinds:?}");
 }

@@ -49,6 +49,10 @@ pub enum PartitionBug {
     ConfirmBeforeCaughtUp,
     /// The purge never runs: released partitions stay stored on former owners.
     KeepReleased,
+    /// In the core (needs the `planted-bugs` feature): the purge trims a
+    /// counter to the node's own slot at fold epoch 0, so its slot written
+    /// after a scoped fold reads as the folded one.
+    TrimToEpochZero,
 }
 
 impl PartitionBug {
@@ -57,6 +61,22 @@ impl PartitionBug {
         match self {
             PartitionBug::ConfirmBeforeCaughtUp => "confirm-before-caught-up",
             PartitionBug::KeepReleased => "keep-released",
+            PartitionBug::TrimToEpochZero => "trim-to-epoch-zero",
+        }
+    }
+
+    /// Whether the bug lives in the core (built only with `planted-bugs`).
+    pub fn in_core(&self) -> bool {
+        matches!(self, PartitionBug::TrimToEpochZero)
+    }
+
+    /// The core's bug of that name.
+    #[cfg(feature = "planted-bugs")]
+    pub fn core_bug(&self) -> Option<tally_node::replica::PlantedBug> {
+        use tally_node::replica::PlantedBug;
+        match self {
+            PartitionBug::TrimToEpochZero => Some(PlantedBug::TrimToEpochZero),
+            PartitionBug::ConfirmBeforeCaughtUp | PartitionBug::KeepReleased => None,
         }
     }
 }
@@ -180,6 +200,11 @@ impl PartitionedOptions {
         }
         tally_node::partition::PartitionCount::new(u64::from(self.partitions))
             .map_err(|e| format!("--partitions: {e}"))?;
+        if self.bug.is_some_and(|bug| bug.in_core()) && !cfg!(feature = "planted-bugs") {
+            return Err("--planted-bug trim-to-epoch-zero needs a build with the \
+                 `planted-bugs` feature (cargo run -p tally-sim --features planted-bugs)"
+                .into());
+        }
         if self.keys == 0 || self.sync_interval_ms == 0 || self.duration_ms < 1_000 {
             return Err(
                 "--keys and --sync-interval-ms must be positive, --duration-ms at least 1000"

@@ -51,9 +51,11 @@ pub struct ScopedNode {
     /// Whether storing the record fails (a full or broken disk).
     pub record_fails: bool,
     settings: ViewSettings,
+    config: ReplicaConfig,
 }
 
-fn config() -> ReplicaConfig {
+/// The replica settings a simulated node runs with.
+pub fn config() -> ReplicaConfig {
     ReplicaConfig {
         cluster_id: CLUSTER.into(),
         ..Default::default()
@@ -63,11 +65,23 @@ fn config() -> ReplicaConfig {
 impl ScopedNode {
     /// A node on a new data directory: it joins.
     pub fn new(name: &str, region: &str, id: u64, settings: ViewSettings, now: u64) -> Self {
+        Self::with_config(name, region, id, (settings, config()), now)
+    }
+
+    /// [`Self::new`] with its replica's settings.
+    pub fn with_config(
+        name: &str,
+        region: &str,
+        id: u64,
+        settings: (ViewSettings, ReplicaConfig),
+        now: u64,
+    ) -> Self {
+        let (settings, config) = settings;
         let identity = establish(None, region, id).expect("simulated region names are valid");
         let store = MemoryStore::new(identity.clone());
         let recovered = store.recover(now).expect("a new memory store recovers");
-        let core = Replica::open(identity, config(), recovered, now);
-        Self::start(name, core, store, None, settings)
+        let core = Replica::open(identity, config.clone(), recovered, now);
+        Self::start(name, core, store, None, (settings, config))
     }
 
     fn start(
@@ -75,8 +89,9 @@ impl ScopedNode {
         mut core: Replica,
         store: MemoryStore,
         record: Option<LifecycleRecord>,
-        settings: ViewSettings,
+        settings: (ViewSettings, ReplicaConfig),
     ) -> Self {
+        let (settings, config) = settings;
         core.peers_mut()
             .set_own_partitions(settings.partitions.get());
         // The writers' digests by partition that folds compare, from every
@@ -104,6 +119,7 @@ impl ScopedNode {
             record,
             record_fails: false,
             settings,
+            config,
         }
     }
 
@@ -112,8 +128,10 @@ impl ScopedNode {
     pub fn restart(self, now: u64) -> Self {
         self.store.crash();
         let recovered = self.store.recover(now).expect("the memory store recovers");
-        let core = Replica::open(self.store.identity().clone(), config(), recovered, now);
-        Self::start(&self.name, core, self.store, self.record, self.settings)
+        let identity = self.store.identity().clone();
+        let core = Replica::open(identity, self.config.clone(), recovered, now);
+        let settings = (self.settings, self.config);
+        Self::start(&self.name, core, self.store, self.record, settings)
     }
 
     /// Its replica id.

@@ -58,7 +58,7 @@ impl PWorld<'_> {
             if let Some(index) = self.key_index(key) {
                 if !self.nodes[node].keeps(self.key_partition[index]) {
                     // A purge trimmed it to this node's own slot.
-                    self.checker.forget(writer, index);
+                    self.checker.trimmed(writer, index);
                 }
                 self.checker.committed(self.now, writer, index, counter);
             }

@@ -170,12 +170,25 @@ impl<'a> PWorld<'a> {
         self.schedule(duration, Ev::HealAll);
     }
 
+    /// The replica settings of every node: the simulator's, with the
+    /// core's planted bug if one was asked for.
+    fn replica_config(&self) -> tally_node::replica::ReplicaConfig {
+        let config = super::scoped::config();
+        #[cfg(feature = "planted-bugs")]
+        let config = tally_node::replica::ReplicaConfig {
+            planted_bug: self.options.bug.and_then(|bug| bug.core_bug()),
+            ..config
+        };
+        config
+    }
+
     /// Starts slot `node` on a new data directory, as a new replica.
     fn start_node(&mut self, node: usize) {
         let id = self.fresh_id();
         let now = local_now(self.now);
+        let settings = (self.settings, self.replica_config());
         let state = &mut self.nodes[node];
-        let scoped = ScopedNode::new(&state.name, &state.region, id, self.settings, now);
+        let scoped = ScopedNode::with_config(&state.name, &state.region, id, settings, now);
         state.writer = self.checker.add_writer(self.now, scoped.id());
         state.node = Some(scoped);
         state.exists = true;

@@ -109,6 +109,10 @@ pub enum PlantedBug {
     /// are up, so a fold is taken before a down or cut-off member reported
     /// the writer's final state (a loss).
     FoldBeforeAgreement,
+    /// The purge trims a counter of a partition no longer kept to this
+    /// node's own slot at fold epoch 0, so a slot written after a fold of
+    /// its slots there reads as the folded phase (the defect of issue 42).
+    TrimToEpochZero,
 }
 
 impl Default for ReplicaConfig {

@@ -258,6 +258,12 @@ impl Replica {
         // after a fold of ours here would read as the folded one, and the
         // next pass would delete it; issue 42), and the base is the one
         // every holder at that epoch has.
+        #[cfg(feature = "planted-bugs")]
+        let trimmed = match self.config.planted_bug == Some(super::PlantedBug::TrimToEpochZero) {
+            true => PnCounter::from_slots([(own, slot)]),
+            false => PnCounter::from_parts([(own, slot)], stored.state.folded()),
+        };
+        #[cfg(not(feature = "planted-bugs"))]
         let trimmed = PnCounter::from_parts([(own, slot)], stored.state.folded());
         if trimmed == stored.state {
             return Ok(Dropped::Kept);
