@@ -87,7 +87,7 @@ impl PWorld<'_> {
 
     /// The index of a checked key.
     pub(super) fn key_index(&self, key: &str) -> Option<usize> {
-        self.key_names.iter().position(|name| **name == *key)
+        self.key_indexes.get(key).copied()
     }
 
     pub(super) fn send(&mut self, from: usize, to: usize, msg: Msg) {

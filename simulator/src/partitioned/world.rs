@@ -54,6 +54,8 @@ pub struct PWorld<'a> {
     pub(super) checker: Checker,
     pub(super) trace: TraceHasher,
     pub(super) key_names: Vec<String>,
+    /// Each key name's index in `key_names`.
+    pub(super) key_indexes: std::collections::HashMap<String, usize>,
     pub(super) key_partition: Vec<Partition>,
     pub(super) workload_rng: SimRng,
     pub(super) zipf: Zipf,
@@ -119,6 +121,11 @@ impl<'a> PWorld<'a> {
             ledger: Ledger::new(1, options.keys),
             checker: Checker::new(0, options.keys),
             trace: TraceHasher::default(),
+            key_indexes: key_names
+                .iter()
+                .enumerate()
+                .map(|(index, name)| (name.clone(), index))
+                .collect(),
             key_names,
             key_partition,
             workload_rng: stream(seed, Subsystem::Workload),
