@@ -151,9 +151,10 @@ pub fn main(args: PartitionedArgs) -> anyhow::Result<bool> {
         });
         let results = sweep(args.first_seed, count, threads, &options, plan.as_ref());
         print!("{}", render_sweep(&results, &options, plan.as_ref()));
+        let wall = started.elapsed().as_secs_f64();
         println!(
-            "timing: {:.2} s wall on {threads} thread(s)",
-            started.elapsed().as_secs_f64()
+            "timing: {wall:.2} s wall on {threads} thread(s), {:.0} seeds/min",
+            results.len() as f64 * 60.0 / wall.max(f64::EPSILON)
         );
         return Ok(results.iter().all(PartitionedResult::passed));
     }

@@ -53,6 +53,10 @@ pub enum PartitionBug {
     /// counter to the node's own slot at fold epoch 0, so its slot written
     /// after a scoped fold reads as the folded one.
     TrimToEpochZero,
+    /// In the core (needs the `planted-bugs` feature): a node raises the
+    /// fold epoch of a partition it copied from nobody while a holder was
+    /// out of reach, so its counters there enter the epoch with a base of 0.
+    RaiseCopiedFromNobody,
 }
 
 impl PartitionBug {
@@ -62,12 +66,18 @@ impl PartitionBug {
             PartitionBug::ConfirmBeforeCaughtUp => "confirm-before-caught-up",
             PartitionBug::KeepReleased => "keep-released",
             PartitionBug::TrimToEpochZero => "trim-to-epoch-zero",
+            PartitionBug::RaiseCopiedFromNobody => "raise-copied-from-nobody",
         }
     }
 
-    /// Whether the bug lives in the core (built only with `planted-bugs`).
-    pub fn in_core(&self) -> bool {
-        matches!(self, PartitionBug::TrimToEpochZero)
+    /// The flag of a bug that lives in the core.
+    fn core_name(&self) -> Option<&'static str> {
+        match self {
+            PartitionBug::TrimToEpochZero | PartitionBug::RaiseCopiedFromNobody => {
+                Some(self.flag())
+            }
+            PartitionBug::ConfirmBeforeCaughtUp | PartitionBug::KeepReleased => None,
+        }
     }
 
     /// The core's bug of that name.
@@ -76,6 +86,7 @@ impl PartitionBug {
         use tally_node::replica::PlantedBug;
         match self {
             PartitionBug::TrimToEpochZero => Some(PlantedBug::TrimToEpochZero),
+            PartitionBug::RaiseCopiedFromNobody => Some(PlantedBug::RaiseCopiedFromNobody),
             PartitionBug::ConfirmBeforeCaughtUp | PartitionBug::KeepReleased => None,
         }
     }
@@ -200,10 +211,13 @@ impl PartitionedOptions {
         }
         tally_node::partition::PartitionCount::new(u64::from(self.partitions))
             .map_err(|e| format!("--partitions: {e}"))?;
-        if self.bug.is_some_and(|bug| bug.in_core()) && !cfg!(feature = "planted-bugs") {
-            return Err("--planted-bug trim-to-epoch-zero needs a build with the \
-                 `planted-bugs` feature (cargo run -p tally-sim --features planted-bugs)"
-                .into());
+        if let Some(name) = self.bug.and_then(|bug| bug.core_name()) {
+            if !cfg!(feature = "planted-bugs") {
+                return Err(format!(
+                    "--planted-bug {name} needs a build with the `planted-bugs` feature \
+                     (cargo run -p tally-sim --features planted-bugs)"
+                ));
+            }
         }
         if self.keys == 0 || self.sync_interval_ms == 0 || self.duration_ms < 1_000 {
             return Err(

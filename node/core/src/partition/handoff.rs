@@ -526,4 +526,14 @@ impl Holdings {
             .filter(|partition| !out_of_reach(*partition))
             .collect()
     }
+
+    /// [`Self::caught_up_held_back`] without its check of holders out of
+    /// reach: the planted bug `RaiseCopiedFromNobody`.
+    #[cfg(feature = "planted-bugs")]
+    pub fn caught_up_held_back_from_anyone(&self) -> Vec<Partition> {
+        self.caught_up()
+            .into_iter()
+            .filter(|partition| self.held_back.contains(*partition))
+            .collect()
+    }
 }

@@ -113,6 +113,10 @@ pub enum PlantedBug {
     /// node's own slot at fold epoch 0, so a slot written after a fold of
     /// its slots there reads as the folded phase (the defect of issue 42).
     TrimToEpochZero,
+    /// A node raises the fold epoch of a partition it was held back from
+    /// though it copied the partition from nobody (its holders out of
+    /// reach), so its counters there enter the epoch with a base of 0.
+    RaiseCopiedFromNobody,
 }
 
 impl Default for ReplicaConfig {

@@ -200,7 +200,16 @@ fn hold_back_gated(
 ) {
     let all = PartitionSet::full(count);
     if raise {
-        for partition in holdings.caught_up_held_back() {
+        #[cfg(feature = "planted-bugs")]
+        let ready = match core.config().planted_bug {
+            Some(crate::replica::PlantedBug::RaiseCopiedFromNobody) => {
+                holdings.caught_up_held_back_from_anyone()
+            }
+            _ => holdings.caught_up_held_back(),
+        };
+        #[cfg(not(feature = "planted-bugs"))]
+        let ready = holdings.caught_up_held_back();
+        for partition in ready {
             let epoch = core.raise_copied(partition);
             tracing::debug!(
                 partition = partition.0,
