@@ -124,14 +124,24 @@ fn a_scripted_drain_and_join_move_partitions_and_spread_counters_as_rf_over_n() 
 
 #[test]
 fn a_release_confirmed_before_the_owner_caught_up_is_caught() {
+    assert_caught_within_20_seeds(
+        PartitionBug::ConfirmBeforeCaughtUp,
+        "partition deleted from its last up-to-date holder",
+    );
+}
+
+/// Fails unless `bug`, planted in the short scenario, fails one of its
+/// first 20 seeds with a violation of `kind`.
+#[track_caller]
+fn assert_caught_within_20_seeds(bug: PartitionBug, kind: &str) {
     let options = PartitionedOptions {
-        bug: Some(PartitionBug::ConfirmBeforeCaughtUp),
+        bug: Some(bug),
         ..scenario()
     };
     let mut kinds = Vec::new();
     for seed in 0..20 {
         let result = run(seed, &options, None);
-        if result.failure_kind() == Some("partition deleted from its last up-to-date holder") {
+        if result.failure_kind() == Some(kind) {
             return;
         }
         kinds.push(result.failure_kind());
@@ -158,17 +168,5 @@ fn partitions_left_on_former_owners_are_caught_after_the_heal() {
 /// written after a fold of its slots there as the folded phase.
 #[test]
 fn a_purge_trim_that_drops_the_fold_epoch_is_caught() {
-    let options = PartitionedOptions {
-        bug: Some(PartitionBug::TrimToEpochZero),
-        ..scenario()
-    };
-    let mut kinds = Vec::new();
-    for seed in 0..20 {
-        let result = run(seed, &options, None);
-        if result.failure_kind() == Some("fold epoch went backwards") {
-            return;
-        }
-        kinds.push(result.failure_kind());
-    }
-    panic!("the planted bug went unnoticed over 20 seeds: {kinds:?}");
+    assert_caught_within_20_seeds(PartitionBug::TrimToEpochZero, "fold epoch went backwards");
 }
