@@ -73,6 +73,9 @@ pub struct Checker {
     keys: usize,
     views: Vec<PnCounter>,
     durable: Vec<PnCounter>,
+    /// Per (node, key): a purge deleted the counter there, and its own
+    /// slot's mark in `durable` is not back in what it stores yet.
+    forgotten: Vec<bool>,
     owners: Vec<(ReplicaId, Owner)>,
     dead: Vec<Vec<PnCounter>>,
     node_ids: Vec<ReplicaId>,
@@ -118,6 +121,7 @@ impl Checker {
             keys,
             views: vec![PnCounter::new(); nodes * keys],
             durable: vec![PnCounter::new(); nodes * keys],
+            forgotten: vec![false; nodes * keys],
             owners: Vec::new(),
             dead: Vec::new(),
             node_ids: vec![ReplicaId(0); nodes],
@@ -141,6 +145,44 @@ impl Checker {
     /// What node `node` last committed of `replica`'s slot of key `key`.
     pub fn durable_slot(&self, node: usize, key: usize, replica: ReplicaId) -> Slot {
         self.durable[node * self.keys + key].slot(replica)
+    }
+
+    /// Node `node` answers `OK` to a push of `replica`'s `slot` of `key`,
+    /// which the pusher's durable state at fold epoch `epoch` held: the
+    /// node's last completed commit must hold that slot of that phase, or
+    /// a later phase (a fold ended the pushed one and its base counts it).
+    pub fn copy_answered(
+        &mut self,
+        now: u64,
+        node: usize,
+        key: usize,
+        (replica, slot, epoch): (ReplicaId, Slot, u64),
+    ) {
+        let state = &self.durable[node * self.keys + key];
+        let pushed = self.folds.phase(replica, key, epoch);
+        let held = self.folds.phase(replica, key, state.folded().epoch);
+        let have = match held.cmp(&pushed) {
+            std::cmp::Ordering::Greater => return,
+            std::cmp::Ordering::Equal => state.slot(replica),
+            std::cmp::Ordering::Less => Slot::default(),
+        };
+        if have.p < slot.p || have.n < slot.n {
+            self.violate(
+                now,
+                "copy answered before durable",
+                format!(
+                    "n{node} confirmed a push of key {key} with slot {} of {replica} (phase \
+                     {pushed}), but its last completed commit holds {} of that phase",
+                    slot_text(slot),
+                    slot_text(have)
+                ),
+            );
+        }
+    }
+
+    /// The fold epoch of what node `node` last committed of key `key`.
+    pub fn durable_epoch(&self, node: usize, key: usize) -> u64 {
+        self.durable[node * self.keys + key].folded().epoch
     }
 
     /// Records a violation.
@@ -264,8 +306,27 @@ impl Checker {
     pub fn committed(&mut self, now: u64, node: usize, key: usize, state: &PnCounter) {
         let index = node * self.keys + key;
         let old = std::mem::take(&mut self.durable[index]);
-        self.check_change(now, node, key, &old, state, "commit");
-        self.durable[index] = state.clone();
+        let own = self.node_ids[node];
+        let epochs = (old.folded().epoch, state.folded().epoch);
+        if !self.forgotten[index] || !self.folds.same_phase(own, key, epochs.0, epochs.1) {
+            self.forgotten[index] = false;
+            self.check_change(now, node, key, &old, state, "commit");
+            self.durable[index] = state.clone();
+            return;
+        }
+        // The first states after a purge deleted the counter here (a copy
+        // pushed to a node that no longer keeps it) are not compared with
+        // what it held; its own slot's mark stays until the slot is back
+        // (or a fold ended its phase).
+        self.check_change(now, node, key, &PnCounter::new(), state, "commit");
+        let (mark, slot) = (old.slot(own), state.slot(own));
+        if slot.p >= mark.p && slot.n >= mark.n {
+            self.forgotten[index] = false;
+            self.durable[index] = state.clone();
+        } else {
+            let slots = state.slots().iter().copied().chain([(own, mark)]);
+            self.durable[index] = PnCounter::from_parts(slots, state.folded());
+        }
     }
 
     /// Node `node` started as a new replica (first start or after a wipe).
@@ -297,11 +358,21 @@ impl Checker {
         if let Some(entry) = self.owners.iter_mut().find(|(id, _)| *id == old) {
             let range = node * self.keys..(node + 1) * self.keys;
             let writers = self.node_ids.len();
+            // What a state holds of the writer's adds: the phases its base
+            // counts, and its slot of the phase it holds.
             let held = (0..self.keys)
                 .map(|key| {
                     (0..writers)
                         .filter(|other| *other != node)
-                        .map(|other| self.durable[other * self.keys + key].slot(old))
+                        .map(|other| {
+                            let state = &self.durable[other * self.keys + key];
+                            let counted = self.folds.counted(old, key, state.folded().epoch);
+                            let slot = state.slot(old);
+                            Slot {
+                                p: counted.p + slot.p,
+                                n: counted.n + slot.n,
+                            }
+                        })
                         .fold(Slot::default(), |most, slot| Slot {
                             p: most.p.max(slot.p),
                             n: most.n.max(slot.n),
@@ -314,6 +385,7 @@ impl Checker {
             for state in &mut self.durable[range.clone()] {
                 *state = PnCounter::new();
             }
+            self.forgotten[range.clone()].fill(false);
             for state in &mut self.views[range] {
                 *state = PnCounter::new();
             }
@@ -329,6 +401,7 @@ impl Checker {
         let grown = self.views.len() + self.keys;
         self.views.resize(grown, PnCounter::new());
         self.durable.resize(grown, PnCounter::new());
+        self.forgotten.resize(grown, false);
         self.started_fresh(now, writer, replica);
         writer
     }
@@ -353,6 +426,7 @@ impl Checker {
                 .filter(|_| slot != Slot::default()),
         );
         self.views[index] = PnCounter::new();
+        self.forgotten[index] = true;
     }
 
     /// Node `node` trims `key` to its own slot (a purge of a partition it no
@@ -410,7 +484,20 @@ impl Checker {
                 self.forget(node, key);
                 continue;
             };
-            if !self.durable[index].is_covered_by(&state) {
+            // A forgotten counter's own slot mark is not on its disk yet.
+            let durable = &self.durable[index];
+            let committed = match self.forgotten[index] {
+                true => PnCounter::from_parts(
+                    durable
+                        .slots()
+                        .iter()
+                        .copied()
+                        .filter(|(r, _)| *r != replica),
+                    durable.folded(),
+                ),
+                false => durable.clone(),
+            };
+            if !committed.is_covered_by(&state) {
                 self.violate(
                     now,
                     "restart lost a commit",
@@ -530,8 +617,12 @@ impl Checker {
                     .then_some((rest_p, rest_n))
             };
             if let (true, Some(Owner::Dead(dead))) = (self.replicated, self.owner(replica)) {
+                // Held by another node when the disk was lost, or reaching
+                // one later from a message in flight (a push a copy took
+                // after the wipe, answering a retry from its record).
                 let held = self.held_at_wipe[dead][key];
-                if fits(group.certain.len(), held).is_none() {
+                let all = group.certain.len();
+                if fits(all, held).is_none() && fits(all, slot).is_none() {
                     let (p, n) = sums(&group.certain);
                     self.violate(
                         now,

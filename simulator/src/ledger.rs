@@ -8,7 +8,9 @@
 //! of one replica slot whose fate is unknown hold distinct lanes, and the part
 //! of a slot that acknowledged adds do not explain decodes, bit by bit, into
 //! exactly which unknown adds were applied. Abandoned adds hold their lane
-//! forever. Lanes stay below [`MAX_LANES`], so no slot or value overflows.
+//! forever, and so do adds acknowledged by one replica and applied by
+//! another too (an attempt that reached a second owner): at the other,
+//! their fate stays unknown. Lanes stay below [`MAX_LANES`], so no slot or value overflows.
 
 use tally_node::crdt::ReplicaId;
 
@@ -226,7 +228,11 @@ impl Ledger {
         } else {
             add.outcome = Outcome::Acked { replica, ticket };
             self.stats.acked += 1;
-            self.release(id);
+            // Applied by another replica too (an attempt that reached
+            // another owner): its fate there stays unknown for good.
+            if add.delivered.iter().all(|applied| *applied == replica) {
+                self.release(id);
+            }
         }
         true
     }

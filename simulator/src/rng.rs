@@ -32,6 +32,10 @@ pub enum Subsystem {
     Topology = 7,
     /// Likes, unlikes and observes (`--sets`).
     Sets = 8,
+    /// Plan operations added after the first plans (a joined node that
+    /// drains later), drawn apart so that the earlier operations of a
+    /// seed's plan stay what they were.
+    PlanChurn = 9,
 }
 
 /// The stream of `subsystem` for `seed`.

@@ -6,8 +6,12 @@
 //! the moved partitions' writers folded there; and planted bugs are caught:
 //! an owner confirming a release before it caught up (invariant 8),
 //! released partitions never purged (the placement check after the heal),
-//! and a purge trim that drops its counter's fold epoch (invariant 9).
+//! a purge trim that drops its counter's fold epoch (invariant 9), and a
+//! replicated add's push that names no phase (a copy that drops the slot
+//! and answers `OK`). With `--durability replicated`, sweeps pass too:
+//! every acknowledged add is on another node when a removal loses a disk.
 
+use tally_sim::options::Durability;
 use tally_sim::partitioned::cli::sweep;
 use tally_sim::partitioned::{
     run, PartitionBug, PartitionedOptions, PartitionedPlan, PartitionedResult,
@@ -169,4 +173,58 @@ fn partitions_left_on_former_owners_are_caught_after_the_heal() {
 #[test]
 fn a_purge_trim_that_drops_the_fold_epoch_is_caught() {
     assert_caught_within_20_seeds(PartitionBug::TrimToEpochZero, "fold epoch went backwards");
+}
+
+/// Replicated durability over partitions: adds acknowledged once a copy
+/// (another owner of the key, where one is live) holds them.
+fn replicated() -> PartitionedOptions {
+    PartitionedOptions {
+        durability: Durability::Replicated,
+        write_copies: 2,
+        ..scenario()
+    }
+}
+
+#[test]
+fn replicated_adds_are_held_by_their_copies_through_faults_and_removals() {
+    let options = replicated();
+    let results = sweep(0, 8, 2, &options, None);
+    for result in &results {
+        assert_passed(result, &options);
+        assert!(result.copies.confirmed > 0, "seed {}", result.seed);
+    }
+}
+
+/// Issue 42's first defect, planted in the core: a slot written after a
+/// fold of its writer's slots in the partition is pushed without its
+/// phase, and a copy drops it and answers `OK`. The plan makes such slots:
+/// n0 is down while n1 and n2 take its writes, n3 joins and takes some of
+/// their partitions (their slots there are folded), leaves, and n0 goes
+/// down again while they write in the partitions they got back.
+#[test]
+fn a_replicated_push_that_names_no_phase_is_caught() {
+    let options = PartitionedOptions {
+        durability: Durability::Replicated,
+        faults: "none".parse().unwrap(),
+        duration_ms: 15_000,
+        ..PartitionedOptions::default()
+    };
+    let plan: PartitionedPlan =
+        "crash n0 at 500 restart 2000; join n3 at 2500; drain n3 at 7500; crash n0 at 11000 restart 12500"
+            .parse()
+            .unwrap();
+    plan.validate(&options).unwrap();
+    let result = run(0, &options, Some(plan.clone()));
+    assert_passed(&result, &options);
+    let planted = PartitionedOptions {
+        bug: Some(PartitionBug::PushWithoutPhase),
+        ..options
+    };
+    let result = run(0, &planted, Some(plan));
+    assert_eq!(
+        result.failure_kind(),
+        Some("copy answered before durable"),
+        "{:?}",
+        result.violations
+    );
 }

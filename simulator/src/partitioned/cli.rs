@@ -15,7 +15,7 @@ use clap::Args;
 use super::{
     replay_command, run, PartitionBug, PartitionedOptions, PartitionedPlan, PartitionedResult,
 };
-use crate::options::FaultSet;
+use crate::options::{Durability, FaultSet};
 
 /// Options of `tally-sim partitioned`.
 #[derive(Args, Debug)]
@@ -64,6 +64,14 @@ pub struct PartitionedArgs {
     /// crash, wipe (allows removals), loss, dup, reorder, tail.
     #[arg(long, default_value = "partition,crash,wipe,loss,dup,reorder")]
     faults: FaultSet,
+    /// When an add is acknowledged: sync (durable on its owner) or
+    /// replicated (also on --write-copies - 1 more nodes of the region).
+    #[arg(long, value_enum, default_value_t = Durability::Sync)]
+    durability: Durability,
+    /// Nodes of the region that hold a replicated add before it is
+    /// acknowledged, the taking node included.
+    #[arg(long, default_value_t = 2)]
+    write_copies: usize,
     /// Simulated time with clients and faults (ms).
     #[arg(long, default_value_t = 20_000)]
     duration_ms: u64,
@@ -108,6 +116,8 @@ impl PartitionedArgs {
             retire_after_ms: self.retire_after_ms,
             membership: !self.no_membership,
             faults: self.faults,
+            durability: self.durability,
+            write_copies: self.write_copies,
             duration_ms: self.duration_ms,
             settle_ms: self.settle_ms,
             sync_interval_ms: self.sync_interval_ms,
@@ -246,6 +256,15 @@ pub fn render_run(
          {} partitions handed off, {} stored counters purged",
         s.pulls, s.from_scratch, s.confirms, s.released, s.purged
     );
+    if options.durability == Durability::Replicated {
+        let c = &result.copies;
+        let _ = writeln!(
+            out,
+            "copies: {} pushes, {} confirmed, {} failed, {} taken by copies; {} adds answered \
+             UNAVAILABLE",
+            c.pushes, c.confirmed, c.failed, c.taken, c.unconfirmed_adds
+        );
+    }
     let held: Vec<String> = result
         .held
         .iter()

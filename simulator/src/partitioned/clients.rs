@@ -188,17 +188,20 @@ impl PWorld<'_> {
         let delta = entry.delta();
         let idempotency_key = entry.keyed.then(|| format!("c{client}-a{add}"));
         let now = local_now(self.now);
+        let replicated = self.replicated();
         let state = &mut self.nodes[node];
         let scoped = state.scoped_mut();
-        let result = scoped.core.handle_add(
-            now,
-            &scoped.store,
-            AddRequest {
-                key: &self.key_names[key],
-                delta,
-                idempotency_key: idempotency_key.as_deref(),
-            },
-        );
+        let request = AddRequest {
+            key: &self.key_names[key],
+            delta,
+            idempotency_key: idempotency_key.as_deref(),
+        };
+        let result = match replicated {
+            true => scoped
+                .core
+                .handle_add_replicated(now, &scoped.store, request),
+            false => scoped.core.handle_add(now, &scoped.store, request),
+        };
         self.trace
             .mix_all(&[node as u64, add as u64, attempt as u64]);
         let accepted = match result {
@@ -224,15 +227,23 @@ impl PWorld<'_> {
             }
         };
         let replica = scoped.id();
-        let durable = scoped.core.durable_seq();
+        let durable = match replicated {
+            true => scoped.core.replicated_seq(),
+            false => scoped.core.durable_seq(),
+        };
         let live = scoped.core.cached_state(&self.key_names[key]).cloned();
         let writer = state.writer;
         if let Some(live) = live {
             self.checker.observe(self.now, writer, key, &live);
         }
-        self.ledger.delivered(add, replica);
+        // A duplicate was applied where its idempotency record was made
+        // (here, or by a replica this one learned the record from).
         if accepted.duplicate {
             self.ledger.stats.duplicates += 1;
+        } else {
+            let applied = (accepted.durable_at_seq, false);
+            self.applied_tickets.insert((add, replica), applied);
+            self.ledger.delivered(add, replica);
         }
         let ticket = accepted.durable_at_seq;
         if ticket <= durable {
@@ -244,8 +255,28 @@ impl PWorld<'_> {
                 .entry(ticket)
                 .or_default()
                 .push((client, add, attempt));
+            if replicated {
+                let epoch = state.epoch;
+                let wait = self.copy_wait_ms();
+                let expired = Ev::CopyWaitExpired(node as u16, epoch, ticket, client, add, attempt);
+                self.schedule(wait, expired);
+            }
         }
         self.wake_commit(node);
+    }
+
+    /// The owner answered `UNAVAILABLE`: the caller does not know whether
+    /// the add landed, and treats it as a timeout (a keyed add retries
+    /// with the same idempotency key).
+    pub(super) fn add_unavailable(&mut self, client: u32, add: u32, attempt: u8) {
+        self.trace
+            .mix_all(&[client as u64, add as u64, attempt as u64]);
+        if !self.is_open(add, attempt) {
+            return;
+        }
+        self.ledger.adds[add as usize].unavailable_at = attempt;
+        self.ledger.stats.unavailable += 1;
+        self.retry_or_give_up(client, add);
     }
 
     pub(super) fn reply(
@@ -291,6 +322,34 @@ impl PWorld<'_> {
                     self.retry_or_give_up(client, add);
                 }
             }
+        }
+    }
+
+    /// The ledger learns the answer `replica` gave with `ticket`, once no
+    /// attempt of the add can still be applied anywhere. An answer speaks
+    /// for a replica whose application of the add is durable: the one that
+    /// answered, or, for a retry it answered as a duplicate from an
+    /// idempotency record it learned (with the slot, from the durable state
+    /// of a replica that applied the add; its own application may have
+    /// been lost in a crash), the first other replica whose application a
+    /// crash did not take back. With none, the add's fate stays unknown.
+    pub(super) fn answered(&mut self, add: u32, replica: ReplicaId, ticket: u64) {
+        let durable = |applier: &ReplicaId| {
+            self.applied_tickets
+                .get(&(add, *applier))
+                .filter(|(_, lost)| !lost)
+                .map(|(ticket, _)| *ticket)
+        };
+        if durable(&replica).is_some() {
+            self.ledger.answered(add, replica, ticket, false);
+            return;
+        }
+        let delivered = &self.ledger.adds[add as usize].delivered;
+        match delivered.iter().find_map(|r| durable(r).map(|t| (*r, t))) {
+            Some((applier, ticket)) => {
+                self.ledger.answered(add, applier, ticket, false);
+            }
+            None => self.ledger.abandon(add),
         }
     }
 }

@@ -6,14 +6,17 @@
 //! incarnation of that node (timers, commits, pull deadlines), its epoch, so
 //! nothing of a crashed incarnation runs after its restart.
 
+use std::sync::Arc;
+
 use tally_node::crdt::ReplicaId;
 use tally_node::partition::{Partition, PartitionSet};
-use tally_node::replica::{PullChunk, PullRequest};
+use tally_node::replica::{CopyPush, PullChunk, PullRequest};
 
 use super::plan::PartitionedPlan;
 use crate::checker::{SlotStats, Violation};
 use crate::ledger::WorkloadStats;
 use crate::network::NetStats;
+use crate::world::CopyStats;
 
 /// A message between nodes.
 #[derive(Clone, Debug)]
@@ -55,6 +58,24 @@ pub enum Msg {
         owner: String,
         /// Its answers.
         answers: Vec<(Partition, u64)>,
+    },
+    /// A push of replicated durability to a copy.
+    Copy {
+        /// The pusher's push id.
+        push: u64,
+        /// The push (the part for this copy).
+        data: Arc<CopyPush>,
+        /// Per counter of the push, the fold epoch of the pusher's durable
+        /// state when it pushed: the truth the checker compares the copy's
+        /// answer with, whatever the push itself says.
+        epochs: Arc<Vec<u64>>,
+    },
+    /// A copy's answer: `ok` once what the push brought is durable there.
+    CopyAnswer {
+        /// The push.
+        push: u64,
+        /// Taken and durable (false: refused).
+        ok: bool,
     },
 }
 
@@ -106,6 +127,16 @@ pub enum Ev {
     FoldRound(u16, u32),
     /// A pull's deadline: (node, epoch, pull).
     PullTimeout(u16, u32, u64),
+    /// A push's deadline: (node, epoch, push).
+    PushTimeout(u16, u32, u64),
+    /// The pause after a failed push is over: (node, epoch).
+    PushRetry(u16, u32),
+    /// A replicated add waited for its copies past its deadline:
+    /// (node, epoch, ticket, client, add, attempt).
+    CopyWaitExpired(u16, u32, u64, u32, u32, u8),
+    /// The owner answered `UNAVAILABLE` (its copies did not confirm in
+    /// time; the add may have landed): (client, add, attempt).
+    AddUnavailable(u32, u32, u8),
     /// The ledger learns an answer, once no other attempt of the add can
     /// still be applied anywhere: (add, replica, ticket).
     Answered(u32, ReplicaId, u64),
@@ -122,7 +153,10 @@ impl Ev {
             | Ev::SyncRound(node, epoch)
             | Ev::ViewRefresh(node, epoch)
             | Ev::FoldRound(node, epoch)
-            | Ev::PullTimeout(node, epoch, _) => Some((*node as usize, Some(*epoch))),
+            | Ev::PullTimeout(node, epoch, _)
+            | Ev::PushTimeout(node, epoch, _)
+            | Ev::PushRetry(node, epoch)
+            | Ev::CopyWaitExpired(node, epoch, ..) => Some((*node as usize, Some(*epoch))),
             _ => None,
         }
     }
@@ -145,6 +179,10 @@ impl Ev {
             Ev::Probe => 14,
             Ev::FoldRound(..) => 15,
             Ev::SetOp => 16,
+            Ev::PushTimeout(..) => 17,
+            Ev::PushRetry(..) => 18,
+            Ev::CopyWaitExpired(..) => 19,
+            Ev::AddUnavailable(..) => 20,
         }
     }
 }
@@ -223,6 +261,8 @@ pub struct PartitionedResult {
     pub slots: SlotStats,
     /// Partition counters.
     pub stats: PartitionStats,
+    /// Replicated durability's counters (all 0 in `sync` mode).
+    pub copies: CopyStats,
     /// Per live node at the end: (name, partitions kept, counters held).
     pub held: Vec<(String, usize, usize)>,
 }

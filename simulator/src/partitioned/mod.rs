@@ -24,6 +24,7 @@
 mod check;
 pub mod cli;
 mod clients;
+mod copies;
 mod events;
 mod folds;
 mod node;
@@ -38,7 +39,7 @@ use std::fmt;
 pub use plan::{MemberOp, PartitionedPlan, PlanOp};
 pub use world::{run, PartitionedResult};
 
-use crate::options::{FaultSet, SimOptions};
+use crate::options::{Durability, FaultSet, SimOptions};
 
 /// A bug the partitioned world can plant in the runtime around the core, to
 /// show that the checker catches it.
@@ -57,6 +58,10 @@ pub enum PartitionBug {
     /// fold epoch of a partition it copied from nobody while a holder was
     /// out of reach, so its counters there enter the epoch with a base of 0.
     RaiseCopiedFromNobody,
+    /// In the core (needs the `planted-bugs` feature): a replicated add's
+    /// push names no phase, so a copy takes a slot written after a fold of
+    /// the writer's slots for the folded one, drops it and answers `OK`.
+    PushWithoutPhase,
 }
 
 impl PartitionBug {
@@ -67,15 +72,16 @@ impl PartitionBug {
             PartitionBug::KeepReleased => "keep-released",
             PartitionBug::TrimToEpochZero => "trim-to-epoch-zero",
             PartitionBug::RaiseCopiedFromNobody => "raise-copied-from-nobody",
+            PartitionBug::PushWithoutPhase => "push-without-phase",
         }
     }
 
     /// The flag of a bug that lives in the core.
     fn core_name(&self) -> Option<&'static str> {
         match self {
-            PartitionBug::TrimToEpochZero | PartitionBug::RaiseCopiedFromNobody => {
-                Some(self.flag())
-            }
+            PartitionBug::TrimToEpochZero
+            | PartitionBug::RaiseCopiedFromNobody
+            | PartitionBug::PushWithoutPhase => Some(self.flag()),
             PartitionBug::ConfirmBeforeCaughtUp | PartitionBug::KeepReleased => None,
         }
     }
@@ -87,6 +93,7 @@ impl PartitionBug {
         match self {
             PartitionBug::TrimToEpochZero => Some(PlantedBug::TrimToEpochZero),
             PartitionBug::RaiseCopiedFromNobody => Some(PlantedBug::RaiseCopiedFromNobody),
+            PartitionBug::PushWithoutPhase => Some(PlantedBug::PushWithoutPhase),
             PartitionBug::ConfirmBeforeCaughtUp | PartitionBug::KeepReleased => None,
         }
     }
@@ -116,6 +123,12 @@ pub struct PartitionedOptions {
     /// Network and crash faults switched on (partition, crash, loss, dup,
     /// reorder, tail; `wipe` allows removals, which lose a disk).
     pub faults: FaultSet,
+    /// When an add is acknowledged: once durable on its owner (`sync`), or
+    /// also on `write_copies - 1` other nodes of the region (`replicated`).
+    pub durability: Durability,
+    /// Nodes of the region that hold a replicated add before it is
+    /// acknowledged, the taking node included.
+    pub write_copies: usize,
     /// Simulated time with clients and faults (ms); the heal follows.
     pub duration_ms: u64,
     /// The longest the cluster may take to settle after the heal (ms).
@@ -152,6 +165,8 @@ impl Default for PartitionedOptions {
             faults: "partition,crash,wipe,loss,dup,reorder"
                 .parse()
                 .expect("valid"),
+            durability: Durability::Sync,
+            write_copies: 2,
             duration_ms: 20_000,
             settle_ms: 30_000,
             sync_interval_ms: 200,
@@ -219,6 +234,15 @@ impl PartitionedOptions {
                 ));
             }
         }
+        if self.durability == Durability::Replicated
+            && !(2..=self.nodes_per_region.min(7)).contains(&self.write_copies)
+        {
+            return Err(format!(
+                "--durability replicated --write-copies {} needs 2 to 7 copies and at least \
+                 that many nodes per region (--nodes-per-region {})",
+                self.write_copies, self.nodes_per_region
+            ));
+        }
         if self.keys == 0 || self.sync_interval_ms == 0 || self.duration_ms < 1_000 {
             return Err(
                 "--keys and --sync-interval-ms must be positive, --duration-ms at least 1000"
@@ -250,6 +274,12 @@ impl PartitionedOptions {
             args.push("--no-membership".to_string());
         }
         flag!(faults, "faults");
+        if self.durability == Durability::Replicated {
+            args.push(format!(
+                "--durability replicated --write-copies {}",
+                self.write_copies
+            ));
+        }
         flag!(duration_ms, "duration-ms");
         flag!(settle_ms, "settle-ms");
         flag!(sync_interval_ms, "sync-interval-ms");
@@ -304,6 +334,13 @@ impl fmt::Display for PartitionedOptions {
             self.max_retries,
             self.sync_interval_ms
         )?;
+        if self.durability == Durability::Replicated {
+            write!(
+                f,
+                "\ndurability: replicated, {} copies (the taking node included)",
+                self.write_copies
+            )?;
+        }
         if let Some(bug) = self.bug {
             write!(f, "\nplanted bug: {}", bug.flag())?;
         }

@@ -16,16 +16,33 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use tally_core::runtime::copy_plan::CopyPlan;
 use tally_core::runtime::copy_sessions::PullReport;
 use tally_node::crdt::ReplicaId;
 use tally_node::partition::{ClusterView, MemberFacts, NodeState, Partition, PullScope};
 use tally_node::replica::folds::FoldReport;
-use tally_node::replica::{CommitBatch, Member};
+use tally_node::replica::{CommitBatch, CopyPush, Member};
 
 use super::scoped::ScopedNode;
 
 /// An add waiting for its commit: (client, add, attempt).
 pub type Waiter = (u32, u32, u8);
+
+/// A push of replicated durability in flight.
+pub struct PushInFlight {
+    /// Its id.
+    pub id: u64,
+    /// The durable sequence it brings the copies up to.
+    pub upto_seq: u64,
+    /// Where it went (`copy_plan`'s groups, targets as node slots).
+    pub plan: CopyPlan,
+    /// Per target: its answer (`Some(true)`: `OK`), once it came.
+    pub answers: Vec<Option<bool>>,
+}
+
+/// A push a copy took, waiting for the commit that makes it durable there:
+/// (pusher's slot, push id, the push, the pusher's true epochs).
+pub type CopyWaiter = (usize, u64, Arc<CopyPush>, Arc<Vec<u64>>);
 
 /// A pull this node has in flight.
 pub struct PullInFlight {
@@ -75,6 +92,16 @@ pub struct PartNode {
     pub view: Option<ClusterView>,
     /// The fold report it published last.
     pub report: Option<FoldReport>,
+    /// Its push to the copies in flight (`replicated` durability).
+    pub push: Option<PushInFlight>,
+    /// Pushes failed in a row (the retry pause doubles with each).
+    pub push_failures: u32,
+    /// A retry pause is running: no push starts before it ends.
+    pub push_retry_scheduled: bool,
+    /// Rotates the copies successive pushes go to.
+    pub push_turn: u64,
+    /// Pushes it took as a copy, by the commit that makes them durable here.
+    pub copy_waiting: BTreeMap<u64, Vec<CopyWaiter>>,
 }
 
 impl PartNode {
@@ -96,6 +123,11 @@ impl PartNode {
             pulled: Vec::new(),
             view: None,
             report: None,
+            push: None,
+            push_failures: 0,
+            push_retry_scheduled: false,
+            push_turn: 0,
+            copy_waiting: BTreeMap::new(),
         }
     }
 
@@ -185,6 +217,10 @@ impl PartNode {
         self.pulls.clear();
         self.pulled.clear();
         self.view = None;
+        self.push = None;
+        self.push_failures = 0;
+        self.push_retry_scheduled = false;
+        self.copy_waiting.clear();
     }
 
     /// Starts again on its disk and its stored record.

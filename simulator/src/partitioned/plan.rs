@@ -242,6 +242,7 @@ impl PartitionedPlan {
     /// and flaky windows, each over before the final heal.
     pub fn generate(seed: u64, options: &PartitionedOptions) -> PartitionedPlan {
         let mut rng = stream(seed, Subsystem::Plan);
+        let mut churn = stream(seed, Subsystem::PlanChurn);
         let end = options.duration_ms;
         let mut ops = Vec::new();
         let slots = options.slots_per_region();
@@ -251,10 +252,17 @@ impl PartitionedPlan {
                 for spare in options.nodes_per_region..slots {
                     if chance(&mut rng, 0.6) {
                         let at_ms = time(&mut rng, 5, 60);
-                        ops.push(PlanOp::Member(MemberOp::Join {
-                            node: region * slots + spare,
-                            at_ms,
-                        }));
+                        let node = region * slots + spare;
+                        ops.push(PlanOp::Member(MemberOp::Join { node, at_ms }));
+                        // A node added for a while: its partitions go back
+                        // to the nodes that gave them up, after their slots
+                        // there were folded.
+                        if chance(&mut churn, 0.4) {
+                            let at_ms = at_ms + between(&mut churn, end / 5, end / 3);
+                            if at_ms < end {
+                                ops.push(PlanOp::Member(MemberOp::Drain { node, at_ms }));
+                            }
+                        }
                     }
                 }
             }

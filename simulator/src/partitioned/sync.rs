@@ -68,21 +68,35 @@ impl PWorld<'_> {
                 self.checker.forget(writer, index);
             }
         }
-        let state = &mut self.nodes[node];
-        let durable = state.scoped().core.durable_seq();
+        let durable = self.nodes[node].scoped().core.durable_seq();
         self.sets.durable(node, durable);
-        let later = state.waiting.split_off(&(durable + 1));
-        let ready = std::mem::replace(&mut state.waiting, later);
-        let id = state.id();
         self.trace
             .mix_all(&[node as u64, seq, self.nodes[node].scoped().core.digest().0]);
+        self.answer_waiters(node);
+        self.copies_durable(node);
+        self.finish_pulls(node);
+        self.pump_push(node);
+        self.wake_commit(node);
+    }
+
+    /// Answers node `node`'s adds whose commit is durable (in `replicated`
+    /// mode: on its copies too).
+    pub(super) fn answer_waiters(&mut self, node: usize) {
+        let replicated = self.replicated();
+        let state = &mut self.nodes[node];
+        let core = &state.scoped().core;
+        let acked = match replicated {
+            true => core.replicated_seq(),
+            false => core.durable_seq(),
+        };
+        let later = state.waiting.split_off(&(acked + 1));
+        let ready = std::mem::replace(&mut state.waiting, later);
+        let id = state.id();
         for (ticket, waiters) in ready {
             for (client, add, attempt) in waiters {
                 self.reply(client, add, attempt, id, ticket);
             }
         }
-        self.finish_pulls(node);
-        self.wake_commit(node);
     }
 
     /// The index of a checked key.
@@ -94,7 +108,11 @@ impl PWorld<'_> {
         let mut deliveries = self.net.send(from, to);
         if matches!(
             msg,
-            Msg::Forward { .. } | Msg::Pull { .. } | Msg::Pulled { .. }
+            Msg::Forward { .. }
+                | Msg::Pull { .. }
+                | Msg::Pulled { .. }
+                | Msg::Copy { .. }
+                | Msg::CopyAnswer { .. }
         ) {
             // One gRPC call or stream: TCP never delivers it twice.
             deliveries.second = None;
@@ -135,6 +153,7 @@ impl PWorld<'_> {
                 self.stats.purged += step.visited as u64;
             }
         }
+        self.pump_push(node);
         self.wake_commit(node);
     }
 
@@ -226,6 +245,10 @@ impl PWorld<'_> {
                 let partitions = &mut self.nodes[to].scoped_mut().partitions;
                 partitions.handle_confirms(&owner, &answers);
             }
+            Msg::Copy { push, data, epochs } => {
+                self.copy_arrives(to, from, push, (from, push, data, epochs))
+            }
+            Msg::CopyAnswer { push, ok } => self.copy_answered(to, from, push, ok),
         }
     }
 

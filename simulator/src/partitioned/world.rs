@@ -10,6 +10,7 @@
 //! whether it can reach them, at its own round times, so views are stale
 //! and disagree while faults last.
 
+use tally_node::crdt::ReplicaId;
 use tally_node::partition::{
     ClusterView, NodeInfo, NodeState, Partition, PartitionCount, ViewSettings,
 };
@@ -28,7 +29,7 @@ use crate::options::SimOptions;
 use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
 use crate::set_ledger::SetLedger;
-use crate::world::EPOCH_MS;
+use crate::world::{CopyStats, EPOCH_MS};
 
 /// Time between two settle probes after the heal (ms).
 pub const PROBE_MS: u64 = 50;
@@ -51,6 +52,10 @@ pub struct PWorld<'a> {
     pub(super) attempts: Vec<(u64, bool)>,
     pub(super) net: Network,
     pub(super) ledger: Ledger,
+    /// Each add's latest application by each replica (not a duplicate):
+    /// (add, replica) to the commit that held it, and whether a crash lost
+    /// that commit.
+    pub(super) applied_tickets: std::collections::HashMap<(u32, ReplicaId), (u64, bool)>,
     pub(super) checker: Checker,
     pub(super) trace: TraceHasher,
     pub(super) key_names: Vec<String>,
@@ -67,7 +72,9 @@ pub struct PWorld<'a> {
     pub(super) settled_at: Option<u64>,
     events: u64,
     pub(super) next_pull: u64,
+    pub(super) next_push: u64,
     pub(super) stats: PartitionStats,
+    pub(super) copies: CopyStats,
     /// The like-set and uniques workload.
     pub(super) sets: SetLedger,
 }
@@ -119,6 +126,7 @@ impl<'a> PWorld<'a> {
             // "node" in the ledger): an add's attempts may reach several
             // owners, and each slot's unknown adds must hold distinct lanes.
             ledger: Ledger::new(1, options.keys),
+            applied_tickets: std::collections::HashMap::new(),
             checker: Checker::new(0, options.keys),
             trace: TraceHasher::default(),
             key_indexes: key_names
@@ -138,9 +146,14 @@ impl<'a> PWorld<'a> {
             settled_at: None,
             events: 0,
             next_pull: 1,
+            next_push: 1,
             stats: PartitionStats::default(),
+            copies: CopyStats::default(),
             sets: SetLedger::new(stream(seed, Subsystem::Sets)),
         };
+        if world.replicated() {
+            world.checker.require_replicated();
+        }
         let partition_of = world.key_partition.iter().map(|p| p.0).collect();
         world.checker.folds.set_partitions(partition_of);
         world.start();
@@ -264,9 +277,13 @@ impl<'a> PWorld<'a> {
             }
             Ev::Deliver { to, from, msg } => self.deliver(to as usize, from as usize, *msg),
             Ev::PullTimeout(node, _, pull) => self.pull_timed_out(node as usize, pull),
-            Ev::Answered(add, replica, ticket) => {
-                self.ledger.answered(add, replica, ticket, false);
+            Ev::PushTimeout(node, _, push) => self.push_timeout(node as usize, push),
+            Ev::PushRetry(node, _) => self.push_retry(node as usize),
+            Ev::CopyWaitExpired(node, _, ticket, client, add, attempt) => {
+                self.copy_wait_expired(node as usize, ticket, (client, add, attempt))
             }
+            Ev::AddUnavailable(client, add, attempt) => self.add_unavailable(client, add, attempt),
+            Ev::Answered(add, replica, ticket) => self.answered(add, replica, ticket),
             Ev::Probe => unreachable!("handled above"),
         }
     }
@@ -471,9 +488,15 @@ impl<'a> PWorld<'a> {
     fn crash(&mut self, node: usize, disk_lost: bool) {
         let state = &mut self.nodes[node];
         if state.exists && state.up {
+            let (replica, durable) = (state.id(), state.scoped().core.durable_seq());
             state.crash();
-            let replica = state.id();
             self.sets.crashed(node, replica, disk_lost);
+            // Adds it applied in commits that were not flushed are gone.
+            for ((_, applier), (ticket, lost)) in &mut self.applied_tickets {
+                if *applier == replica && *ticket > durable {
+                    *lost = true;
+                }
+            }
         }
     }
 
@@ -573,6 +596,7 @@ impl<'a> PWorld<'a> {
             net: self.net.stats,
             slots,
             stats: self.stats,
+            copies: self.copies,
             held,
         }
     }

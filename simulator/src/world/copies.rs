@@ -33,6 +33,20 @@ pub const RETRY_PAUSE_MS: u64 = 50;
 /// The longest pause between two attempts of a failing push.
 pub const MAX_RETRY_PAUSE_MS: u64 = 1_000;
 
+/// The pause before the next attempt after `failures` failed pushes in a
+/// row (at least 1): [`RETRY_PAUSE_MS`], doubling, at most
+/// [`MAX_RETRY_PAUSE_MS`].
+pub fn retry_pause_ms(failures: u32) -> u64 {
+    (RETRY_PAUSE_MS << (failures.clamp(1, 5) - 1)).min(MAX_RETRY_PAUSE_MS)
+}
+
+/// How long a replicated add waits for its copies: the caller's timeout
+/// less a tenth, at least 100 ms (as the node derives it from the gRPC
+/// deadline).
+pub fn copy_wait_ms(client_timeout_ms: u64) -> u64 {
+    (client_timeout_ms * 9 / 10).max(100)
+}
+
 /// The slots a push carried (each with its counter's folded base when the
 /// slot is of a phase after a fold), kept by the copy until it answers.
 pub type PushedSlots = Arc<Vec<(Key, Slot, FoldedBase)>>;
@@ -57,7 +71,7 @@ impl World<'_> {
     /// less a tenth, at least 100 ms (as the node derives it from the gRPC
     /// deadline).
     pub(super) fn copy_wait_ms(&self) -> u64 {
-        (self.options.client_timeout_ms * 9 / 10).max(100)
+        copy_wait_ms(self.options.client_timeout_ms)
     }
 
     /// Sends the next push if none is in flight, no retry pause is running,
@@ -121,7 +135,7 @@ impl World<'_> {
         state.replica.handle_push_failed(push.upto_seq);
         state.push_failures = state.push_failures.saturating_add(1);
         state.push_retry_scheduled = true;
-        let pause = (RETRY_PAUSE_MS << (state.push_failures.min(5) - 1)).min(MAX_RETRY_PAUSE_MS);
+        let pause = retry_pause_ms(state.push_failures);
         let epoch = state.epoch;
         self.copy_stats.failed += 1;
         self.trace.mix_all(&[node as u64, push.id, u64::MAX - 2]);

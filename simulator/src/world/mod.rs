@@ -29,7 +29,7 @@ use crate::options::SimOptions;
 use crate::queue::EventQueue;
 use crate::rng::{between, stream, SimRng, Subsystem, TraceHasher, Zipf};
 
-pub use copies::CopyStats;
+pub use copies::{copy_wait_ms, retry_pause_ms, CopyStats, PUSH_TIMEOUT_MS};
 pub use folds::{FoldStats, FOLD_PERIOD_MS};
 pub use membership::Membership;
 pub use node::{SimNode, CLUSTER, EPOCH_MS};

@@ -271,6 +271,11 @@ impl Replica {
         let keys: Vec<PendingCounter> = self.copies.pending.drain(..taken).collect();
         let mut counters = Vec::with_capacity(keys.len());
         let book = self.folds.book();
+        #[cfg(feature = "planted-bugs")]
+        let book_names_phases =
+            self.config.planted_bug != Some(super::PlantedBug::PushWithoutPhase);
+        #[cfg(not(feature = "planted-bugs"))]
+        let book_names_phases = true;
         for (key, _) in &keys {
             let partition = self.folds.partition_of(key);
             let entry = self
@@ -282,7 +287,10 @@ impl Replica {
             let (slot, base) = match &entry.durable {
                 // Only a slot written after a fold of ours here needs its
                 // phase named (see the module documentation).
-                Some(durable) if book.phase(own, partition, durable.folded().epoch) > 0 => {
+                Some(durable)
+                    if book_names_phases
+                        && book.phase(own, partition, durable.folded().epoch) > 0 =>
+                {
                     (durable.slot(own), durable.folded())
                 }
                 Some(durable) => (durable.slot(own), FoldedBase::default()),

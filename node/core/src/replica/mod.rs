@@ -117,6 +117,11 @@ pub enum PlantedBug {
     /// though it copied the partition from nobody (its holders out of
     /// reach), so its counters there enter the epoch with a base of 0.
     RaiseCopiedFromNobody,
+    /// A replicated add's push carries no folded base, even for a slot
+    /// written after a fold of the writer's slots in its partition: a copy
+    /// takes it for the folded phase, drops it and answers `OK` (the first
+    /// defect of issue 42).
+    PushWithoutPhase,
 }
 
 impl Default for ReplicaConfig {

@@ -1,0 +1,301 @@
+//! Replicated durability in a partitioned world, as `tally-node`'s pusher
+//! (`node/src/gossip/copier.rs`) and engine run it around the same core
+//! calls: after a commit leaves counters pending, one push at a time
+//! (`Replica::poll_push`) goes to the copies `copy_plan::plan_copies` picks
+//! from the node's routes (each key's other live owners first, then the
+//! nodes still handing its partition away, then other live nodes of the
+//! region that take copies); each copy merges it (`handle_copy_push`),
+//! commits it and answers only once that commit is durable; the push is
+//! confirmed when every group of counters has `write_copies - 1` copies
+//! that answered `OK`, and fails (retried after a doubling pause, on other
+//! copies) when they refused or did not answer in time. A replicated add is
+//! answered once the core's `replicated_seq` reaches its ticket, or
+//! `UNAVAILABLE` (fate unknown to its caller, who retries with the same
+//! idempotency key) when its wait runs past its deadline.
+//!
+//! Invariants kept and checked here: a push is confirmed only by distinct
+//! copies that each answered `OK` (an answer delivered twice counts once);
+//! a copy answers `OK` only when its last completed commit holds the pushed
+//! slot of the phase the pusher wrote it in (the checker's
+//! `copy_answered`, which takes that phase from the pusher's durable state,
+//! not from what the push says); and when a removal loses a writer's disk,
+//! every add it acknowledged is held by another node (the checker's
+//! "acknowledged add lost to a wipe").
+
+use std::sync::Arc;
+
+use tally_core::runtime::copy_plan::plan_copies;
+use tally_node::partition::RouteTable;
+use tally_node::replica::CopyPush;
+
+use super::node::{CopyWaiter, PushInFlight};
+use super::world::{local_now, slot_of, Ev, Msg, PWorld};
+use crate::options::Durability;
+use crate::world::{copy_wait_ms, retry_pause_ms, PUSH_TIMEOUT_MS};
+
+impl PWorld<'_> {
+    /// Whether adds are acknowledged only once their copies hold them.
+    pub(super) fn replicated(&self) -> bool {
+        self.options.durability == Durability::Replicated
+    }
+
+    /// How long a replicated add waits for its copies.
+    pub(super) fn copy_wait_ms(&self) -> u64 {
+        copy_wait_ms(self.options.client_timeout_ms)
+    }
+
+    /// Sends node `node`'s next push if none is in flight, no retry pause
+    /// runs, and its core has counters waiting for their copies.
+    pub(super) fn pump_push(&mut self, node: usize) {
+        let replicated = self.replicated();
+        let state = &mut self.nodes[node];
+        if !replicated || !state.up || state.push.is_some() || state.push_retry_scheduled {
+            return;
+        }
+        let Some(push) = state.scoped_mut().core.poll_push() else {
+            return;
+        };
+        let needed = self.options.write_copies - 1;
+        let turn = state.push_turn;
+        state.push_turn = state.push_turn.wrapping_add(1);
+        let scoped = state.scoped();
+        let candidates: Vec<(String, String)> = scoped
+            .core
+            .peers()
+            .choose_copies(&state.region, usize::MAX, turn)
+            .into_iter()
+            .map(|member| (member.node_name.clone(), member.grpc_addr.clone()))
+            .collect();
+        let routes = state
+            .view
+            .as_ref()
+            .map(|view| RouteTable::build(view, &state.name, |name| Some(name.to_string())));
+        let plan = plan_copies(
+            push.counters.iter().map(|(key, ..)| key.as_bytes()),
+            |key| {
+                let (owners, releasing) = routes.as_ref()?.other_holders(key);
+                let owned = |names: Vec<&str>| names.into_iter().map(String::from).collect();
+                Some((owned(owners), owned(releasing)))
+            },
+            &candidates,
+            needed,
+            turn,
+        );
+        // What the pusher's durable state held of each counter: the phase
+        // the checker holds a copy's answer to.
+        let writer = state.writer;
+        let epochs: Vec<u64> = push
+            .counters
+            .iter()
+            .map(|(key, ..)| {
+                self.key_index(key)
+                    .map_or(0, |index| self.checker.durable_epoch(writer, index))
+            })
+            .collect();
+        let id = self.next_push;
+        self.next_push += 1;
+        self.copies.pushes += 1;
+        self.trace
+            .mix_all(&[node as u64, id, push.upto_seq, plan.targets.len() as u64]);
+        let state = &mut self.nodes[node];
+        let epoch = state.epoch;
+        state.push = Some(PushInFlight {
+            id,
+            upto_seq: push.upto_seq,
+            answers: vec![None; plan.targets.len()],
+            plan,
+        });
+        let plan = &state.push.as_ref().expect("just set").plan;
+        if plan.targets.is_empty() {
+            self.push_failed(node);
+            return;
+        }
+        let parts: Vec<(usize, Msg)> = plan
+            .targets
+            .iter()
+            .enumerate()
+            .map(|(index, (name, _))| {
+                let counters = plan.counters_for(index);
+                let part = CopyPush {
+                    counters: counters.iter().map(|c| push.counters[*c].clone()).collect(),
+                    cluster_id: push.cluster_id.clone(),
+                    region: push.region.clone(),
+                    records: push.records.clone(),
+                    id_keys: push.id_keys.clone(),
+                    source: push.source,
+                    upto_seq: push.upto_seq,
+                    protocol: push.protocol,
+                };
+                let epochs = counters.iter().map(|c| epochs[*c]).collect();
+                let msg = Msg::Copy {
+                    push: id,
+                    data: Arc::new(part),
+                    epochs: Arc::new(epochs),
+                };
+                (slot_of(name), msg)
+            })
+            .collect();
+        for (target, msg) in parts {
+            self.send(node, target, msg);
+        }
+        self.schedule(PUSH_TIMEOUT_MS, Ev::PushTimeout(node as u16, epoch, id));
+    }
+
+    /// Node `node`'s push did not reach enough copies: its counters go into
+    /// the next push, after a pause.
+    fn push_failed(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        let Some(push) = state.push.take() else {
+            return;
+        };
+        state.scoped_mut().core.handle_push_failed(push.upto_seq);
+        state.push_failures = state.push_failures.saturating_add(1);
+        state.push_retry_scheduled = true;
+        let pause = retry_pause_ms(state.push_failures);
+        let epoch = state.epoch;
+        self.copies.failed += 1;
+        self.trace.mix_all(&[node as u64, push.id, u64::MAX - 2]);
+        self.schedule(pause, Ev::PushRetry(node as u16, epoch));
+    }
+
+    /// The pause after a failed push is over.
+    pub(super) fn push_retry(&mut self, node: usize) {
+        self.nodes[node].push_retry_scheduled = false;
+        self.pump_push(node);
+    }
+
+    /// Push `id` of node `node` timed out (a copy did not answer).
+    pub(super) fn push_timeout(&mut self, node: usize, id: u64) {
+        if self.nodes[node].push.as_ref().is_some_and(|p| p.id == id) {
+            self.push_failed(node);
+        }
+    }
+
+    /// Copy `from` answered push `id` of node `node`.
+    pub(super) fn copy_answered(&mut self, node: usize, from: usize, id: u64, ok: bool) {
+        let needed = self.options.write_copies - 1;
+        let state = &mut self.nodes[node];
+        let Some(push) = state.push.as_mut().filter(|p| p.id == id) else {
+            return;
+        };
+        let name = format!("n{from}");
+        let Some(target) = push.plan.targets.iter().position(|(t, _)| *t == name) else {
+            return;
+        };
+        if push.answers[target].is_some() {
+            return;
+        }
+        push.answers[target] = Some(ok);
+        self.trace.mix_all(&[node as u64, id, ok as u64]);
+        let confirmed: Vec<bool> = push.answers.iter().map(|a| *a == Some(true)).collect();
+        if push.plan.confirmed(&confirmed, needed) {
+            let upto_seq = push.upto_seq;
+            state.push = None;
+            state.push_failures = 0;
+            state.scoped_mut().core.handle_push_done(upto_seq);
+            self.copies.confirmed += 1;
+            self.answer_waiters(node);
+            self.pump_push(node);
+        } else if push.answers.iter().all(Option::is_some) {
+            self.push_failed(node);
+        }
+    }
+
+    /// A push of node `from` arrives at copy `node`: merged, committed,
+    /// answered once durable here (at once when refused).
+    pub(super) fn copy_arrives(&mut self, node: usize, from: usize, id: u64, waiter: CopyWaiter) {
+        let (_, _, push, _) = &waiter;
+        let now = local_now(self.now);
+        let state = &mut self.nodes[node];
+        let scoped = state.scoped_mut();
+        let accepted = match scoped.core.handle_copy_push(now, &scoped.store, push) {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                self.trace.mix(u64::MAX - 3);
+                self.send(
+                    node,
+                    from,
+                    Msg::CopyAnswer {
+                        push: id,
+                        ok: false,
+                    },
+                );
+                return;
+            }
+        };
+        self.trace.mix_all(&[
+            node as u64,
+            id,
+            accepted.durable_at_seq,
+            accepted.changed.len() as u64,
+        ]);
+        let writer = state.writer;
+        for (key, counter) in &accepted.changed {
+            if let Some(index) = self.key_index(key) {
+                self.checker.observe(self.now, writer, index, counter);
+            }
+        }
+        let state = &mut self.nodes[node];
+        if accepted.durable_at_seq <= state.scoped().core.durable_seq() {
+            self.answer_copy(node, waiter);
+        } else {
+            state
+                .copy_waiting
+                .entry(accepted.durable_at_seq)
+                .or_default()
+                .push(waiter);
+        }
+        self.wake_commit(node);
+    }
+
+    /// Answers the pushes copy `node` took whose commit is now durable.
+    pub(super) fn copies_durable(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        if state.copy_waiting.is_empty() {
+            return;
+        }
+        let durable = state.scoped().core.durable_seq();
+        let later = state.copy_waiting.split_off(&(durable + 1));
+        let ready = std::mem::replace(&mut state.copy_waiting, later);
+        for waiter in ready.into_values().flatten() {
+            self.answer_copy(node, waiter);
+        }
+    }
+
+    /// Copy `node` answers `OK`, after the checker verified that its last
+    /// completed commit holds what the push brought.
+    fn answer_copy(&mut self, node: usize, (from, id, push, epochs): CopyWaiter) {
+        let writer = self.nodes[node].writer;
+        for ((key, slot, _), epoch) in push.counters.iter().zip(epochs.iter()) {
+            if let Some(index) = self.key_index(key) {
+                let pushed = (push.source, *slot, *epoch);
+                self.checker.copy_answered(self.now, writer, index, pushed);
+            }
+        }
+        self.copies.taken += 1;
+        self.send(node, from, Msg::CopyAnswer { push: id, ok: true });
+    }
+
+    /// A replicated add waited past its deadline: `UNAVAILABLE` (the caller
+    /// does not learn whether it landed; a retry reuses its key).
+    pub(super) fn copy_wait_expired(&mut self, node: usize, ticket: u64, waiter: (u32, u32, u8)) {
+        let state = &mut self.nodes[node];
+        let Some(waiters) = state.waiting.get_mut(&ticket) else {
+            return;
+        };
+        let Some(at) = waiters.iter().position(|w| *w == waiter) else {
+            return;
+        };
+        waiters.remove(at);
+        if waiters.is_empty() {
+            state.waiting.remove(&ticket);
+        }
+        self.copies.unconfirmed_adds += 1;
+        let (client, add, attempt) = waiter;
+        self.trace.mix_all(&[node as u64, add as u64, u64::MAX - 4]);
+        self.schedule(
+            super::clients::LOCAL_MS,
+            Ev::AddUnavailable(client, add, attempt),
+        );
+    }
+}
