@@ -62,7 +62,10 @@ pub struct PartitionedArgs {
     no_membership: bool,
     /// Network and crash faults: all, none, or a comma list of partition,
     /// crash, wipe (allows removals), loss, dup, reorder, tail.
-    #[arg(long, default_value = "partition,crash,wipe,loss,dup,reorder")]
+    #[arg(
+        long,
+        default_value = "partition,crash,wipe,pause,skew,loss,dup,reorder"
+    )]
     faults: FaultSet,
     /// When an add is acknowledged: sync (durable on its owner) or
     /// replicated (also on --write-copies - 1 more nodes of the region).

@@ -25,7 +25,7 @@
 use tally_node::crdt::ReplicaId;
 use tally_node::replica::{AddRefused, AddRequest};
 
-use super::world::{local_now, Ev, Msg, PWorld};
+use super::world::{Ev, Msg, PWorld};
 use crate::ledger::Outcome;
 use crate::rng::{between, chance, exponential};
 
@@ -187,7 +187,7 @@ impl PWorld<'_> {
         let key = entry.key as usize;
         let delta = entry.delta();
         let idempotency_key = entry.keyed.then(|| format!("c{client}-a{add}"));
-        let now = local_now(self.now);
+        let now = self.clock(node);
         let replicated = self.replicated();
         let state = &mut self.nodes[node];
         let scoped = state.scoped_mut();

@@ -29,7 +29,7 @@ use tally_node::partition::RouteTable;
 use tally_node::replica::CopyPush;
 
 use super::node::{CopyWaiter, PushInFlight};
-use super::world::{local_now, slot_of, Ev, Msg, PWorld};
+use super::world::{slot_of, Ev, Msg, PWorld};
 use crate::options::Durability;
 use crate::world::{copy_wait_ms, retry_pause_ms, PUSH_TIMEOUT_MS};
 
@@ -205,7 +205,7 @@ impl PWorld<'_> {
     /// answered once durable here (at once when refused).
     pub(super) fn copy_arrives(&mut self, node: usize, from: usize, id: u64, waiter: CopyWaiter) {
         let (_, _, push, _) = &waiter;
-        let now = local_now(self.now);
+        let now = self.clock(node);
         let state = &mut self.nodes[node];
         let scoped = state.scoped_mut();
         let accepted = match scoped.core.handle_copy_push(now, &scoped.store, push) {

@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use tally_node::crdt::{FoldRecord, ReplicaId, Slot};
 
 use super::node::PartNode;
-use super::world::{local_now, Ev, PWorld};
+use super::world::{Ev, PWorld};
 use crate::fold_record::{final_slots, held_states};
 use crate::rng::between;
 
@@ -42,7 +42,7 @@ impl PWorld<'_> {
         let epoch = self.nodes[node].epoch;
         self.schedule(FOLD_PERIOD_MS, Ev::FoldRound(node as u16, epoch));
         self.refresh_peer_book(node);
-        let now = local_now(self.now);
+        let now = self.clock(node);
         let retire_after = Some(self.options.retire_after_ms);
         let state = &mut self.nodes[node];
         let name = state.name.clone();

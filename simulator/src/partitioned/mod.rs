@@ -162,7 +162,7 @@ impl Default for PartitionedOptions {
             dead_after_ms: 3_000,
             retire_after_ms: 2_000,
             membership: true,
-            faults: "partition,crash,wipe,loss,dup,reorder"
+            faults: "partition,crash,wipe,pause,skew,loss,dup,reorder"
                 .parse()
                 .expect("valid"),
             durability: Durability::Sync,

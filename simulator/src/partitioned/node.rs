@@ -23,7 +23,9 @@ use tally_node::partition::{ClusterView, MemberFacts, NodeState, Partition, Pull
 use tally_node::replica::folds::FoldReport;
 use tally_node::replica::{CommitBatch, CopyPush, Member};
 
+use super::events::Ev;
 use super::scoped::ScopedNode;
+use crate::world::EPOCH_MS;
 
 /// An add waiting for its commit: (client, add, attempt).
 pub type Waiter = (u32, u32, u8);
@@ -70,8 +72,14 @@ pub struct PartNode {
     pub region: String,
     /// Started (an initial node, or a spare that joined).
     pub exists: bool,
-    /// Running.
+    /// Running (possibly paused).
     pub up: bool,
+    /// Stopped by a pause: its events wait in `deferred` until it resumes.
+    pub paused: bool,
+    /// Events for it that arrived while it was paused.
+    pub deferred: Vec<Ev>,
+    /// What its clock is off by (ms).
+    pub skew_ms: i64,
     /// Gone for good (removed: its disk is lost).
     pub removed: bool,
     /// Bumped at each crash; events of an older epoch are dropped.
@@ -113,6 +121,9 @@ impl PartNode {
             region,
             exists: false,
             up: false,
+            paused: false,
+            deferred: Vec::new(),
+            skew_ms: 0,
             removed: false,
             epoch: 0,
             node: None,
@@ -139,6 +150,16 @@ impl PartNode {
     /// The node, to change (it has started).
     pub fn scoped_mut(&mut self) -> &mut ScopedNode {
         self.node.as_mut().expect("a started slot has a node")
+    }
+
+    /// Up and not paused: it handles requests now.
+    pub fn running(&self) -> bool {
+        self.up && !self.paused
+    }
+
+    /// The time its clock shows at simulated time `now`.
+    pub fn clock(&self, now: u64) -> u64 {
+        (EPOCH_MS as i64 + now as i64 + self.skew_ms) as u64
     }
 
     /// Its replica id.
@@ -208,6 +229,8 @@ impl PartNode {
     /// everything in flight is gone.
     pub fn crash(&mut self) {
         self.up = false;
+        self.paused = false;
+        self.deferred.clear();
         self.epoch += 1;
         if let Some(node) = &self.node {
             node.store.crash();

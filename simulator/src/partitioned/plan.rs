@@ -145,9 +145,9 @@ impl FromStr for PlanOp {
             _ => {
                 let op: Op = line.parse()?;
                 match op {
-                    Op::Pause { .. } | Op::Skew { .. } | Op::Retire { .. } => Err(format!(
-                        "{op}: pauses, clock skews and retirements are not modelled in the \
-                         partitioned world"
+                    Op::Retire { .. } => Err(format!(
+                        "{op}: operator retirements are not modelled in the partitioned world \
+                         (a partition that moves away is retired by its writer)"
                     )),
                     op => Ok(PlanOp::Fault(op)),
                 }
@@ -201,7 +201,9 @@ impl PartitionedPlan {
                     (*node >= slots || options.is_initial(*node)).then_some(*node)
                 }
                 PlanOp::Member(op) => (op.node() >= slots).then_some(op.node()),
-                PlanOp::Fault(Op::Crash { node, .. }) => (*node >= slots).then_some(*node),
+                PlanOp::Fault(
+                    Op::Crash { node, .. } | Op::Pause { node, .. } | Op::Skew { node, .. },
+                ) => (*node >= slots).then_some(*node),
                 PlanOp::Fault(Op::Partition { shape, .. }) => match shape {
                     Shape::IsolateNode(node) => (*node >= slots).then_some(*node),
                     Shape::Split(a, b) | Shape::OneWay(a, b) => {
@@ -339,6 +341,36 @@ impl PartitionedPlan {
                 }));
             }
         }
+        // Pauses (a stopped process: its timers and messages wait, and
+        // its callers time out) and clock offsets, from the churn stream.
+        if options.faults.pause {
+            for _ in 0..between(&mut churn, 0, 2) {
+                let node = initial[between(&mut churn, 0, initial.len() as u64 - 1) as usize];
+                let at_ms = time(&mut churn, 5, 80);
+                let paused = between(&mut churn, 100, options.dead_after_ms * 3 / 2);
+                ops.push(PlanOp::Fault(Op::Pause {
+                    node,
+                    at_ms,
+                    resume_at_ms: (at_ms + paused).min(end),
+                }));
+            }
+        }
+        if options.faults.skew {
+            for &node in &initial {
+                if chance(&mut churn, 0.3) {
+                    let offset_ms = between(&mut churn, 0, 1_000) as i64 - 500;
+                    let at_ms = match chance(&mut churn, 0.5) {
+                        true => 0,
+                        false => time(&mut churn, 5, 80),
+                    };
+                    ops.push(PlanOp::Fault(Op::Skew {
+                        node,
+                        offset_ms,
+                        at_ms,
+                    }));
+                }
+            }
+        }
         if options.faults.flaky_network() && chance(&mut rng, 0.4) {
             let at_ms = time(&mut rng, 5, 80);
             ops.push(PlanOp::Fault(Op::Flaky {
@@ -390,7 +422,8 @@ mod tests {
                 at_ms: 700
             })
         );
-        assert!("pause n1 from 1 to 2".parse::<PlanOp>().is_err());
+        assert!("retire n1 at 2".parse::<PlanOp>().is_err());
+        assert!("pause n1 from 1 to 2".parse::<PlanOp>().is_ok());
         assert!("join n0 at 5"
             .parse::<PartitionedPlan>()
             .unwrap()

@@ -26,7 +26,7 @@ impl PWorld<'_> {
         }
         let next = between(&mut self.sets.rng, 1, 8);
         let entries: Vec<usize> = (0..self.nodes.len())
-            .filter(|n| self.nodes[*n].exists && self.nodes[*n].up && !self.nodes[*n].removed)
+            .filter(|n| self.nodes[*n].running() && !self.nodes[*n].removed)
             .collect();
         self.schedule(next, Ev::SetOp);
         if entries.is_empty() {
@@ -40,10 +40,10 @@ impl PWorld<'_> {
             let route = view.route(&state.region, partition);
             route.first().map(|name| slot_of(name))
         });
-        let Some(owner) = owner.filter(|owner| self.nodes[*owner].up) else {
+        let Some(owner) = owner.filter(|owner| self.nodes[*owner].running()) else {
             return;
         };
-        let now = local_now(self.now);
+        let now = self.clock(owner);
         let scoped = self.nodes[owner].scoped_mut();
         let applied = self
             .sets

@@ -20,7 +20,7 @@ use tally_node::replica::DurableState;
 
 use super::node::{PartNode, PullInFlight, PulledPending};
 use super::scoped::{merge_pulled, pull_request, serve_pull};
-use super::world::{local_now, slot_of, Ev, Msg, PWorld};
+use super::world::{slot_of, Ev, Msg, PWorld};
 use super::PartitionBug;
 use crate::rng::between;
 use crate::world::FSYNC_BASE_MAX_MS;
@@ -134,7 +134,7 @@ impl PWorld<'_> {
         let epoch = self.nodes[node].epoch;
         let interval = self.options.sync_interval_ms;
         self.schedule(interval, Ev::SyncRound(node as u16, epoch));
-        let now = local_now(self.now);
+        let now = self.clock(node);
         self.nodes[node].scoped_mut().core.tick(now);
         self.start_pulls(node);
         let requests = self.nodes[node].scoped().partitions.confirm_requests();
@@ -159,7 +159,7 @@ impl PWorld<'_> {
 
     /// Starts the pulls the peer book plans now.
     fn start_pulls(&mut self, node: usize) {
-        let now = local_now(self.now);
+        let now = self.clock(node);
         let epoch = self.nodes[node].epoch;
         let timeout = (self.options.sync_interval_ms * 10).max(2_000);
         let region = self.nodes[node].region.clone();
@@ -204,9 +204,9 @@ impl PWorld<'_> {
 
     /// A pull got no answer in time: the peer is tried again after a back-off.
     pub(super) fn pull_timed_out(&mut self, node: usize, pull: u64) {
+        let now = self.clock(node);
         let state = &mut self.nodes[node];
         if let Some(pull) = state.pulls.remove(&pull) {
-            let now = local_now(self.now);
             let interval = self.options.sync_interval_ms;
             let book = state.scoped_mut().core.peers_mut();
             book.handle_pull_failed(now, pull.peer, interval);
@@ -263,7 +263,7 @@ impl PWorld<'_> {
         let Some(PullInFlight { peer, scope, .. }) = self.nodes[node].pulls.remove(&pull) else {
             return;
         };
-        let now = local_now(self.now);
+        let now = self.clock(node);
         let interval = self.options.sync_interval_ms;
         let scoped = self.nodes[node].scoped_mut();
         let merged = chunks.and_then(|chunks| merge_pulled(now, scoped, peer, chunks));

@@ -205,7 +205,7 @@ impl<'a> PWorld<'a> {
     /// Starts slot `node` on a new data directory, as a new replica.
     fn start_node(&mut self, node: usize) {
         let id = self.fresh_id();
-        let now = local_now(self.now);
+        let now = self.clock(node);
         let settings = (self.settings, self.replica_config());
         let state = &mut self.nodes[node];
         let scoped = ScopedNode::with_config(&state.name, &state.region, id, settings, now);
@@ -238,8 +238,12 @@ impl<'a> PWorld<'a> {
 
     fn handle(&mut self, event: Ev) {
         if let Some((node, epoch)) = event.target() {
-            let state = &self.nodes[node];
+            let state = &mut self.nodes[node];
             if !state.up || epoch.is_some_and(|epoch| epoch != state.epoch) {
+                return;
+            }
+            if state.paused {
+                state.deferred.push(event);
                 return;
             }
         }
@@ -295,7 +299,7 @@ impl<'a> PWorld<'a> {
     /// Whether `observer` hears from `index` now.
     fn hears(&self, observer: usize, index: usize) -> bool {
         index == observer
-            || (self.nodes[index].up
+            || (self.nodes[index].running()
                 && !self.net.is_blocked(observer, index)
                 && !self.net.is_blocked(index, observer))
     }
@@ -361,7 +365,7 @@ impl<'a> PWorld<'a> {
             .iter()
             .map(|(index, alive)| self.nodes[*index].facts(*alive))
             .collect();
-        let now = local_now(self.now);
+        let now = self.clock(node);
         let state = &mut self.nodes[node];
         let scoped = state.scoped_mut();
         let releasing = scoped.partitions.holdings().2;
@@ -418,14 +422,25 @@ impl<'a> PWorld<'a> {
                     self.net.end_flaky(index);
                 }
             }
-            PlanOp::Fault(Op::Pause { .. } | Op::Skew { .. } | Op::Retire { .. }) => {}
+            PlanOp::Fault(Op::Pause { node, .. }) => match starting {
+                true => self.pause(node),
+                false => self.resume(node),
+            },
+            PlanOp::Fault(Op::Skew {
+                node, offset_ms, ..
+            }) => {
+                if starting {
+                    self.nodes[node].skew_ms = offset_ms;
+                }
+            }
+            PlanOp::Fault(Op::Retire { .. }) => {}
             PlanOp::Member(op) => self.member(op),
         }
     }
 
     fn member(&mut self, op: MemberOp) {
         let node = op.node();
-        let now = local_now(self.now);
+        let now = self.clock(node);
         match op {
             MemberOp::Join { .. } => {
                 if !self.nodes[node].exists {
@@ -505,7 +520,8 @@ impl<'a> PWorld<'a> {
         if !state.exists || state.up || state.removed {
             return;
         }
-        self.nodes[node].restart(local_now(self.now));
+        let now = self.clock(node);
+        self.nodes[node].restart(now);
         let state = &self.nodes[node];
         let (writer, id) = (state.writer, state.id());
         let store = &state.scoped().store;
@@ -526,9 +542,50 @@ impl<'a> PWorld<'a> {
         self.start_timers(node);
     }
 
+    /// Stops node `node`'s process: it handles nothing until it resumes,
+    /// and the others stop hearing from it.
+    fn pause(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        if state.running() {
+            state.paused = true;
+        }
+    }
+
+    /// Node `node` runs again and handles what arrived meanwhile, in order;
+    /// a client request whose deadline passed is refused before it is
+    /// applied, as the node refuses a late add (`DEADLINE_EXCEEDED`).
+    fn resume(&mut self, node: usize) {
+        let state = &mut self.nodes[node];
+        if !state.up || !state.paused {
+            return;
+        }
+        state.paused = false;
+        for event in std::mem::take(&mut state.deferred) {
+            let request = match &event {
+                Ev::AddAtEntry(_, _, add, attempt) => Some((*add, *attempt)),
+                Ev::Deliver { msg, .. } => match **msg {
+                    Msg::Forward { add, attempt, .. } => Some((add, attempt)),
+                    _ => None,
+                },
+                _ => None,
+            };
+            if let Some((add, attempt)) = request {
+                // An earlier attempt's deadline passed before a later one
+                // was sent.
+                let latest = self.ledger.adds[add as usize].attempts == attempt;
+                let sent = self.attempts[add as usize].0;
+                if !latest || self.now > sent + self.options.client_timeout_ms {
+                    continue;
+                }
+            }
+            self.schedule(0, event);
+        }
+    }
+
     fn heal_all(&mut self) {
         self.net.heal_all(&self.net_options);
         for node in 0..self.nodes.len() {
+            self.resume(node);
             self.restart(node);
         }
         self.clients_stopped = true;
@@ -602,7 +659,14 @@ impl<'a> PWorld<'a> {
     }
 }
 
-/// The time a node's clock shows at simulated time `now`.
+impl PWorld<'_> {
+    /// The time node `node`'s clock shows now (its skew included).
+    pub(super) fn clock(&self, node: usize) -> u64 {
+        self.nodes[node].clock(self.now)
+    }
+}
+
+/// The time an unskewed clock shows at simulated time `now`.
 pub(super) fn local_now(now: u64) -> u64 {
     EPOCH_MS + now
 }
