@@ -330,6 +330,23 @@ pub trait DurableState {
         to: &[u8],
         limit: usize,
     ) -> Result<Vec<Record>, StorageError>;
+    /// Calls `visit` with each record [`Self::scan_records`] would return,
+    /// in key order, and stops at its first error: the same read without
+    /// copying the records, for a store that can lend them (the in-memory
+    /// one). `visit` must not call the store: it may run with the store's
+    /// locks held.
+    fn visit_records(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        for (key, value) in self.scan_records(from, to, limit)? {
+            visit(&key, &value)?;
+        }
+        Ok(())
+    }
 
     /// The stored causal length of a like set's member (0 when never stored).
     fn load_member(&self, key: &str, member: &str) -> Result<u64, StorageError>;

@@ -61,6 +61,19 @@ fn scan(
     space.range(vec![prefix]..vec![prefix + 1]).map(Ok)
 }
 
+/// The entries with keys in `from..to`, in order, at most `limit` (none
+/// when `to` is not after `from`).
+fn records<'a>(
+    space: &'a Space,
+    from: &[u8],
+    to: &[u8],
+    limit: usize,
+) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> {
+    let range =
+        (from < to).then(|| space.range::<[u8], _>((Bound::Included(from), Bound::Excluded(to))));
+    range.into_iter().flatten().take(limit)
+}
+
 impl Layers {
     /// Applies `ops` (moved into the map, not copied), logging what each
     /// key held before.
@@ -192,17 +205,24 @@ impl DurableState for MemoryStore {
         to: &[u8],
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
-        if from >= to {
-            return Ok(Vec::new());
-        }
         let layers = self.layers();
-        let range = (Bound::Included(from), Bound::Excluded(to));
-        Ok(layers
-            .space
-            .range::<[u8], _>(range)
-            .take(limit)
+        Ok(records(&layers.space, from, to, limit)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
+    }
+
+    fn visit_records(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
+        let layers = self.layers();
+        for (key, value) in records(&layers.space, from, to, limit) {
+            visit(key, value)?;
+        }
+        Ok(())
     }
 
     crate::durable_layout_reads!();
