@@ -4,19 +4,18 @@
 //! flushed (and rebuilds the change log from what is left, as a restart of
 //! the sled store would). Tests of the core and the simulator use it.
 //!
-//! One ordered map holds what reads see (durable and pending together);
-//! the pending part is an undo log: for each write since the last flush, its
-//! key and what the key held before. A flush forgets the log, a crash plays
-//! it backwards, which leaves the map as it was at the last flush. (Two
-//! maps, a visible and a durable one, each written at every write and
-//! flush, were the simulator's largest cost.)
+//! One ordered key space (`memory_space.rs`) holds what reads see
+//! (durable and pending together); the pending part is an undo log: for
+//! each write since the last flush, its key and what the key held before. A
+//! flush forgets the log, a crash plays it backwards, which leaves the
+//! space as it was at the last flush. (Two maps, a visible and a durable
+//! one, each written at every write and flush, were the simulator's
+//! largest cost.)
 //!
-//! Invariant: the map with the undo log played backwards is the durable
-//! part; scans yield the map's entries in key order.
+//! Invariant: the space with the undo log played backwards is the durable
+//! part; scans yield the space's entries in key order.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::ops::Bound;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::replica::{
@@ -24,11 +23,10 @@ use crate::replica::{
 };
 
 use super::encoding::{self, COUNTER, ORDINAL};
+use super::memory_space::Space;
 use super::{
     batch_ops, rebuild_changes, recover_from, recover_ordinals, ChangeIndex, Op, Ordinals, Store,
 };
-
-type Space = BTreeMap<Vec<u8>, Vec<u8>>;
 
 /// A key written since the last flush and what it held before (`None`:
 /// nothing).
@@ -58,20 +56,7 @@ fn scan(
     space: &Space,
     prefix: u8,
 ) -> impl Iterator<Item = Result<(&Vec<u8>, &Vec<u8>), Infallible>> {
-    space.range(vec![prefix]..vec![prefix + 1]).map(Ok)
-}
-
-/// The entries with keys in `from..to`, in order, at most `limit` (none
-/// when `to` is not after `from`).
-fn records<'a>(
-    space: &'a Space,
-    from: &[u8],
-    to: &[u8],
-    limit: usize,
-) -> impl Iterator<Item = (&'a Vec<u8>, &'a Vec<u8>)> {
-    let range =
-        (from < to).then(|| space.range::<[u8], _>((Bound::Included(from), Bound::Excluded(to))));
-    range.into_iter().flatten().take(limit)
+    space.range(&[prefix], &[prefix + 1]).map(Ok)
 }
 
 impl Layers {
@@ -206,7 +191,10 @@ impl DurableState for MemoryStore {
         limit: usize,
     ) -> Result<Vec<(Vec<u8>, Vec<u8>)>, StorageError> {
         let layers = self.layers();
-        Ok(records(&layers.space, from, to, limit)
+        Ok(layers
+            .space
+            .range(from, to)
+            .take(limit)
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect())
     }
@@ -219,7 +207,7 @@ impl DurableState for MemoryStore {
         visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
     ) -> Result<(), StorageError> {
         let layers = self.layers();
-        for (key, value) in records(&layers.space, from, to, limit) {
+        for (key, value) in layers.space.range(from, to).take(limit) {
             visit(key, value)?;
         }
         Ok(())
