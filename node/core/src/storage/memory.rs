@@ -262,3 +262,92 @@ impl Store for MemoryStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::crdt::{PnCounter, ReplicaId, Slot};
+    use crate::replica::{Change, Key};
+
+    fn key(name: &str) -> Key {
+        Arc::from(name)
+    }
+
+    fn batch(seq: u64, counters: &[(&str, u64)], deleted: &[(&str, u64)]) -> CommitBatch {
+        let state = |p| PnCounter::from_slots([(ReplicaId(5), Slot { p, n: 0 })]);
+        CommitBatch {
+            seq,
+            counters: counters.iter().map(|(k, p)| (key(k), state(*p))).collect(),
+            deleted: deleted.iter().map(|(k, _)| key(k)).collect(),
+            superseded: deleted
+                .iter()
+                .map(|(k, at)| Change {
+                    seq: *at,
+                    key: key(k),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// Every record, in key order.
+    #[track_caller]
+    fn records(store: &MemoryStore) -> Vec<(Vec<u8>, Vec<u8>)> {
+        store.scan_records(&[], &[u8::MAX; 4], usize::MAX).unwrap()
+    }
+
+    fn store() -> MemoryStore {
+        MemoryStore::new(Identity {
+            replica: ReplicaId(5),
+            region: "eu".into(),
+        })
+    }
+
+    #[test]
+    fn a_crash_leaves_exactly_the_records_of_the_last_flush() {
+        let store = store();
+        store.write(&batch(1, &[("a", 1), ("b", 1)], &[])).unwrap();
+        store.flush().unwrap();
+        let flushed = records(&store);
+        // Overwrites, a new key, a delete, and a key written twice.
+        store
+            .write(&batch(2, &[("a", 2), ("c", 2)], &[("b", 1)]))
+            .unwrap();
+        store.write(&batch(3, &[("a", 3), ("c", 3)], &[])).unwrap();
+        assert_eq!(store.pending_batches(), 2);
+        assert_ne!(records(&store), flushed);
+        store.crash();
+        assert_eq!(records(&store), flushed);
+        assert_eq!(store.pending_batches(), 0);
+        assert_eq!(store.load_counter("a").unwrap().unwrap().seq, 1);
+        assert!(store.load_counter("c").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_flush_keeps_what_was_written() {
+        let store = store();
+        store.write(&batch(1, &[("a", 1)], &[])).unwrap();
+        store.flush().unwrap();
+        store.write(&batch(2, &[("a", 2), ("b", 2)], &[])).unwrap();
+        store.flush().unwrap();
+        let written = records(&store);
+        store.crash();
+        assert_eq!(records(&store), written);
+        assert_eq!(store.load_counter("b").unwrap().unwrap().seq, 2);
+    }
+
+    #[test]
+    fn a_planted_record_survives_a_crash_over_pending_writes() {
+        let store = store();
+        store.write(&batch(1, &[("a", 1)], &[])).unwrap();
+        // A record the pending batch wrote (every commit writes it).
+        let damage = (crate::storage::sets::META_SETS_DIGEST.to_vec(), vec![9, 9]);
+        store.plant(&[Op::Put(damage.0.clone(), damage.1.clone())]);
+        store.plant(&[Op::Put(b"zz".to_vec(), vec![1])]);
+        store.crash();
+        assert_eq!(store.get_record(&damage.0).unwrap(), Some(damage.1));
+        assert_eq!(store.get_record(b"zz").unwrap(), Some(vec![1]));
+    }
+}
