@@ -307,6 +307,10 @@ pub struct StorageError(pub String);
 /// One stored record: its store key and value.
 pub type Record = (Vec<u8>, Vec<u8>);
 
+/// What [`DurableState::visit_records`] calls with each record's key and
+/// value.
+pub type RecordVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError> + 'a;
+
 /// The read side of durable storage that the core needs. The store writes only
 /// what [`CommitBatch`]es say, so what it returns for a counter that is not in
 /// a batch being committed is durable.
@@ -340,7 +344,7 @@ pub trait DurableState {
         from: &[u8],
         to: &[u8],
         limit: usize,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+        visit: &mut RecordVisitor<'_>,
     ) -> Result<(), StorageError> {
         for (key, value) in self.scan_records(from, to, limit)? {
             visit(&key, &value)?;

@@ -19,7 +19,8 @@ use std::convert::Infallible;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::replica::{
-    Change, CommitBatch, Cursor, DurableState, Identity, Recovered, StorageError, StoredCounter,
+    Change, CommitBatch, Cursor, DurableState, Identity, RecordVisitor, Recovered, StorageError,
+    StoredCounter,
 };
 
 use super::encoding::{self, COUNTER, ORDINAL};
@@ -204,7 +205,7 @@ impl DurableState for MemoryStore {
         from: &[u8],
         to: &[u8],
         limit: usize,
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError>,
+        visit: &mut RecordVisitor<'_>,
     ) -> Result<(), StorageError> {
         let layers = self.layers();
         for (key, value) in layers.space.range(from, to).take(limit) {

@@ -100,11 +100,11 @@ mod tests {
             assert_eq!(space.insert(key.clone(), key.clone()), None);
         }
         assert_eq!(keys(&space, &[], &[255, 255, 255]), all);
-        assert_eq!(keys(&space, &[b'c'], &[b'd']), all[3..6].to_vec());
+        assert_eq!(keys(&space, b"c", b"d"), all[3..6].to_vec());
         assert_eq!(keys(&space, &[0, 1], &[b'e', 1]), all[2..7].to_vec());
         assert_eq!(keys(&space, &[], &[0]), vec![Vec::<u8>::new()]);
-        assert!(keys(&space, &[b'e'], &[b'e']).is_empty());
-        assert!(keys(&space, &[b'm'], &[b'c']).is_empty());
+        assert!(keys(&space, b"e", b"e").is_empty());
+        assert!(keys(&space, b"m", b"c").is_empty());
         assert_eq!(space.remove(&[b'c', 1]), Some(vec![b'c', 1]));
         assert_eq!(space.get(&[b'c', 1]), None);
         assert_eq!(space.get(&[b'c', 2]), Some(&vec![b'c', 2]));
