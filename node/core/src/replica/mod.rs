@@ -60,8 +60,8 @@ pub use sets_sync::{DeltaChunk, DeltaCursor, MAX_CHUNK_ELEMENTS};
 pub use sync::{Member, PeerBook, PeerState, PullPlan, MAX_BACKOFF_MS};
 pub use types::{
     check_key, parse_key, Change, CommitBatch, Cursor, DurableState, IdempotencyRecord, Identity,
-    Key, KeyError, Recovered, StorageError, StoredCounter, MAX_IDEMPOTENCY_KEY_BYTES,
-    MAX_KEY_BYTES,
+    Key, KeyError, RecordVisitor, Recovered, StorageError, StoredCounter,
+    MAX_IDEMPOTENCY_KEY_BYTES, MAX_KEY_BYTES,
 };
 
 /// Settings of the core.

@@ -223,6 +223,20 @@ impl PeerBook {
 
     /// Replaces the membership view (every other node, alive or not).
     pub fn handle_membership(&mut self, members: Vec<Member>) {
+        // The same replicas in the same order (a refresh that changed
+        // nothing, as most do): the peers are updated where they are
+        // instead of moved to a new map.
+        let same = members.len() == self.peers.len()
+            && members
+                .iter()
+                .zip(self.peers.keys())
+                .all(|(member, replica)| member.replica == *replica);
+        if same {
+            for (peer, member) in self.peers.values_mut().zip(members) {
+                peer.member = member;
+            }
+            return;
+        }
         let mut next = BTreeMap::new();
         for member in members {
             let mut state = self.peers.remove(&member.replica).unwrap_or_default();

@@ -307,6 +307,10 @@ pub struct StorageError(pub String);
 /// One stored record: its store key and value.
 pub type Record = (Vec<u8>, Vec<u8>);
 
+/// What [`DurableState::visit_records`] calls with each record's key and
+/// value.
+pub type RecordVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StorageError> + 'a;
+
 /// The read side of durable storage that the core needs. The store writes only
 /// what [`CommitBatch`]es say, so what it returns for a counter that is not in
 /// a batch being committed is durable.
@@ -330,6 +334,23 @@ pub trait DurableState {
         to: &[u8],
         limit: usize,
     ) -> Result<Vec<Record>, StorageError>;
+    /// Calls `visit` with each record [`Self::scan_records`] would return,
+    /// in key order, and stops at its first error: the same read without
+    /// copying the records, for a store that can lend them (the in-memory
+    /// one). `visit` must not call the store: it may run with the store's
+    /// locks held.
+    fn visit_records(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        limit: usize,
+        visit: &mut RecordVisitor<'_>,
+    ) -> Result<(), StorageError> {
+        for (key, value) in self.scan_records(from, to, limit)? {
+            visit(&key, &value)?;
+        }
+        Ok(())
+    }
 
     /// The stored causal length of a like set's member (0 when never stored).
     fn load_member(&self, key: &str, member: &str) -> Result<u64, StorageError>;

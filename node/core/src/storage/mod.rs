@@ -24,6 +24,7 @@ mod change_index;
 pub mod encoding;
 mod layout_reads;
 mod memory;
+mod memory_space;
 mod ordinals;
 mod saved_digests;
 pub mod sets;

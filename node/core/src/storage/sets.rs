@@ -396,11 +396,12 @@ pub fn deltas_after(
     if !after.0.is_empty() {
         from.push(0);
     }
-    store
-        .scan_records(&from, &[DELTA + 1], limit)?
-        .iter()
-        .map(|(record, value)| decode_delta(record, value))
-        .collect()
+    let mut deltas = Vec::new();
+    store.visit_records(&from, &[DELTA + 1], limit, &mut |record, value| {
+        deltas.push(decode_delta(record, value)?);
+        Ok(())
+    })?;
+    Ok(deltas)
 }
 
 /// The puts that write the batch's like sets, uniques and delta
