@@ -60,8 +60,9 @@ pub struct PartitionedArgs {
     /// No joins, drains or removals in generated plans.
     #[arg(long)]
     no_membership: bool,
-    /// Network and crash faults: all, none, or a comma list of partition,
-    /// crash, wipe (allows removals), loss, dup, reorder, tail.
+    /// Network, process and clock faults: all, none, or a comma list of
+    /// partition, crash, wipe (allows removals), pause, skew, loss, dup,
+    /// reorder, tail.
     #[arg(
         long,
         default_value = "partition,crash,wipe,pause,skew,loss,dup,reorder"

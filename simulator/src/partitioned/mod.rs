@@ -120,7 +120,7 @@ pub struct PartitionedOptions {
     pub retire_after_ms: u64,
     /// Whether plans include joins, drains and removals.
     pub membership: bool,
-    /// Network and crash faults switched on (partition, crash, loss, dup,
+    /// Faults switched on (partition, crash, pause, skew, loss, dup,
     /// reorder, tail; `wipe` allows removals, which lose a disk).
     pub faults: FaultSet,
     /// When an add is acknowledged: once durable on its owner (`sync`), or
