@@ -184,6 +184,23 @@ impl BugName {
         BugName::FoldBeforeAgreement,
     ];
 
+    /// The core's bug of that name.
+    #[cfg(feature = "planted-bugs")]
+    pub fn core(&self) -> tally_node::replica::PlantedBug {
+        use tally_node::replica::PlantedBug;
+        match self {
+            BugName::ServeLiveState => PlantedBug::ServeLiveState,
+            BugName::ReuseReplicaIdAfterWipe => PlantedBug::ReuseReplicaIdAfterWipe,
+            BugName::MergeByAddition => PlantedBug::MergeByAddition,
+            BugName::ApplyRetryTwice => PlantedBug::ApplyRetryTwice,
+            BugName::SwapPAndN => PlantedBug::SwapPAndN,
+            BugName::LastWriterLength => PlantedBug::LastWriterLength,
+            BugName::AckBeforeCopyDurable => PlantedBug::AckBeforeCopyDurable,
+            BugName::MergeKeepsFoldedSlot => PlantedBug::MergeKeepsFoldedSlot,
+            BugName::FoldBeforeAgreement => PlantedBug::FoldBeforeAgreement,
+        }
+    }
+
     /// The name on the command line.
     pub fn flag(&self) -> &'static str {
         match self {

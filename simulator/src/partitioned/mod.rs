@@ -21,6 +21,7 @@
 //! exactly its RF owners per region, all ready and equal, and that no other
 //! node stores more than its own slots of it.
 
+mod bugs;
 mod check;
 pub mod cli;
 mod clients;
@@ -36,68 +37,11 @@ mod world;
 
 use std::fmt;
 
+pub use bugs::PartitionBug;
 pub use plan::{MemberOp, PartitionedPlan, PlanOp};
 pub use world::{run, PartitionedResult};
 
 use crate::options::{Durability, FaultSet, SimOptions};
-
-/// A bug the partitioned world can plant in the runtime around the core, to
-/// show that the checker catches it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, clap::ValueEnum)]
-pub enum PartitionBug {
-    /// An owner confirms a release without having pulled the partition: the
-    /// releasing node deletes it before the new owner caught up.
-    ConfirmBeforeCaughtUp,
-    /// The purge never runs: released partitions stay stored on former owners.
-    KeepReleased,
-    /// In the core (needs the `planted-bugs` feature): the purge trims a
-    /// counter to the node's own slot at fold epoch 0, so its slot written
-    /// after a scoped fold reads as the folded one.
-    TrimToEpochZero,
-    /// In the core (needs the `planted-bugs` feature): a node raises the
-    /// fold epoch of a partition it copied from nobody while a holder was
-    /// out of reach, so its counters there enter the epoch with a base of 0.
-    RaiseCopiedFromNobody,
-    /// In the core (needs the `planted-bugs` feature): a replicated add's
-    /// push names no phase, so a copy takes a slot written after a fold of
-    /// the writer's slots for the folded one, drops it and answers `OK`.
-    PushWithoutPhase,
-}
-
-impl PartitionBug {
-    /// The name on the command line.
-    pub fn flag(&self) -> &'static str {
-        match self {
-            PartitionBug::ConfirmBeforeCaughtUp => "confirm-before-caught-up",
-            PartitionBug::KeepReleased => "keep-released",
-            PartitionBug::TrimToEpochZero => "trim-to-epoch-zero",
-            PartitionBug::RaiseCopiedFromNobody => "raise-copied-from-nobody",
-            PartitionBug::PushWithoutPhase => "push-without-phase",
-        }
-    }
-
-    /// The flag of a bug that lives in the core.
-    fn core_name(&self) -> Option<&'static str> {
-        match self {
-            PartitionBug::TrimToEpochZero
-            | PartitionBug::RaiseCopiedFromNobody
-            | PartitionBug::PushWithoutPhase => Some(self.flag()),
-            PartitionBug::ConfirmBeforeCaughtUp | PartitionBug::KeepReleased => None,
-        }
-    }
-
-    /// The core's bug of that name.
-    #[cfg(feature = "planted-bugs")]
-    pub fn core_bug(&self) -> Option<tally_node::replica::PlantedBug> {
-        use tally_node::replica::PlantedBug;
-        match self {
-            PartitionBug::TrimToEpochZero => Some(PlantedBug::TrimToEpochZero),
-            PartitionBug::RaiseCopiedFromNobody => Some(PlantedBug::RaiseCopiedFromNobody),
-            PartitionBug::PushWithoutPhase => Some(PlantedBug::PushWithoutPhase),
-            PartitionBug::ConfirmBeforeCaughtUp | PartitionBug::KeepReleased => None,
-        }
-    }
-}
 
 /// Settings of one partitioned run.
 #[derive(Clone, Debug, PartialEq)]

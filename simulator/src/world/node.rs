@@ -119,19 +119,7 @@ pub fn replica_config(options: &SimOptions) -> ReplicaConfig {
     };
     #[cfg(feature = "planted-bugs")]
     {
-        use crate::options::BugName;
-        use tally_node::replica::PlantedBug;
-        config.planted_bug = options.planted_bug.map(|bug| match bug {
-            BugName::ServeLiveState => PlantedBug::ServeLiveState,
-            BugName::ReuseReplicaIdAfterWipe => PlantedBug::ReuseReplicaIdAfterWipe,
-            BugName::MergeByAddition => PlantedBug::MergeByAddition,
-            BugName::ApplyRetryTwice => PlantedBug::ApplyRetryTwice,
-            BugName::SwapPAndN => PlantedBug::SwapPAndN,
-            BugName::LastWriterLength => PlantedBug::LastWriterLength,
-            BugName::AckBeforeCopyDurable => PlantedBug::AckBeforeCopyDurable,
-            BugName::MergeKeepsFoldedSlot => PlantedBug::MergeKeepsFoldedSlot,
-            BugName::FoldBeforeAgreement => PlantedBug::FoldBeforeAgreement,
-        });
+        config.planted_bug = options.planted_bug.map(|bug| bug.core());
     }
     config
 }
