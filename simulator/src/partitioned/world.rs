@@ -8,7 +8,9 @@
 //! A node's lifecycle round takes what the other nodes publish (state,
 //! removals, drain requests, the partitions they serve and release) and
 //! whether it can reach them, at its own round times, so views are stale
-//! and disagree while faults last.
+//! and disagree while faults last. A paused node's events wait until it
+//! resumes (and the others do not hear from it meanwhile); each node's
+//! core reads its own clock, offset by the plan's skews.
 
 use tally_node::crdt::ReplicaId;
 use tally_node::partition::{
