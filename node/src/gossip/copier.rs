@@ -27,7 +27,7 @@ use crate::engine::{CopyAttempt, Engine};
 use crate::replica::CopyPush;
 
 use super::anti_entropy::{channel_for, forget_channel, AntiEntropyConfig, Channels};
-use super::copy_plan::{plan_copies, CopyPlan};
+use super::copy_plan::{plan_copies_by_routes, CopyPlan};
 use super::lifecycle::Partitioning;
 
 /// The longest one push to one copy may take (its commit included).
@@ -129,13 +129,9 @@ async fn push_once(
         return Some(true);
     }
     let routes = partitioning.routes();
-    let plan = plan_copies(
+    let plan = plan_copies_by_routes(
         push.counters.iter().map(|(key, ..)| key.as_bytes()),
-        |key| {
-            let (owners, releasing) = routes.as_ref()?.other_holders(key);
-            let owned = |names: Vec<&str>| names.into_iter().map(String::from).collect();
-            Some((owned(owners), owned(releasing)))
-        },
+        routes.as_deref(),
         &candidates,
         needed,
         turn,

@@ -24,7 +24,7 @@
 
 use std::sync::Arc;
 
-use tally_core::runtime::copy_plan::plan_copies;
+use tally_core::runtime::copy_plan::plan_copies_by_routes;
 use tally_node::partition::RouteTable;
 use tally_node::replica::CopyPush;
 
@@ -70,13 +70,9 @@ impl PWorld<'_> {
             .view
             .as_ref()
             .map(|view| RouteTable::build(view, &state.name, |name| Some(name.to_string())));
-        let plan = plan_copies(
+        let plan = plan_copies_by_routes(
             push.counters.iter().map(|(key, ..)| key.as_bytes()),
-            |key| {
-                let (owners, releasing) = routes.as_ref()?.other_holders(key);
-                let owned = |names: Vec<&str>| names.into_iter().map(String::from).collect();
-                Some((owned(owners), owned(releasing)))
-            },
+            routes.as_ref(),
             &candidates,
             needed,
             turn,

@@ -30,6 +30,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::partition::RouteTable;
+
 /// A node that takes copies: its name and gRPC address.
 pub type CopyTarget = (String, String);
 
@@ -72,6 +74,24 @@ impl CopyPlan {
             .min()
             .unwrap_or(0)
     }
+}
+
+/// [`plan_copies`] over a region's routes (`None`: no routes yet, or every
+/// key is served here): each key's other holders as
+/// [`RouteTable::other_holders`] names them.
+pub fn plan_copies_by_routes<'k>(
+    keys: impl Iterator<Item = &'k [u8]>,
+    routes: Option<&RouteTable>,
+    candidates: &[CopyTarget],
+    needed: usize,
+    turn: u64,
+) -> CopyPlan {
+    let other_holders = |key: &[u8]| {
+        let (owners, releasing) = routes?.other_holders(key);
+        let owned = |names: Vec<&str>| names.into_iter().map(String::from).collect();
+        Some((owned(owners), owned(releasing)))
+    };
+    plan_copies(keys, other_holders, candidates, needed, turn)
 }
 
 /// Plans a push of the counters `keys`: `other_holders(key)` names a key's
