@@ -52,6 +52,7 @@ pub const ADD_ERROR_REASONS: &[&str] = &[
     "set",
     "copies_unconfirmed",
     "region_too_small",
+    "too_few_owners",
 ];
 
 /// The reasons of `tally_refused_messages_total`, created at zero at start
@@ -74,6 +75,7 @@ pub const REFUSAL_REASONS: &[&str] = &[
     "malformed",
     "no_peer_certificate",
     "not_a_node",
+    "not_held",
     "oversized",
     "partition_count",
     "protocol_too_old",

@@ -224,6 +224,7 @@ pub async fn start(settings: Settings) -> Result<NodeHandle, StartError> {
     );
     engine.core().peers_mut().set_own_protocol(protocol);
     engine.set_write_copies(settings.write_copies);
+    engine.set_replication_factor(settings.replication_factor as usize);
     // The writers' digests by partition that folds in a partitioned region
     // compare: as the last clean stop saved them, or from every counter.
     let started = std::time::Instant::now();

@@ -8,9 +8,11 @@
 //! released partitions never purged (the placement check after the heal),
 //! a purge trim that drops its counter's fold epoch (invariant 9), a
 //! partition raised after it was copied from nobody (a wrong fold base),
-//! and a replicated add's push that names no phase (a copy that drops the slot
-//! and answers `OK`). With `--durability replicated` (no wipes), sweeps
-//! pass too, every copy's `OK` covered by what it committed.
+//! a replicated add's push that names no phase (a copy that drops the slot
+//! and answers `OK`), and a copy on a node that does not hold the key's
+//! partition. With `--durability replicated`, sweeps pass too, every
+//! copy's `OK` covered by what it committed, and no acknowledged add lost
+//! with a removed node's disk.
 
 use tally_sim::options::Durability;
 use tally_sim::partitioned::cli::sweep;
@@ -177,17 +179,12 @@ fn a_purge_trim_that_drops_the_fold_epoch_is_caught() {
 }
 
 /// Replicated durability over partitions: adds acknowledged once a copy
-/// (another owner of the key, where one is live) holds them. Without
-/// wipes: with them, a copy that went to a node not keeping the partition
-/// can be deleted before an owner holds the add (the known gap in
-/// `docs/src/concepts/durability.md`).
+/// that holds the key's partition (another owner, or a node handing it
+/// over) holds them; removals lose disks.
 fn replicated() -> PartitionedOptions {
     PartitionedOptions {
         durability: Durability::Replicated,
         write_copies: 2,
-        faults: "partition,crash,pause,skew,loss,dup,reorder"
-            .parse()
-            .unwrap(),
         ..scenario()
     }
 }
@@ -221,16 +218,45 @@ fn a_replicated_push_that_names_no_phase_is_caught() {
             .parse()
             .unwrap();
     plan.validate(&options).unwrap();
-    let result = run(0, &options, Some(plan.clone()));
+    let result = run(5, &options, Some(plan.clone()));
     assert_passed(&result, &options);
     let planted = PartitionedOptions {
         bug: Some(PartitionBug::PushWithoutPhase),
         ..options
     };
-    let result = run(0, &planted, Some(plan));
+    let result = run(5, &planted, Some(plan));
     assert_eq!(
         result.failure_kind(),
         Some("copy answered before durable"),
+        "{:?}",
+        result.violations
+    );
+}
+
+/// A copy goes only to a node holding the key's partition: with the other
+/// owner of some keys down, their replicated adds wait (and fail
+/// `UNAVAILABLE`) rather than land on a node that would purge them. Planted
+/// (the pusher tops such keys up with any live node, which takes them), a
+/// copy answers for a partition it does not hold.
+#[test]
+fn a_copy_on_a_node_that_does_not_hold_the_partition_is_caught() {
+    let options = PartitionedOptions {
+        faults: "none".parse().unwrap(),
+        ..replicated()
+    };
+    let plan: PartitionedPlan = "crash n1 at 1000 restart 5000".parse().unwrap();
+    plan.validate(&options).unwrap();
+    let result = run(3, &options, Some(plan.clone()));
+    assert_passed(&result, &options);
+    assert!(result.copies.confirmed > 0, "{:?}", result.copies);
+    let planted = PartitionedOptions {
+        bug: Some(PartitionBug::CopyToAnyNode),
+        ..options
+    };
+    let result = run(3, &planted, Some(plan));
+    assert_eq!(
+        result.failure_kind(),
+        Some("copy answered for a partition it does not hold"),
         "{:?}",
         result.violations
     );

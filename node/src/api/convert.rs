@@ -55,7 +55,9 @@ pub fn code_of(error: &EngineError) -> Code {
             }
         }
         EngineError::CopiesUnconfirmed { .. } => Code::Unavailable,
-        EngineError::RegionTooSmall { .. } => Code::FailedPrecondition,
+        EngineError::RegionTooSmall { .. } | EngineError::TooFewOwners { .. } => {
+            Code::FailedPrecondition
+        }
     }
 }
 

@@ -97,7 +97,8 @@ pub fn copy_status(refused: &CopyRefused) -> Status {
         | CopyRefused::FromItself(_)
         | CopyRefused::OtherRegion { .. }
         | CopyRefused::RegionConflict { .. }
-        | CopyRefused::Unmergeable { .. } => Code::FailedPrecondition,
+        | CopyRefused::Unmergeable { .. }
+        | CopyRefused::NotHeld { .. } => Code::FailedPrecondition,
         CopyRefused::Oversized(_)
         | CopyRefused::OversizedRecords(_)
         | CopyRefused::DuplicateKey(_) => Code::InvalidArgument,
@@ -118,6 +119,7 @@ pub fn copy_refusal_reason(refused: &CopyRefused) -> &'static str {
         CopyRefused::Oversized(_) | CopyRefused::OversizedRecords(_) => "oversized",
         CopyRefused::DuplicateKey(_) => "malformed",
         CopyRefused::Unmergeable { .. } => "unmergeable",
+        CopyRefused::NotHeld { .. } => "not_held",
         CopyRefused::Storage(_) => "storage",
     }
 }

@@ -56,7 +56,7 @@ impl Engine {
             Durability::Async => Ok(()),
             Durability::Sync => self.wait_flushed(accepted.durable_at_seq).await,
             Durability::Replicated => {
-                self.wait_replicated(accepted.durable_at_seq, started, deadline)
+                self.wait_replicated(&[key], accepted.durable_at_seq, started, deadline)
                     .await
             }
         };
@@ -161,7 +161,13 @@ impl Engine {
             }
         }
         if let Some(ticket) = replicated_ticket {
-            if let Err(error) = self.wait_replicated(ticket, started, deadline).await {
+            let keys: Vec<&[u8]> = results
+                .iter()
+                .zip(&adds)
+                .filter(|(result, add)| add.3 == Durability::Replicated && result.is_ok())
+                .map(|(_, add)| add.0)
+                .collect();
+            if let Err(error) = self.wait_replicated(&keys, ticket, started, deadline).await {
                 self.count_add_error(&error);
                 for (result, add) in results.iter_mut().zip(&adds) {
                     if add.3 == Durability::Replicated && result.is_ok() {
@@ -248,6 +254,7 @@ impl Engine {
             EngineError::Set(_) => "set",
             EngineError::CopiesUnconfirmed { .. } => "copies_unconfirmed",
             EngineError::RegionTooSmall { .. } => "region_too_small",
+            EngineError::TooFewOwners { .. } => "too_few_owners",
         };
         debug_assert!(
             crate::metrics::ADD_ERROR_REASONS.contains(&reason),

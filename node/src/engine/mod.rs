@@ -127,6 +127,21 @@ pub enum EngineError {
         /// Nodes asked for (`--write-copies`).
         wanted: usize,
     },
+    /// A replicated add in a partitioned region (more nodes than the
+    /// replication factor) whose partitions are each kept on fewer nodes
+    /// than `--write-copies` asks for: refused before anything is applied
+    /// (a copy goes only to a node holding the key's partition).
+    #[error("replicated durability needs {wanted} nodes holding each key (--write-copies {wanted}, this node included), but region {region} has {nodes} nodes and keeps each partition on {factor} of them (--replication-factor {factor}); a copy on a node that does not hold the key's partition would not be kept; nothing was applied: raise --replication-factor to at least {wanted}, start this node with a lower --write-copies, or add with sync durability")]
+    TooFewOwners {
+        /// The node's region.
+        region: String,
+        /// The region's nodes that take copies, this one included (alive or not).
+        nodes: usize,
+        /// The cluster's replication factor.
+        factor: usize,
+        /// Nodes asked for (`--write-copies`).
+        wanted: usize,
+    },
     /// The data directory's filesystem is below the free-space floor.
     #[error("disk nearly full on {node}: {free} bytes free, floor {floor} (--min-free-disk); adds resume by themselves once space is freed, reads go on")]
     DiskFull {

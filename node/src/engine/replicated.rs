@@ -8,8 +8,12 @@
 //! add whose copies do not confirm within its deadline gets `UNAVAILABLE`
 //! saying how many nodes hold it (never a silent downgrade to `sync`); a
 //! copy answers a push only once its own commit holding it is durable. A
-//! replicated add in a region with fewer nodes than its copies is refused
-//! with `FAILED_PRECONDITION` before anything is applied.
+//! replicated add in a region with fewer nodes than its copies, or in a
+//! partitioned region whose partitions are kept on fewer nodes than its
+//! copies, is refused with `FAILED_PRECONDITION` before anything is
+//! applied. A key whose partition has too few live holders is parked by
+//! the core: its adds wait (and fail `UNAVAILABLE` after their wait), the
+//! others go on being answered.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -41,6 +45,10 @@ pub struct CopyAttempt {
 pub(super) struct Copies {
     /// Copies asked for, this node included (`--write-copies`).
     write_copies: std::sync::atomic::AtomicUsize,
+    /// The nodes of a region that keep each partition
+    /// (`--replication-factor`; `usize::MAX` until set: every node keeps
+    /// every partition).
+    replication_factor: std::sync::atomic::AtomicUsize,
     /// The core's `replicated_seq`, as last published.
     replicated_tx: watch::Sender<u64>,
     /// Wakes the pusher: something is pending for the copies.
@@ -53,6 +61,7 @@ impl Copies {
     pub(super) fn new(replicated_seq: u64) -> Self {
         Copies {
             write_copies: std::sync::atomic::AtomicUsize::new(2),
+            replication_factor: std::sync::atomic::AtomicUsize::new(usize::MAX),
             replicated_tx: watch::channel(replicated_seq).0,
             wakeup: tokio::sync::Notify::new(),
             last_failure: Mutex::new(None),
@@ -92,6 +101,13 @@ impl Engine {
         );
     }
 
+    /// Sets how many nodes of a region keep each partition.
+    pub fn set_replication_factor(&self, factor: usize) {
+        self.copies
+            .replication_factor
+            .store(factor.max(1), std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// How many nodes must hold a replicated add (this one included).
     pub fn write_copies(&self) -> usize {
         self.copies
@@ -110,14 +126,28 @@ impl Engine {
         let wanted = self.write_copies();
         let region = &core.identity().region;
         let nodes = 1 + core.peers().copy_candidates(region).count();
-        if nodes >= wanted {
-            return Ok(());
+        if nodes < wanted {
+            return Err(EngineError::RegionTooSmall {
+                region: region.clone(),
+                nodes,
+                wanted,
+            });
         }
-        Err(EngineError::RegionTooSmall {
-            region: region.clone(),
-            nodes,
-            wanted,
-        })
+        // A region of more nodes than the factor is partitioned: a key's
+        // copies are its partition's holders only (`copy_plan.rs`).
+        let factor = self
+            .copies
+            .replication_factor
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if nodes > factor && factor < wanted {
+            return Err(EngineError::TooFewOwners {
+                region: region.clone(),
+                nodes,
+                factor,
+                wanted,
+            });
+        }
+        Ok(())
     }
 
     /// Waits until the pusher has something to push (or is woken to stop).
@@ -139,6 +169,14 @@ impl Engine {
         });
     }
 
+    /// Wakes every replicated add that waits, whether `replicated_seq`
+    /// moved or not: a push confirmed parked counters.
+    fn wake_replicated_waiters(&self, replicated_seq: u64) {
+        self.copies.replicated_tx.send_modify(|current| {
+            *current = (*current).max(replicated_seq);
+        });
+    }
+
     /// The last push to the copies failed: what it reached, for the error
     /// of an add that gives up.
     pub fn note_copy_failure(&self, attempt: CopyAttempt) {
@@ -155,13 +193,19 @@ impl Engine {
             .unwrap_or_else(|p| p.into_inner()) = Some(attempt);
     }
 
-    /// A push to the copies was confirmed: moves the core's `replicated_seq`.
-    pub fn note_copy_done(&self, upto_seq: u64) {
+    /// A push to the copies was confirmed for the counters `confirmed`
+    /// says (one flag per counter of the push; the others are parked):
+    /// moves the core's `replicated_seq`.
+    pub fn note_copy_done(&self, upto_seq: u64, confirmed: &[bool]) {
         let replicated = {
             let mut core = self.core();
-            core.handle_push_done(upto_seq);
+            core.handle_push_partly_done(upto_seq, confirmed);
             core.replicated_seq()
         };
+        self.wake_replicated_waiters(replicated);
+        if confirmed.iter().any(|ok| !ok) {
+            return;
+        }
         self.metrics
             .copy_pushes
             .get_or_create(&crate::metrics::ReasonLabels {
@@ -178,11 +222,12 @@ impl Engine {
         self.wake_copier();
     }
 
-    /// Waits until every replicated add up to `ticket` is durable here and
-    /// on its copies, at most until `deadline` after `started` (default
-    /// [`REPLICATED_WAIT_DEFAULT`]).
+    /// Waits until the replicated adds to `keys` up to `ticket` are durable
+    /// here and on their copies, at most until `deadline` after `started`
+    /// (default [`REPLICATED_WAIT_DEFAULT`]).
     pub(super) async fn wait_replicated(
         &self,
+        keys: &[&[u8]],
         ticket: u64,
         started: Instant,
         deadline: Option<Duration>,
@@ -200,9 +245,9 @@ impl Engine {
         let mut health = self.health.subscribe();
         tokio::select! {
             biased;
-            reached = tokio::time::timeout(remaining, replicated.wait_for(|seq| *seq >= ticket)) => {
+            reached = tokio::time::timeout(remaining, self.replicated_for(&mut replicated, keys, ticket)) => {
                 match reached {
-                    Ok(Ok(_)) => Ok(()),
+                    Ok(Ok(())) => Ok(()),
                     Ok(Err(_)) => Err(EngineError::ShuttingDown),
                     Err(_) => Err(self.copies_unconfirmed(1, started)),
                 }
@@ -211,6 +256,33 @@ impl Engine {
                 Err(EngineError::ShuttingDown)
             }
         }
+    }
+
+    /// Returns once the core says every one of `keys` is replicated through
+    /// `ticket` (a parked key waits for a push that confirms it). The core
+    /// is asked outside the watch's lock.
+    async fn replicated_for(
+        &self,
+        replicated: &mut watch::Receiver<u64>,
+        keys: &[&[u8]],
+        ticket: u64,
+    ) -> Result<(), watch::error::RecvError> {
+        loop {
+            replicated.wait_for(|seq| *seq >= ticket).await?;
+            replicated.mark_unchanged();
+            if self.keys_replicated(keys, ticket) {
+                return Ok(());
+            }
+            replicated.changed().await?;
+        }
+    }
+
+    /// Whether the core says every one of `keys` is replicated through
+    /// `ticket` (keys were checked as text before they were applied).
+    fn keys_replicated(&self, keys: &[&[u8]], ticket: u64) -> bool {
+        let core = self.core();
+        keys.iter()
+            .all(|key| std::str::from_utf8(key).is_ok_and(|key| core.replicated_for(key, ticket)))
     }
 
     fn copies_unconfirmed(&self, here: usize, started: Instant) -> EngineError {

@@ -327,6 +327,49 @@ async fn a_replicated_add_in_a_region_too_small_for_its_copies_is_refused_before
 }
 
 #[tokio::test]
+async fn a_replicated_add_in_a_region_keeping_partitions_on_too_few_nodes_is_refused() {
+    let (engine, committer) = committed_engine();
+    engine.set_write_copies(3);
+    engine.set_replication_factor(2);
+    // Four nodes, each partition on two: a third copy would sit on a node
+    // that does not hold the key's partition.
+    region_has_down_nodes(&engine, 3);
+    let error = engine
+        .add_as(b"votes", 1, Some("vote-1"), Durability::Replicated, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            super::EngineError::TooFewOwners {
+                nodes: 4,
+                factor: 2,
+                wanted: 3,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        crate::api::convert::code_of(&error),
+        tonic::Code::FailedPrecondition
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("--replication-factor 2") && text.contains("nothing was applied"),
+        "{text}"
+    );
+    assert_eq!(engine.get(b"votes", false).unwrap().value, 0);
+    // A factor that covers the copies, or a region no larger than it, takes
+    // the add (it then waits for its copies).
+    engine.set_replication_factor(4);
+    assert!(engine.check_region_holds_copies(&engine.core()).is_ok());
+    engine.set_replication_factor(3);
+    assert!(engine.check_region_holds_copies(&engine.core()).is_ok());
+    committer.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reached() {
     let (engine, committer) = committed_engine();
     engine.set_write_copies(3);
@@ -374,7 +417,7 @@ async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reache
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    engine.note_copy_done(push.upto_seq);
+    engine.note_copy_done(push.upto_seq, &vec![true; push.counters.len()]);
     // The first push may predate the retry's commit: confirm until it is answered.
     let accepted = loop {
         if retry.is_finished() {
@@ -383,7 +426,7 @@ async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reache
         // (The core's guard must be gone before the push is confirmed.)
         let push = engine.core().poll_push();
         if let Some(push) = push {
-            engine.note_copy_done(push.upto_seq);
+            engine.note_copy_done(push.upto_seq, &vec![true; push.counters.len()]);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };

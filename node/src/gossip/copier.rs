@@ -1,22 +1,23 @@
 //! The pusher of replicated durability: whenever the core has counters whose
 //! replicated adds wait for their copies, take one push
 //! ([`crate::replica::Replica::poll_push`]), send it with the `Copy` RPC to
-//! `--write-copies - 1` live nodes of the region per counter: the key's
-//! other owners first ([`super::copy_plan`]), among the members that take
-//! copies ([`crate::replica::PeerBook::choose_copies`]), and report back:
-//! confirmed when enough answered `OK` for every counter (each answers only
-//! once the push is durable there), failed otherwise, and then the next
-//! attempt rotates to other copies after a short pause. The loop only moves
-//! messages; what to push and what counts as confirmed is the core's
-//! decision.
+//! `--write-copies - 1` live nodes of the region per counter: nodes that
+//! hold the key's partition, its other owners first ([`super::copy_plan`]),
+//! among the members that take copies
+//! ([`crate::replica::PeerBook::choose_copies`]), and report back which
+//! counters enough copies confirmed (each answers only once the push is
+//! durable there). The others are parked in the core and go into a push
+//! again after a short pause that doubles while pushes keep failing; new
+//! counters are pushed meanwhile. The loop only moves messages; what to
+//! push and what counts as confirmed is the core's decision.
 //!
-//! Invariant: a push is confirmed only when, for each of its counters,
-//! `write_copies - 1` distinct copies answered `OK` to a call carrying it;
-//! every call is bounded by [`PUSH_TIMEOUT`], so a dead copy costs one
-//! timeout, never a stuck pusher.
+//! Invariant: a counter is confirmed only when `write_copies - 1` distinct
+//! copies answered `OK` to a call carrying it; every call is bounded by
+//! [`PUSH_TIMEOUT`], so a dead copy costs one timeout, never a stuck
+//! pusher.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tally_proto::v1::replication_client::ReplicationClient;
 use tokio::sync::oneshot;
@@ -67,31 +68,35 @@ pub fn spawn_copier(
         let channels: Channels = Arc::default();
         let mut turn: u64 = 0;
         let mut failures: u32 = 0;
+        // When the counters of failed pushes (parked in the core) go
+        // into a push again.
+        let mut retry_at: Option<Instant> = None;
         loop {
-            // A failed push waits its pause whatever wakes the loop (new
-            // adds must not turn the retries into a busy loop).
-            if failures > 0 {
-                let pause = (RETRY_PAUSE * 2u32.pow(failures.min(5) - 1)).min(MAX_RETRY_PAUSE);
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = &mut stop_rx => break,
-                }
-            } else {
-                tokio::select! {
-                    _ = engine.copies_wanted() => {}
-                    _ = tokio::time::sleep(MAX_RETRY_PAUSE) => {}
-                    _ = &mut stop_rx => break,
-                }
+            let wait = retry_at.map_or(MAX_RETRY_PAUSE, |at| {
+                at.saturating_duration_since(Instant::now())
+                    .min(MAX_RETRY_PAUSE)
+            });
+            tokio::select! {
+                _ = engine.copies_wanted() => {}
+                _ = tokio::time::sleep(wait) => {}
+                _ = &mut stop_rx => break,
             }
+            if retry_at.is_some_and(|at| at <= Instant::now()) {
+                retry_at = None;
+                engine.core().retry_parked();
+            }
+            // Failed counters wait for their pause out of the pushes, so
+            // new adds go on being pushed meanwhile without a busy loop.
             while let Some(confirmed) =
                 push_once(&engine, &partitioning, &channels, &config, turn).await
             {
                 turn = turn.wrapping_add(1);
-                if confirmed {
-                    failures = 0;
-                } else {
+                if !confirmed {
                     failures = failures.saturating_add(1);
-                    break;
+                    let pause = (RETRY_PAUSE * 2u32.pow(failures.min(5) - 1)).min(MAX_RETRY_PAUSE);
+                    retry_at.get_or_insert(Instant::now() + pause);
+                } else if retry_at.is_none() && !engine.core().has_parked() {
+                    failures = 0;
                 }
             }
         }
@@ -125,7 +130,7 @@ async fn push_once(
         (push, candidates, known)
     };
     if needed == 0 {
-        engine.note_copy_done(push.upto_seq);
+        engine.note_copy_done(push.upto_seq, &vec![true; push.counters.len()]);
         return Some(true);
     }
     let routes = partitioning.routes();
@@ -137,16 +142,22 @@ async fn push_once(
         turn,
     );
     let (answered, mut problems) = send_plan(&push, &plan, channels, config).await;
-    if plan.confirmed(&answered, needed) {
-        engine.note_copy_done(push.upto_seq);
+    let counters = plan.confirmed_counters(&answered, needed, push.counters.len());
+    engine.note_copy_done(push.upto_seq, &counters);
+    if counters.iter().all(|ok| *ok) {
         return Some(true);
     }
-    engine.core().handle_push_failed(push.upto_seq);
     if plan.fewest_targets() < needed {
-        problems.push(format!(
-            "the region has {} live node(s) that take copies, {needed} needed ({known} known, alive or not)",
-            candidates.len()
-        ));
+        problems.push(match routes.as_deref() {
+            Some(_) => format!(
+                "a key's partition has {} other live holder(s) here, {needed} needed",
+                plan.fewest_targets()
+            ),
+            None => format!(
+                "the region has {} live node(s) that take copies, {needed} needed ({known} known, alive or not)",
+                candidates.len()
+            ),
+        });
     }
     let problem = problems.join("; ");
     let confirmed = answered.iter().filter(|ok| **ok).count();

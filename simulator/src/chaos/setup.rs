@@ -74,6 +74,16 @@ pub(super) fn check_args(args: &ChaosArgs) -> anyhow::Result<Settings> {
         ),
         None => false,
     };
+    if let Some(rf) = args
+        .replication_factor
+        .filter(|rf| replicated && args.write_copies > *rf)
+    {
+        bail!(
+            "--durability replicated --write-copies {} needs --replication-factor at least {} (it is {rf}): a key's copies go only to nodes holding its partition",
+            args.write_copies,
+            args.write_copies
+        );
+    }
     let faults = schedule::parse_faults(args.faults.as_deref().unwrap_or(if partitioned {
         "kill,stop,partition,wipe,overlap,client,join,drain,remove"
     } else {

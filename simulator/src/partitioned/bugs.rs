@@ -27,6 +27,10 @@ pub enum PartitionBug {
     /// a slot written after a fold of the writer's slots for the folded one,
     /// drops it and answers `OK`.
     PushWithoutPhase,
+    /// In the core and the pusher: a key short of holders is copied to any
+    /// live node of the region, which takes a partition it does not hold
+    /// and drops it at its next purge (needs `--durability replicated`).
+    CopyToAnyNode,
     /// In the core: pulls are served live, not durable, state.
     ServeLiveState,
     /// In the core: a merge adds slots instead of taking the max.
@@ -58,6 +62,7 @@ impl PartitionBug {
             PartitionBug::TrimToEpochZero => "trim-to-epoch-zero",
             PartitionBug::RaiseCopiedFromNobody => "raise-copied-from-nobody",
             PartitionBug::PushWithoutPhase => "push-without-phase",
+            PartitionBug::CopyToAnyNode => "copy-to-any-node",
             _ => unreachable!("the other bugs are `tally-sim run`'s"),
         }
     }
@@ -96,6 +101,7 @@ impl PartitionBug {
             PartitionBug::TrimToEpochZero => Some(PlantedBug::TrimToEpochZero),
             PartitionBug::RaiseCopiedFromNobody => Some(PlantedBug::RaiseCopiedFromNobody),
             PartitionBug::PushWithoutPhase => Some(PlantedBug::PushWithoutPhase),
+            PartitionBug::CopyToAnyNode => Some(PlantedBug::CopyToAnyNode),
             _ => None,
         }
     }

@@ -227,10 +227,7 @@ impl PWorld<'_> {
             }
         };
         let replica = scoped.id();
-        let durable = match replicated {
-            true => scoped.core.replicated_seq(),
-            false => scoped.core.durable_seq(),
-        };
+        let durable = scoped.core.durable_seq();
         let live = scoped.core.cached_state(&self.key_names[key]).cloned();
         let writer = state.writer;
         if let Some(live) = live {
@@ -246,7 +243,14 @@ impl PWorld<'_> {
             self.ledger.delivered(add, replica);
         }
         let ticket = accepted.durable_at_seq;
-        if ticket <= durable {
+        let answered = match replicated {
+            true => {
+                let core = &self.nodes[node].scoped().core;
+                core.replicated_for(&self.key_names[key], ticket)
+            }
+            false => ticket <= durable,
+        };
+        if answered {
             self.reply(client, add, attempt, replica, ticket);
         } else {
             let state = &mut self.nodes[node];

@@ -3,22 +3,25 @@
 //! calls: after a commit leaves counters pending, one push at a time
 //! (`Replica::poll_push`) goes to the copies `copy_plan::plan_copies` picks
 //! from the node's routes (each key's other live owners first, then the
-//! nodes still handing its partition away, then other live nodes of the
-//! region that take copies); each copy merges it (`handle_copy_push`),
-//! commits it and answers only once that commit is durable; the push is
-//! confirmed when every group of counters has `write_copies - 1` copies
-//! that answered `OK`, and fails (retried after a doubling pause, on other
-//! copies) when they refused or did not answer in time. A replicated add is
-//! answered once the core's `replicated_seq` reaches its ticket, or
-//! `UNAVAILABLE` (fate unknown to its caller, who retries with the same
-//! idempotency key) when its wait runs past its deadline.
+//! nodes still handing its partition away, nobody else); each copy merges
+//! it (`handle_copy_push`, which refuses a partition it does not serve),
+//! commits it and answers only once that commit is durable; once every copy
+//! answered or the time ran out, the counters of each group that
+//! `write_copies - 1` copies confirmed are done, and the others are parked
+//! in the core until a retry after a doubling pause (the next push goes at
+//! once). A replicated add is answered once `Replica::replicated_for` says
+//! its counter is copied through its ticket, or `UNAVAILABLE` (fate unknown
+//! to its caller, who retries with the same idempotency key) when its wait
+//! runs past its deadline.
 //!
 //! Invariants kept and checked here: a push is confirmed only by distinct
 //! copies that each answered `OK` (an answer delivered twice counts once);
 //! a copy answers `OK` only when its last completed commit holds the pushed
 //! slot of the phase the pusher wrote it in (the checker's
 //! `copy_answered`, which takes that phase from the pusher's durable state,
-//! not from what the push says); and when a removal loses a writer's disk,
+//! not from what the push says), and only for a partition it serves (a
+//! copy elsewhere is purged while the writer's disk is the only other one
+//! holding the add); and when a removal loses a writer's disk,
 //! every add it acknowledged is held by another node (the checker's
 //! "acknowledged add lost to a wipe").
 
@@ -28,6 +31,7 @@ use tally_core::runtime::copy_plan::plan_copies_by_routes;
 use tally_node::partition::RouteTable;
 use tally_node::replica::CopyPush;
 
+use super::bugs::PartitionBug;
 use super::node::{CopyWaiter, PushInFlight};
 use super::world::{slot_of, Ev, Msg, PWorld};
 use crate::options::Durability;
@@ -49,7 +53,7 @@ impl PWorld<'_> {
     pub(super) fn pump_push(&mut self, node: usize) {
         let replicated = self.replicated();
         let state = &mut self.nodes[node];
-        if !replicated || !state.up || state.push.is_some() || state.push_retry_scheduled {
+        if !replicated || !state.up || state.push.is_some() {
             return;
         }
         let Some(push) = state.scoped_mut().core.poll_push() else {
@@ -66,9 +70,13 @@ impl PWorld<'_> {
             .into_iter()
             .map(|member| (member.node_name.clone(), member.grpc_addr.clone()))
             .collect();
+        // The planted bug `copy-to-any-node` plans as if every node of the
+        // region held every key (and its copies take what they get).
+        let any_node = self.options.bug == Some(PartitionBug::CopyToAnyNode);
         let routes = state
             .view
             .as_ref()
+            .filter(|_| !any_node)
             .map(|view| RouteTable::build(view, &state.name, |name| Some(name.to_string())));
         let plan = plan_copies_by_routes(
             push.counters.iter().map(|(key, ..)| key.as_bytes()),
@@ -103,7 +111,7 @@ impl PWorld<'_> {
         });
         let plan = &state.push.as_ref().expect("just set").plan;
         if plan.targets.is_empty() {
-            self.push_failed(node);
+            self.push_ended(node);
             return;
         }
         let parts: Vec<(usize, Msg)> = plan
@@ -137,33 +145,54 @@ impl PWorld<'_> {
         self.schedule(PUSH_TIMEOUT_MS, Ev::PushTimeout(node as u16, epoch, id));
     }
 
-    /// Node `node`'s push did not reach enough copies: its counters go into
-    /// the next push, after a pause.
-    fn push_failed(&mut self, node: usize) {
+    /// Node `node`'s push is over (every copy answered, or its time ran
+    /// out): the counters whose group enough copies confirmed are done, the
+    /// others parked in the core until a retry after a doubling pause, as
+    /// `tally-node`'s pusher does; the next push goes at once.
+    fn push_ended(&mut self, node: usize) {
+        let needed = self.options.write_copies - 1;
         let state = &mut self.nodes[node];
         let Some(push) = state.push.take() else {
             return;
         };
-        state.scoped_mut().core.handle_push_failed(push.upto_seq);
-        state.push_failures = state.push_failures.saturating_add(1);
-        state.push_retry_scheduled = true;
-        let pause = retry_pause_ms(state.push_failures);
-        let epoch = state.epoch;
-        self.copies.failed += 1;
-        self.trace.mix_all(&[node as u64, push.id, u64::MAX - 2]);
-        self.schedule(pause, Ev::PushRetry(node as u16, epoch));
+        let answered: Vec<bool> = push.answers.iter().map(|a| *a == Some(true)).collect();
+        let counters = push.plan.groups.iter().map(|(_, c)| c.len()).sum();
+        let confirmed = push.plan.confirmed_counters(&answered, needed, counters);
+        let core = &mut state.scoped_mut().core;
+        core.handle_push_partly_done(push.upto_seq, &confirmed);
+        if confirmed.iter().all(|ok| *ok) {
+            if !state.push_retry_scheduled && !state.scoped().core.has_parked() {
+                state.push_failures = 0;
+            }
+            self.copies.confirmed += 1;
+        } else {
+            state.push_failures = state.push_failures.saturating_add(1);
+            self.copies.failed += 1;
+            self.trace.mix_all(&[node as u64, push.id, u64::MAX - 2]);
+            if !state.push_retry_scheduled {
+                state.push_retry_scheduled = true;
+                let pause = retry_pause_ms(state.push_failures);
+                let epoch = state.epoch;
+                self.schedule(pause, Ev::PushRetry(node as u16, epoch));
+            }
+        }
+        self.answer_waiters(node);
+        self.pump_push(node);
     }
 
-    /// The pause after a failed push is over.
+    /// The pause after a failed push is over: its parked counters go into
+    /// the next push.
     pub(super) fn push_retry(&mut self, node: usize) {
-        self.nodes[node].push_retry_scheduled = false;
+        let state = &mut self.nodes[node];
+        state.push_retry_scheduled = false;
+        state.scoped_mut().core.retry_parked();
         self.pump_push(node);
     }
 
     /// Push `id` of node `node` timed out (a copy did not answer).
     pub(super) fn push_timeout(&mut self, node: usize, id: u64) {
         if self.nodes[node].push.as_ref().is_some_and(|p| p.id == id) {
-            self.push_failed(node);
+            self.push_ended(node);
         }
     }
 
@@ -184,16 +213,8 @@ impl PWorld<'_> {
         push.answers[target] = Some(ok);
         self.trace.mix_all(&[node as u64, id, ok as u64]);
         let confirmed: Vec<bool> = push.answers.iter().map(|a| *a == Some(true)).collect();
-        if push.plan.confirmed(&confirmed, needed) {
-            let upto_seq = push.upto_seq;
-            state.push = None;
-            state.push_failures = 0;
-            state.scoped_mut().core.handle_push_done(upto_seq);
-            self.copies.confirmed += 1;
-            self.answer_waiters(node);
-            self.pump_push(node);
-        } else if push.answers.iter().all(Option::is_some) {
-            self.push_failed(node);
+        if push.plan.confirmed(&confirmed, needed) || push.answers.iter().all(Option::is_some) {
+            self.push_ended(node);
         }
     }
 
@@ -266,6 +287,19 @@ impl PWorld<'_> {
             if let Some(index) = self.key_index(key) {
                 let pushed = (push.source, *slot, *epoch);
                 self.checker.copy_answered(self.now, writer, index, pushed);
+                // Only a holder keeps a copy until the owners hold it.
+                let partition = self.key_partition[index];
+                if !self.nodes[node].serves(partition) {
+                    self.checker.violate(
+                        self.now,
+                        "copy answered for a partition it does not hold",
+                        format!(
+                            "n{node} answered n{from}'s push of key {key} (partition {}), \
+                             which it does not serve: no owner pulls it from there",
+                            partition.0
+                        ),
+                    );
+                }
             }
         }
         self.copies.taken += 1;

@@ -187,6 +187,15 @@ impl PartitionedOptions {
                 self.write_copies, self.nodes_per_region
             ));
         }
+        if self.durability == Durability::Replicated
+            && self.write_copies > self.replication as usize
+        {
+            return Err(format!(
+                "--durability replicated --write-copies {} needs --replication-factor at least \
+                 {} (it is {}): a key's copies go only to nodes holding its partition",
+                self.write_copies, self.write_copies, self.replication
+            ));
+        }
         if self.keys == 0 || self.sync_interval_ms == 0 || self.duration_ms < 1_000 {
             return Err(
                 "--keys and --sync-interval-ms must be positive, --duration-ms at least 1000"

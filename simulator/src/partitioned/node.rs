@@ -182,6 +182,13 @@ impl PartNode {
         })
     }
 
+    /// Whether it serves `partition` (ready, or handing it away).
+    pub fn serves(&self, partition: Partition) -> bool {
+        self.node
+            .as_ref()
+            .is_some_and(|node| node.partitions.holdings().0.contains(partition))
+    }
+
     /// Whether it serves `partition` and is not handing it away.
     pub fn ready(&self, partition: Partition) -> bool {
         self.node.as_ref().is_some_and(|node| {

@@ -94,6 +94,18 @@ impl PWorld<'_> {
         let id = state.id();
         for (ticket, waiters) in ready {
             for (client, add, attempt) in waiters {
+                // A parked counter's adds wait for a push that confirms it.
+                let key = &self.key_names[self.ledger.adds[add as usize].key as usize];
+                let core = &self.nodes[node].scoped().core;
+                if replicated && !core.replicated_for(key, ticket) {
+                    let state = &mut self.nodes[node];
+                    state
+                        .waiting
+                        .entry(ticket)
+                        .or_default()
+                        .push((client, add, attempt));
+                    continue;
+                }
                 self.reply(client, add, attempt, id, ticket);
             }
         }

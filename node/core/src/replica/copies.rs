@@ -8,12 +8,19 @@
 //! time ([`Replica::poll_push`]) carries the durable own slot of every
 //! pending counter, however many adds each took, and its runtime reports
 //! back with [`Replica::handle_push_done`] or [`Replica::handle_push_failed`]
-//! (then the counters go into the next push). [`Replica::replicated_seq`]
-//! says up to which commit every replicated add is on its copies.
+//! (then the counters go into the next push), or with
+//! [`Replica::handle_push_partly_done`]: the counters it names as not
+//! confirmed (their key's partition had too few live holders to copy to)
+//! are *parked* until [`Replica::retry_parked`], and hold back only their
+//! own adds. [`Replica::replicated_seq`] says up to which commit every
+//! replicated add of an unparked counter is on its copies;
+//! [`Replica::replicated_for`] answers for one add.
 //!
-//! The copying side ([`Replica::handle_copy_push`]) merges the slots like a
-//! pulled chunk and says which of its own commits makes them durable; its
-//! runtime answers only then.
+//! The copying side ([`Replica::handle_copy_push`]) refuses a counter of a
+//! partition it does not serve (it would not keep it until the owners hold
+//! it: `runtime/copy_plan.rs`), merges the slots like a pulled chunk and
+//! says which of its own commits makes them durable; its runtime answers
+//! only then.
 //!
 //! A slot written after a fold of the writer's slots in the counter's
 //! partition (`fold_scoped.rs`: the partition moved away from it, was
@@ -36,8 +43,10 @@
 //! Invariants kept here: a push carries only durable state of this replica's
 //! own slot (2: it is built from `durable`, after the commit), so a copy never
 //! holds more of a slot than its writer could recover; `replicated_seq`
-//! never passes a commit whose replicated adds are not confirmed by the
-//! copies, and never passes `durable_seq`; a copy merges (max), so a push
+//! never passes a commit whose replicated adds of unparked counters are
+//! not confirmed by the copies (a failed commit's tickets included), and
+//! never passes `durable_seq`; a parked counter's adds are answered only
+//! once a push of it is confirmed; a copy merges (max), so a push
 //! received twice, late or out of order changes nothing more.
 
 use crate::crdt::{FoldError, FoldedBase, PnCounter, ReplicaId, Slot};
@@ -147,12 +156,23 @@ pub enum CopyRefused {
         /// Why.
         error: FoldError,
     },
+    /// A counter of a partition this node does not hold up to date: no
+    /// owner would pull it from here, and this node would drop it, so the
+    /// copy would not outlive the writer's disk.
+    #[error("copy push refused: this node does not hold partition {partition} of counter {key:?} up to date (it does not own it, or is still copying it in); the writer copies to the key's other owners, and to nodes handing the partition away")]
+    NotHeld {
+        /// The counter.
+        key: String,
+        /// Its partition.
+        partition: u32,
+    },
     /// A counter could not be loaded to merge into.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
 
-/// A counter waiting for a push, with the commit that made it wait.
+/// A counter waiting for a push, with the oldest ticket of an add of it
+/// that waits (the commit that made it wait, or the failed one before).
 type PendingCounter = (Key, u64);
 
 /// The taking side's book of what is still to be pushed.
@@ -168,8 +188,20 @@ pub(super) struct CopyBook {
     /// The push in flight: the durable sequence it covers, its counters and
     /// its records.
     in_flight: Option<(u64, Vec<PendingCounter>, Vec<IdempotencyRecord>)>,
-    /// Every replicated add with a ticket up to this is on its copies.
+    /// Every replicated add with a ticket up to this is on its copies,
+    /// except those of `parked` counters.
     replicated_seq: u64,
+    /// Counters whose last push was not confirmed while others of it
+    /// were (their key's partition had too few holders to copy to), with
+    /// the oldest commit of theirs no copy confirmed: they no longer hold
+    /// back `replicated_seq`, and their adds are answered only once a push
+    /// of them is confirmed ([`Replica::replicated_for`]).
+    parked: std::collections::HashMap<Key, u64>,
+    /// Parked counters waiting for [`Replica::retry_parked`].
+    retry: Vec<PendingCounter>,
+    /// The ticket of the oldest replicated add whose commit failed, until
+    /// the commit that holds it instead is noted.
+    failed_floor: Option<u64>,
 }
 
 impl CopyBook {
@@ -207,14 +239,42 @@ impl Replica {
     }
 
     /// Every add acknowledged in `replicated` mode with a ticket up to this
-    /// is durable on its copies (never above [`Replica::durable_seq`]).
+    /// is durable on its copies (never above [`Replica::durable_seq`]),
+    /// unless its counter is parked: a runtime that reports pushes with
+    /// [`Replica::handle_push_partly_done`] answers each add with
+    /// [`Replica::replicated_for`].
     pub fn replicated_seq(&self) -> u64 {
         self.copies.replicated_seq
     }
 
-    /// Counters waiting for a push, and whether a push is in flight.
+    /// Whether a replicated add to `key` with ticket `ticket` is durable on
+    /// its copies.
+    pub fn replicated_for(&self, key: &str, ticket: u64) -> bool {
+        self.copies.replicated_seq >= ticket
+            && self
+                .copies
+                .parked
+                .get(key)
+                .is_none_or(|oldest| *oldest > ticket)
+    }
+
+    /// Whether parked counters wait for [`Replica::retry_parked`].
+    pub fn has_parked(&self) -> bool {
+        !self.copies.retry.is_empty()
+    }
+
+    /// The parked counters go into the next push (the runtime calls this
+    /// once its pause after a failed push is over).
+    pub fn retry_parked(&mut self) {
+        let retry = std::mem::take(&mut self.copies.retry);
+        self.copies.pending.extend(retry);
+    }
+
+    /// Counters waiting for a push (parked ones included), and whether a
+    /// push is in flight.
     pub fn copies_pending(&self) -> (usize, bool) {
-        (self.copies.pending.len(), self.copies.in_flight.is_some())
+        let waiting = self.copies.pending.len() + self.copies.retry.len();
+        (waiting, self.copies.in_flight.is_some())
     }
 
     /// Called by `handle_commit_done` for the committed counters and
@@ -228,6 +288,12 @@ impl Replica {
     ) {
         if self.copies.wanted_seq >= seq {
             self.copies.records.extend(records);
+            // A failed commit's adds are in this one, with their tickets.
+            let seq = self
+                .copies
+                .failed_floor
+                .take()
+                .map_or(seq, |floor| floor.min(seq));
             let own = self.identity.replica;
             for key in keys {
                 let Some(entry) = self.counters.get_mut(key) else {
@@ -243,19 +309,36 @@ impl Replica {
         self.advance_replicated();
     }
 
-    /// A failed commit's adds go into the next one: so does the want.
+    /// A failed commit's adds go into the next one: so does the want, and
+    /// their tickets (this `seq`) hold `replicated_seq` back until the
+    /// commit that holds them is noted.
     pub(super) fn note_commit_failed_for_copies(&mut self, seq: u64) {
         if self.copies.wanted_seq >= seq {
             self.copies.wanted_seq = self.copies.wanted_seq.max(self.last_seq + 1);
+            let floor = self.copies.failed_floor.get_or_insert(seq);
+            *floor = (*floor).min(seq);
         }
     }
 
+    /// Raises `replicated_seq` to the commit before the oldest one whose
+    /// counters (parked ones aside) no copy confirmed yet; with none, to
+    /// the durable sequence (commits without replicated adds need no copy).
     fn advance_replicated(&mut self) {
-        if self.copies.pending.is_empty() && self.copies.in_flight.is_none() {
-            // Nothing of a replicated commit waits: every one is confirmed
-            // (commits without replicated adds need no copy).
-            self.copies.replicated_seq = self.durable_seq;
-        }
+        let copies = &self.copies;
+        let in_flight = copies.in_flight.iter().flat_map(|(_, keys, _)| keys);
+        let oldest = copies
+            .pending
+            .iter()
+            .chain(in_flight)
+            .filter(|(key, _)| !copies.parked.contains_key(key))
+            .map(|(_, seq)| *seq)
+            .min();
+        let oldest = oldest.into_iter().chain(copies.failed_floor).min();
+        let covered = oldest.map_or(self.durable_seq, |seq| seq - 1);
+        self.copies.replicated_seq = self
+            .copies
+            .replicated_seq
+            .max(covered.min(self.durable_seq));
     }
 
     /// Hands out the next push: the durable own slot of the pending
@@ -331,17 +414,50 @@ impl Replica {
             return;
         };
         for (key, _) in keys {
+            self.copies.parked.remove(&key);
             if let Some(entry) = self.counters.get_mut(&key) {
                 entry.copy_in_flight = false;
             }
         }
         // Counters left for a later push (the push was split) hold back
         // every commit from the oldest of them on.
-        let covered = match self.copies.pending.iter().map(|(_, seq)| *seq).min() {
-            Some(oldest) => upto_seq.min(oldest.saturating_sub(1)),
-            None => upto_seq,
+        self.advance_replicated();
+    }
+
+    /// The push in flight is durable on enough copies for the counters
+    /// `confirmed` says (one flag per counter of the push, in its order),
+    /// not for the others: those are *parked*, set aside until
+    /// [`Replica::retry_parked`], and hold back only their own adds (a key
+    /// whose partition has too few live holders to copy to does not stall
+    /// every replicated add of this node).
+    pub fn handle_push_partly_done(&mut self, upto_seq: u64, confirmed: &[bool]) {
+        let Some((_, keys, records)) = self
+            .copies
+            .in_flight
+            .take_if(|(upto, ..)| *upto == upto_seq)
+        else {
+            return;
         };
-        self.copies.replicated_seq = self.copies.replicated_seq.max(covered);
+        if confirmed.iter().any(|ok| !ok) {
+            // Records ride again (a copy keeps a record once).
+            self.copies.records.extend(records);
+        }
+        for (index, (key, seq)) in keys.into_iter().enumerate() {
+            let Some(entry) = self.counters.get_mut(&key) else {
+                continue;
+            };
+            entry.copy_in_flight = false;
+            if confirmed.get(index).copied().unwrap_or(false) {
+                self.copies.parked.remove(&key);
+                continue;
+            }
+            let oldest = self.copies.parked.entry(key.clone()).or_insert(seq);
+            *oldest = (*oldest).min(seq);
+            if !entry.copy_pending {
+                entry.copy_pending = true;
+                self.copies.retry.push((key, seq));
+            }
+        }
         self.advance_replicated();
     }
 
@@ -419,6 +535,19 @@ impl Replica {
                 return Err(CopyRefused::DuplicateKey(key.to_string()));
             }
         }
+        // Only a node that serves the key's partition keeps it until its
+        // owners hold it (invariant 8); see `runtime/copy_plan.rs`.
+        #[cfg(feature = "planted-bugs")]
+        let takes_any = self.config.planted_bug == Some(super::PlantedBug::CopyToAnyNode);
+        #[cfg(not(feature = "planted-bugs"))]
+        let takes_any = false;
+        for (key, ..) in &push.counters {
+            if let Err(AddRefused::NotServed { key, partition }) = self.check_served(key) {
+                if !takes_any {
+                    return Err(CopyRefused::NotHeld { key, partition });
+                }
+            }
+        }
         // Merged as a pulled chunk is: a folded writer's slot is dropped.
         let book = self.folds.shared_book();
         let incoming =
@@ -484,10 +613,10 @@ impl Replica {
             }
             ticket = ticket.max(holds);
         }
-        // A copy of a partition this node does not keep (a top-up, or a
-        // sender that did not yet see this node release it) is durable like
-        // any other, but no owner pulls it from here: a purge pass drops it
-        // once it is committed, keeping this node's own slot.
+        // A copy of a partition this node does not keep (only with the
+        // planted bug `CopyToAnyNode`: the check above refuses it) is
+        // durable like any other, but no owner pulls it from here: a purge
+        // pass drops it once it is committed, keeping this node's own slot.
         if let Some(seq) = strays_at {
             self.purge_strays_at(seq, strays_from);
         }

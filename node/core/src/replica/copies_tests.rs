@@ -520,3 +520,81 @@ fn a_copy_of_a_partition_not_kept_is_durable_then_purged_to_the_own_slot() {
         "the kept key's copy stays"
     );
 }
+
+#[test]
+fn a_counter_short_of_holders_is_parked_and_holds_back_only_its_own_adds() {
+    let mut a = Node::new(1, "eu");
+    let short = a.add_as("short", 1, true, None);
+    let fine = a.add_as("fine", 2, true, None);
+    a.commit();
+    let push = a.replica.poll_push().unwrap();
+    let keys: Vec<&str> = push.counters.iter().map(|(key, ..)| key.as_ref()).collect();
+    let confirmed: Vec<bool> = keys.iter().map(|key| *key == "fine").collect();
+    a.replica.handle_push_partly_done(push.upto_seq, &confirmed);
+    assert!(
+        a.replica.replicated_for("fine", fine),
+        "its copy confirmed it"
+    );
+    assert!(
+        !a.replica.replicated_for("short", short),
+        "no copy holds it"
+    );
+    assert!(
+        a.replica.replicated_seq() >= fine,
+        "the parked counter stalls nothing"
+    );
+    // It waits for the runtime's pause: the next adds go on without it.
+    assert!(a.replica.has_parked());
+    let later = a.add_as("other", 1, true, None);
+    a.commit();
+    let push = a.replica.poll_push().unwrap();
+    assert_eq!(push.counters.len(), 1, "{push:?}");
+    a.replica.handle_push_done(push.upto_seq);
+    assert!(a.replica.replicated_for("other", later));
+    // A later add of the parked counter waits with it.
+    let again = a.add_as("short", 1, true, None);
+    a.commit();
+    assert!(!a.replica.replicated_for("short", again));
+    a.replica.retry_parked();
+    assert!(!a.replica.has_parked());
+    let retry = a.replica.poll_push().unwrap();
+    assert_eq!(
+        retry.counters,
+        vec![("short".into(), slot(2), FoldedBase::default())]
+    );
+    assert!(
+        !a.replica.replicated_for("short", short),
+        "not until confirmed"
+    );
+    a.replica.handle_push_partly_done(retry.upto_seq, &[true]);
+    assert!(a.replica.replicated_for("short", short));
+    assert!(a.replica.replicated_for("short", again));
+    assert_eq!(a.replica.copies_pending(), (0, false));
+}
+
+#[test]
+fn a_copy_refuses_a_push_of_a_partition_it_does_not_serve_and_merges_nothing() {
+    use crate::partition::{PartitionCount, PartitionSet};
+    let (mut a, mut b) = (Node::new(1, "eu"), Node::new(2, "eu"));
+    a.add_as("votes", 3, true, None);
+    a.add_as("views", 1, true, None);
+    a.commit();
+    let push = a.replica.poll_push().unwrap();
+    let count = PartitionCount::new(8).unwrap();
+    let votes = count.of_key(b"votes");
+    let mut serving = PartitionSet::empty(count);
+    serving.insert(votes);
+    b.replica.set_serving(Some(serving.clone()));
+    b.replica.set_kept(Some(serving));
+    assert_ne!(count.of_key(b"views"), votes, "the keys' partitions differ");
+    match b.replica.handle_copy_push(1, &b.store, &push) {
+        Err(CopyRefused::NotHeld { key, .. }) => assert_eq!(key, "views"),
+        other => panic!("expected NotHeld, got {other:?}"),
+    }
+    assert!(b.replica.handle_get(1, &b.store, "votes").is_ok());
+    assert_eq!(
+        b.store.load_counter("votes").unwrap(),
+        None,
+        "nothing merged"
+    );
+}

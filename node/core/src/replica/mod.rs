@@ -122,6 +122,11 @@ pub enum PlantedBug {
     /// takes it for the folded phase, drops it and answers `OK` (the first
     /// defect of issue 42).
     PushWithoutPhase,
+    /// A copy takes a push of a partition it does not hold (and drops it
+    /// at its next purge), and the pusher tops a key short of holders up
+    /// with any live node of the region: a replicated add acknowledged on
+    /// such a copy is on one disk once the copy is purged.
+    CopyToAnyNode,
 }
 
 impl Default for ReplicaConfig {

@@ -1,26 +1,26 @@
 //! Which nodes a push of replicated durability goes to (issue 11 with issue
-//! 12): each counter's copies are its key's **other live owners** in the
-//! region, so that the nodes holding a replicated add are the ones that
-//! serve, sync and hand off its partition. A copy on a node that does not
-//! own the key is never pulled by the owners (pulls are scoped to the
-//! partitions a peer holds) and is dropped by that node's next purge (it
-//! starts one when such a copy arrives: `replica/copies.rs`).
+//! 12, and issue 42): each counter's copies are nodes that **hold its
+//! key's partition up to date**, so that a replicated add outlives the
+//! taking node's disk: the key's other live owners, which serve, sync and
+//! hand off its partition, and then the nodes still handing it away, which
+//! delete it only once every owner confirmed holding their state of it
+//! (invariant 8). A node that does not hold the partition refuses the copy
+//! (`replica/copies.rs`): no owner would ever pull it from there, and it
+//! would drop it.
 //!
 //! - A counter needs `needed` copies (`--write-copies` less this node).
 //!   They are taken from its other live owners that hold it caught up and
 //!   take copies, starting at the `turn`-th (successive pushes spread over
-//!   them, and a retry after a failure tries others).
-//! - When a key has fewer such owners than `needed` (RF below
+//!   them, and a retry after a failure tries others), then from the nodes
+//!   still holding it as releasing.
+//! - When a key has fewer such holders than `needed` (RF below
 //!   `--write-copies`, an owner down or still copying the partition in),
-//!   the next are the nodes still holding it as releasing (its new owners
-//!   pull from them until they confirm), then other live nodes of the
-//!   region, as before partitioned regions: the add is acknowledged as
-//!   available as it was; such a copy sits on a node that does not keep the
-//!   key's partition, which no owner pulls from and which purges it once
-//!   durable (`node/ALGORITHM.md`, "Replicated durability: copies"), so it
-//!   guards against nothing once the writer's disk is gone.
-//! - With no routes (one node in the region, or no view yet) every counter
-//!   takes the region's candidates in turn.
+//!   its group has fewer targets than it needs and the push is not
+//!   confirmed: its adds wait, and fail `UNAVAILABLE` once their wait is
+//!   over, never acknowledged on fewer disks than asked.
+//! - With no routes (one node in the region, no view yet, or every key
+//!   served here: every node of the region holds every partition) every
+//!   counter takes the region's candidates in turn.
 //!
 //! Counters with the same copies form a group; each node is sent one call
 //! with the counters of every group it is a copy for, and a group is
@@ -66,6 +66,26 @@ impl CopyPlan {
         })
     }
 
+    /// Per counter of the push (`counters` of them), whether its group has
+    /// `needed` targets among `confirmed`.
+    pub fn confirmed_counters(
+        &self,
+        confirmed: &[bool],
+        needed: usize,
+        counters: usize,
+    ) -> Vec<bool> {
+        let mut done = vec![false; counters];
+        for (targets, members) in &self.groups {
+            let answered = targets.iter().filter(|target| confirmed[**target]).count();
+            if answered >= needed {
+                for counter in members {
+                    done[*counter] = true;
+                }
+            }
+        }
+        done
+    }
+
     /// The fewest targets any group has (what a failure reports).
     pub fn fewest_targets(&self) -> usize {
         self.groups
@@ -96,7 +116,8 @@ pub fn plan_copies_by_routes<'k>(
 
 /// Plans a push of the counters `keys`: `other_holders(key)` names a key's
 /// other live owners in route order and the other live nodes that still
-/// hold it as releasing (`None`: the region has no routes);
+/// hold it as releasing (`None`: the region has no routes, and every
+/// candidate holds every key);
 /// `candidates` are the region's live nodes that take copies, in the
 /// rotation's order for this `turn`.
 pub fn plan_copies<'k>(
@@ -109,7 +130,9 @@ pub fn plan_copies<'k>(
     let mut groups: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
     for (index, key) in keys.enumerate() {
         let mut chosen: Vec<usize> = Vec::with_capacity(needed);
-        let (owners, releasing) = other_holders(key).unwrap_or_default();
+        let holders = other_holders(key);
+        let routed = holders.is_some();
+        let (owners, releasing) = holders.unwrap_or_default();
         let known = |names: &[String]| -> Vec<usize> {
             names
                 .iter()
@@ -126,7 +149,13 @@ pub fn plan_copies<'k>(
         }
         // Then the nodes handing the partition away: their new owners copy
         // from them until they confirm, then the copy goes with the rest.
-        for candidate in known(&releasing).into_iter().chain(0..candidates.len()) {
+        // With no routes, every node of the region holds every key.
+        let others: Vec<usize> = if routed {
+            known(&releasing)
+        } else {
+            (0..candidates.len()).collect()
+        };
+        for candidate in others {
             if chosen.len() >= needed {
                 break;
             }
@@ -211,8 +240,9 @@ mod tests {
     }
 
     #[test]
-    fn too_few_owners_are_topped_up_from_the_region() {
-        // b-keys have one other owner, two copies are needed: c and one more.
+    fn a_key_short_of_holders_gets_only_its_holders() {
+        // b-keys have one other owner, two copies are needed: c alone, and
+        // the group is short (never d, which does not hold the partition).
         let keys: Vec<&[u8]> = vec![b"b1"];
         let plan = plan_copies(
             keys.into_iter(),
@@ -221,18 +251,27 @@ mod tests {
             2,
             0,
         );
-        let chosen = names(&plan, &plan.groups[0].0);
-        assert!(chosen.contains(&"c".to_string()), "{chosen:?}");
-        assert_eq!(chosen.len(), 2);
-        // No owner holds it caught up: the node handing it away first.
+        assert_eq!(names(&plan, &plan.groups[0].0), vec!["c"], "{plan:?}");
+        assert_eq!(plan.fewest_targets(), 1);
+        assert!(
+            !plan.confirmed(&[true], 2),
+            "one holder cannot confirm two copies"
+        );
+        // No owner holds it caught up: the node handing it away.
         assert_eq!(copies_of(b"r1", &["b", "c", "d"], 1, 0), vec!["d"]);
-        // No owner alive, or no routes: the region's candidates in turn.
+        assert_eq!(copies_of(b"r1", &["b", "c", "d"], 2, 0), vec!["d"]);
+        // No owner alive: no copy at all, whoever else is live.
         let keys: Vec<&[u8]> = vec![b"z1"];
         let plan = plan_copies(keys.into_iter(), owners, &candidates(&["d", "b"]), 1, 0);
-        assert_eq!(names(&plan, &plan.groups[0].0), vec!["d"]);
+        assert!(plan.targets.is_empty(), "{plan:?}");
+        assert_eq!(plan.fewest_targets(), 0);
+        // No routes (every node holds every key): the candidates in turn.
         let keys: Vec<&[u8]> = vec![b"a1"];
         let plan = plan_copies(keys.into_iter(), |_| None, &candidates(&["d", "b"]), 1, 0);
         assert_eq!(names(&plan, &plan.groups[0].0), vec!["d"]);
+        let keys: Vec<&[u8]> = vec![b"a1"];
+        let plan = plan_copies(keys.into_iter(), |_| None, &candidates(&["d", "b"]), 2, 1);
+        assert_eq!(names(&plan, &plan.groups[0].0), vec!["d", "b"]);
     }
 
     #[test]
