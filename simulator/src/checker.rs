@@ -429,6 +429,25 @@ impl Checker {
         self.forgotten[index] = true;
     }
 
+    /// Node `node`, forgotten `key` (see [`Self::forget`]), holds `stored`
+    /// of it on disk: a later copy or pull that merges nothing new is
+    /// durable there as far as `stored` goes. Its own slot's mark stays.
+    pub fn stored_unchecked(&mut self, node: usize, key: usize, stored: &PnCounter) {
+        let index = node * self.keys + key;
+        let own = self.node_ids[node];
+        let mark = self.durable[index].slot(own);
+        let slot = stored.slot(own);
+        let top = Slot {
+            p: mark.p.max(slot.p),
+            n: mark.n.max(slot.n),
+        };
+        let slots = stored.slots().iter().copied().filter(|(r, _)| *r != own);
+        let own_slot = [(own, top)]
+            .into_iter()
+            .filter(|(_, s)| *s != Slot::default());
+        self.durable[index] = PnCounter::from_parts(slots.chain(own_slot), stored.folded());
+    }
+
     /// Node `node` trims `key` to its own slot (a purge of a partition it no
     /// longer keeps): what it held of the others is not compared with what
     /// it holds next, but its own slot and the state's fold epoch and base

@@ -530,17 +530,22 @@ impl<'a> PWorld<'a> {
         let names = &self.key_names;
         let partitions = &self.key_partition;
         // What it keeps comes back whole; of the rest it may hold its own
-        // slots, or nothing (a purge): not checked.
+        // slots, all it held (a crash before the purge), or nothing: not
+        // checked, but what its disk holds is what it holds from now on.
+        let stored = |key: usize| {
+            store
+                .load_counter(&names[key])
+                .ok()
+                .flatten()
+                .map(|stored| stored.state)
+                .unwrap_or_default()
+        };
         self.checker.restarted_holding(self.now, writer, id, |key| {
-            state.keeps(partitions[key]).then(|| {
-                store
-                    .load_counter(&names[key])
-                    .ok()
-                    .flatten()
-                    .map(|stored| stored.state)
-                    .unwrap_or_default()
-            })
+            state.keeps(partitions[key]).then(|| stored(key))
         });
+        for key in (0..names.len()).filter(|key| !state.keeps(partitions[*key])) {
+            self.checker.stored_unchecked(writer, key, &stored(key));
+        }
         self.start_timers(node);
     }
 
