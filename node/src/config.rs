@@ -252,7 +252,9 @@ pub struct RunArgs {
     #[arg(long, env = "TALLY_DURABILITY", value_enum)]
     pub durability: Option<Durability>,
     /// Nodes of the region that hold a `replicated` add before it is acknowledged,
-    /// this one included (2 to 7); in a region with fewer nodes, replicated adds are refused
+    /// this one included (2 to 7); in a partitioned region these are nodes holding the key's
+    /// partition, so keep --replication-factor at least as high. In a region with fewer nodes,
+    /// or a partitioned one with a lower factor, replicated adds are refused
     /// (FAILED_PRECONDITION) before they are applied. [default: 2]
     #[arg(long, env = "TALLY_WRITE_COPIES")]
     pub write_copies: Option<usize>,
