@@ -5,6 +5,7 @@
 use super::*;
 use crate::crdt::{FoldedBase, PnCounter, Slot};
 use crate::replica::tests::Node;
+use crate::replica::CopyRefused;
 use crate::replica::{Identity, ReplicaConfig};
 use crate::storage::{MemoryStore, Store};
 

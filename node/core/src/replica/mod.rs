@@ -15,6 +15,7 @@
 
 pub mod convergence;
 mod copies;
+mod copies_taken;
 mod directory;
 pub mod fold_partitions;
 mod fold_waits;
@@ -43,7 +44,8 @@ use crate::partition::Partition;
 use directory::Directory;
 use folds::Folds;
 
-pub use copies::{CopyAccepted, CopyPush, CopyRefused, MAX_PUSH_COUNTERS};
+pub use copies::{CopyPush, MAX_PUSH_COUNTERS};
+pub use copies_taken::{CopyAccepted, CopyRefused};
 pub use idempotency::{legacy_idempotency_id, request_fingerprint, IdHasher, IdempotencyTable};
 pub use idempotency_sync::{RecordsCursor, RecordsRead, MAX_CHUNK_RECORDS, RECORD_BYTES};
 pub use identity::{check_name, establish, IdentityError, MAX_NAME_BYTES};

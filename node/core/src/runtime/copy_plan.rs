@@ -5,7 +5,7 @@
 //! hand off its partition, and then the nodes still handing it away, which
 //! delete it only once every owner confirmed holding their state of it
 //! (invariant 8). A node that does not hold the partition refuses the copy
-//! (`replica/copies.rs`): no owner would ever pull it from there, and it
+//! (`replica/copies_taken.rs`): no owner would ever pull it from there, and it
 //! would drop it.
 //!
 //! - A counter needs `needed` copies (`--write-copies` less this node).
