@@ -254,11 +254,7 @@ impl PWorld<'_> {
             self.reply(client, add, attempt, replica, ticket);
         } else {
             let state = &mut self.nodes[node];
-            state
-                .waiting
-                .entry(ticket)
-                .or_default()
-                .push((client, add, attempt));
+            state.wait_for(ticket, (client, add, attempt));
             if replicated {
                 let epoch = state.epoch;
                 let wait = self.copy_wait_ms();

@@ -182,6 +182,11 @@ impl PartNode {
         })
     }
 
+    /// An add (see [`Waiter`]) waits for the commit or push of `ticket`.
+    pub fn wait_for(&mut self, ticket: u64, waiter: Waiter) {
+        self.waiting.entry(ticket).or_default().push(waiter);
+    }
+
     /// Whether it serves `partition` (ready, or handing it away).
     pub fn serves(&self, partition: Partition) -> bool {
         self.node

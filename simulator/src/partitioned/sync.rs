@@ -98,12 +98,7 @@ impl PWorld<'_> {
                 let key = &self.key_names[self.ledger.adds[add as usize].key as usize];
                 let core = &self.nodes[node].scoped().core;
                 if replicated && !core.replicated_for(key, ticket) {
-                    let state = &mut self.nodes[node];
-                    state
-                        .waiting
-                        .entry(ticket)
-                        .or_default()
-                        .push((client, add, attempt));
+                    self.nodes[node].wait_for(ticket, (client, add, attempt));
                     continue;
                 }
                 self.reply(client, add, attempt, id, ticket);

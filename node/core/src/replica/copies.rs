@@ -315,22 +315,12 @@ impl Replica {
 
     /// The push in flight is durable on enough copies.
     pub fn handle_push_done(&mut self, upto_seq: u64) {
-        let Some((_, keys, _)) = self
+        let counters = self
             .copies
             .in_flight
-            .take_if(|(upto, ..)| *upto == upto_seq)
-        else {
-            return;
-        };
-        for (key, _) in keys {
-            self.copies.parked.remove(&key);
-            if let Some(entry) = self.counters.get_mut(&key) {
-                entry.copy_in_flight = false;
-            }
-        }
-        // Counters left for a later push (the push was split) hold back
-        // every commit from the oldest of them on.
-        self.advance_replicated();
+            .as_ref()
+            .map_or(0, |(_, keys, _)| keys.len());
+        self.handle_push_partly_done(upto_seq, &vec![true; counters]);
     }
 
     /// The push in flight is durable on enough copies for the counters
@@ -367,6 +357,8 @@ impl Replica {
                 self.copies.retry.push((key, seq));
             }
         }
+        // Counters left for a later push (the push was split) hold back
+        // every commit from the oldest of them on.
         self.advance_replicated();
     }
 
