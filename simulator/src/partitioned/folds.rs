@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use tally_node::crdt::{FoldRecord, ReplicaId, Slot};
+use tally_node::crdt::{FoldError, FoldRecord, ReplicaId, Slot};
 
 use super::node::PartNode;
 use super::world::{Ev, PWorld};
@@ -59,7 +59,17 @@ impl PWorld<'_> {
         }
         let records = match core.handle_fold_round(now, &name, &members, retire_after) {
             Ok(records) => records,
-            Err(_) => {
+            Err(FoldError::Gap { .. }) => {
+                // A record ahead of one not learned yet waits for it.
+                self.stats.fold_errors += 1;
+                Vec::new()
+            }
+            Err(refused) => {
+                self.checker.violate(
+                    self.now,
+                    "fold round refused a record",
+                    format!("n{node}: {refused}"),
+                );
                 self.stats.fold_errors += 1;
                 Vec::new()
             }
