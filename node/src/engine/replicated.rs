@@ -177,49 +177,41 @@ impl Engine {
         });
     }
 
-    /// The last push to the copies failed: what it reached, for the error
-    /// of an add that gives up.
-    pub fn note_copy_failure(&self, attempt: CopyAttempt) {
+    /// A push to the copies ended (the core knows which counters it
+    /// confirmed): wakes the replicated adds that wait, counts it, and
+    /// keeps what a failed one reached for the error of an add that gives
+    /// up (`failure`; `None` when every counter was confirmed).
+    pub fn note_push_ended(&self, failure: Option<CopyAttempt>) {
+        let replicated = self.core().replicated_seq();
+        self.wake_replicated_waiters(replicated);
+        let reason = if failure.is_some() {
+            "failed"
+        } else {
+            "confirmed"
+        };
         self.metrics
             .copy_pushes
             .get_or_create(&crate::metrics::ReasonLabels {
-                reason: "failed".into(),
+                reason: reason.into(),
             })
             .inc();
+        let confirmed = failure.is_none();
         *self
             .copies
             .last_failure
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(attempt);
+            .unwrap_or_else(|p| p.into_inner()) = failure;
+        if confirmed {
+            // More may have gathered meanwhile.
+            self.wake_copier();
+        }
     }
 
-    /// A push to the copies was confirmed for the counters `confirmed`
-    /// says (one flag per counter of the push; the others are parked):
-    /// moves the core's `replicated_seq`.
-    pub fn note_copy_done(&self, upto_seq: u64, confirmed: &[bool]) {
-        let replicated = {
-            let mut core = self.core();
-            core.handle_push_partly_done(upto_seq, confirmed);
-            core.replicated_seq()
-        };
-        self.wake_replicated_waiters(replicated);
-        if confirmed.iter().any(|ok| !ok) {
-            return;
-        }
-        self.metrics
-            .copy_pushes
-            .get_or_create(&crate::metrics::ReasonLabels {
-                reason: "confirmed".into(),
-            })
-            .inc();
-        *self
-            .copies
-            .last_failure
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = None;
-        self.publish_replicated(replicated);
-        // More may have gathered meanwhile.
-        self.wake_copier();
+    /// A push taken from the core by hand (tests) was confirmed.
+    #[cfg(test)]
+    pub fn note_copy_done(&self, upto_seq: u64) {
+        self.core().handle_push_done(upto_seq);
+        self.note_push_ended(None);
     }
 
     /// Waits until the replicated adds to `keys` up to `ticket` are durable

@@ -417,7 +417,7 @@ async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reache
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    engine.note_copy_done(push.upto_seq, &vec![true; push.counters.len()]);
+    engine.note_copy_done(push.upto_seq);
     // The first push may predate the retry's commit: confirm until it is answered.
     let accepted = loop {
         if retry.is_finished() {
@@ -426,7 +426,7 @@ async fn a_replicated_add_without_copies_fails_unavailable_naming_what_it_reache
         // (The core's guard must be gone before the push is confirmed.)
         let push = engine.core().poll_push();
         if let Some(push) = push {
-            engine.note_copy_done(push.upto_seq, &vec![true; push.counters.len()]);
+            engine.note_copy_done(push.upto_seq);
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };

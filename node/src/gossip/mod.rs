@@ -17,4 +17,4 @@ pub mod sealed_transport;
 
 // Moved whole to tally-core (issue 42, item 2); these keep the
 // `tally_node::gossip::...` and `super::...` paths working.
-pub use tally_core::runtime::{copy_plan, copy_sessions, fold_report};
+pub use tally_core::runtime::{copy_plan, copy_sessions, fold_report, pusher};

@@ -27,15 +27,15 @@
 
 use std::sync::Arc;
 
-use tally_core::runtime::copy_plan::plan_copies_by_routes;
 use tally_node::partition::RouteTable;
-use tally_node::replica::CopyPush;
 
 use super::bugs::PartitionBug;
-use super::node::{CopyWaiter, PushInFlight};
+use super::node::CopyWaiter;
 use super::world::{slot_of, Ev, Msg, PWorld};
 use crate::options::Durability;
-use crate::world::{copy_wait_ms, retry_pause_ms, PUSH_TIMEOUT_MS};
+use tally_core::runtime::pusher::PUSH_TIMEOUT_MS;
+
+use crate::world::copy_wait_ms;
 
 impl PWorld<'_> {
     /// Whether adds are acknowledged only once their copies hold them.
@@ -48,28 +48,14 @@ impl PWorld<'_> {
         copy_wait_ms(self.options.client_timeout_ms)
     }
 
-    /// Sends node `node`'s next push if none is in flight, no retry pause
-    /// runs, and its core has counters waiting for their copies.
+    /// Sends node `node`'s next push if none is in flight and its core has
+    /// counters waiting for their copies (the core's pusher plans it).
     pub(super) fn pump_push(&mut self, node: usize) {
         let replicated = self.replicated();
         let state = &mut self.nodes[node];
-        if !replicated || !state.up || state.push.is_some() {
+        if !replicated || !state.up {
             return;
         }
-        let Some(push) = state.scoped_mut().core.poll_push() else {
-            return;
-        };
-        let needed = self.options.write_copies - 1;
-        let turn = state.push_turn;
-        state.push_turn = state.push_turn.wrapping_add(1);
-        let scoped = state.scoped();
-        let candidates: Vec<(String, String)> = scoped
-            .core
-            .peers()
-            .choose_copies(&state.region, usize::MAX, turn)
-            .into_iter()
-            .map(|member| (member.node_name.clone(), member.grpc_addr.clone()))
-            .collect();
         // The planted bug `copy-to-any-node` plans as if every node of the
         // region held every key (and its copies take what they get).
         let any_node = self.options.bug == Some(PartitionBug::CopyToAnyNode);
@@ -78,143 +64,105 @@ impl PWorld<'_> {
             .as_ref()
             .filter(|_| !any_node)
             .map(|view| RouteTable::build(view, &state.name, |name| Some(name.to_string())));
-        let plan = plan_copies_by_routes(
-            push.counters.iter().map(|(key, ..)| key.as_bytes()),
-            routes.as_ref(),
-            &candidates,
-            needed,
-            turn,
-        );
-        // What the pusher's durable state held of each counter: the phase
-        // the checker holds a copy's answer to.
-        let writer = state.writer;
-        let epochs: Vec<u64> = push
-            .counters
-            .iter()
-            .map(|(key, ..)| {
-                self.key_index(key)
-                    .map_or(0, |index| self.checker.durable_epoch(writer, index))
-            })
-            .collect();
-        let id = self.next_push;
-        self.next_push += 1;
-        self.copies.pushes += 1;
-        self.trace
-            .mix_all(&[node as u64, id, push.upto_seq, plan.targets.len() as u64]);
-        let state = &mut self.nodes[node];
-        let epoch = state.epoch;
-        state.push = Some(PushInFlight {
-            id,
-            upto_seq: push.upto_seq,
-            answers: vec![None; plan.targets.len()],
-            plan,
-        });
-        let plan = &state.push.as_ref().expect("just set").plan;
-        if plan.targets.is_empty() {
-            self.push_ended(node);
-            return;
-        }
-        let parts: Vec<(usize, Msg)> = plan
-            .targets
-            .iter()
-            .enumerate()
-            .map(|(index, (name, _))| {
-                let counters = plan.counters_for(index);
-                let part = CopyPush {
-                    counters: counters.iter().map(|c| push.counters[*c].clone()).collect(),
-                    cluster_id: push.cluster_id.clone(),
-                    region: push.region.clone(),
-                    records: push.records.clone(),
-                    id_keys: push.id_keys.clone(),
-                    source: push.source,
-                    upto_seq: push.upto_seq,
-                    protocol: push.protocol,
-                };
-                let epochs = counters.iter().map(|c| epochs[*c]).collect();
-                let msg = Msg::Copy {
-                    push: id,
-                    data: Arc::new(part),
-                    epochs: Arc::new(epochs),
-                };
-                (slot_of(name), msg)
-            })
-            .collect();
-        for (target, msg) in parts {
-            self.send(node, target, msg);
-        }
-        self.schedule(PUSH_TIMEOUT_MS, Ev::PushTimeout(node as u16, epoch, id));
-    }
-
-    /// Node `node`'s push is over (every copy answered, or its time ran
-    /// out): the counters whose group enough copies confirmed are done, the
-    /// others parked in the core until a retry after a doubling pause, as
-    /// `tally-node`'s pusher does; the next push goes at once.
-    fn push_ended(&mut self, node: usize) {
         let needed = self.options.write_copies - 1;
-        let state = &mut self.nodes[node];
-        let Some(push) = state.push.take() else {
+        let (pusher, core) = state.pusher_and_core();
+        let Some(out) = pusher.poll(core, routes.as_ref(), needed) else {
             return;
         };
-        let answered: Vec<bool> = push.answers.iter().map(|a| *a == Some(true)).collect();
-        let counters = push.plan.groups.iter().map(|(_, c)| c.len()).sum();
-        let confirmed = push.plan.confirmed_counters(&answered, needed, counters);
-        let core = &mut state.scoped_mut().core;
-        core.handle_push_partly_done(push.upto_seq, &confirmed);
-        if confirmed.iter().all(|ok| *ok) {
-            if !state.push_retry_scheduled && !state.scoped().core.has_parked() {
-                state.push_failures = 0;
-            }
+        let (writer, epoch) = (state.writer, state.epoch);
+        self.copies.pushes += 1;
+        self.trace
+            .mix_all(&[node as u64, out.id, out.upto_seq, out.parts.len() as u64]);
+        if out.parts.is_empty() {
+            self.push_ended(node, out.id);
+            return;
+        }
+        for ((name, _), part) in out.parts {
+            // What the pusher's durable state held of each counter: the
+            // phase the checker holds a copy's answer to.
+            let epochs = part
+                .counters
+                .iter()
+                .map(|(key, ..)| {
+                    self.key_index(key)
+                        .map_or(0, |index| self.checker.durable_epoch(writer, index))
+                })
+                .collect();
+            let msg = Msg::Copy {
+                push: out.id,
+                data: Arc::new(part),
+                epochs: Arc::new(epochs),
+            };
+            self.send(node, slot_of(&name), msg);
+        }
+        self.schedule(PUSH_TIMEOUT_MS, Ev::PushTimeout(node as u16, epoch, out.id));
+    }
+
+    /// Node `node`'s push `id` is over (every copy answered, or its time
+    /// ran out): its pusher tells the core which counters enough copies
+    /// confirmed; the others wait out a pause, and the next push goes at
+    /// once.
+    fn push_ended(&mut self, node: usize, id: u64) {
+        let now = self.clock(node);
+        let state = &mut self.nodes[node];
+        let (pusher, core) = state.pusher_and_core();
+        let Some(end) = pusher.end(now, core, id) else {
+            return;
+        };
+        let retry_at = pusher.retry_at_ms();
+        if end.confirmed {
             self.copies.confirmed += 1;
         } else {
-            state.push_failures = state.push_failures.saturating_add(1);
             self.copies.failed += 1;
-            self.trace.mix_all(&[node as u64, push.id, u64::MAX - 2]);
-            if !state.push_retry_scheduled {
-                state.push_retry_scheduled = true;
-                let pause = retry_pause_ms(state.push_failures);
-                let epoch = state.epoch;
-                self.schedule(pause, Ev::PushRetry(node as u16, epoch));
-            }
+            self.trace.mix_all(&[node as u64, id, u64::MAX - 2]);
         }
+        self.schedule_push_retry(node, now, retry_at);
         self.answer_waiters(node);
         self.pump_push(node);
     }
 
-    /// The pause after a failed push is over: its parked counters go into
+    /// Schedules the end of node `node`'s pause of parked counters, due at
+    /// `retry_at` on its clock (now `now`), unless one is scheduled.
+    fn schedule_push_retry(&mut self, node: usize, now: u64, retry_at: Option<u64>) {
+        let state = &mut self.nodes[node];
+        let Some(at) = retry_at.filter(|_| !state.push_retry_scheduled) else {
+            return;
+        };
+        state.push_retry_scheduled = true;
+        let epoch = state.epoch;
+        self.schedule(at.saturating_sub(now), Ev::PushRetry(node as u16, epoch));
+    }
+
+    /// The pause of node `node`'s parked counters is over: they go into
     /// the next push.
     pub(super) fn push_retry(&mut self, node: usize) {
+        let now = self.clock(node);
         let state = &mut self.nodes[node];
         state.push_retry_scheduled = false;
-        state.scoped_mut().core.retry_parked();
+        let (pusher, core) = state.pusher_and_core();
+        if !pusher.retry_due(now, core) {
+            let retry_at = pusher.retry_at_ms();
+            self.schedule_push_retry(node, now, retry_at);
+        }
         self.pump_push(node);
     }
 
     /// Push `id` of node `node` timed out (a copy did not answer).
     pub(super) fn push_timeout(&mut self, node: usize, id: u64) {
-        if self.nodes[node].push.as_ref().is_some_and(|p| p.id == id) {
-            self.push_ended(node);
+        if self.nodes[node].pusher.in_flight() == Some(id) {
+            self.push_ended(node, id);
         }
     }
 
     /// Copy `from` answered push `id` of node `node`.
     pub(super) fn copy_answered(&mut self, node: usize, from: usize, id: u64, ok: bool) {
-        let needed = self.options.write_copies - 1;
-        let state = &mut self.nodes[node];
-        let Some(push) = state.push.as_mut().filter(|p| p.id == id) else {
-            return;
-        };
-        let name = format!("n{from}");
-        let Some(target) = push.plan.targets.iter().position(|(t, _)| *t == name) else {
-            return;
-        };
-        if push.answers[target].is_some() {
+        let target = format!("n{from}");
+        if self.nodes[node].pusher.in_flight() != Some(id) {
             return;
         }
-        push.answers[target] = Some(ok);
         self.trace.mix_all(&[node as u64, id, ok as u64]);
-        let confirmed: Vec<bool> = push.answers.iter().map(|a| *a == Some(true)).collect();
-        if push.plan.confirmed(&confirmed, needed) || push.answers.iter().all(Option::is_some) {
-            self.push_ended(node);
+        if self.nodes[node].pusher.handle_answer(id, &target, ok) {
+            self.push_ended(node, id);
         }
     }
 

@@ -16,8 +16,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use tally_core::runtime::copy_plan::CopyPlan;
 use tally_core::runtime::copy_sessions::PullReport;
+use tally_core::runtime::pusher::Pusher;
 use tally_node::crdt::ReplicaId;
 use tally_node::partition::{ClusterView, MemberFacts, NodeState, Partition, PullScope};
 use tally_node::replica::folds::FoldReport;
@@ -29,18 +29,6 @@ use crate::world::EPOCH_MS;
 
 /// An add waiting for its commit: (client, add, attempt).
 pub type Waiter = (u32, u32, u8);
-
-/// A push of replicated durability in flight.
-pub struct PushInFlight {
-    /// Its id.
-    pub id: u64,
-    /// The durable sequence it brings the copies up to.
-    pub upto_seq: u64,
-    /// Where it went (`copy_plan`'s groups, targets as node slots).
-    pub plan: CopyPlan,
-    /// Per target: its answer (`Some(true)`: `OK`), once it came.
-    pub answers: Vec<Option<bool>>,
-}
 
 /// A push a copy took, waiting for the commit that makes it durable there:
 /// (pusher's slot, push id, the push, the pusher's true epochs).
@@ -100,14 +88,11 @@ pub struct PartNode {
     pub view: Option<ClusterView>,
     /// The fold report it published last.
     pub report: Option<FoldReport>,
-    /// Its push to the copies in flight (`replicated` durability).
-    pub push: Option<PushInFlight>,
-    /// Pushes failed in a row (the retry pause doubles with each).
-    pub push_failures: u32,
-    /// A retry pause is running: no push starts before it ends.
+    /// Its pusher of replicated durability (the push in flight, parked
+    /// counters and their pause).
+    pub pusher: Pusher,
+    /// The end of the pause of parked counters is scheduled.
     pub push_retry_scheduled: bool,
-    /// Rotates the copies successive pushes go to.
-    pub push_turn: u64,
     /// Pushes it took as a copy, by the commit that makes them durable here.
     pub copy_waiting: BTreeMap<u64, Vec<CopyWaiter>>,
 }
@@ -134,10 +119,8 @@ impl PartNode {
             pulled: Vec::new(),
             view: None,
             report: None,
-            push: None,
-            push_failures: 0,
+            pusher: Pusher::new(0),
             push_retry_scheduled: false,
-            push_turn: 0,
             copy_waiting: BTreeMap::new(),
         }
     }
@@ -150,6 +133,12 @@ impl PartNode {
     /// The node, to change (it has started).
     pub fn scoped_mut(&mut self) -> &mut ScopedNode {
         self.node.as_mut().expect("a started slot has a node")
+    }
+
+    /// Its pusher and its core, to drive a push.
+    pub fn pusher_and_core(&mut self) -> (&mut Pusher, &mut tally_node::replica::Replica) {
+        let node = self.node.as_mut().expect("a started slot has a node");
+        (&mut self.pusher, &mut node.core)
     }
 
     /// Up and not paused: it handles requests now.
@@ -252,8 +241,9 @@ impl PartNode {
         self.pulls.clear();
         self.pulled.clear();
         self.view = None;
-        self.push = None;
-        self.push_failures = 0;
+        // Ids of this incarnation's pushes never match a late answer to
+        // the last one's.
+        self.pusher = Pusher::new(u64::from(self.epoch) << 32);
         self.push_retry_scheduled = false;
         self.copy_waiting.clear();
     }

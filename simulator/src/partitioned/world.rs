@@ -74,7 +74,6 @@ pub struct PWorld<'a> {
     pub(super) settled_at: Option<u64>,
     events: u64,
     pub(super) next_pull: u64,
-    pub(super) next_push: u64,
     pub(super) stats: PartitionStats,
     pub(super) copies: CopyStats,
     /// The like-set and uniques workload.
@@ -148,7 +147,6 @@ impl<'a> PWorld<'a> {
             settled_at: None,
             events: 0,
             next_pull: 1,
-            next_push: 1,
             stats: PartitionStats::default(),
             copies: CopyStats::default(),
             sets: SetLedger::new(stream(seed, Subsystem::Sets)),

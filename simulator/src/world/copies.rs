@@ -25,20 +25,8 @@ use tally_node::replica::{CopyPush, Key};
 
 use super::{Event, NetMsg, World};
 
-/// The longest one push to one copy may take (as the node's copier).
-pub const PUSH_TIMEOUT_MS: u64 = 1_500;
-/// The pause before a failed push is tried again; it doubles with each
-/// failure in a row, up to [`MAX_RETRY_PAUSE_MS`].
-pub const RETRY_PAUSE_MS: u64 = 50;
-/// The longest pause between two attempts of a failing push.
-pub const MAX_RETRY_PAUSE_MS: u64 = 1_000;
-
-/// The pause before the next attempt after `failures` failed pushes in a
-/// row (at least 1): [`RETRY_PAUSE_MS`], doubling, at most
-/// [`MAX_RETRY_PAUSE_MS`].
-pub fn retry_pause_ms(failures: u32) -> u64 {
-    (RETRY_PAUSE_MS << (failures.clamp(1, 5) - 1)).min(MAX_RETRY_PAUSE_MS)
-}
+/// The node's pusher's timings, shared with the core's sans-IO pusher.
+pub use tally_core::runtime::pusher::{retry_pause_ms, PUSH_TIMEOUT_MS};
 
 /// How long a replicated add waits for its copies: the caller's timeout
 /// less a tenth, at least 100 ms (as the node derives it from the gRPC

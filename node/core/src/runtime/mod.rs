@@ -15,6 +15,8 @@
 //! - [`copy_sessions`]: how a pull's scope and cursors follow from what
 //!   the holdings ask for (partition-scoped pulls over one cursor per peer).
 //! - [`copy_plan`]: which nodes a push of replicated durability goes to.
+//! - [`pusher`]: the pusher of replicated durability (one push in flight,
+//!   parts per target, answers, parked counters and their pause).
 //! - [`fold_report`]: the text form of a member's gossiped fold report.
 //! - [`rights_plan`]: where a bounded counter's rights should move, by
 //!   demand and on request.
@@ -32,6 +34,7 @@ pub mod copy_plan;
 pub mod copy_sessions;
 pub mod fold_report;
 pub mod partitions;
+pub mod pusher;
 pub mod rights_plan;
 pub mod round;
 
