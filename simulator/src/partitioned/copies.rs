@@ -1,9 +1,11 @@
 //! Replicated durability in a partitioned world, as `tally-node`'s pusher
 //! (`node/src/gossip/copier.rs`) and engine run it around the same core
-//! calls: after a commit leaves counters pending, one push at a time
-//! (`Replica::poll_push`) goes to the copies `copy_plan::plan_copies` picks
-//! from the node's routes (each key's other live owners first, then the
-//! nodes still handing its partition away, nobody else); each copy merges
+//! calls, through the core's sans-IO pusher (`runtime/pusher.rs`, which
+//! the node's copier drives too): after a commit leaves counters pending,
+//! one push at a time (`Replica::poll_push`) goes to the copies
+//! `copy_plan::plan_copies` picks from the node's routes (each key's other
+//! live owners first, then the nodes still handing its partition away,
+//! nobody else); each copy merges
 //! it (`handle_copy_push`, which refuses a partition it does not serve),
 //! commits it and answers only once that commit is durable; once every copy
 //! answered or the time ran out, the counters of each group that
@@ -27,14 +29,13 @@
 
 use std::sync::Arc;
 
+use tally_core::runtime::pusher::PUSH_TIMEOUT_MS;
 use tally_node::partition::RouteTable;
 
 use super::bugs::PartitionBug;
 use super::node::CopyWaiter;
 use super::world::{slot_of, Ev, Msg, PWorld};
 use crate::options::Durability;
-use tally_core::runtime::pusher::PUSH_TIMEOUT_MS;
-
 use crate::world::copy_wait_ms;
 
 impl PWorld<'_> {
